@@ -1,0 +1,251 @@
+package lifetime
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+)
+
+// ID identifies a buffer inside one trace: it is the buffer's index in
+// Trace.Buffers.
+type ID int
+
+// NoOffset marks a buffer without a fixed or prior offset.
+const NoOffset int64 = -1
+
+// MaxSize bounds a single buffer's size and an arena's size (2^56 bytes,
+// far above any device) so that offset arithmetic never overflows int64.
+const MaxSize int64 = 1 << 56
+
+// Buffer is one allocation of a workload.
+type Buffer struct {
+	ID    ID
+	Name  string // free text: a tensor name, a CSV id, a snapshot address
+	Size  int64  // bytes, > 0
+	Align int64  // required offset alignment in bytes; 0 or 1 means none
+	Start int64  // first logical time the buffer is live
+	End   int64  // first logical time it is dead again; End > Start
+	// Stream is the stream the buffer was allocated on (0: default).
+	Stream int64
+	// Tag groups buffers by role: "weight", "input", "output", "kv",
+	// "intermediate", "" for unknown.
+	Tag string
+	// Fixed, when not NoOffset, is an offset every planner must use.
+	Fixed int64
+	// Hint, when not NoOffset, is a suggested offset (MiniMalloc's hint
+	// column); planners may ignore it.
+	Hint int64
+	// Gaps are sub-intervals of [Start, End) during which the buffer is
+	// inactive (MiniMalloc's gaps column). During a gap with a window the
+	// buffer still occupies [Window.Lo, Window.Hi) relative to its offset.
+	// Planners may ignore gaps (treating the buffer as live throughout),
+	// which is always safe; Check honours them.
+	Gaps []Gap
+}
+
+// Gap is an inactive sub-interval [Start, End) of a buffer's lifetime.
+type Gap struct {
+	Start, End int64
+	// HasWindow says the buffer keeps occupying [Lo, Hi) (offsets relative
+	// to the buffer's own offset) during the gap.
+	HasWindow bool
+	Lo, Hi    int64
+}
+
+// Trace is the whole set of buffers of one workload step.
+type Trace struct {
+	Name    string
+	Buffers []Buffer
+	// Prior holds offsets of an earlier solution read with the trace (an
+	// offset column), indexed by ID, NoOffset where absent; nil if none.
+	Prior []int64
+	// Torch is what PyTorch's caching allocator did during the trace; nil
+	// unless the trace came from a memory snapshot.
+	Torch *TorchStats
+}
+
+// TorchStats summarises the caching allocator's behaviour in a snapshot.
+type TorchStats struct {
+	Device int
+	// ReservedPeak is the most bytes held in segments at once during the
+	// trace, replaying segment_alloc/segment_free over the segments that
+	// existed before the trace.
+	ReservedPeak int64
+	// LiveAtStart is the bytes of blocks already allocated when the trace
+	// began (weights, inputs), which a plan of the trace does not cover.
+	LiveAtStart int64
+	// HasSegments is false when the snapshot carries no segment data.
+	HasSegments bool
+}
+
+// Reserved returns what the caching allocator held for the trace's own
+// buffers: ReservedPeak less LiveAtStart, comparable with an arena size.
+func (s *TorchStats) Reserved() int64 {
+	if s == nil || !s.HasSegments {
+		return 0
+	}
+	r := s.ReservedPeak - s.LiveAtStart
+	if r < 0 {
+		return 0
+	}
+	return r
+}
+
+// RoundUp rounds n up to a multiple of align (align <= 1 returns n).
+func RoundUp(n, align int64) int64 {
+	if align <= 1 {
+		return n
+	}
+	return (n + align - 1) / align * align
+}
+
+// Validate reports the first malformed buffer: non-positive size, an empty
+// or inverted lifetime, a bad alignment, gaps outside the lifetime, or an
+// ID that is not the buffer's index.
+func (t *Trace) Validate() error {
+	if t.Prior != nil && len(t.Prior) != len(t.Buffers) {
+		return fmt.Errorf("trace %q: %d prior offsets for %d buffers", t.Name, len(t.Prior), len(t.Buffers))
+	}
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		if err := b.validate(); err != nil {
+			return fmt.Errorf("trace %q: buffer %d (%s): %w", t.Name, i, b.Name, err)
+		}
+		if b.ID != ID(i) {
+			return fmt.Errorf("trace %q: buffer %d (%s): id %d is not its index", t.Name, i, b.Name, b.ID)
+		}
+	}
+	return nil
+}
+
+func (b *Buffer) validate() error {
+	switch {
+	case b.Size <= 0:
+		return fmt.Errorf("size %d is not positive", b.Size)
+	case b.Size > MaxSize:
+		return fmt.Errorf("size %d exceeds the limit %d", b.Size, MaxSize)
+	case b.End <= b.Start:
+		return fmt.Errorf("lifetime [%d, %d) is empty", b.Start, b.End)
+	case b.Align < 0 || b.Align > MaxSize:
+		return fmt.Errorf("alignment %d is invalid", b.Align)
+	case b.Fixed != NoOffset && (b.Fixed < 0 || b.Fixed > MaxSize):
+		return fmt.Errorf("fixed offset %d is invalid", b.Fixed)
+	}
+	for _, g := range b.Gaps {
+		if g.Start < b.Start || g.End > b.End || g.End <= g.Start {
+			return fmt.Errorf("gap [%d, %d) is not inside the lifetime [%d, %d)", g.Start, g.End, b.Start, b.End)
+		}
+		if g.HasWindow && (g.Lo < 0 || g.Hi > b.Size || g.Hi <= g.Lo) {
+			return fmt.Errorf("gap window [%d, %d) is not inside the buffer's %d bytes", g.Lo, g.Hi, b.Size)
+		}
+	}
+	return nil
+}
+
+// Overlaps reports whether two half-open lifetimes intersect.
+func Overlaps(aStart, aEnd, bStart, bEnd int64) bool {
+	return aStart < bEnd && bStart < aEnd
+}
+
+// ErrEmpty is returned by operations that need at least one buffer.
+var ErrEmpty = errors.New("trace has no buffers")
+
+// LowerBound returns the peak of live bytes over time, with every size
+// rounded up to align, and the first time at which that peak is reached.
+// Gaps reduce a buffer's live bytes to its window (or zero). No arena can
+// be smaller than the peak.
+func (t *Trace) LowerBound(align int64) (peak int64, at int64) {
+	type ev struct {
+		t     int64
+		delta int64
+	}
+	evs := make([]ev, 0, 2*len(t.Buffers))
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		sz := RoundUp(b.Size, align)
+		evs = append(evs, ev{b.Start, sz}, ev{b.End, -sz})
+		for _, g := range b.Gaps {
+			keep := int64(0)
+			if g.HasWindow {
+				keep = g.Hi - g.Lo
+			}
+			evs = append(evs, ev{g.Start, keep - sz}, ev{g.End, sz - keep})
+		}
+	}
+	// Ends (negative deltas) sort before starts at the same time: half-open.
+	sort.Slice(evs, func(i, j int) bool {
+		if evs[i].t != evs[j].t {
+			return evs[i].t < evs[j].t
+		}
+		return evs[i].delta < evs[j].delta
+	})
+	var live int64
+	for _, e := range evs {
+		live += e.delta
+		if live > peak {
+			peak, at = live, e.t
+		}
+	}
+	return peak, at
+}
+
+// Span returns the smallest Start and largest End over all buffers.
+func (t *Trace) Span() (start, end int64) {
+	if len(t.Buffers) == 0 {
+		return 0, 0
+	}
+	start, end = math.MaxInt64, math.MinInt64
+	for i := range t.Buffers {
+		start = min(start, t.Buffers[i].Start)
+		end = max(end, t.Buffers[i].End)
+	}
+	return start, end
+}
+
+// TotalBytes returns the sum of all buffer sizes rounded up to align.
+func (t *Trace) TotalBytes(align int64) int64 {
+	var s int64
+	for i := range t.Buffers {
+		s += RoundUp(t.Buffers[i].Size, align)
+	}
+	return s
+}
+
+// Fingerprint is a SHA-256 over everything a plan depends on: every
+// buffer's size, alignment, lifetime, fixed offset and gaps, in ID order.
+// Names, tags and streams do not change a plan's validity and are left out.
+func (t *Trace) Fingerprint() [32]byte {
+	h := sha256.New()
+	var w [8]byte
+	put := func(v int64) {
+		binary.LittleEndian.PutUint64(w[:], uint64(v))
+		h.Write(w[:])
+	}
+	put(int64(len(t.Buffers)))
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		put(b.Size)
+		put(b.Align)
+		put(b.Start)
+		put(b.End)
+		put(b.Fixed)
+		put(int64(len(b.Gaps)))
+		for _, g := range b.Gaps {
+			put(g.Start)
+			put(g.End)
+			if g.HasWindow {
+				put(g.Lo)
+				put(g.Hi)
+			} else {
+				put(-1)
+				put(-1)
+			}
+		}
+	}
+	var out [32]byte
+	copy(out[:], h.Sum(nil))
+	return out
+}

@@ -1,0 +1,141 @@
+package planner
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/google/btree"
+
+	"github.com/arenaplan/arenaplan/lifetime"
+)
+
+// Check verifies a plan against its trace, independently of every
+// algorithm: every buffer has an offset, honours its fixed offset, is
+// aligned to both the plan's alignment and its own, lies inside the arena,
+// and no two buffers whose lifetimes overlap overlap in memory (gaps
+// honoured: during a gap a buffer occupies only its window, or nothing).
+// Sizes are rounded up to the plan's alignment, as the plan was made.
+//
+// It sweeps time once with the live rectangles ordered by offset, so it
+// costs O(n log n) for n buffers.
+func Check(t *lifetime.Trace, p *Plan) error {
+	if p == nil {
+		return fmt.Errorf("check: no plan")
+	}
+	if len(p.Offsets) != len(t.Buffers) {
+		return fmt.Errorf("check: plan has %d offsets for %d buffers", len(p.Offsets), len(t.Buffers))
+	}
+	if p.Align < 1 {
+		return fmt.Errorf("check: plan alignment %d is not positive", p.Align)
+	}
+	if p.Arena < 0 || p.Arena > lifetime.MaxSize {
+		return fmt.Errorf("check: arena size %d is out of range", p.Arena)
+	}
+	var pieces []piece
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		off := p.Offsets[i]
+		size := b.Size
+		if r := size % p.Align; r != 0 {
+			size += p.Align - r
+		}
+		switch {
+		case off < 0:
+			return fmt.Errorf("check: buffer %d (%s) has negative offset %d", i, b.Name, off)
+		case off%p.Align != 0:
+			return fmt.Errorf("check: buffer %d (%s) offset %d is not a multiple of the plan alignment %d", i, b.Name, off, p.Align)
+		case b.Align > 1 && off%b.Align != 0:
+			return fmt.Errorf("check: buffer %d (%s) offset %d is not a multiple of its alignment %d", i, b.Name, off, b.Align)
+		case b.Fixed != lifetime.NoOffset && off != b.Fixed:
+			return fmt.Errorf("check: buffer %d (%s) is fixed at %d but placed at %d", i, b.Name, b.Fixed, off)
+		case off > p.Arena-size:
+			return fmt.Errorf("check: buffer %d (%s) [%d, %d) ends beyond the arena of %d bytes", i, b.Name, off, off+size, p.Arena)
+		}
+		pieces = appendPieces(pieces, i, b, off, size)
+	}
+	return checkPieces(t, pieces)
+}
+
+// piece is a rectangle a buffer occupies: time [t0, t1) × memory [lo, hi).
+type piece struct {
+	buf            int
+	t0, t1, lo, hi int64
+}
+
+// appendPieces splits a buffer's lifetime at its gaps.
+func appendPieces(ps []piece, i int, b *lifetime.Buffer, off, size int64) []piece {
+	gaps := append([]lifetime.Gap(nil), b.Gaps...)
+	sort.Slice(gaps, func(x, y int) bool { return gaps[x].Start < gaps[y].Start })
+	at := b.Start
+	for _, g := range gaps {
+		if g.Start > at {
+			ps = append(ps, piece{i, at, g.Start, off, off + size})
+		}
+		if g.HasWindow {
+			ps = append(ps, piece{i, g.Start, g.End, off + g.Lo, off + g.Hi})
+		}
+		at = max(at, g.End)
+	}
+	if at < b.End {
+		ps = append(ps, piece{i, at, b.End, off, off + size})
+	}
+	return ps
+}
+
+func checkPieces(t *lifetime.Trace, ps []piece) error {
+	type event struct {
+		time int64
+		end  bool
+		p    int
+	}
+	evs := make([]event, 0, 2*len(ps))
+	for i, p := range ps {
+		evs = append(evs, event{p.t0, false, i}, event{p.t1, true, i})
+	}
+	// At equal times, ends come first: lifetimes are half-open.
+	sort.Slice(evs, func(i, j int) bool {
+		if evs[i].time != evs[j].time {
+			return evs[i].time < evs[j].time
+		}
+		return evs[i].end && !evs[j].end
+	})
+	// Live pieces keyed by (lo, index); while the check holds they are
+	// disjoint, so a new piece can only collide with its neighbours.
+	less := func(a, b int) bool {
+		if ps[a].lo != ps[b].lo {
+			return ps[a].lo < ps[b].lo
+		}
+		return a < b
+	}
+	live := btree.NewG[int](16, less)
+	for _, e := range evs {
+		if e.end {
+			live.Delete(e.p)
+			continue
+		}
+		cur := ps[e.p]
+		var clash = -1
+		live.DescendLessOrEqual(e.p, func(q int) bool {
+			if ps[q].hi > cur.lo {
+				clash = q
+			}
+			return false
+		})
+		if clash < 0 {
+			live.AscendGreaterOrEqual(e.p, func(q int) bool {
+				if q != e.p && ps[q].lo < cur.hi {
+					clash = q
+				}
+				return false
+			})
+		}
+		if clash >= 0 {
+			a, b := &t.Buffers[cur.buf], &t.Buffers[ps[clash].buf]
+			q := ps[clash]
+			return fmt.Errorf("check: buffers %d (%s) and %d (%s) overlap: memory [%d, %d) and [%d, %d) both live at time %d",
+				cur.buf, a.Name, q.buf, b.Name, cur.lo, cur.hi, q.lo, q.hi, e.time)
+		}
+		live.ReplaceOrInsert(e.p)
+	}
+	return nil
+}

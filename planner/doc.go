@@ -1,0 +1,16 @@
+// Package planner assigns every buffer of a lifetime.Trace a fixed offset
+// inside one arena, as close as it can to the lower bound (the peak of live
+// bytes), and proves the result correct with Check.
+//
+// Every algorithm has the shape Func: a trace and Options in, a *Plan or an
+// error out. Run is the entry point callers use: it validates the trace,
+// runs the named algorithm and refuses any plan that Check rejects, so a
+// plan that leaves this package has been verified.
+//
+// Algorithms:
+//   - "bestfit": llama.cpp-style in-order best fit (a baseline).
+//   - "bysize": TFLite/XLA greedy by size (a baseline).
+//   - "auto": the best plan the package can find within the budget.
+//
+// It knows nothing about files or devices.
+package planner

@@ -1,0 +1,161 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sort"
+	"time"
+
+	"github.com/arenaplan/arenaplan/lifetime"
+)
+
+// DefaultAlign is CUDA's allocation alignment, used when Options.Align is 0.
+const DefaultAlign = 256
+
+// DefaultBudget bounds a search when Options.Budget is 0.
+const DefaultBudget = 2 * time.Second
+
+// Plan is an offset for every buffer of a trace inside one arena.
+type Plan struct {
+	Algo       string  // the algorithm that produced the offsets
+	Align      int64   // every size was rounded up to this before planning
+	Arena      int64   // arena size in bytes: the highest end of any buffer
+	LowerBound int64   // peak of live bytes (sizes rounded to Align)
+	Offsets    []int64 // indexed by lifetime.ID
+	// Optimal is true when the arena is proven minimal (Arena == LowerBound).
+	Optimal bool
+	// Elapsed is the planning time; ToBest when the final arena was first
+	// found (equal to Elapsed for one-shot algorithms).
+	Elapsed, ToBest time.Duration
+}
+
+// Ratio is Arena / LowerBound (1 when the lower bound is 0).
+func (p *Plan) Ratio() float64 {
+	if p.LowerBound == 0 {
+		return 1
+	}
+	return float64(p.Arena) / float64(p.LowerBound)
+}
+
+// Progress is reported by anytime algorithms while they search.
+type Progress struct {
+	Best, LowerBound int64
+	Elapsed          time.Duration
+}
+
+// Options tune an algorithm. The zero value is valid.
+type Options struct {
+	// Align rounds every size up and aligns every offset (0: DefaultAlign).
+	Align int64
+	// Budget bounds anytime searches (0: DefaultBudget). The search stops
+	// early when it proves optimality.
+	Budget time.Duration
+	// Workers is how many goroutines a search may use (0: GOMAXPROCS).
+	// Workers == 1 makes every algorithm deterministic.
+	Workers int
+	// Progress, if set, is called now and then by long searches, from the
+	// goroutine that called the algorithm.
+	Progress func(Progress)
+}
+
+func (o Options) normalized() Options {
+	if o.Align <= 0 {
+		o.Align = DefaultAlign
+	}
+	if o.Budget <= 0 {
+		o.Budget = DefaultBudget
+	}
+	if o.Workers <= 0 {
+		o.Workers = runtime.GOMAXPROCS(0)
+	}
+	return o
+}
+
+// Func is the shape of every planning algorithm. It returns offsets for
+// every buffer; Run fills in the arena size, the lower bound and timing,
+// and checks the plan. It must honour every buffer's Fixed offset and stop
+// soon after ctx is done, returning the best plan it has if any.
+type Func func(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
+
+var registry = map[string]Func{}
+
+func register(name string, f Func) { registry[name] = f }
+
+// Names lists the registered algorithms in alphabetical order.
+func Names() []string {
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Baselines are the simple planners kept forever for comparison.
+var Baselines = []string{"bestfit", "bysize"}
+
+// Run validates t, plans it with the named algorithm and checks the result.
+// The returned plan always passed Check.
+func Run(ctx context.Context, algo string, t *lifetime.Trace, opt Options) (*Plan, error) {
+	f, ok := registry[algo]
+	if !ok {
+		return nil, fmt.Errorf("planner: unknown algorithm %q (have %v)", algo, Names())
+	}
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("planner: %w", err)
+	}
+	opt = opt.normalized()
+	start := time.Now()
+	p, err := f(ctx, t, opt)
+	if err != nil {
+		return nil, fmt.Errorf("planner: %s: %w", algo, err)
+	}
+	elapsed := time.Since(start)
+	if p.Algo == "" {
+		p.Algo = algo
+	}
+	p.Align = opt.Align
+	p.LowerBound, _ = t.LowerBound(opt.Align)
+	p.Arena = ArenaSize(t, p.Offsets, opt.Align)
+	p.Optimal = p.Arena == p.LowerBound
+	p.Elapsed = elapsed
+	if p.ToBest == 0 || p.ToBest > elapsed {
+		p.ToBest = elapsed
+	}
+	if err := Check(t, p); err != nil {
+		return nil, fmt.Errorf("planner: %s produced an invalid plan: %w", algo, err)
+	}
+	return p, nil
+}
+
+// ArenaSize is the highest end offset+RoundUp(size, align) over all
+// buffers (0 for an empty trace); offsets must have one entry per buffer.
+func ArenaSize(t *lifetime.Trace, offsets []int64, align int64) int64 {
+	var top int64
+	for i := range t.Buffers {
+		if i < len(offsets) {
+			top = max(top, offsets[i]+lifetime.RoundUp(t.Buffers[i].Size, align))
+		}
+	}
+	return top
+}
+
+// Need returns a buffer's size rounded up to align and the alignment its
+// offset needs: the least common multiple of align and its own alignment.
+func Need(b *lifetime.Buffer, align int64) (size, offsetAlign int64) {
+	a := max(align, 1)
+	if b.Align > 1 {
+		a = lcm(a, b.Align)
+	}
+	return lifetime.RoundUp(b.Size, align), a
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+func lcm(a, b int64) int64 { return a / gcd(a, b) * b }
