@@ -1,0 +1,202 @@
+package planner
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/arenaplan/arenaplan/lifetime"
+)
+
+// bysize is the TFLite/XLA greedy-by-size baseline: fixed buffers first,
+// then the others largest first (ties: longer lifetime first, then ID);
+// each goes into the smallest free memory gap left by the already placed
+// buffers whose lifetimes overlap its own (lowest offset among equals), or
+// above them all. Gaps are ignored: a buffer occupies its memory for its
+// whole lifetime, which is always safe.
+//
+// The textbook version lists the overlapping placed buffers for every new
+// one, which is quadratic (Σk = 3.6e8 overlaps on iopddl/Y_1). Here a
+// segment tree over the T compressed time slots keeps, per node, two sets
+// of disjoint memory spans, merged as they are inserted: cover, the memory
+// of buffers whose lifetime spans the node's whole time range, and sub, the
+// memory of every buffer whose lifetime meets the node's range. The memory
+// in use during [s, e) is then the union of sub over the O(log T) nodes
+// that tile [s, e) and cover over their O(log T) ancestors. Placing a
+// buffer adds one memRange to O(log T) sets.
+//
+// Cost: O(n log n) to sort, then per buffer O(log T) set insertions of
+// O(log m + m) each (binary search, then a slice splice) and one query of
+// O(M log M), where m is a set's size and M the number of merged spans the
+// query collects. Merging keeps M far below the number of overlapping
+// buffers on real traces (spans of buffers packed side by side fuse), but
+// an adversarial trace with many holes can still make M, and so the whole,
+// quadratic.
+func init() { register("bysize", bySize) }
+
+func bySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
+	n := len(t.Buffers)
+	req, err := requirements(t, opt.Align)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := newFixedSet(t, req, opt.Align); err != nil {
+		return nil, err
+	}
+	offsets := make([]int64, n)
+	if n == 0 {
+		return &Plan{Offsets: offsets}, nil
+	}
+	tr := newTimeTree(t)
+	order := make([]int, 0, n)
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		if b.Fixed != lifetime.NoOffset {
+			offsets[i] = b.Fixed
+			tr.insert(b.Start, b.End, memRange{b.Fixed, b.Fixed + req[i].size})
+			continue
+		}
+		order = append(order, i)
+	}
+	slices.SortFunc(order, func(x, y int) int {
+		a, b := &t.Buffers[x], &t.Buffers[y]
+		if c := cmp.Compare(req[y].size, req[x].size); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.End-b.Start, a.End-a.Start); c != 0 {
+			return c
+		}
+		return cmp.Compare(x, y)
+	})
+	var scratch []memRange
+	for k, i := range order {
+		if k%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("bysize: %w", err)
+			}
+		}
+		b := &t.Buffers[i]
+		r := req[i]
+		scratch = tr.used(b.Start, b.End, scratch[:0])
+		off := bestGap(scratch, r.size, r.align)
+		if off > lifetime.MaxSize-r.size {
+			return nil, fmt.Errorf("bysize: buffer %d (%s): arena would exceed %d bytes", i, b.Name, lifetime.MaxSize)
+		}
+		offsets[i] = off
+		tr.insert(b.Start, b.End, memRange{off, off + r.size})
+	}
+	return &Plan{Offsets: offsets}, nil
+}
+
+// bestGap returns the offset of the smallest gap between the used spans
+// (in any order; it sorts them) that holds size bytes at an offset aligned
+// to align, or the first aligned offset above them all.
+func bestGap(used []memRange, size, align int64) int64 {
+	slices.SortFunc(used, func(a, b memRange) int { return cmp.Compare(a.lo, b.lo) })
+	var (
+		free    int64 // memory from here up to the next used memRange is free
+		best    = int64(-1)
+		bestLen int64
+	)
+	for _, u := range used {
+		if u.lo > free {
+			if p := lifetime.RoundUp(free, align); p <= u.lo-size {
+				if l := u.lo - free; best < 0 || l < bestLen {
+					best, bestLen = p, l
+				}
+			}
+		}
+		free = max(free, u.hi)
+	}
+	if best >= 0 {
+		return best
+	}
+	return lifetime.RoundUp(free, align)
+}
+
+// timeTree is a segment tree over compressed time slots; slot i is
+// [times[i], times[i+1]).
+type timeTree struct {
+	times      []int64
+	slots      int
+	cover, sub []spanSet
+}
+
+func newTimeTree(t *lifetime.Trace) *timeTree {
+	times := make([]int64, 0, 2*len(t.Buffers))
+	for i := range t.Buffers {
+		times = append(times, t.Buffers[i].Start, t.Buffers[i].End)
+	}
+	slices.Sort(times)
+	times = slices.Compact(times)
+	slots := max(len(times)-1, 1)
+	return &timeTree{
+		times: times,
+		slots: slots,
+		cover: make([]spanSet, 4*slots),
+		sub:   make([]spanSet, 4*slots),
+	}
+}
+
+func (tt *timeTree) slot(time int64) int {
+	i, _ := slices.BinarySearch(tt.times, time)
+	return i
+}
+
+// insert records that s is in use during [start, end).
+func (tt *timeTree) insert(start, end int64, s memRange) {
+	tt.ins(1, 0, tt.slots, tt.slot(start), tt.slot(end), s)
+}
+
+func (tt *timeTree) ins(node, l, r, qs, qe int, s memRange) {
+	tt.sub[node].add(s)
+	if qs <= l && r <= qe {
+		tt.cover[node].add(s)
+		return
+	}
+	m := (l + r) / 2
+	if qs < m {
+		tt.ins(2*node, l, m, qs, qe, s)
+	}
+	if qe > m {
+		tt.ins(2*node+1, m, r, qs, qe, s)
+	}
+}
+
+// used appends to dst the spans in use at some time in [start, end), as a
+// union of possibly overlapping spans.
+func (tt *timeTree) used(start, end int64, dst []memRange) []memRange {
+	return tt.query(1, 0, tt.slots, tt.slot(start), tt.slot(end), dst)
+}
+
+func (tt *timeTree) query(node, l, r, qs, qe int, dst []memRange) []memRange {
+	if qs <= l && r <= qe {
+		return append(dst, tt.sub[node]...)
+	}
+	dst = append(dst, tt.cover[node]...)
+	m := (l + r) / 2
+	if qs < m {
+		dst = tt.query(2*node, l, m, qs, qe, dst)
+	}
+	if qe > m {
+		dst = tt.query(2*node+1, m, r, qs, qe, dst)
+	}
+	return dst
+}
+
+// spanSet is a sorted slice of disjoint, non-touching spans.
+type spanSet []memRange
+
+// add merges s into the set, fusing every memRange it overlaps or touches.
+func (ss *spanSet) add(s memRange) {
+	a := *ss
+	i := sort.Search(len(a), func(k int) bool { return a[k].hi >= s.lo })
+	j := i
+	for j < len(a) && a[j].lo <= s.hi {
+		s.lo, s.hi = min(s.lo, a[j].lo), max(s.hi, a[j].hi)
+		j++
+	}
+	*ss = slices.Replace(a, i, j, s)
+}
