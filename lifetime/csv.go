@@ -1,0 +1,422 @@
+package lifetime
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// This file reads and writes MiniMalloc's CSV form of a trace
+// (github.com/google/minimalloc, src/converter.cc): a header row naming the
+// columns, then one buffer per row. Required columns: id, lower, upper,
+// size; optional: alignment, offset, hint, gaps. Aliases: begin and start
+// for lower, buffer and buffer_id for id, end for upper, where end is
+// inclusive (upper = end + 1, and gap ends get the same +1, as upstream).
+// Columns may come in any order; an unknown column is an error, because a
+// misspelt one would otherwise be silently ignored.
+//
+// Fields are split at commas with no quoting, as upstream does, so ids
+// cannot contain commas. Blank lines are skipped; a trailing CR is ignored.
+
+// maxCSVRows bounds the rows of one CSV trace.
+const maxCSVRows = 50_000_000
+
+// maxCSVLine bounds one line (a gaps column can be long, but not this long).
+const maxCSVLine = 16 << 20
+
+type csvColumn int
+
+const (
+	colID csvColumn = iota
+	colLower
+	colUpper
+	colSize
+	colAlignment
+	colOffset
+	colHint
+	colGaps
+	numCSVColumns
+)
+
+var csvColumnNames = [numCSVColumns]string{"id", "lower", "upper", "size", "alignment", "offset", "hint", "gaps"}
+
+var csvAliases = map[string]csvColumn{
+	"id": colID, "buffer": colID, "buffer_id": colID,
+	"lower": colLower, "begin": colLower, "start": colLower,
+	"upper": colUpper, "end": colUpper,
+	"size":      colSize,
+	"alignment": colAlignment,
+	"offset":    colOffset,
+	"hint":      colHint,
+	"gaps":      colGaps,
+}
+
+// csvError is an error at a line (and column) of a CSV input.
+type csvError struct {
+	line   int
+	column string // header spelling, "" for the whole line
+	err    error
+}
+
+func (e *csvError) Error() string {
+	if e.column == "" {
+		return fmt.Sprintf("csv: line %d: %v", e.line, e.err)
+	}
+	return fmt.Sprintf("csv: line %d: column %q: %v", e.line, e.column, e.err)
+}
+
+func (e *csvError) Unwrap() error { return e.err }
+
+// ReadCSV reads a trace in MiniMalloc's CSV form. Ids become buffer names
+// and must be unique and non-empty; buffer IDs are row indices. An offset
+// column is an earlier solution: it goes to Trace.Prior (NoOffset where a
+// cell is empty or -1), not to Fixed; see KeepPriorOffsets. A hint of -1 or
+// an empty hint cell means none.
+func ReadCSV(r io.Reader, name string) (*Trace, error) {
+	sc := bufio.NewScanner(&limitReader{r: r, left: MaxFileSize})
+	sc.Buffer(make([]byte, 0, 64<<10), maxCSVLine)
+	t := &Trace{Name: name}
+	var (
+		cols      [numCSVColumns]int // field index of each column, -1 if absent
+		spelled   [numCSVColumns]string
+		nfields   int
+		inclusive bool
+		header    bool
+		line      int
+		ids       = map[string]int{} // id -> line, to refuse repeats
+		fields    []string
+	)
+	for sc.Scan() {
+		line++
+		text := sc.Text()
+		if line == 1 {
+			text = strings.TrimPrefix(text, "\ufeff") // a BOM some editors write
+		}
+		if strings.TrimSpace(text) == "" {
+			continue
+		}
+		fields = splitComma(fields[:0], text)
+		if !header {
+			header = true
+			for c := range cols {
+				cols[c] = -1
+			}
+			for i, f := range fields {
+				h := strings.ToLower(strings.TrimSpace(f))
+				c, ok := csvAliases[h]
+				if !ok {
+					return nil, &csvError{line: line, err: fmt.Errorf("unknown column %q (want %s)", h, strings.Join(csvColumnNames[:], ", "))}
+				}
+				if cols[c] >= 0 {
+					return nil, &csvError{line: line, err: fmt.Errorf("column %q repeats column %q", h, spelled[c])}
+				}
+				cols[c], spelled[c] = i, h
+				if h == "end" {
+					inclusive = true
+				}
+			}
+			for c := colID; c <= colSize; c++ {
+				if cols[c] < 0 {
+					return nil, &csvError{line: line, err: fmt.Errorf("missing column %q", csvColumnNames[c])}
+				}
+			}
+			nfields = len(fields)
+			if cols[colOffset] >= 0 {
+				t.Prior = []int64{}
+			}
+			continue
+		}
+		if len(fields) != nfields {
+			return nil, &csvError{line: line, err: fmt.Errorf("%d fields, want %d", len(fields), nfields)}
+		}
+		if len(t.Buffers) >= maxCSVRows {
+			return nil, &csvError{line: line, err: fmt.Errorf("more than %d rows", maxCSVRows)}
+		}
+		b, prior, err := csvBuffer(fields, &cols, &spelled, inclusive)
+		if err != nil {
+			var ce *csvError
+			if errors.As(err, &ce) {
+				ce.line = line
+				return nil, ce
+			}
+			return nil, &csvError{line: line, err: err}
+		}
+		if first, ok := ids[b.Name]; ok {
+			return nil, &csvError{line: line, column: spelled[colID], err: fmt.Errorf("id %q repeats line %d", b.Name, first)}
+		}
+		ids[b.Name] = line
+		b.ID = ID(len(t.Buffers))
+		if err := b.validate(); err != nil {
+			return nil, &csvError{line: line, err: fmt.Errorf("buffer %q: %w", b.Name, err)}
+		}
+		t.Buffers = append(t.Buffers, b)
+		if t.Prior != nil {
+			t.Prior = append(t.Prior, prior)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, &csvError{line: line + 1, err: fmt.Errorf("line longer than %d bytes", maxCSVLine)}
+		}
+		return nil, fmt.Errorf("csv: line %d: %w", line+1, err)
+	}
+	if !header {
+		return nil, errors.New("csv: no header line (want id,lower,upper,size)")
+	}
+	return t, nil
+}
+
+// splitComma splits s at commas into dst, reusing its storage.
+func splitComma(dst []string, s string) []string {
+	for {
+		i := strings.IndexByte(s, ',')
+		if i < 0 {
+			return append(dst, s)
+		}
+		dst = append(dst, s[:i])
+		s = s[i+1:]
+	}
+}
+
+// csvBuffer builds the buffer of one row; errors are *csvError without a
+// line number.
+func csvBuffer(fields []string, cols *[numCSVColumns]int, spelled *[numCSVColumns]string, inclusive bool) (Buffer, int64, error) {
+	b := Buffer{Fixed: NoOffset, Hint: NoOffset}
+	prior := NoOffset
+	fail := func(c csvColumn, format string, args ...any) (Buffer, int64, error) {
+		return Buffer{}, 0, &csvError{column: spelled[c], err: fmt.Errorf(format, args...)}
+	}
+	// num parses an integer field and checks it lies in [lo, hi].
+	num := func(c csvColumn, lo, hi int64) (int64, error) {
+		s := strings.TrimSpace(fields[cols[c]])
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, &csvError{column: spelled[c], err: fmt.Errorf("%q is not an integer", s)}
+		}
+		switch {
+		case v < lo && lo == 0:
+			return 0, &csvError{column: spelled[c], err: fmt.Errorf("%d is negative", v)}
+		case v < lo && lo == 1:
+			return 0, &csvError{column: spelled[c], err: fmt.Errorf("%d is not positive", v)}
+		case v < lo:
+			return 0, &csvError{column: spelled[c], err: fmt.Errorf("%d is less than %d", v, lo)}
+		case v > hi:
+			return 0, &csvError{column: spelled[c], err: fmt.Errorf("%d exceeds the limit %d", v, hi)}
+		}
+		return v, nil
+	}
+	// optOffset parses an offset or hint cell: empty or -1 means none.
+	optOffset := func(c csvColumn) (int64, error) {
+		s := strings.TrimSpace(fields[cols[c]])
+		if s == "" || s == "-1" {
+			return NoOffset, nil
+		}
+		return num(c, 0, MaxSize)
+	}
+
+	b.Name = fields[cols[colID]]
+	if b.Name == "" {
+		return fail(colID, "empty id")
+	}
+	var err error
+	if b.Start, err = num(colLower, 0, MaxSize); err != nil {
+		return Buffer{}, 0, err
+	}
+	if b.End, err = num(colUpper, 0, MaxSize); err != nil {
+		return Buffer{}, 0, err
+	}
+	if inclusive {
+		b.End++
+	}
+	if b.Size, err = num(colSize, 1, MaxSize); err != nil {
+		return Buffer{}, 0, err
+	}
+	if cols[colAlignment] >= 0 {
+		if b.Align, err = num(colAlignment, 1, MaxSize); err != nil {
+			return Buffer{}, 0, err
+		}
+	}
+	if cols[colHint] >= 0 {
+		if b.Hint, err = optOffset(colHint); err != nil {
+			return Buffer{}, 0, err
+		}
+	}
+	if cols[colOffset] >= 0 {
+		if prior, err = optOffset(colOffset); err != nil {
+			return Buffer{}, 0, err
+		}
+	}
+	if cols[colGaps] >= 0 {
+		if b.Gaps, err = parseGaps(fields[cols[colGaps]], inclusive); err != nil {
+			return Buffer{}, 0, &csvError{column: spelled[colGaps], err: err}
+		}
+	}
+	return b, prior, nil
+}
+
+// parseGaps parses MiniMalloc's gaps cell: space-separated "a-b" or
+// "a-b@x:y" entries, each an inactive sub-interval [a, b) (b inclusive
+// when the trace uses an end column) during which the buffer keeps only
+// the window [x, y) of its bytes, or none. Gaps are returned sorted and
+// must not overlap: overlapping gaps would subtract a buffer's bytes twice
+// from the live total.
+func parseGaps(s string, inclusive bool) ([]Gap, error) {
+	var gaps []Gap
+	for _, tok := range strings.Fields(s) {
+		bad := fmt.Errorf("%q is not a gap (want a-b or a-b@x:y)", tok)
+		span, window, hasWindow := strings.Cut(tok, "@")
+		a, b, ok := strings.Cut(span, "-")
+		if !ok {
+			return nil, bad
+		}
+		var g Gap
+		var err1, err2 error
+		g.Start, err1 = strconv.ParseInt(a, 10, 64)
+		g.End, err2 = strconv.ParseInt(b, 10, 64)
+		if err1 != nil || err2 != nil || g.Start < 0 || g.End < 0 || g.End > MaxSize {
+			return nil, bad
+		}
+		if inclusive {
+			g.End++
+		}
+		if hasWindow {
+			x, y, ok := strings.Cut(window, ":")
+			if !ok {
+				return nil, bad
+			}
+			g.HasWindow = true
+			g.Lo, err1 = strconv.ParseInt(x, 10, 64)
+			g.Hi, err2 = strconv.ParseInt(y, 10, 64)
+			if err1 != nil || err2 != nil {
+				return nil, bad
+			}
+		}
+		gaps = append(gaps, g)
+	}
+	sort.Slice(gaps, func(i, j int) bool { return gaps[i].Start < gaps[j].Start })
+	for i := 1; i < len(gaps); i++ {
+		if gaps[i].Start < gaps[i-1].End {
+			return nil, fmt.Errorf("gaps [%d, %d) and [%d, %d) overlap", gaps[i-1].Start, gaps[i-1].End, gaps[i].Start, gaps[i].End)
+		}
+	}
+	return gaps, nil
+}
+
+// WriteCSV writes t in MiniMalloc's CSV form: id, lower, upper, size, then
+// alignment, hint and gaps when any buffer has them, then offset when
+// offsets is not nil (one per buffer, NoOffset written as -1). Ids are the
+// buffer names, or the buffer's ID where the name is empty; a name with a
+// comma or a line break cannot be written.
+func WriteCSV(w io.Writer, t *Trace, offsets []int64) error {
+	if offsets != nil && len(offsets) != len(t.Buffers) {
+		return fmt.Errorf("csv: %d offsets for %d buffers", len(offsets), len(t.Buffers))
+	}
+	var withAlign, withHint, withGaps bool
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		withAlign = withAlign || b.Align > 1
+		withHint = withHint || b.Hint != NoOffset
+		withGaps = withGaps || len(b.Gaps) > 0
+		if strings.ContainsAny(b.Name, ",\r\n") {
+			return fmt.Errorf("csv: buffer %d: name %q has a comma or line break", i, b.Name)
+		}
+	}
+	bw := bufio.NewWriter(w)
+	bw.WriteString("id,lower,upper,size")
+	if withAlign {
+		bw.WriteString(",alignment")
+	}
+	if withHint {
+		bw.WriteString(",hint")
+	}
+	if withGaps {
+		bw.WriteString(",gaps")
+	}
+	if offsets != nil {
+		bw.WriteString(",offset")
+	}
+	bw.WriteByte('\n')
+	var buf []byte
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		buf = buf[:0]
+		if b.Name == "" {
+			buf = strconv.AppendInt(buf, int64(b.ID), 10)
+		} else {
+			buf = append(buf, b.Name...)
+		}
+		for _, v := range []int64{b.Start, b.End, b.Size} {
+			buf = append(buf, ',')
+			buf = strconv.AppendInt(buf, v, 10)
+		}
+		if withAlign {
+			buf = append(buf, ',')
+			buf = strconv.AppendInt(buf, max(b.Align, 1), 10)
+		}
+		if withHint {
+			buf = append(buf, ',')
+			buf = strconv.AppendInt(buf, b.Hint, 10)
+		}
+		if withGaps {
+			buf = append(buf, ',')
+			for j, g := range b.Gaps {
+				if j > 0 {
+					buf = append(buf, ' ')
+				}
+				buf = strconv.AppendInt(buf, g.Start, 10)
+				buf = append(buf, '-')
+				buf = strconv.AppendInt(buf, g.End, 10)
+				if g.HasWindow {
+					buf = append(buf, '@')
+					buf = strconv.AppendInt(buf, g.Lo, 10)
+					buf = append(buf, ':')
+					buf = strconv.AppendInt(buf, g.Hi, 10)
+				}
+			}
+		}
+		if offsets != nil {
+			buf = append(buf, ',')
+			buf = strconv.AppendInt(buf, offsets[i], 10)
+		}
+		buf = append(buf, '\n')
+		if _, err := bw.Write(buf); err != nil {
+			return fmt.Errorf("csv: %w", err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("csv: %w", err)
+	}
+	return nil
+}
+
+// errTooLarge is returned by limitReader past its limit.
+var errTooLarge = fmt.Errorf("input is larger than the limit of %d bytes", MaxFileSize)
+
+// limitReader is io.LimitReader that fails instead of reporting EOF, so
+// that an input cut at the limit is not taken for a complete one.
+type limitReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		// Probe for more input: none means the input ended exactly here.
+		var one [1]byte
+		n, err := l.r.Read(one[:])
+		if n > 0 {
+			return 0, errTooLarge
+		}
+		return 0, err
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}

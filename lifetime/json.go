@@ -1,0 +1,230 @@
+package lifetime
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// This file reads and writes arenaplan's own JSON trace format, described
+// in FORMAT.md. Unlike the CSV it keeps everything a Trace holds: streams,
+// tags, fixed offsets, hints, gaps, prior offsets and the PyTorch
+// allocator's statistics.
+
+// JSONFormat and JSONVersion identify the format; a reader refuses any
+// other version rather than guess at fields it does not know.
+const (
+	JSONFormat  = "arenaplan-trace"
+	JSONVersion = 1
+)
+
+type jsonTrace struct {
+	Format  string       `json:"format"`
+	Version int          `json:"version"`
+	Name    string       `json:"name,omitempty"`
+	Torch   *jsonTorch   `json:"torch,omitempty"`
+	Buffers []jsonBuffer `json:"buffers"`
+}
+
+type jsonTorch struct {
+	Device       int   `json:"device"`
+	ReservedPeak int64 `json:"reserved_peak"`
+	LiveAtStart  int64 `json:"live_at_start"`
+	HasSegments  bool  `json:"has_segments"`
+}
+
+// jsonBuffer uses pointers for optional offsets so that 0 (a valid offset)
+// and absent (none) differ.
+type jsonBuffer struct {
+	Name   string    `json:"name,omitempty"`
+	Size   int64     `json:"size"`
+	Align  int64     `json:"align,omitempty"`
+	Start  int64     `json:"start"`
+	End    int64     `json:"end"`
+	Stream int64     `json:"stream,omitempty"`
+	Tag    string    `json:"tag,omitempty"`
+	Fixed  *int64    `json:"fixed,omitempty"`
+	Hint   *int64    `json:"hint,omitempty"`
+	Prior  *int64    `json:"prior,omitempty"`
+	Gaps   []jsonGap `json:"gaps,omitempty"`
+}
+
+type jsonGap struct {
+	Start int64  `json:"start"`
+	End   int64  `json:"end"`
+	Lo    *int64 `json:"lo,omitempty"`
+	Hi    *int64 `json:"hi,omitempty"`
+}
+
+// ReadJSON reads a trace in arenaplan's JSON format. It refuses another
+// format or version, unknown fields, trailing data, inputs over
+// MaxFileSize and any buffer that Validate would refuse. The name in the
+// file is kept; name is used where the file has none.
+func ReadJSON(r io.Reader, name string) (*Trace, error) {
+	t, err := readJSON(r, name)
+	if err != nil {
+		return nil, fmt.Errorf("json: %w", err)
+	}
+	return t, nil
+}
+
+func readJSON(r io.Reader, name string) (*Trace, error) {
+	data, err := readAllLimited(r, MaxFileSize)
+	if err != nil {
+		return nil, err
+	}
+	// Check the format and version first, leniently, so that a file of a
+	// later version gets "unsupported version" and not "unknown field".
+	var head struct {
+		Format  string          `json:"format"`
+		Version json.RawMessage `json:"version"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return nil, err
+	}
+	if head.Format != JSONFormat {
+		return nil, fmt.Errorf("format is %q, want %q", head.Format, JSONFormat)
+	}
+	if string(head.Version) != "1" {
+		return nil, fmt.Errorf("unsupported version %s (this reader knows version %d)", head.Version, JSONVersion)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var jt jsonTrace
+	if err := dec.Decode(&jt); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("trailing data after the trace object")
+	}
+	if jt.Buffers == nil {
+		return nil, errors.New(`no "buffers" array`)
+	}
+	t := &Trace{Name: jt.Name, Buffers: make([]Buffer, len(jt.Buffers))}
+	if t.Name == "" {
+		t.Name = name
+	}
+	if jt.Torch != nil {
+		t.Torch = &TorchStats{Device: jt.Torch.Device, ReservedPeak: jt.Torch.ReservedPeak,
+			LiveAtStart: jt.Torch.LiveAtStart, HasSegments: jt.Torch.HasSegments}
+	}
+	for i := range jt.Buffers {
+		jb := &jt.Buffers[i]
+		b := &t.Buffers[i]
+		*b = Buffer{ID: ID(i), Name: jb.Name, Size: jb.Size, Align: jb.Align, Start: jb.Start,
+			End: jb.End, Stream: jb.Stream, Tag: jb.Tag, Fixed: NoOffset, Hint: NoOffset}
+		if jb.Fixed != nil {
+			if *jb.Fixed < 0 {
+				return nil, fmt.Errorf("buffer %d (%s): fixed offset %d is negative", i, jb.Name, *jb.Fixed)
+			}
+			b.Fixed = *jb.Fixed
+		}
+		if jb.Hint != nil {
+			if *jb.Hint < 0 || *jb.Hint > MaxSize {
+				return nil, fmt.Errorf("buffer %d (%s): hint %d is invalid", i, jb.Name, *jb.Hint)
+			}
+			b.Hint = *jb.Hint
+		}
+		if jb.Prior != nil {
+			if *jb.Prior < 0 || *jb.Prior > MaxSize {
+				return nil, fmt.Errorf("buffer %d (%s): prior offset %d is invalid", i, jb.Name, *jb.Prior)
+			}
+			if t.Prior == nil {
+				t.Prior = make([]int64, len(jt.Buffers))
+				for j := range t.Prior {
+					t.Prior[j] = NoOffset
+				}
+			}
+			t.Prior[i] = *jb.Prior
+		}
+		if jb.Start < 0 {
+			return nil, fmt.Errorf("buffer %d (%s): start %d is negative", i, jb.Name, jb.Start)
+		}
+		for k, g := range jb.Gaps {
+			if (g.Lo == nil) != (g.Hi == nil) {
+				return nil, fmt.Errorf("buffer %d (%s): gap %d has only one of lo and hi", i, jb.Name, k)
+			}
+			gap := Gap{Start: g.Start, End: g.End}
+			if g.Lo != nil {
+				gap.HasWindow, gap.Lo, gap.Hi = true, *g.Lo, *g.Hi
+			}
+			if k > 0 && gap.Start < b.Gaps[k-1].End {
+				return nil, fmt.Errorf("buffer %d (%s): gap %d starts before gap %d ends (gaps must be sorted and disjoint)", i, jb.Name, k, k-1)
+			}
+			b.Gaps = append(b.Gaps, gap)
+		}
+	}
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// WriteJSON writes t in arenaplan's JSON format, one buffer per line so
+// that diffs of trace files stay readable.
+func WriteJSON(w io.Writer, t *Trace) error {
+	if t.Prior != nil && len(t.Prior) != len(t.Buffers) {
+		return fmt.Errorf("json: %d prior offsets for %d buffers", len(t.Prior), len(t.Buffers))
+	}
+	var buf bytes.Buffer
+	head := struct {
+		Format  string     `json:"format"`
+		Version int        `json:"version"`
+		Name    string     `json:"name,omitempty"`
+		Torch   *jsonTorch `json:"torch,omitempty"`
+	}{Format: JSONFormat, Version: JSONVersion, Name: t.Name}
+	if s := t.Torch; s != nil {
+		head.Torch = &jsonTorch{Device: s.Device, ReservedPeak: s.ReservedPeak, LiveAtStart: s.LiveAtStart, HasSegments: s.HasSegments}
+	}
+	hb, err := json.Marshal(head)
+	if err != nil {
+		return fmt.Errorf("json: %w", err)
+	}
+	// Splice the buffers array into the head object by hand, one per line.
+	buf.Write(hb[:len(hb)-1])
+	buf.WriteString(`,"buffers":[`)
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		jb := jsonBuffer{Name: b.Name, Size: b.Size, Align: b.Align, Start: b.Start, End: b.End,
+			Stream: b.Stream, Tag: b.Tag}
+		if b.Fixed != NoOffset {
+			jb.Fixed = &b.Fixed
+		}
+		if b.Hint != NoOffset {
+			jb.Hint = &b.Hint
+		}
+		if t.Prior != nil && t.Prior[i] != NoOffset {
+			jb.Prior = &t.Prior[i]
+		}
+		for _, g := range b.Gaps {
+			jg := jsonGap{Start: g.Start, End: g.End}
+			if g.HasWindow {
+				lo, hi := g.Lo, g.Hi
+				jg.Lo, jg.Hi = &lo, &hi
+			}
+			jb.Gaps = append(jb.Gaps, jg)
+		}
+		bb, err := json.Marshal(jb)
+		if err != nil {
+			return fmt.Errorf("json: %w", err)
+		}
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		buf.WriteString("\n")
+		buf.Write(bb)
+		if buf.Len() >= 1<<20 {
+			if _, err := w.Write(buf.Bytes()); err != nil {
+				return fmt.Errorf("json: %w", err)
+			}
+			buf.Reset()
+		}
+	}
+	buf.WriteString("\n]}\n")
+	if _, err := w.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("json: %w", err)
+	}
+	return nil
+}

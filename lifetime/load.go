@@ -1,0 +1,104 @@
+package lifetime
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// MaxFileSize bounds every trace file and stream the importers read
+// (1 GiB): traces are untrusted input, and a file beyond this is more
+// likely a mistake than a workload.
+const MaxFileSize = 1 << 30
+
+// Load reads the traces in the file at path. format is "csv", "torch" or
+// "json", or "" to pick it from the extension (.csv; .pickle or .pkl;
+// .json). A CSV or JSON file holds one trace, a PyTorch snapshot one per
+// device. Each trace is named after the file's base name. Errors name the
+// file.
+func Load(path, format string) ([]*Trace, error) {
+	ts, err := load(path, format)
+	if err != nil {
+		return nil, fmt.Errorf("lifetime: %s: %w", path, err)
+	}
+	return ts, nil
+}
+
+func load(path, format string) ([]*Trace, error) {
+	if format == "" {
+		switch strings.ToLower(filepath.Ext(path)) {
+		case ".csv":
+			format = "csv"
+		case ".pickle", ".pkl":
+			format = "torch"
+		case ".json":
+			format = "json"
+		default:
+			return nil, fmt.Errorf("cannot tell the format from the extension %q: name one of csv, torch, json", filepath.Ext(path))
+		}
+	}
+	switch format {
+	case "csv", "torch", "json":
+	default:
+		return nil, fmt.Errorf("unknown format %q (want csv, torch or json)", format)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		return nil, errors.New("is a directory")
+	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("%d bytes is larger than the limit of %d", fi.Size(), MaxFileSize)
+	}
+	name := filepath.Base(path)
+	switch format {
+	case "csv":
+		t, err := ReadCSV(f, name)
+		if err != nil {
+			return nil, err
+		}
+		return []*Trace{t}, nil
+	case "json":
+		t, err := ReadJSON(f, name)
+		if err != nil {
+			return nil, err
+		}
+		return []*Trace{t}, nil
+	default:
+		return ReadTorchSnapshot(f, name)
+	}
+}
+
+// KeepPriorOffsets turns the offsets of an earlier solution read with the
+// trace (Prior, a CSV offset column) into fixed offsets every planner must
+// use: what the plan command's --keep-offsets asks for. Buffers without a
+// prior offset stay free.
+func (t *Trace) KeepPriorOffsets() {
+	for i, off := range t.Prior {
+		if i < len(t.Buffers) && off != NoOffset {
+			t.Buffers[i].Fixed = off
+		}
+	}
+}
+
+// readAllLimited reads r to the end, refusing more than limit bytes.
+func readAllLimited(r io.Reader, limit int64) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("input is larger than the limit of %d bytes", limit)
+	}
+	return data, nil
+}

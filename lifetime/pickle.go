@@ -1,0 +1,504 @@
+package lifetime
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"unicode/utf8"
+)
+
+// This file is a small, safe decoder for the subset of Python's pickle
+// format (protocols 2 to 5) that torch.cuda.memory._snapshot() produces:
+// dicts, lists, tuples, strings, bytes, ints, floats, None and booleans.
+//
+// It never executes anything: opcodes that would import or call Python
+// code (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, ...) are
+// refused with an error naming the opcode and its offset. Every length is
+// checked against the input that remains before anything is allocated, so
+// a tiny file cannot make it allocate more than a small multiple of its own
+// size; the memo, the mark stack and the value stack are bounded by the
+// input too (each entry costs at least one input byte).
+
+// pickleDict is a Python dict. Items are kept in insertion order and not
+// deduplicated, so that SETITEMS stays O(1); lookups scan from the end so
+// that a later assignment of the same key wins, as in Python.
+type pickleDict struct {
+	keys, vals []any
+}
+
+// get returns the value of a string key.
+func (d *pickleDict) get(key string) (any, bool) {
+	for i := len(d.keys) - 1; i >= 0; i-- {
+		if k, ok := d.keys[i].(string); ok && k == key {
+			return d.vals[i], true
+		}
+	}
+	return nil, false
+}
+
+// pickleList is a Python list; a pointer because APPEND(S) mutates a list
+// that the memo may also hold.
+type pickleList struct {
+	items []any
+}
+
+// pickleTuple is a Python tuple.
+type pickleTuple []any
+
+// pickleBigInt stands for an integer that does not fit in int64; it is an
+// error only where a caller needs the value.
+type pickleBigInt struct{}
+
+// pickleUnset fills memo slots skipped by BINPUT, so that a BINGET of a
+// slot never stored is an error rather than a None.
+type pickleUnset struct{}
+
+// Limits of the decoder, far above what real snapshots need.
+const (
+	maxPickleMarks = 1 << 12 // nesting of MARK ... (SETITEMS|APPENDS|TUPLE)
+	maxPickleMemo  = 1 << 26 // memo slots
+)
+
+// pickleOpNames names every pickle opcode so that errors say which one was
+// met, including those this decoder refuses.
+var pickleOpNames = map[byte]string{
+	'(': "MARK", '.': "STOP", '0': "POP", '1': "POP_MARK", '2': "DUP",
+	'F': "FLOAT", 'I': "INT", 'J': "BININT", 'K': "BININT1", 'L': "LONG",
+	'M': "BININT2", 'N': "NONE", 'P': "PERSID", 'Q': "BINPERSID", 'R': "REDUCE",
+	'S': "STRING", 'T': "BINSTRING", 'U': "SHORT_BINSTRING", 'V': "UNICODE",
+	'X': "BINUNICODE", 'a': "APPEND", 'b': "BUILD", 'c': "GLOBAL", 'd': "DICT",
+	'}': "EMPTY_DICT", 'e': "APPENDS", 'g': "GET", 'h': "BINGET", 'i': "INST",
+	'j': "LONG_BINGET", 'l': "LIST", ']': "EMPTY_LIST", 'o': "OBJ", 'p': "PUT",
+	'q': "BINPUT", 'r': "LONG_BINPUT", 's': "SETITEM", 't': "TUPLE",
+	')': "EMPTY_TUPLE", 'u': "SETITEMS", 'G': "BINFLOAT",
+	0x80: "PROTO", 0x81: "NEWOBJ", 0x82: "EXT1", 0x83: "EXT2", 0x84: "EXT4",
+	0x85: "TUPLE1", 0x86: "TUPLE2", 0x87: "TUPLE3", 0x88: "NEWTRUE",
+	0x89: "NEWFALSE", 0x8a: "LONG1", 0x8b: "LONG4",
+	'B': "BINBYTES", 'C': "SHORT_BINBYTES",
+	0x8c: "SHORT_BINUNICODE", 0x8d: "BINUNICODE8", 0x8e: "BINBYTES8",
+	0x8f: "EMPTY_SET", 0x90: "ADDITEMS", 0x91: "FROZENSET", 0x92: "NEWOBJ_EX",
+	0x93: "STACK_GLOBAL", 0x94: "MEMOIZE", 0x95: "FRAME",
+	0x96: "BYTEARRAY8", 0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER",
+}
+
+// pickleCodeOps are opcodes that would run or import Python code.
+var pickleCodeOps = map[byte]bool{
+	'c': true, 0x93: true, 'R': true, 'b': true, 'i': true, 'o': true,
+	0x81: true, 0x92: true, 0x82: true, 0x83: true, 0x84: true,
+	'P': true, 'Q': true,
+}
+
+func pickleOpName(op byte) string {
+	if n, ok := pickleOpNames[op]; ok {
+		return fmt.Sprintf("%s (0x%02x)", n, op)
+	}
+	return fmt.Sprintf("0x%02x", op)
+}
+
+// pickleDecoder holds the state of one decode.
+type pickleDecoder struct {
+	data  []byte
+	pos   int
+	stack []any
+	marks []int
+	memo  []any
+}
+
+// decodePickle decodes one pickle that must span all of data.
+func decodePickle(data []byte) (any, error) {
+	d := &pickleDecoder{data: data}
+	v, err := d.run()
+	if err != nil {
+		return nil, fmt.Errorf("pickle: %w", err)
+	}
+	return v, nil
+}
+
+func (d *pickleDecoder) errorf(at int, format string, args ...any) error {
+	return fmt.Errorf("offset %d: %s", at, fmt.Sprintf(format, args...))
+}
+
+// take returns the next n bytes, or an error when fewer remain: the check
+// that keeps a forged length from allocating memory the input cannot fill.
+func (d *pickleDecoder) take(at int, n uint64) ([]byte, error) {
+	if n > uint64(len(d.data)-d.pos) {
+		return nil, d.errorf(at, "%s needs %d bytes, only %d remain", pickleOpName(d.data[at]), n, len(d.data)-d.pos)
+	}
+	b := d.data[d.pos : d.pos+int(n)]
+	d.pos += int(n)
+	return b, nil
+}
+
+func (d *pickleDecoder) pop(at int) (any, error) {
+	n := len(d.stack)
+	if n == 0 || (len(d.marks) > 0 && d.marks[len(d.marks)-1] == n) {
+		return nil, d.errorf(at, "%s on an empty stack", pickleOpName(d.data[at]))
+	}
+	v := d.stack[n-1]
+	d.stack = d.stack[:n-1]
+	return v, nil
+}
+
+func (d *pickleDecoder) top(at int) (any, error) {
+	n := len(d.stack)
+	if n == 0 || (len(d.marks) > 0 && d.marks[len(d.marks)-1] == n) {
+		return nil, d.errorf(at, "%s on an empty stack", pickleOpName(d.data[at]))
+	}
+	return d.stack[n-1], nil
+}
+
+// popMark returns the items pushed since the last MARK and removes them
+// and the mark. The returned slice aliases the stack: callers copy it.
+func (d *pickleDecoder) popMark(at int) ([]any, error) {
+	if len(d.marks) == 0 {
+		return nil, d.errorf(at, "%s without MARK", pickleOpName(d.data[at]))
+	}
+	m := d.marks[len(d.marks)-1]
+	d.marks = d.marks[:len(d.marks)-1]
+	items := d.stack[m:]
+	d.stack = d.stack[:m]
+	return items, nil
+}
+
+func (d *pickleDecoder) memoPut(at int, idx uint64) error {
+	v, err := d.top(at)
+	if err != nil {
+		return err
+	}
+	// A memo index can be any number, but each slot below it costs memory:
+	// allow only indices a file of this size could have filled one by one.
+	if idx >= maxPickleMemo || idx > uint64(len(d.data)) {
+		return d.errorf(at, "memo index %d is out of range", idx)
+	}
+	for uint64(len(d.memo)) <= idx {
+		d.memo = append(d.memo, pickleUnset{})
+	}
+	d.memo[idx] = v
+	return nil
+}
+
+func (d *pickleDecoder) memoGet(at int, idx uint64) error {
+	if idx >= uint64(len(d.memo)) {
+		return d.errorf(at, "memo index %d was never stored", idx)
+	}
+	if _, unset := d.memo[idx].(pickleUnset); unset {
+		return d.errorf(at, "memo index %d was never stored", idx)
+	}
+	d.stack = append(d.stack, d.memo[idx])
+	return nil
+}
+
+func (d *pickleDecoder) run() (any, error) {
+	if len(d.data) < 2 || d.data[0] != 0x80 {
+		return nil, fmt.Errorf("not a pickle of protocol 2 or later (no PROTO opcode at offset 0)")
+	}
+	for d.pos < len(d.data) {
+		at := d.pos
+		op := d.data[at]
+		d.pos++
+		switch op {
+		case 0x80: // PROTO
+			b, err := d.take(at, 1)
+			if err != nil {
+				return nil, err
+			}
+			if b[0] < 2 || b[0] > 5 {
+				return nil, d.errorf(at, "unsupported pickle protocol %d", b[0])
+			}
+		case 0x95: // FRAME: a length hint for buffered readers; we hold it all.
+			if _, err := d.take(at, 8); err != nil {
+				return nil, err
+			}
+		case '}':
+			d.stack = append(d.stack, &pickleDict{})
+		case ']':
+			d.stack = append(d.stack, &pickleList{})
+		case ')':
+			d.stack = append(d.stack, pickleTuple(nil))
+		case '(':
+			if len(d.marks) >= maxPickleMarks {
+				return nil, d.errorf(at, "MARK nesting deeper than %d", maxPickleMarks)
+			}
+			d.marks = append(d.marks, len(d.stack))
+		case 's': // SETITEM
+			v, err := d.pop(at)
+			if err != nil {
+				return nil, err
+			}
+			k, err := d.pop(at)
+			if err != nil {
+				return nil, err
+			}
+			t, err := d.top(at)
+			if err != nil {
+				return nil, err
+			}
+			dict, ok := t.(*pickleDict)
+			if !ok {
+				return nil, d.errorf(at, "SETITEM on a %s, not a dict", pickleTypeName(t))
+			}
+			dict.keys = append(dict.keys, k)
+			dict.vals = append(dict.vals, v)
+		case 'u': // SETITEMS
+			items, err := d.popMark(at)
+			if err != nil {
+				return nil, err
+			}
+			if len(items)%2 != 0 {
+				return nil, d.errorf(at, "SETITEMS with an odd number (%d) of items", len(items))
+			}
+			t, err := d.top(at)
+			if err != nil {
+				return nil, err
+			}
+			dict, ok := t.(*pickleDict)
+			if !ok {
+				return nil, d.errorf(at, "SETITEMS on a %s, not a dict", pickleTypeName(t))
+			}
+			for i := 0; i < len(items); i += 2 {
+				dict.keys = append(dict.keys, items[i])
+				dict.vals = append(dict.vals, items[i+1])
+			}
+		case 'a': // APPEND
+			v, err := d.pop(at)
+			if err != nil {
+				return nil, err
+			}
+			t, err := d.top(at)
+			if err != nil {
+				return nil, err
+			}
+			list, ok := t.(*pickleList)
+			if !ok {
+				return nil, d.errorf(at, "APPEND to a %s, not a list", pickleTypeName(t))
+			}
+			list.items = append(list.items, v)
+		case 'e': // APPENDS
+			items, err := d.popMark(at)
+			if err != nil {
+				return nil, err
+			}
+			t, err := d.top(at)
+			if err != nil {
+				return nil, err
+			}
+			list, ok := t.(*pickleList)
+			if !ok {
+				return nil, d.errorf(at, "APPENDS to a %s, not a list", pickleTypeName(t))
+			}
+			list.items = append(list.items, items...)
+		case 0x8c, 'X', 0x8d: // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+			n, err := d.length(at, op)
+			if err != nil {
+				return nil, err
+			}
+			b, err := d.take(at, n)
+			if err != nil {
+				return nil, err
+			}
+			if !utf8.Valid(b) {
+				return nil, d.errorf(at, "%s is not valid UTF-8", pickleOpName(op))
+			}
+			d.stack = append(d.stack, string(b))
+		case 'C', 'B', 0x8e: // SHORT_BINBYTES, BINBYTES, BINBYTES8
+			n, err := d.length(at, op)
+			if err != nil {
+				return nil, err
+			}
+			b, err := d.take(at, n)
+			if err != nil {
+				return nil, err
+			}
+			d.stack = append(d.stack, append([]byte(nil), b...))
+		case 'J': // BININT: 4-byte signed little-endian
+			b, err := d.take(at, 4)
+			if err != nil {
+				return nil, err
+			}
+			d.stack = append(d.stack, int64(int32(binary.LittleEndian.Uint32(b))))
+		case 'K': // BININT1
+			b, err := d.take(at, 1)
+			if err != nil {
+				return nil, err
+			}
+			d.stack = append(d.stack, int64(b[0]))
+		case 'M': // BININT2
+			b, err := d.take(at, 2)
+			if err != nil {
+				return nil, err
+			}
+			d.stack = append(d.stack, int64(binary.LittleEndian.Uint16(b)))
+		case 0x8a: // LONG1: n-byte two's complement little-endian
+			nb, err := d.take(at, 1)
+			if err != nil {
+				return nil, err
+			}
+			b, err := d.take(at, uint64(nb[0]))
+			if err != nil {
+				return nil, err
+			}
+			d.stack = append(d.stack, decodeLong(b))
+		case 'G': // BINFLOAT: 8-byte big-endian IEEE 754
+			b, err := d.take(at, 8)
+			if err != nil {
+				return nil, err
+			}
+			d.stack = append(d.stack, math.Float64frombits(binary.BigEndian.Uint64(b)))
+		case 'N':
+			d.stack = append(d.stack, nil)
+		case 0x88:
+			d.stack = append(d.stack, true)
+		case 0x89:
+			d.stack = append(d.stack, false)
+		case 0x85, 0x86, 0x87: // TUPLE1..3
+			n := int(op - 0x84)
+			if len(d.stack) < n || (len(d.marks) > 0 && d.marks[len(d.marks)-1] > len(d.stack)-n) {
+				return nil, d.errorf(at, "%s needs %d items on the stack", pickleOpName(op), n)
+			}
+			t := make(pickleTuple, n)
+			copy(t, d.stack[len(d.stack)-n:])
+			d.stack = append(d.stack[:len(d.stack)-n], t)
+		case 't': // TUPLE
+			items, err := d.popMark(at)
+			if err != nil {
+				return nil, err
+			}
+			d.stack = append(d.stack, append(pickleTuple(nil), items...))
+		case 0x94: // MEMOIZE
+			if err := d.memoPut(at, uint64(len(d.memo))); err != nil {
+				return nil, err
+			}
+		case 'q': // BINPUT
+			b, err := d.take(at, 1)
+			if err != nil {
+				return nil, err
+			}
+			if err := d.memoPut(at, uint64(b[0])); err != nil {
+				return nil, err
+			}
+		case 'r': // LONG_BINPUT
+			b, err := d.take(at, 4)
+			if err != nil {
+				return nil, err
+			}
+			if err := d.memoPut(at, uint64(binary.LittleEndian.Uint32(b))); err != nil {
+				return nil, err
+			}
+		case 'h': // BINGET
+			b, err := d.take(at, 1)
+			if err != nil {
+				return nil, err
+			}
+			if err := d.memoGet(at, uint64(b[0])); err != nil {
+				return nil, err
+			}
+		case 'j': // LONG_BINGET
+			b, err := d.take(at, 4)
+			if err != nil {
+				return nil, err
+			}
+			if err := d.memoGet(at, uint64(binary.LittleEndian.Uint32(b))); err != nil {
+				return nil, err
+			}
+		case '.': // STOP
+			v, err := d.pop(at)
+			if err != nil {
+				return nil, err
+			}
+			if d.pos != len(d.data) {
+				return nil, d.errorf(d.pos, "%d bytes of trailing data after STOP", len(d.data)-d.pos)
+			}
+			return v, nil
+		default:
+			if pickleCodeOps[op] {
+				return nil, d.errorf(at, "opcode %s would import or call Python code; refused", pickleOpName(op))
+			}
+			return nil, d.errorf(at, "unsupported opcode %s", pickleOpName(op))
+		}
+	}
+	return nil, d.errorf(len(d.data), "truncated: no STOP opcode")
+}
+
+// length reads the length prefix of a string or bytes opcode.
+func (d *pickleDecoder) length(at int, op byte) (uint64, error) {
+	switch op {
+	case 0x8c, 'C':
+		b, err := d.take(at, 1)
+		if err != nil {
+			return 0, err
+		}
+		return uint64(b[0]), nil
+	case 'X', 'B':
+		b, err := d.take(at, 4)
+		if err != nil {
+			return 0, err
+		}
+		return uint64(binary.LittleEndian.Uint32(b)), nil
+	default:
+		b, err := d.take(at, 8)
+		if err != nil {
+			return 0, err
+		}
+		return binary.LittleEndian.Uint64(b), nil
+	}
+}
+
+// decodeLong decodes LONG1's little-endian two's complement bytes into an
+// int64, or pickleBigInt when the value does not fit.
+func decodeLong(b []byte) any {
+	if len(b) == 0 {
+		return int64(0)
+	}
+	neg := b[len(b)-1]&0x80 != 0
+	if len(b) > 8 {
+		// Wider encodings still fit when the extra bytes only extend the sign.
+		ext := byte(0)
+		if neg {
+			ext = 0xff
+		}
+		for _, c := range b[8:] {
+			if c != ext {
+				return pickleBigInt{}
+			}
+		}
+		if (b[7]&0x80 != 0) != neg {
+			return pickleBigInt{}
+		}
+		b = b[:8]
+	}
+	var u uint64
+	for i := len(b) - 1; i >= 0; i-- {
+		u = u<<8 | uint64(b[i])
+	}
+	if neg && len(b) < 8 {
+		u |= ^uint64(0) << (8 * uint(len(b)))
+	}
+	return int64(u)
+}
+
+func pickleTypeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "None"
+	case bool:
+		return "bool"
+	case int64:
+		return "int"
+	case pickleBigInt:
+		return "big int"
+	case float64:
+		return "float"
+	case string:
+		return "str"
+	case []byte:
+		return "bytes"
+	case *pickleDict:
+		return "dict"
+	case *pickleList:
+		return "list"
+	case pickleTuple:
+		return "tuple"
+	default:
+		return fmt.Sprintf("%T", v)
+	}
+}
