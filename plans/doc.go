@@ -1,0 +1,63 @@
+// Package plans is arenaplan's plan file: a planner.Plan together with the
+// lifetime.Trace it was made for (and, optionally, the Workload that trace
+// describes), written to disk as a small checksummed, zstd-compressed file
+// and read back with every byte distrusted.
+//
+// A plan file is untrusted input. Decode and Load bound every size before
+// they allocate (the file, the declared payload, every count against the
+// bytes left), verify the checksum before decompressing, and re-verify what
+// they decoded: the trace is validated, the plan is re-checked with
+// planner.Check, the stored trace fingerprint, arena size and lower bound
+// must equal the recomputed ones. A file that passes is as trustworthy as
+// a plan fresh from planner.Run. Every failure is an error that wraps one
+// of the sentinel errors below (ErrNotPlan, ErrVersion, ErrCorrupt,
+// ErrChecksum, ErrTooLarge, ErrInvalid), so callers can branch with
+// errors.Is; Load's errors name the file.
+//
+// The checksum is SHA-256, which detects corruption, not tampering: anyone
+// can write a file with a valid checksum. Safety against crafted files
+// comes from the bounds and the re-verification, not from the checksum.
+//
+// It is not a planner, it knows nothing about devices, and it does not
+// keep a cache or index of plans: one file holds one plan of one trace.
+// Decoding costs one SHA-256 pass over the compressed bytes, one zstd
+// decompression and one planner.Check (O(n log n) in the buffers); a
+// 62k-buffer plan decodes in tens of milliseconds.
+//
+// # File layout (format version 1)
+//
+// All integers in the header are little-endian.
+//
+//	offset size  field
+//	0      8     magic "ARENAPLN"
+//	8      2     format version (1)
+//	10     2     header length (64)
+//	12     4     flags (0; reserved)
+//	16     8     compressed payload length C (the file is exactly 64+C bytes)
+//	24     8     uncompressed payload length U (at most MaxPayload, and at
+//	             most 32768*C: no zstd frame expands more than that)
+//	32     32    SHA-256 of header bytes [0, 32) followed by the C payload bytes
+//	64     C     payload: one zstd frame
+//
+// The uncompressed payload is a sequence of sections, each a kind byte, a
+// uvarint body length and the body, in increasing kind order, ended by the
+// kind byte 0 as the payload's last byte:
+//
+//	1 meta      trace fingerprint [32]byte, trace name, algorithm, alignment,
+//	            arena, lower bound, optimal (0/1), elapsed and to-best (ns)
+//	2 buffers   count, then per buffer: name, size, align, start (delta from
+//	            the previous buffer's start), end-start, stream, tag, fixed,
+//	            hint, offset, gap count, gaps (start-buffer start, length,
+//	            window flag, lo, hi)
+//	3 prior     optional: count, then an offset per buffer (Trace.Prior)
+//	4 torch     optional: Trace.Torch
+//	5 workload  optional: member count (1 in version 1), then name,
+//	            fingerprint [32]byte, dimension count, (name, value) pairs
+//	0 end
+//
+// Strings are a uvarint length and the bytes; unsigned numbers are
+// uvarints, signed ones zigzag varints; every varint must be minimal, every
+// flag 0 or 1, so a decoded file has exactly one encoding. A later version
+// may add sections (a workload family, for example); version 1 readers
+// refuse kinds they do not know.
+package plans

@@ -1,0 +1,304 @@
+package plans
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
+)
+
+// Magic opens every plan file.
+const Magic = "ARENAPLN"
+
+// Version is the format version this package writes and the only one it
+// reads.
+const Version = 1
+
+// HeaderLen is the length of a version 1 header.
+const HeaderLen = 64
+
+// MaxFile bounds a plan file's size (Load and Decode refuse larger ones).
+const MaxFile = 1 << 30
+
+// MaxPayload bounds the declared uncompressed payload.
+const MaxPayload = 1 << 32
+
+// maxRatio bounds how much one compressed byte can expand: every zstd
+// block costs at least 4 bytes (a 3-byte header and one RLE byte) and
+// yields at most 128 KiB, so no valid frame of C bytes exceeds 32768*C.
+// It lets Decode refuse a small file that claims a huge payload before
+// the decompressor preallocates it.
+const maxRatio = 32768
+
+// Sentinel errors; every error from Decode and Load wraps one of them.
+var (
+	// ErrNotPlan: the data does not start with Magic.
+	ErrNotPlan = errors.New("not a plan file")
+	// ErrVersion: a format version this package cannot read.
+	ErrVersion = errors.New("unsupported format version")
+	// ErrCorrupt: truncated or malformed bytes (header, zstd or payload).
+	ErrCorrupt = errors.New("corrupt plan file")
+	// ErrChecksum: the stored checksum does not match the bytes.
+	ErrChecksum = errors.New("checksum mismatch")
+	// ErrTooLarge: the file or its declared payload exceeds the limits.
+	ErrTooLarge = errors.New("plan file too large")
+	// ErrInvalid: well-formed, but the trace or plan fails verification
+	// (trace.Validate, planner.Check, fingerprint, arena, lower bound).
+	ErrInvalid = errors.New("invalid plan")
+)
+
+// File is what one plan file holds. Trace and Plan are required; Workload
+// is optional metadata about what the trace was recorded from.
+type File struct {
+	Trace    *lifetime.Trace
+	Plan     *planner.Plan
+	Workload *Workload // nil when unknown
+}
+
+// header is the fixed part of a version 1 file.
+type header struct {
+	version      uint16
+	headerLen    uint16
+	flags        uint32
+	compressed   uint64
+	uncompressed uint64
+	sum          [32]byte
+}
+
+func (h *header) marshal() []byte {
+	b := make([]byte, HeaderLen)
+	copy(b, Magic)
+	binary.LittleEndian.PutUint16(b[8:], h.version)
+	binary.LittleEndian.PutUint16(b[10:], h.headerLen)
+	binary.LittleEndian.PutUint32(b[12:], h.flags)
+	binary.LittleEndian.PutUint64(b[16:], h.compressed)
+	binary.LittleEndian.PutUint64(b[24:], h.uncompressed)
+	copy(b[32:], h.sum[:])
+	return b
+}
+
+// checksum covers the header fields before the checksum, then the payload.
+func checksum(head32, payload []byte) [32]byte {
+	s := sha256.New()
+	s.Write(head32[:32])
+	s.Write(payload)
+	var out [32]byte
+	s.Sum(out[:0])
+	return out
+}
+
+var (
+	encOnce sync.Once
+	enc     *zstd.Encoder
+	encErr  error
+)
+
+// encoder is shared: EncodeAll is safe for concurrent use.
+func encoder() (*zstd.Encoder, error) {
+	encOnce.Do(func() {
+		enc, encErr = zstd.NewWriter(nil,
+			zstd.WithEncoderLevel(zstd.SpeedBetterCompression),
+			zstd.WithEncoderConcurrency(1))
+	})
+	return enc, encErr
+}
+
+// Encode verifies f exactly as Decode will and returns its file bytes.
+// It refuses what Decode would refuse, so a saved plan always loads.
+func Encode(f *File) ([]byte, error) {
+	data, err := encode(f)
+	if err != nil {
+		return nil, fmt.Errorf("plans: encode: %w", err)
+	}
+	return data, nil
+}
+
+func encode(f *File) ([]byte, error) {
+	if err := verify(f); err != nil {
+		return nil, err
+	}
+	raw := encodePayload(f)
+	if uint64(len(raw)) > MaxPayload {
+		return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrTooLarge, len(raw), uint64(MaxPayload))
+	}
+	out, err := seal(raw)
+	if err != nil {
+		return nil, err
+	}
+	if len(out) > MaxFile {
+		return nil, fmt.Errorf("%w: file of %d bytes exceeds %d", ErrTooLarge, len(out), MaxFile)
+	}
+	return out, nil
+}
+
+// seal compresses a payload and prepends its header. It trusts raw: the
+// tests use it to wrap crafted payloads in a valid checksum.
+func seal(raw []byte) ([]byte, error) {
+	e, err := encoder()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, HeaderLen, HeaderLen+len(raw)/2+64)
+	out = e.EncodeAll(raw, out)
+	h := header{
+		version:      Version,
+		headerLen:    HeaderLen,
+		compressed:   uint64(len(out) - HeaderLen),
+		uncompressed: uint64(len(raw)),
+	}
+	copy(out, h.marshal())
+	h.sum = checksum(out[:32], out[HeaderLen:])
+	copy(out[32:], h.sum[:])
+	return out, nil
+}
+
+// Decode parses and verifies a plan file. See the package comment for
+// what it checks; every error wraps one of the package's sentinels.
+func Decode(data []byte) (*File, error) {
+	f, err := decodeSafe(data)
+	if err != nil {
+		return nil, fmt.Errorf("plans: %w", err)
+	}
+	return f, nil
+}
+
+// decodeSafe is Decode without the package prefix.
+func decodeSafe(data []byte) (f *File, err error) {
+	defer func() {
+		// Decoding is written not to panic (FuzzDecode checks it); this is
+		// the last line against a bug in a dependency.
+		if r := recover(); r != nil {
+			f, err = nil, fmt.Errorf("%w: internal error while decoding: %v", ErrCorrupt, r)
+		}
+	}()
+	return decode(data)
+}
+
+// decode is decodeSafe without the recover; the fuzzer calls it.
+func decode(data []byte) (*File, error) {
+	raw, err := open(data)
+	if err != nil {
+		return nil, err
+	}
+	return decodeVerified(raw)
+}
+
+// open checks the header and the checksum and decompresses the payload.
+func open(data []byte) ([]byte, error) {
+	n := min(len(data), len(Magic))
+	if !bytes.Equal(data[:n], []byte(Magic)[:n]) {
+		return nil, fmt.Errorf("%w: bad magic %q", ErrNotPlan, data[:n])
+	}
+	if len(data) > MaxFile {
+		return nil, fmt.Errorf("%w: %d bytes exceeds %d", ErrTooLarge, len(data), MaxFile)
+	}
+	if len(data) < HeaderLen {
+		return nil, fmt.Errorf("%w: truncated header: %d of %d bytes", ErrCorrupt, len(data), HeaderLen)
+	}
+	h := header{
+		version:      binary.LittleEndian.Uint16(data[8:]),
+		headerLen:    binary.LittleEndian.Uint16(data[10:]),
+		flags:        binary.LittleEndian.Uint32(data[12:]),
+		compressed:   binary.LittleEndian.Uint64(data[16:]),
+		uncompressed: binary.LittleEndian.Uint64(data[24:]),
+	}
+	copy(h.sum[:], data[32:HeaderLen])
+	switch {
+	case h.version != Version:
+		return nil, fmt.Errorf("%w: %d (this reader knows %d)", ErrVersion, h.version, Version)
+	case h.headerLen != HeaderLen:
+		return nil, fmt.Errorf("%w: header length %d, want %d", ErrCorrupt, h.headerLen, HeaderLen)
+	case h.flags != 0:
+		return nil, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, h.flags)
+	case h.compressed != uint64(len(data)-HeaderLen):
+		return nil, fmt.Errorf("%w: header declares %d payload bytes, file has %d (truncated or trailing data)",
+			ErrCorrupt, h.compressed, len(data)-HeaderLen)
+	case h.uncompressed > MaxPayload:
+		return nil, fmt.Errorf("%w: declared payload of %d bytes exceeds %d", ErrTooLarge, h.uncompressed, uint64(MaxPayload))
+	case h.uncompressed > maxRatio*h.compressed:
+		return nil, fmt.Errorf("%w: %d compressed bytes cannot hold a payload of %d bytes", ErrCorrupt, h.compressed, h.uncompressed)
+	}
+	payload := data[HeaderLen:]
+	if sum := checksum(data[:32], payload); sum != h.sum {
+		return nil, fmt.Errorf("%w: stored %x, computed %x", ErrChecksum, h.sum[:8], sum[:8])
+	}
+	// The decoder refuses frames that declare more than the header does, so
+	// it never preallocates more than uncompressed bytes (itself bounded
+	// above); the single-segment window of a tiny payload is 1 KiB.
+	dec, err := zstd.NewReader(nil,
+		zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderMaxMemory(max(h.uncompressed, zstd.MinWindowSize)))
+	if err != nil {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	defer dec.Close()
+	raw, err := dec.DecodeAll(payload, make([]byte, 0, h.uncompressed))
+	if err != nil {
+		return nil, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
+	}
+	if uint64(len(raw)) != h.uncompressed {
+		return nil, fmt.Errorf("%w: payload is %d bytes, header declares %d", ErrCorrupt, len(raw), h.uncompressed)
+	}
+	return raw, nil
+}
+
+// decodeVerified decodes a payload and verifies what it holds.
+func decodeVerified(raw []byte) (*File, error) {
+	f, fp, err := decodePayload(raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := verify(f); err != nil {
+		return nil, err
+	}
+	if got := f.Trace.Fingerprint(); got != fp {
+		return nil, fmt.Errorf("%w: trace fingerprint %x does not match the stored %x", ErrInvalid, got[:8], fp[:8])
+	}
+	return f, nil
+}
+
+// verify is what both Encode and Decode require of a File.
+func verify(f *File) error {
+	switch {
+	case f == nil:
+		return fmt.Errorf("%w: no file", ErrInvalid)
+	case f.Trace == nil:
+		return fmt.Errorf("%w: no trace", ErrInvalid)
+	case f.Plan == nil:
+		return fmt.Errorf("%w: no plan", ErrInvalid)
+	}
+	t, p := f.Trace, f.Plan
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	switch {
+	case p.Align < 1 || p.Align > lifetime.MaxSize:
+		return fmt.Errorf("%w: plan alignment %d is out of range", ErrInvalid, p.Align)
+	case p.Elapsed < 0 || p.ToBest < 0:
+		return fmt.Errorf("%w: negative planning time (elapsed %v, to best %v)", ErrInvalid, p.Elapsed, p.ToBest)
+	}
+	if err := planner.Check(t, p); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	// Check accepts any arena that holds the plan; a file must state the
+	// exact one, and the exact lower bound, so reports read from it are true.
+	if a := planner.ArenaSize(t, p.Offsets, p.Align); a != p.Arena {
+		return fmt.Errorf("%w: stored arena %d, the offsets need %d", ErrInvalid, p.Arena, a)
+	}
+	if lb, _ := t.LowerBound(p.Align); lb != p.LowerBound {
+		return fmt.Errorf("%w: stored lower bound %d, the trace's is %d", ErrInvalid, p.LowerBound, lb)
+	}
+	if f.Workload != nil {
+		if err := f.Workload.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+	}
+	return nil
+}

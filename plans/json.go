@@ -1,0 +1,167 @@
+package plans
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/arenaplan/arenaplan/lifetime"
+)
+
+// jsonHead is everything of a File except its buffers, in the order a
+// reader wants to see it.
+type jsonHead struct {
+	Format      string        `json:"format"`
+	Version     int           `json:"version"`
+	Trace       string        `json:"trace"`
+	Fingerprint string        `json:"fingerprint"`
+	Buffers     int           `json:"buffers"`
+	Algo        string        `json:"algo"`
+	Align       int64         `json:"align"`
+	Arena       int64         `json:"arena"`
+	LowerBound  int64         `json:"lower_bound"`
+	Ratio       float64       `json:"ratio"`
+	Optimal     bool          `json:"optimal"`
+	ElapsedMS   float64       `json:"elapsed_ms"`
+	ToBestMS    float64       `json:"to_best_ms"`
+	Torch       *jsonTorch    `json:"torch,omitempty"`
+	Workload    *jsonWorkload `json:"workload,omitempty"`
+}
+
+type jsonTorch struct {
+	Device       int   `json:"device"`
+	ReservedPeak int64 `json:"reserved_peak"`
+	LiveAtStart  int64 `json:"live_at_start"`
+	HasSegments  bool  `json:"has_segments"`
+}
+
+type jsonWorkload struct {
+	Name        string    `json:"name"`
+	Shape       []jsonDim `json:"shape"`
+	Fingerprint string    `json:"fingerprint"`
+}
+
+type jsonDim struct {
+	Name  string `json:"name"`
+	Value int64  `json:"value"`
+}
+
+type jsonBuffer struct {
+	ID     int       `json:"id"`
+	Name   string    `json:"name"`
+	Offset int64     `json:"offset"`
+	Size   int64     `json:"size"`
+	Align  int64     `json:"align,omitempty"`
+	Start  int64     `json:"start"`
+	End    int64     `json:"end"`
+	Stream int64     `json:"stream,omitempty"`
+	Tag    string    `json:"tag,omitempty"`
+	Fixed  *int64    `json:"fixed,omitempty"`
+	Hint   *int64    `json:"hint,omitempty"`
+	Prior  *int64    `json:"prior,omitempty"`
+	Gaps   []jsonGap `json:"gaps,omitempty"`
+}
+
+type jsonGap struct {
+	Start int64  `json:"start"`
+	End   int64  `json:"end"`
+	Lo    *int64 `json:"lo,omitempty"`
+	Hi    *int64 `json:"hi,omitempty"`
+}
+
+// WriteJSON writes f as one human-readable JSON object: the header fields
+// first, then "buffers" with one buffer (and its offset) per line, so the
+// export of a large plan stays readable with grep and diff. It is an
+// export only; the package does not read JSON back. Names that are not
+// valid UTF-8 are written with U+FFFD in place of the bad bytes.
+func WriteJSON(w io.Writer, f *File) error {
+	if f == nil || f.Trace == nil || f.Plan == nil {
+		return fmt.Errorf("plans: json: %w: missing trace or plan", ErrInvalid)
+	}
+	t, p := f.Trace, f.Plan
+	fp := t.Fingerprint()
+	h := jsonHead{
+		Format:      "arenaplan plan",
+		Version:     Version,
+		Trace:       t.Name,
+		Fingerprint: hex.EncodeToString(fp[:]),
+		Buffers:     len(t.Buffers),
+		Algo:        p.Algo,
+		Align:       p.Align,
+		Arena:       p.Arena,
+		LowerBound:  p.LowerBound,
+		Ratio:       p.Ratio(),
+		Optimal:     p.Optimal,
+		ElapsedMS:   float64(p.Elapsed.Microseconds()) / 1000,
+		ToBestMS:    float64(p.ToBest.Microseconds()) / 1000,
+	}
+	if ts := t.Torch; ts != nil {
+		h.Torch = &jsonTorch{ts.Device, ts.ReservedPeak, ts.LiveAtStart, ts.HasSegments}
+	}
+	if wl := f.Workload; wl != nil {
+		jw := &jsonWorkload{Name: wl.Name, Shape: []jsonDim{}, Fingerprint: hex.EncodeToString(wl.Fingerprint[:])}
+		for _, d := range wl.Shape {
+			jw.Shape = append(jw.Shape, jsonDim(d))
+		}
+		h.Workload = jw
+	}
+	head, err := json.MarshalIndent(h, "", "  ")
+	if err != nil {
+		return fmt.Errorf("plans: json: %w", err)
+	}
+	// Reopen the head object to append the buffers array to it.
+	head = bytes.TrimSuffix(head, []byte("\n}"))
+	bw := bufio.NewWriter(w)
+	bw.Write(head)
+	bw.WriteString(",\n  \"buffers\": [")
+	for i := range t.Buffers {
+		line, err := json.Marshal(jsonBufferOf(t, p.Offsets, i))
+		if err != nil {
+			return fmt.Errorf("plans: json: buffer %d: %w", i, err)
+		}
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		bw.WriteString("\n    ")
+		bw.Write(line)
+	}
+	if len(t.Buffers) > 0 {
+		bw.WriteString("\n  ")
+	}
+	bw.WriteString("]\n}\n")
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("plans: json: %w", err)
+	}
+	return nil
+}
+
+func jsonBufferOf(t *lifetime.Trace, offsets []int64, i int) jsonBuffer {
+	b := &t.Buffers[i]
+	jb := jsonBuffer{
+		ID: i, Name: b.Name, Offset: lifetime.NoOffset, Size: b.Size, Align: b.Align,
+		Start: b.Start, End: b.End, Stream: b.Stream, Tag: b.Tag,
+	}
+	if i < len(offsets) {
+		jb.Offset = offsets[i]
+	}
+	if b.Fixed != lifetime.NoOffset {
+		jb.Fixed = &b.Fixed
+	}
+	if b.Hint != lifetime.NoOffset {
+		jb.Hint = &b.Hint
+	}
+	if i < len(t.Prior) && t.Prior[i] != lifetime.NoOffset {
+		jb.Prior = &t.Prior[i]
+	}
+	for _, g := range b.Gaps {
+		jg := jsonGap{Start: g.Start, End: g.End}
+		if g.HasWindow {
+			jg.Lo, jg.Hi = &g.Lo, &g.Hi
+		}
+		jb.Gaps = append(jb.Gaps, jg)
+	}
+	return jb
+}

@@ -1,0 +1,49 @@
+package plans
+
+import "fmt"
+
+// Workload describes what a trace was recorded from, so that an executor
+// can tell whether a plan still fits the workload it is about to run: the
+// workload's name, its shape (batch, sequence length, ...) and a
+// fingerprint of its kernels. The format keeps room for a family of
+// members (several shapes sharing one plan) in a later version.
+type Workload struct {
+	Name string
+	// Shape holds the workload's dimensions in the order they were given;
+	// names are unique and not empty.
+	Shape []Dim
+	// Fingerprint identifies the workload's kernels (zero when unknown);
+	// this package stores it and never interprets it.
+	Fingerprint [32]byte
+}
+
+// Dim is one named dimension of a workload's shape.
+type Dim struct {
+	Name  string
+	Value int64
+}
+
+// Dim returns the value of the named dimension.
+func (w *Workload) Dim(name string) (int64, bool) {
+	for _, d := range w.Shape {
+		if d.Name == name {
+			return d.Value, true
+		}
+	}
+	return 0, false
+}
+
+// Validate reports an empty or repeated dimension name.
+func (w *Workload) Validate() error {
+	seen := make(map[string]bool, len(w.Shape))
+	for i, d := range w.Shape {
+		if d.Name == "" {
+			return fmt.Errorf("workload %q: dimension %d has no name", w.Name, i)
+		}
+		if seen[d.Name] {
+			return fmt.Errorf("workload %q: dimension %q appears twice", w.Name, d.Name)
+		}
+		seen[d.Name] = true
+	}
+	return nil
+}
