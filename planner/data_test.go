@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/arenaplan/arenaplan/lifetime"
 )
 
 // The shared data sit beside the repository: ../shared/data from its root.
@@ -37,6 +39,15 @@ func sharedTraces(tb testing.TB) []string {
 		tb.Skipf("no CSV traces under %s", sharedData)
 	}
 	return files
+}
+
+func loadCSV(path string) (*lifetime.Trace, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return lifetime.ReadCSV(f, path)
 }
 
 func benchName(path string) string {

@@ -24,7 +24,10 @@ func oracleCheck(t *lifetime.Trace, p *Plan) error {
 		}
 	}
 	lo, hi := t.Span()
-	type occ struct{ buf int; lo, hi int64 }
+	type occ struct {
+		buf    int
+		lo, hi int64
+	}
 	var live []occ
 	for now := lo; now < hi; now++ {
 		live = live[:0]
