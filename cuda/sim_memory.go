@@ -1,0 +1,411 @@
+package cuda
+
+import (
+	"sort"
+	"time"
+)
+
+// simRegion is an Alloc block or a VMM reservation at [base, base+size).
+type simRegion struct {
+	base, size uint64
+	reserved   bool
+	data       []byte       // Alloc: the block; reservation: backing, grown to the last mapped byte
+	maps       []simMapping // reservation only, sorted by off
+}
+
+type simMapping struct {
+	off, size uint64
+	h         *simPhys
+	access    bool
+}
+
+// simPhys is physical memory from MemCreate. While unmapped its bytes live
+// in data (nil means zeros); while mapped they live in the reservation.
+type simPhys struct {
+	id       MemHandle
+	size     uint64
+	data     []byte
+	mapped   bool
+	released bool
+}
+
+const simAllocAlign = 256
+
+func alignUp(v, a uint64) uint64 { return (v + a - 1) &^ (a - 1) }
+
+// place picks the address of a new region; a gap after each keeps
+// overruns from landing in the next region.
+func (s *Sim) place(size, align uint64) uint64 {
+	base := alignUp(s.nextAddr, align)
+	s.nextAddr = alignUp(base+size, simAllocAlign) + 64<<10
+	return base
+}
+
+func (s *Sim) insert(r *simRegion) {
+	i := sort.Search(len(s.regions), func(i int) bool { return s.regions[i].base > r.base })
+	s.regions = append(s.regions, nil)
+	copy(s.regions[i+1:], s.regions[i:])
+	s.regions[i] = r
+}
+
+func (s *Sim) remove(r *simRegion) {
+	for i, x := range s.regions {
+		if x == r {
+			s.regions = append(s.regions[:i], s.regions[i+1:]...)
+			return
+		}
+	}
+}
+
+// find returns the region that holds p.
+func (s *Sim) find(p uint64) *simRegion {
+	i := sort.Search(len(s.regions), func(i int) bool { return s.regions[i].base > p })
+	if i == 0 {
+		return nil
+	}
+	r := s.regions[i-1]
+	if p >= r.base+r.size {
+		return nil
+	}
+	return r
+}
+
+// bytes returns the device bytes [p, p+n) or ErrorIllegalAddress.
+func (s *Sim) bytes(p DevicePtr, n uint64) ([]byte, error) {
+	bad := &Error{Op: "sim memory access", Code: ErrorIllegalAddress}
+	r := s.find(uint64(p))
+	if r == nil || n > r.base+r.size-uint64(p) {
+		return nil, bad
+	}
+	off := uint64(p) - r.base
+	if !r.reserved {
+		return r.data[off : off+n : off+n], nil
+	}
+	if !r.covered(off, n, true) {
+		return nil, bad
+	}
+	return r.data[off : off+n : off+n], nil
+}
+
+// addressable reports whether [p, p+n) is allocated or mapped (access is
+// checked when the work runs).
+func (s *Sim) addressable(p DevicePtr, n uint64) bool {
+	r := s.find(uint64(p))
+	if r == nil || n > r.base+r.size-uint64(p) {
+		return false
+	}
+	return !r.reserved || r.covered(uint64(p)-r.base, n, false)
+}
+
+// covered reports whether mappings (with access, if asked) cover
+// [off, off+n) of a reservation without holes.
+func (r *simRegion) covered(off, n uint64, needAccess bool) bool {
+	end := off + n
+	for _, m := range r.maps {
+		if m.off+m.size <= off {
+			continue
+		}
+		if m.off > off || (needAccess && !m.access) {
+			return false
+		}
+		off = m.off + m.size
+		if off >= end {
+			return true
+		}
+	}
+	return n == 0
+}
+
+func (s *Sim) Alloc(size uint64) (DevicePtr, error) {
+	const op = "cuMemAlloc_v2"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return 0, err
+	}
+	if err := s.unsafeDuringCapture(op); err != nil {
+		return 0, err
+	}
+	if size == 0 {
+		return 0, &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	rounded := alignUp(size, simAllocAlign)
+	if s.used+rounded > s.cfg.TotalMemory {
+		return 0, &Error{Op: op, Code: ErrorOutOfMemory}
+	}
+	r := &simRegion{base: s.place(rounded, simAllocAlign), size: size, data: make([]byte, size)}
+	s.insert(r)
+	s.used += rounded
+	return DevicePtr(r.base), nil
+}
+
+func (s *Sim) Free(p DevicePtr) error {
+	const op = "cuMemFree_v2"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	if err := s.unsafeDuringCapture(op); err != nil {
+		return err
+	}
+	r := s.find(uint64(p))
+	if r == nil || r.reserved || r.base != uint64(p) {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	s.remove(r)
+	s.used -= alignUp(r.size, simAllocAlign)
+	return nil
+}
+
+func (s *Sim) MemGetInfo() (free, total uint64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live("cuMemGetInfo_v2"); err != nil {
+		return 0, 0, err
+	}
+	return s.cfg.TotalMemory - s.used, s.cfg.TotalMemory, nil
+}
+
+func (s *Sim) CopyHtoD(dst DevicePtr, src []byte) error {
+	const op = "cuMemcpyHtoD_v2"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	if err := s.unsafeDuringCapture(op); err != nil {
+		return err
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	b, err := s.bytes(dst, uint64(len(src)))
+	if err != nil {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	copy(b, src)
+	s.clock += time.Microsecond
+	return nil
+}
+
+func (s *Sim) CopyDtoH(dst []byte, src DevicePtr) error {
+	const op = "cuMemcpyDtoH_v2"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	if err := s.unsafeDuringCapture(op); err != nil {
+		return err
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	b, err := s.bytes(src, uint64(len(dst)))
+	if err != nil {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	copy(dst, b)
+	s.clock += time.Microsecond
+	return nil
+}
+
+// ---- virtual memory ----
+
+func (s *Sim) Granularity(recommended bool) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live("cuMemGetAllocationGranularity"); err != nil {
+		return 0, err
+	}
+	return s.cfg.Granularity, nil
+}
+
+func (s *Sim) granular(v uint64) bool { return v != 0 && v%s.cfg.Granularity == 0 }
+
+func (s *Sim) AddressReserve(size, alignment uint64) (DevicePtr, error) {
+	const op = "cuMemAddressReserve"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return 0, err
+	}
+	if !s.granular(size) || (alignment != 0 && alignment&(alignment-1) != 0) {
+		return 0, &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	if alignment < s.cfg.Granularity {
+		alignment = s.cfg.Granularity
+	}
+	r := &simRegion{base: s.place(size, alignment), size: size, reserved: true}
+	s.insert(r)
+	return DevicePtr(r.base), nil
+}
+
+func (s *Sim) AddressFree(p DevicePtr, size uint64) error {
+	const op = "cuMemAddressFree"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	r := s.find(uint64(p))
+	if r == nil || !r.reserved || r.base != uint64(p) || r.size != size || len(r.maps) > 0 {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	s.remove(r)
+	return nil
+}
+
+func (s *Sim) MemCreate(size uint64) (MemHandle, error) {
+	const op = "cuMemCreate"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return 0, err
+	}
+	if !s.granular(size) {
+		return 0, &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	if s.used+size > s.cfg.TotalMemory {
+		return 0, &Error{Op: op, Code: ErrorOutOfMemory}
+	}
+	h := &simPhys{id: s.nextHandle, size: size}
+	s.nextHandle++
+	s.handles[h.id] = h
+	s.used += size
+	return h.id, nil
+}
+
+func (s *Sim) MemRelease(id MemHandle) error {
+	const op = "cuMemRelease"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	h, ok := s.handles[id]
+	if !ok || h.released {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	h.released = true
+	if !h.mapped {
+		s.dropPhys(h)
+	}
+	return nil
+}
+
+func (s *Sim) dropPhys(h *simPhys) {
+	delete(s.handles, h.id)
+	s.used -= h.size
+	h.data = nil
+}
+
+// reservation returns the reservation holding [p, p+size) and the offset.
+func (s *Sim) reservation(p DevicePtr, size uint64) (*simRegion, uint64, bool) {
+	r := s.find(uint64(p))
+	if r == nil || !r.reserved || size > r.base+r.size-uint64(p) {
+		return nil, 0, false
+	}
+	return r, uint64(p) - r.base, true
+}
+
+func (s *Sim) MemMap(p DevicePtr, size uint64, id MemHandle) error {
+	const op = "cuMemMap"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	h, ok := s.handles[id]
+	if !ok || h.released || !s.granular(size) || size > h.size {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	if h.mapped {
+		return &Error{Op: op, Code: ErrorNotSupported} // the simulation maps a handle once
+	}
+	r, off, ok := s.reservation(p, size)
+	if !ok || off%s.cfg.Granularity != 0 {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	for _, m := range r.maps {
+		if m.off < off+size && off < m.off+m.size {
+			return &Error{Op: op, Code: ErrorInvalidValue}
+		}
+	}
+	if need := off + size; uint64(len(r.data)) < need {
+		grown := make([]byte, need)
+		copy(grown, r.data)
+		r.data = grown
+	}
+	dst := r.data[off : off+size]
+	if h.data != nil {
+		copy(dst, h.data)
+	} else {
+		clear(dst)
+	}
+	h.data, h.mapped = nil, true
+	i := sort.Search(len(r.maps), func(i int) bool { return r.maps[i].off > off })
+	r.maps = append(r.maps, simMapping{})
+	copy(r.maps[i+1:], r.maps[i:])
+	r.maps[i] = simMapping{off: off, size: size, h: h}
+	return nil
+}
+
+func (s *Sim) MemSetAccess(p DevicePtr, size uint64) error {
+	const op = "cuMemSetAccess"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	r, off, ok := s.reservation(p, size)
+	if !ok || !s.granular(size) || !r.covered(off, size, false) {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	for i := range r.maps {
+		m := &r.maps[i]
+		if m.off < off+size && off < m.off+m.size {
+			m.access = true
+		}
+	}
+	return nil
+}
+
+func (s *Sim) MemUnmap(p DevicePtr, size uint64) error {
+	const op = "cuMemUnmap"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	r, off, ok := s.reservation(p, size)
+	if !ok || !s.granular(size) || !r.covered(off, size, false) {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	var keep []simMapping
+	for _, m := range r.maps {
+		if m.off+m.size <= off || m.off >= off+size {
+			keep = append(keep, m)
+			continue
+		}
+		if m.off < off || m.off+m.size > off+size {
+			return &Error{Op: op, Code: ErrorInvalidValue} // would split a mapping
+		}
+	}
+	for _, m := range r.maps {
+		if m.off+m.size <= off || m.off >= off+size {
+			continue
+		}
+		src := r.data[m.off : m.off+m.size]
+		m.h.mapped = false
+		if m.h.released {
+			s.dropPhys(m.h)
+		} else {
+			m.h.data = append([]byte(nil), src...)
+		}
+		clear(src)
+	}
+	r.maps = keep
+	return nil
+}
