@@ -28,9 +28,9 @@ import (
 // fixed buffers, plus the gaps skipped because a buffer's own alignment or
 // a fixed buffer spoils them (none when every buffer has the plan's
 // alignment and nothing is fixed).
-func init() { register("bestfit", bestFit) }
+func init() { register("bestfit", planBestFit) }
 
-func bestFit(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
+func planBestFit(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
 	n := len(t.Buffers)
 	req, err := requirements(t, opt.Align)
 	if err != nil {

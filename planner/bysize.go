@@ -34,9 +34,9 @@ import (
 // buffers on real traces (spans of buffers packed side by side fuse), but
 // an adversarial trace with many holes can still make M, and so the whole,
 // quadratic.
-func init() { register("bysize", bySize) }
+func init() { register("bysize", planBySize) }
 
-func bySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
+func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
 	n := len(t.Buffers)
 	req, err := requirements(t, opt.Align)
 	if err != nil {

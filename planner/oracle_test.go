@@ -45,6 +45,9 @@ func oracleCheck(t *lifetime.Trace, p *Plan) error {
 					}
 				}
 			}
+			if o.lo == o.hi {
+				continue // inactive: occupies nothing
+			}
 			for _, q := range live {
 				if o.lo < q.hi && q.lo < o.hi {
 					return fmt.Errorf("oracle: buffers %d and %d overlap at time %d", q.buf, i, now)
