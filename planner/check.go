@@ -25,8 +25,13 @@ func Check(t *lifetime.Trace, p *Plan) error {
 	if len(p.Offsets) != len(t.Buffers) {
 		return fmt.Errorf("check: plan has %d offsets for %d buffers", len(p.Offsets), len(t.Buffers))
 	}
-	if p.Align < 1 {
-		return fmt.Errorf("check: plan alignment %d is not positive", p.Align)
+	if p.Align < 1 || p.Align > lifetime.MaxSize {
+		return fmt.Errorf("check: plan alignment %d is out of range", p.Align)
+	}
+	// A malformed trace (an empty lifetime, a negative size) would break
+	// the sweep's invariant that live pieces are disjoint and non-empty.
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("check: %w", err)
 	}
 	if p.Arena < 0 || p.Arena > lifetime.MaxSize {
 		return fmt.Errorf("check: arena size %d is out of range", p.Arena)
