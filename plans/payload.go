@@ -149,7 +149,7 @@ type reader struct {
 
 func (r *reader) fail(format string, args ...any) {
 	if r.err == nil {
-		r.err = fmt.Errorf("%w: payload offset %d: %s", ErrCorrupt, r.base+r.off, fmt.Sprintf(format, args...))
+		r.err = fmt.Errorf("payload offset %d: %s", r.base+r.off, fmt.Sprintf(format, args...))
 	}
 }
 
@@ -248,6 +248,14 @@ func (r *reader) count(what string, min int) int {
 // decodePayload parses a payload into a File and the stored trace
 // fingerprint. It checks structure only; decodeVerified checks meaning.
 func decodePayload(raw []byte) (*File, [32]byte, error) {
+	f, fp, err := parsePayload(raw)
+	if err != nil {
+		return nil, fp, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return f, fp, nil
+}
+
+func parsePayload(raw []byte) (*File, [32]byte, error) {
 	var fp [32]byte
 	r := &reader{b: raw}
 	t := &lifetime.Trace{}
@@ -335,7 +343,7 @@ func decodePayload(raw []byte) (*File, [32]byte, error) {
 		seen[kind] = true
 	}
 	if !seen[kindBuffers] {
-		return nil, fp, fmt.Errorf("%w: no buffers section", ErrCorrupt)
+		return nil, fp, fmt.Errorf("no buffers section")
 	}
 	return f, fp, nil
 }
