@@ -222,6 +222,10 @@ func csvBuffer(fields []string, cols *[numCSVColumns]int, spelled *[numCSVColumn
 	if b.Name == "" {
 		return fail(colID, "empty id")
 	}
+	if strings.ContainsRune(b.Name, '\r') {
+		// WriteCSV could not write it back.
+		return fail(colID, "%q has a carriage return", b.Name)
+	}
 	var err error
 	if b.Start, err = num(colLower, 0, MaxSize); err != nil {
 		return Buffer{}, 0, err

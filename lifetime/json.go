@@ -77,6 +77,7 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 	}
 	// Check the format and version first, leniently, so that a file of a
 	// later version gets "unsupported version" and not "unknown field".
+	// Unmarshal also refuses trailing data after the object.
 	var head struct {
 		Format  string          `json:"format"`
 		Version json.RawMessage `json:"version"`
@@ -95,9 +96,6 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 	var jt jsonTrace
 	if err := dec.Decode(&jt); err != nil {
 		return nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("trailing data after the trace object")
 	}
 	if jt.Buffers == nil {
 		return nil, errors.New(`no "buffers" array`)
