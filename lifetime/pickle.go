@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -106,7 +107,9 @@ type pickleDecoder struct {
 
 // decodePickle decodes one pickle that must span all of data.
 func decodePickle(data []byte) (any, error) {
-	d := &pickleDecoder{data: data}
+	// Snapshots memoize roughly one value per 10 bytes; start near that so
+	// the memo does not regrow many times.
+	d := &pickleDecoder{data: data, stack: make([]any, 0, 256), memo: make([]any, 0, len(data)/16)}
 	v, err := d.run()
 	if err != nil {
 		return nil, fmt.Errorf("pickle: %w", err)
@@ -255,6 +258,9 @@ func (d *pickleDecoder) run() (any, error) {
 			if !ok {
 				return nil, d.errorf(at, "SETITEMS on a %s, not a dict", pickleTypeName(t))
 			}
+			// Size the dict once: SETITEMS usually fills a fresh EMPTY_DICT.
+			dict.keys = slices.Grow(dict.keys, len(items)/2)
+			dict.vals = slices.Grow(dict.vals, len(items)/2)
 			for i := 0; i < len(items); i += 2 {
 				dict.keys = append(dict.keys, items[i])
 				dict.vals = append(dict.vals, items[i+1])
