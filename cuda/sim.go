@@ -574,7 +574,7 @@ func (s *Sim) Launch(fn Function, grid, block Dim3, sharedMem uint32, st Stream,
 		}
 	}
 	args = append([]KernelArg(nil), args...)
-	n := &simNode{typ: NodeKernel, key: "kernel:" + f.name, params: args}
+	n := &simNode{typ: NodeKernel, key: "kernel", params: args}
 	n.run = func(s *Sim) error {
 		if err := f.fn(simMem{s}, grid, block, args); err != nil {
 			var ce *Error

@@ -10,7 +10,7 @@ type simNode struct {
 	id     GraphNode
 	typ    NodeType
 	deps   []*simNode
-	key    string // what an exec update must keep: "kernel:NAME", "memset", ...
+	key    string // what an exec update must keep: "kernel", "memset", ...
 	params any
 	run    func(*Sim) error
 }
