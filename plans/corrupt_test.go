@@ -190,7 +190,7 @@ func TestPayloadMutations(t *testing.T) {
 // metaSection is a valid meta section for an empty trace.
 func metaSection() []byte {
 	w := writer{}
-	w.section(kindMeta, func(s *writer) {
+	w.section(kindMeta, 0, func(s *writer) {
 		s.bytes(make([]byte, 32))
 		s.str("crafted")
 		s.str("none")
@@ -210,7 +210,7 @@ func TestHugeCounts(t *testing.T) {
 	huge := uint64(1) << 40
 	buffers := func(body func(s *writer)) []byte {
 		w := writer{b: metaSection()}
-		w.section(kindBuffers, body)
+		w.section(kindBuffers, 0, body)
 		w.b = append(w.b, kindEnd)
 		return w.b
 	}
@@ -240,14 +240,14 @@ func TestHugeCounts(t *testing.T) {
 		"section": append(metaSection(), kindBuffers, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, kindEnd),
 		"prior": func() []byte {
 			w := writer{b: metaSection()}
-			w.section(kindBuffers, func(s *writer) { s.uvarint(0) })
-			w.section(kindPrior, func(s *writer) { s.uvarint(huge); s.uvarint(0) })
+			w.section(kindBuffers, 0, func(s *writer) { s.uvarint(0) })
+			w.section(kindPrior, 0, func(s *writer) { s.uvarint(huge); s.uvarint(0) })
 			return append(w.b, kindEnd)
 		}(),
 		"dimensions": func() []byte {
 			w := writer{b: metaSection()}
-			w.section(kindBuffers, func(s *writer) { s.uvarint(0) })
-			w.section(kindWorkload, func(s *writer) {
+			w.section(kindBuffers, 0, func(s *writer) { s.uvarint(0) })
+			w.section(kindWorkload, 0, func(s *writer) {
 				s.uvarint(1)
 				s.str("w")
 				s.bytes(make([]byte, 32))
@@ -322,7 +322,7 @@ func TestValidChecksumInvalidPlan(t *testing.T) {
 			f.Workload = nil
 			p := encodePayload(f)
 			w := writer{b: bytes.Clone(p[:len(p)-1])}
-			w.section(kindWorkload, func(s *writer) { s.uvarint(2) })
+			w.section(kindWorkload, 0, func(s *writer) { s.uvarint(2) })
 			return append(w.b, kindEnd)
 		}(), ErrCorrupt},
 		{"non-minimal varint", func() []byte {

@@ -18,7 +18,7 @@ type jsonHead struct {
 	Version     int           `json:"version"`
 	Trace       string        `json:"trace"`
 	Fingerprint string        `json:"fingerprint"`
-	Buffers     int           `json:"buffers"`
+	Buffers     int           `json:"buffer_count"`
 	Algo        string        `json:"algo"`
 	Align       int64         `json:"align"`
 	Arena       int64         `json:"arena"`

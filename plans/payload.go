@@ -47,9 +47,10 @@ func (w *writer) bool(v bool) {
 	}
 }
 
-// section appends a section of the given kind whose body body writes.
-func (w *writer) section(kind byte, body func(*writer)) {
-	var s writer
+// section appends a section of the given kind whose body body writes;
+// size is a guess of the body's length.
+func (w *writer) section(kind byte, size int, body func(*writer)) {
+	s := writer{b: make([]byte, 0, size)}
 	body(&s)
 	w.b = append(w.b, kind)
 	w.uvarint(uint64(len(s.b)))
@@ -61,8 +62,8 @@ func (w *writer) section(kind byte, body func(*writer)) {
 // round-trip exactly even for values Validate would refuse.
 func encodePayload(f *File) []byte {
 	t, p := f.Trace, f.Plan
-	w := writer{b: make([]byte, 0, 64+24*len(t.Buffers))}
-	w.section(kindMeta, func(s *writer) {
+	w := writer{b: make([]byte, 0, 256+48*len(t.Buffers))}
+	w.section(kindMeta, 128, func(s *writer) {
 		fp := t.Fingerprint()
 		s.bytes(fp[:])
 		s.str(t.Name)
@@ -74,7 +75,7 @@ func encodePayload(f *File) []byte {
 		s.uvarint(uint64(p.Elapsed))
 		s.uvarint(uint64(p.ToBest))
 	})
-	w.section(kindBuffers, func(s *writer) {
+	w.section(kindBuffers, 48*len(t.Buffers), func(s *writer) {
 		s.uvarint(uint64(len(t.Buffers)))
 		var prev int64
 		for i := range t.Buffers {
@@ -107,7 +108,7 @@ func encodePayload(f *File) []byte {
 		}
 	})
 	if t.Prior != nil {
-		w.section(kindPrior, func(s *writer) {
+		w.section(kindPrior, 2*len(t.Prior), func(s *writer) {
 			s.uvarint(uint64(len(t.Prior)))
 			for _, o := range t.Prior {
 				s.varint(o)
@@ -115,7 +116,7 @@ func encodePayload(f *File) []byte {
 		})
 	}
 	if ts := t.Torch; ts != nil {
-		w.section(kindTorch, func(s *writer) {
+		w.section(kindTorch, 32, func(s *writer) {
 			s.varint(int64(ts.Device))
 			s.varint(ts.ReservedPeak)
 			s.varint(ts.LiveAtStart)
@@ -123,7 +124,7 @@ func encodePayload(f *File) []byte {
 		})
 	}
 	if wl := f.Workload; wl != nil {
-		w.section(kindWorkload, func(s *writer) {
+		w.section(kindWorkload, 64, func(s *writer) {
 			s.uvarint(1) // members; a later version may allow a family
 			s.str(wl.Name)
 			s.bytes(wl.Fingerprint[:])
