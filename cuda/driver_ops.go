@@ -466,7 +466,8 @@ func (g *driverGraph) Nodes() ([]GraphNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.check(fnGraphGetNodes, g.h, uintptr(buf), d.out(0)); err != nil {
+	*(*uint64)(d.scratch) = n // in: the array's capacity
+	if err := d.check(fnGraphGetNodes, g.h, uintptr(buf), uintptr(d.scratch)); err != nil {
 		return nil, err
 	}
 	return nodeArray(buf, min(n, d.u64(0))), nil
@@ -491,7 +492,8 @@ func (g *driverGraph) Dependencies(node GraphNode) ([]GraphNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.check(fnGraphNodeGetDependencies, uintptr(node), uintptr(buf), uintptr(unsafe.Add(buf, 8*n)), d.out(0)); err != nil {
+	*(*uint64)(d.scratch) = n // in: the arrays' capacity
+	if err := d.check(fnGraphNodeGetDependencies, uintptr(node), uintptr(buf), uintptr(unsafe.Add(buf, 8*n)), uintptr(d.scratch)); err != nil {
 		return nil, err
 	}
 	return nodeArray(buf, min(n, d.u64(0))), nil

@@ -45,11 +45,14 @@ type KernelFunc func(mem SimMemory, grid, block Dim3, args []KernelArg) error
 // Memory is host bytes at simulated device addresses: Alloc blocks are
 // separated by unmapped gaps so that an overrun is an ErrorIllegalAddress.
 //
-// It follows the driver's capture rules: Alloc, Free, synchronous copies and
-// synchronisation during a global or thread-local capture fail with
-// ErrorStreamCaptureUnsupported and invalidate every such capture; querying
-// an event recorded in a capture fails with ErrorCapturedEvent; VMM calls are
-// legal during capture.
+// It follows the driver's capture rules, as the conformance suite checked
+// them on an H200 (driver 580): Alloc, Free and synchronisation during a
+// global or thread-local capture fail with ErrorStreamCaptureUnsupported and
+// invalidate every such capture; querying or synchronising an event recorded
+// in a capture fails with ErrorCapturedEvent and invalidates that capture;
+// synchronous host copies (on the legacy stream, which does not wait for
+// non-blocking streams) run at once and leave the capture alone; VMM calls
+// are legal during capture.
 //
 // A Sim is safe for concurrent use; kernels run under its lock.
 // Known differences from the driver: a physical handle can be mapped at
@@ -334,7 +337,10 @@ func (ev *simEvent) check(op string) error {
 	if _, err := s.event(op, ev); err != nil {
 		return err
 	}
-	if ev.capture != nil && s.captures[ev.capture] {
+	if c := ev.capture; c != nil && s.captures[c] {
+		// The driver also invalidates the capture (seen on an H200,
+		// driver 580): waiting for capture-time work is meaningless.
+		c.status = CaptureInvalidated
 		return &Error{Op: op, Code: ErrorCapturedEvent}
 	}
 	return nil

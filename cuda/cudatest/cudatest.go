@@ -46,6 +46,7 @@ var Cases = []Case{
 	{"meminfo_vmm", caseMemInfoVMM},
 	{"events", caseEvents},
 	{"capture_sync_copy", caseCaptureSyncCopy},
+	{"capture_sync", caseCaptureSync},
 }
 
 // Prefix starts every line that Run logs: "CONFORMANCE <backend> <line>".
@@ -470,8 +471,9 @@ func caseCapturedEvent(dev cuda.Device) (string, error) {
 	if endErr == nil {
 		g.Close()
 	}
+	// The query fails, and (driver 580) invalidates the capture.
 	c.expect(cuda.Code(queryErr) == cuda.ErrorCapturedEvent, "Query in capture: %v", queryErr)
-	c.expect(endErr == nil, "EndCapture: %v", endErr)
+	c.expect(cuda.Code(endErr) == cuda.ErrorStreamCaptureInvalidated, "EndCapture: %v", endErr)
 	// A fresh record outside capture is an ordinary event again.
 	c.must(e.Record(s), "Record after")
 	c.must(e.Synchronize(), "Synchronize after")
@@ -894,7 +896,8 @@ func caseEvents(dev cuda.Device) (string, error) {
 }
 
 // caseCaptureSyncCopy records what a synchronous copy does during a global
-// capture (the driver decides; the simulation must agree).
+// capture. On driver 580 it runs (on the legacy stream, which does not wait
+// for the non-blocking capturing stream) and the capture stays active.
 func caseCaptureSyncCopy(dev cuda.Device) (string, error) {
 	var c checker
 	s, err := dev.NewStream()
@@ -917,5 +920,42 @@ func caseCaptureSyncCopy(dev cuda.Device) (string, error) {
 	if endErr == nil {
 		g.Close()
 	}
+	c.expect(copyErr == nil && endErr == nil, "copy %v, end %v", copyErr, endErr)
 	return fmt.Sprintf("dtoh=%s status=%s end=%s", code(copyErr), info.Status, code(endErr)), c.err
+}
+
+// caseCaptureSync records what device and stream synchronisation do during
+// a global capture.
+func caseCaptureSync(dev cuda.Device) (string, error) {
+	var c checker
+	s, err := dev.NewStream()
+	if !c.must(err, "NewStream") {
+		return "stream=" + code(err), c.err
+	}
+	defer s.Close()
+	p, err := dev.Alloc(4096)
+	if !c.must(err, "Alloc") {
+		return "alloc=" + code(err), c.err
+	}
+	defer dev.Free(p)
+	var parts []string
+	for _, which := range []string{"device", "stream"} {
+		c.must(dev.BeginCapture(s, cuda.CaptureModeGlobal), "BeginCapture")
+		c.must(dev.Memset32(p, 1, 1024, s), "Memset32")
+		var syncErr error
+		if which == "device" {
+			syncErr = dev.Synchronize()
+		} else {
+			syncErr = s.Synchronize()
+		}
+		info, err := dev.CaptureInfo(s)
+		c.must(err, "CaptureInfo")
+		g, endErr := dev.EndCapture(s)
+		if endErr == nil {
+			g.Close()
+		}
+		parts = append(parts, fmt.Sprintf("%s_sync=%s status=%s end=%s", which, code(syncErr), info.Status, code(endErr)))
+	}
+	c.must(s.Synchronize(), "Synchronize after")
+	return strings.Join(parts, " "), c.err
 }
