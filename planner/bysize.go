@@ -29,8 +29,8 @@ import (
 //
 // Cost: O(n log n) to sort, then per buffer O(log T) set insertions of
 // O(log m + m) each (binary search, then a slice splice) and one query of
-// O(M log M), where m is a set's size and M the number of merged spans the
-// query collects. Merging keeps M far below the number of overlapping
+// O(M log log T), a heap merge of the O(log T) sorted sets, where m is a
+// set's size and M the number of merged spans the query visits. Merging keeps M far below the number of overlapping
 // buffers on real traces (spans of buffers packed side by side fuse), but
 // an adversarial trace with many holes can still make M, and so the whole,
 // quadratic.
@@ -70,7 +70,7 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 		}
 		return cmp.Compare(x, y)
 	})
-	var scratch []memRange
+	var scratch [][]memRange
 	for k, i := range order {
 		if k%1024 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -91,16 +91,32 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 }
 
 // bestGap returns the offset of the smallest gap between the used spans
-// (in any order; it sorts them) that holds size bytes at an offset aligned
-// to align, or the first aligned offset above them all.
-func bestGap(used []memRange, size, align int64) int64 {
-	slices.SortFunc(used, func(a, b memRange) int { return cmp.Compare(a.lo, b.lo) })
+// that holds size bytes at an offset aligned to align (the lowest among
+// equals), or the first aligned offset above them all. Each run is sorted
+// by offset; runs may overlap each other. It merges the runs through a
+// heap: O(M log k) for M spans in k runs. It consumes runs.
+func bestGap(runs [][]memRange, size, align int64) int64 {
+	h := runs[:0]
+	for _, r := range runs {
+		if len(r) > 0 {
+			h = append(h, r)
+		}
+	}
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		siftDown(h, i)
+	}
 	var (
-		free    int64 // memory from here up to the next used memRange is free
+		free    int64 // memory from here up to the next used span is free
 		best    = int64(-1)
 		bestLen int64
 	)
-	for _, u := range used {
+	for len(h) > 0 {
+		u := h[0][0]
+		if h[0] = h[0][1:]; len(h[0]) == 0 {
+			h[0] = h[len(h)-1]
+			h = h[:len(h)-1]
+		}
+		siftDown(h, 0)
 		if u.lo > free {
 			if p := lifetime.RoundUp(free, align); p <= u.lo-size {
 				if l := u.lo - free; best < 0 || l < bestLen {
@@ -114,6 +130,24 @@ func bestGap(used []memRange, size, align int64) int64 {
 		return best
 	}
 	return lifetime.RoundUp(free, align)
+}
+
+// siftDown restores the heap order of runs by their first span's offset.
+func siftDown(h [][]memRange, i int) {
+	for {
+		m, l, r := i, 2*i+1, 2*i+2
+		if l < len(h) && h[l][0].lo < h[m][0].lo {
+			m = l
+		}
+		if r < len(h) && h[r][0].lo < h[m][0].lo {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
 }
 
 // timeTree is a segment tree over compressed time slots; slot i is
@@ -165,17 +199,18 @@ func (tt *timeTree) ins(node, l, r, qs, qe int, s memRange) {
 	}
 }
 
-// used appends to dst the spans in use at some time in [start, end), as a
-// union of possibly overlapping spans.
-func (tt *timeTree) used(start, end int64, dst []memRange) []memRange {
+// used appends to dst the sets whose union is the memory in use at some
+// time in [start, end): sorted runs that may overlap each other. The runs
+// alias the tree's sets and are valid until the next insert.
+func (tt *timeTree) used(start, end int64, dst [][]memRange) [][]memRange {
 	return tt.query(1, 0, tt.slots, tt.slot(start), tt.slot(end), dst)
 }
 
-func (tt *timeTree) query(node, l, r, qs, qe int, dst []memRange) []memRange {
+func (tt *timeTree) query(node, l, r, qs, qe int, dst [][]memRange) [][]memRange {
 	if qs <= l && r <= qe {
-		return append(dst, tt.sub[node]...)
+		return append(dst, tt.sub[node])
 	}
-	dst = append(dst, tt.cover[node]...)
+	dst = append(dst, tt.cover[node])
 	m := (l + r) / 2
 	if qs < m {
 		dst = tt.query(2*node, l, m, qs, qe, dst)

@@ -50,9 +50,10 @@ func loadCSV(path string) (*lifetime.Trace, error) {
 	return lifetime.ReadCSV(f, path)
 }
 
+// benchName is the trace's folder and file, joined by a dot so that -bench
+// patterns see one level: "iopddl.Y_1", "challenging.A.1048576".
 func benchName(path string) string {
-	rel, _ := filepath.Rel(sharedData, path)
-	return strings.TrimSuffix(rel, ".csv")
+	return filepath.Base(filepath.Dir(path)) + "." + strings.TrimSuffix(filepath.Base(path), ".csv")
 }
 
 func benchAlgo(b *testing.B, algo string) {
