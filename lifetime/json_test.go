@@ -2,6 +2,7 @@ package lifetime
 
 import (
 	"bytes"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -137,4 +138,24 @@ func FuzzReadJSON(f *testing.F) {
 			t.Fatalf("round trip changed the trace\n got %+v\nwant %+v", back, tr)
 		}
 	})
+}
+
+// TestFormatDocExample keeps the example in FORMAT.md readable.
+func TestFormatDocExample(t *testing.T) {
+	doc, err := os.ReadFile("FORMAT.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "```json\n")
+	example, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("no json example in FORMAT.md")
+	}
+	tr, err := ReadJSON(strings.NewReader(example), "doc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Buffers) != 3 || tr.Buffers[2].Gaps[1].Hi != 1024 || tr.Prior[2] != 8192 || tr.Torch.Reserved() != 367001600-261121536 {
+		t.Errorf("example read as %+v", tr)
+	}
 }
