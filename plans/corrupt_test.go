@@ -348,3 +348,29 @@ func TestValidChecksumInvalidPlan(t *testing.T) {
 		})
 	}
 }
+
+// TestLyingHeader declares the largest payload the ratio bound allows for
+// a real file: decompression must stop at the real bytes, not preallocate
+// what the header claims.
+func TestLyingHeader(t *testing.T) {
+	data, err := Encode(synthFile(t, 2000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := min(uint64(MaxPayload), maxRatio*uint64(len(data)-HeaderLen))
+	binary.LittleEndian.PutUint64(data[24:], claim)
+	data = resum(data)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	err = mustFail(t, data, "lying header")
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("got %v, want ErrCorrupt", err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+		t.Fatalf("a %d-byte file claiming %d bytes allocated %d bytes", len(data), claim, got)
+	} else {
+		t.Logf("%d-byte file claiming %d bytes: allocated %d bytes: %v", len(data), claim, got, err)
+	}
+}

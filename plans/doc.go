@@ -39,7 +39,11 @@
 //	24     8     uncompressed payload length U (at most MaxPayload, and at
 //	             most 32768*C: no zstd frame expands more than that)
 //	32     32    SHA-256 of header bytes [0, 32) followed by the C payload bytes
-//	64     C     payload: one zstd frame
+//	64     C     payload: one zstd frame, window at most 8 MiB
+//
+// Decompression streams, so memory follows the bytes the frame really
+// yields (a header that lies about U costs nothing); a real zstd bomb can
+// still expand to U <= MaxPayload bytes before the payload is parsed.
 //
 // The uncompressed payload is a sequence of sections, each a kind byte, a
 // uvarint body length and the body, in increasing kind order, ended by the

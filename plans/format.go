@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
@@ -36,6 +37,11 @@ const MaxPayload = 1 << 32
 // It lets Decode refuse a small file that claims a huge payload before
 // the decompressor preallocates it.
 const maxRatio = 32768
+
+// maxWindow is the zstd window this package writes and the largest it
+// reads, so decompression needs at most this much history besides the
+// output itself.
+const maxWindow = 8 << 20
 
 // Sentinel errors; every error from Decode and Load wraps one of them.
 var (
@@ -105,6 +111,7 @@ func encoder() (*zstd.Encoder, error) {
 	encOnce.Do(func() {
 		enc, encErr = zstd.NewWriter(nil,
 			zstd.WithEncoderLevel(zstd.SpeedBetterCompression),
+			zstd.WithWindowSize(maxWindow),
 			zstd.WithEncoderConcurrency(1))
 	})
 	return enc, encErr
@@ -229,20 +236,23 @@ func open(data []byte) ([]byte, error) {
 	if sum := checksum(data[:32], payload); sum != h.sum {
 		return nil, fmt.Errorf("%w: stored %x, computed %x", ErrChecksum, h.sum[:8], sum[:8])
 	}
-	// The decoder refuses frames that declare more than the header does, so
-	// it never preallocates more than uncompressed bytes (itself bounded
-	// above); the single-segment window of a tiny payload is 1 KiB.
-	dec, err := zstd.NewReader(nil,
+	// Stream the frame so that memory follows the bytes actually produced,
+	// not what the header or the frame claims; the window is bounded and
+	// the output stops one byte past the declared length.
+	dec, err := zstd.NewReader(bytes.NewReader(payload),
 		zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxWindow(maxWindow),
 		zstd.WithDecoderMaxMemory(max(h.uncompressed, zstd.MinWindowSize)))
-	if err != nil {
-		return nil, fmt.Errorf("zstd: %w", err)
-	}
-	defer dec.Close()
-	raw, err := dec.DecodeAll(payload, make([]byte, 0, h.uncompressed))
 	if err != nil {
 		return nil, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}
+	defer dec.Close()
+	out := bytes.NewBuffer(make([]byte, 0, min(h.uncompressed, 8*h.compressed+4096)))
+	if _, err := io.Copy(out, io.LimitReader(dec, int64(h.uncompressed)+1)); err != nil {
+		return nil, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
+	}
+	raw := out.Bytes()
 	if uint64(len(raw)) != h.uncompressed {
 		return nil, fmt.Errorf("%w: payload is %d bytes, header declares %d", ErrCorrupt, len(raw), h.uncompressed)
 	}
