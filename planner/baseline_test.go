@@ -3,8 +3,10 @@ package planner
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/arenaplan/arenaplan/lifetime"
 )
@@ -82,13 +84,16 @@ func TestBaselinesOnHandMadeTraces(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// Searches cannot prove optimality where the optimum exceeds
+			// the lower bound: keep their budget short.
+			opt := Options{Align: tc.align, Workers: 1, Budget: 20 * time.Millisecond}
 			lb, _ := tc.tr.LowerBound(tc.align)
 			if lb > tc.optimum {
 				t.Fatalf("test is wrong: lower bound %d above the optimum %d", lb, tc.optimum)
 			}
 			best := int64(-1)
 			for _, name := range Names() {
-				p, err := Run(context.Background(), name, tc.tr, Options{Align: tc.align, Workers: 1})
+				p, err := Run(context.Background(), name, tc.tr, opt)
 				if err != nil {
 					t.Fatalf("%s: %v", name, err)
 				}
@@ -102,7 +107,7 @@ func TestBaselinesOnHandMadeTraces(t *testing.T) {
 					best = p.Arena
 				}
 			}
-			auto, err := Run(context.Background(), "auto", tc.tr, Options{Align: tc.align, Workers: 1})
+			auto, err := Run(context.Background(), "auto", tc.tr, opt)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,7 +131,6 @@ func TestPlannersRefuseImpossibleTraces(t *testing.T) {
 			fixedAt(buf(100, 3, 7), 0)), 1, "overlap"},
 		{"fixed offset not plan-aligned", trace(fixedAt(buf(100, 0, 5), 100)), 256, "not a multiple"},
 		{"fixed offset not buffer-aligned", trace(fixedAt(aligned(buf(100, 0, 5), 64), 32)), 1, "not a multiple"},
-		{"alignment overflows", trace(aligned(buf(100, 0, 5), lifetime.MaxSize)), 3, "exceeds"},
 		{"arena overflows", trace(buf(lifetime.MaxSize, 0, 5), buf(lifetime.MaxSize, 0, 5)), 1, "exceed"},
 		{"empty lifetime", trace(buf(100, 5, 5)), 1, "empty"},
 		{"zero size", trace(buf(0, 0, 5)), 1, "size"},
@@ -138,7 +142,8 @@ func TestPlannersRefuseImpossibleTraces(t *testing.T) {
 				if err == nil {
 					t.Fatalf("%s: planned %v, want an error", name, p.Offsets)
 				}
-				if !strings.Contains(err.Error(), tc.want) {
+				// The baselines' messages are pinned; others need only fail.
+				if slices.Contains(Baselines, name) && !strings.Contains(err.Error(), tc.want) {
 					t.Errorf("%s: error %q does not say %q", name, err, tc.want)
 				}
 			}
@@ -149,13 +154,31 @@ func TestPlannersRefuseImpossibleTraces(t *testing.T) {
 	}
 }
 
-func TestBaselinesStopWhenCancelled(t *testing.T) {
+// The baselines refuse a buffer alignment whose least common multiple with
+// the plan's leaves the offset range, rather than overflow (offset 0 would
+// do for a lone buffer, but they do not look for it).
+func TestBaselinesRefuseHugeAlignment(t *testing.T) {
+	tr := trace(aligned(buf(100, 0, 5), lifetime.MaxSize))
+	for _, name := range Baselines {
+		if _, err := Run(context.Background(), name, tr, Options{Align: 3}); err == nil || !strings.Contains(err.Error(), "exceeds") {
+			t.Errorf("%s: error %v, want one about the alignment", name, err)
+		}
+	}
+}
+
+// The baselines give up on a cancelled context; others may still return
+// the best plan they have (Func's contract), which Run has checked.
+func TestStopWhenCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	tr := trace(buf(1, 0, 1), buf(1, 0, 1))
-	for _, name := range append([]string{"auto"}, Baselines...) {
-		if _, err := Run(ctx, name, tr, Options{}); !errors.Is(err, context.Canceled) {
+	for _, name := range Names() {
+		_, err := Run(ctx, name, tr, Options{})
+		if slices.Contains(Baselines, name) && !errors.Is(err, context.Canceled) {
 			t.Errorf("%s: error %v, want context.Canceled", name, err)
+		}
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("%s: error %v, want nil or context.Canceled", name, err)
 		}
 	}
 }
