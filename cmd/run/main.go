@@ -1,13 +1,497 @@
-// Command run loads a plan, builds the arena, captures the workload once
-// into a CUDA graph, replays it and reports. Not implemented yet.
+// Command run runs a workload on a planned arena: it builds the arena from
+// a plan (a file from `plan --workload`, or one made in memory from the
+// workload's dry run), runs the workload eagerly kernel by kernel, captures
+// the same launches once into a CUDA graph, replays it, and reports arena
+// bytes, capture time, eager and replay time per step, and whether the
+// replayed outputs equal the eager ones bit for bit.
+//
+//	run [--plan FILE.plan | --workload NAME] [shape flags] [--steps N]
+//	    [--device auto|sim|cuda|cuda:N] [--check] [--budget D] [--json]
+//
+// Exit status: 0 on success, 1 on failure (also when replayed outputs
+// differ from eager ones, or --check finds a difference beyond tolerance),
+// 2 on bad usage.
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"math"
 	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/plans"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "run: not implemented yet")
-	os.Exit(1)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+type usageError struct{ error }
+
+// failedError marks a run that completed but whose checks failed: the
+// report is printed, then the exit status is 1.
+type failedError struct{ error }
+
+type config struct {
+	planPath string
+	workload string
+	steps    int
+	warmup   int
+	device   string
+	check    bool
+	budget   time.Duration
+	jsonOut  bool
+	ptx      string
+	shape    *graphexec.ShapeFlags
+	fs       *pflag.FlagSet
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := dispatch(ctx, args, stdout, stderr)
+	if err == nil || errors.Is(err, pflag.ErrHelp) {
+		return 0
+	}
+	fmt.Fprintf(stderr, "run: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var c config
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.fs = fs
+	fs.StringVar(&c.planPath, "plan", "", "run on this plan file's addresses (from plan --workload); it names the workload and shape")
+	fs.StringVar(&c.workload, "workload", "", "built-in workload: "+strings.Join(graphexec.Workloads(), ", "))
+	c.shape = graphexec.AddShapeFlags(fs)
+	fs.IntVar(&c.steps, "steps", 100, "timed steps, eager and replayed")
+	fs.IntVar(&c.warmup, "warmup", 3, "untimed steps before each timed run")
+	fs.StringVar(&c.device, "device", "auto", "auto (GPU 0 when a driver is present, else sim), sim, cuda or cuda:N")
+	fs.BoolVar(&c.check, "check", false, "also run the Go reference kernels on the simulated device and compare outputs")
+	fs.DurationVar(&c.budget, "budget", planner.DefaultBudget, "planning budget when no --plan is given")
+	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object")
+	fs.StringVar(&c.ptx, "ptx", "", "use this PTX file instead of the embedded kernels (development)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: run [--plan FILE.plan | --workload NAME] [shape flags] [flags]\n\nflags:\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
+	case c.planPath == "" && c.workload == "":
+		fs.Usage()
+		return usageError{errors.New("give --plan FILE or --workload NAME")}
+	case c.steps < 1:
+		return usageError{fmt.Errorf("--steps %d: must be at least 1", c.steps)}
+	case c.warmup < 0:
+		return usageError{fmt.Errorf("--warmup %d: must not be negative", c.warmup)}
+	case c.budget <= 0:
+		return usageError{fmt.Errorf("--budget %v: must be positive", c.budget)}
+	}
+	if c.ptx != "" {
+		data, err := os.ReadFile(c.ptx)
+		if err != nil {
+			return err
+		}
+		kernels.PTX = data
+	}
+	rep, err := execute(ctx, &c, stderr)
+	if err != nil {
+		return err
+	}
+	if c.jsonOut {
+		line, err := json.Marshal(rep)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s\n", line)
+	} else {
+		printReport(stdout, rep)
+	}
+	switch {
+	case !rep.OutputsEqual:
+		return failedError{errors.New("replayed outputs differ from eager outputs")}
+	case rep.CheckOK != nil && !*rep.CheckOK:
+		return failedError{fmt.Errorf("outputs differ from the Go reference by %g (tolerance %g)", *rep.CheckMaxAbsDiff, *rep.CheckTolerance)}
+	}
+	return nil
+}
+
+// report is one run's result; its JSON keys are a stable interface.
+type report struct {
+	Workload        string           `json:"workload"`
+	Shape           map[string]int64 `json:"shape"`
+	Fingerprint     string           `json:"fingerprint"`
+	Device          string           `json:"device"`
+	DeviceChoice    string           `json:"device_choice"`
+	Storage         string           `json:"storage"`
+	PlanSource      string           `json:"plan_source"`
+	PlanAlgo        string           `json:"plan_algo"`
+	ArenaBytes      int64            `json:"arena_bytes"`
+	LowerBound      int64            `json:"lower_bound"`
+	MappedBytes     uint64           `json:"mapped_bytes"`
+	WeightBytes     int64            `json:"weight_bytes"`
+	KVBytes         int64            `json:"kv_bytes"`
+	InputBytes      int64            `json:"input_bytes"`
+	OutputBytes     int64            `json:"output_bytes"`
+	Intermediate    int64            `json:"intermediate_bytes"`
+	SpilloverBytes  uint64           `json:"spillover_bytes"`
+	StagingBytes    uint64           `json:"staging_bytes"`
+	Launches        int              `json:"launches_per_step"`
+	GraphNodes      int              `json:"graph_nodes"`
+	Steps           int              `json:"steps"`
+	CaptureMS       float64          `json:"capture_ms"`
+	EagerUS         float64          `json:"eager_us_per_step"`
+	ReplayUS        float64          `json:"replay_us_per_step"`
+	Speedup         float64          `json:"speedup"`
+	OutputsEqual    bool             `json:"outputs_equal"`
+	CheckMaxAbsDiff *float64         `json:"check_max_abs_diff,omitempty"`
+	CheckMaxAbsRef  *float64         `json:"check_max_abs_ref,omitempty"`
+	CheckTolerance  *float64         `json:"check_tolerance,omitempty"`
+	CheckOK         *bool            `json:"check_ok,omitempty"`
+}
+
+func openDevice(spec string) (cuda.Device, string, error) {
+	sim := func() (cuda.Device, error) { return cuda.OpenSim(cuda.SimConfig{Kernels: kernels.Reference()}) }
+	switch {
+	case spec == "sim":
+		d, err := sim()
+		return d, "sim", err
+	case spec == "auto":
+		d, err := cuda.Open(0)
+		if err == nil {
+			return d, "auto: cuda:0, a CUDA driver is present", nil
+		}
+		if !errors.Is(err, cuda.ErrNoDriver) {
+			return nil, "", fmt.Errorf("--device auto: a CUDA driver is present but GPU 0 did not open: %w", err)
+		}
+		s, serr := sim()
+		return s, "auto: sim, no CUDA driver", serr
+	case spec == "cuda" || strings.HasPrefix(spec, "cuda:"):
+		n := 0
+		if spec != "cuda" {
+			v, err := strconv.Atoi(strings.TrimPrefix(spec, "cuda:"))
+			if err != nil || v < 0 {
+				return nil, "", usageError{fmt.Errorf("--device %q: want cuda:N with N a device ordinal", spec)}
+			}
+			n = v
+		}
+		d, err := cuda.Open(n)
+		return d, fmt.Sprintf("cuda:%d", n), err
+	}
+	return nil, "", usageError{fmt.Errorf("--device %q: want auto, sim, cuda or cuda:N", spec)}
+}
+
+// workloadFor decides the workload and shape: the plan file's, with any
+// explicitly given --workload and shape flags taking precedence (a plan
+// that does not fit them is then refused by fingerprint).
+func workloadFor(c *config) (*graphexec.Graph, *plans.File, error) {
+	name := c.workload
+	shape := c.shape.Shape()
+	var f *plans.File
+	if c.planPath != "" {
+		var err error
+		if f, err = plans.Load(c.planPath); err != nil {
+			return nil, nil, err
+		}
+		if f.Workload == nil {
+			return nil, nil, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
+		}
+		if name == "" {
+			name = f.Workload.Name
+		}
+		if name == f.Workload.Name {
+			var dims []graphexec.Dim
+			for _, d := range f.Workload.Shape {
+				dims = append(dims, graphexec.Dim{Name: d.Name, Value: d.Value})
+			}
+			ps, err := graphexec.ShapeOf(dims)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
+			}
+			for _, ch := range c.shape.Changed() {
+				switch ch {
+				case "--layers":
+					ps.Layers = shape.Layers
+				case "--width":
+					ps.Width = shape.Width
+				case "--heads":
+					ps.Heads = shape.Heads
+				case "--kv-len":
+					ps.KVLen = shape.KVLen
+				case "--batch":
+					ps.Batch = shape.Batch
+				case "--vocab":
+					ps.Vocab = shape.Vocab
+				}
+			}
+			ps.Seed = shape.Seed
+			shape = ps
+		}
+	}
+	if err := c.shape.Check(name); err != nil {
+		return nil, nil, usageError{err}
+	}
+	g, err := graphexec.Build(name, shape)
+	if err != nil {
+		return nil, nil, err
+	}
+	if f != nil {
+		var fp graphexec.Fingerprint = f.Workload.Fingerprint
+		if err := graphexec.VerifyPlan(g, planLabel(f.Workload), fp, f.Trace, f.Plan); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
+		}
+	}
+	return g, f, nil
+}
+
+func planLabel(w *plans.Workload) string {
+	s := w.Name + "("
+	for i, d := range w.Shape {
+		if i > 0 {
+			s += ","
+		}
+		s += d.Name + "=" + strconv.FormatInt(d.Value, 10)
+	}
+	return s + ")"
+}
+
+func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) {
+	g, f, err := workloadFor(c)
+	if err != nil {
+		return nil, err
+	}
+	dev, choice, err := openDevice(c.device)
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Close()
+	opt := graphexec.Options{Plan: graphexec.PlanOptions{Budget: c.budget}}
+	var plan *planner.Plan
+	source := "memory"
+	if f != nil {
+		plan, source = f.Plan, "file "+c.planPath
+	}
+	e, err := graphexec.New(dev, g, plan, opt)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	rep := &report{
+		Workload: g.Name, Shape: map[string]int64{}, Fingerprint: g.Fingerprint().String(),
+		Device: dev.Name(), DeviceChoice: choice, Storage: "fp32", PlanSource: source,
+		PlanAlgo: e.Plan().Algo, ArenaBytes: e.Plan().Arena, LowerBound: e.Plan().LowerBound,
+		MappedBytes: e.Arena().Mapped(), WeightBytes: e.RegionBytes("weight"), KVBytes: e.RegionBytes("kv"),
+		InputBytes: e.RegionBytes("input"), OutputBytes: e.RegionBytes("output"),
+		Intermediate: e.RegionBytes("intermediate"), Launches: len(g.Ops), Steps: c.steps,
+	}
+	for _, d := range g.Shape {
+		rep.Shape[d.Name] = d.Value
+	}
+	if err := e.Init(); err != nil {
+		return nil, err
+	}
+	if err := e.Stage(0, c.warmup+c.steps); err != nil {
+		return nil, err
+	}
+	rep.StagingBytes = e.StagingBytes()
+
+	// Eager: warm up, start again from the initial state, time.
+	timed := func(step func(int) error) (time.Duration, error) {
+		for s := 0; s < c.warmup; s++ {
+			if err := step(s); err != nil {
+				return 0, err
+			}
+		}
+		if err := e.ResetState(); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		for s := 0; s < c.steps; s++ {
+			if ctx.Err() != nil {
+				return 0, ctx.Err()
+			}
+			if err := step(s); err != nil {
+				return 0, err
+			}
+		}
+		if err := e.Synchronize(); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	}
+	eager, err := timed(e.Eager)
+	if err != nil {
+		return nil, err
+	}
+	eagerOut, err := results(e, g)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.ResetState(); err != nil {
+		return nil, err
+	}
+	capture, err := e.Capture()
+	if err != nil {
+		return nil, err
+	}
+	_, rep.GraphNodes = e.Captured()
+	replay, err := timed(e.Replay)
+	if err != nil {
+		return nil, err
+	}
+	replayOut, err := results(e, g)
+	if err != nil {
+		return nil, err
+	}
+	rep.OutputsEqual = len(eagerOut) == len(replayOut)
+	for i := range eagerOut {
+		rep.OutputsEqual = rep.OutputsEqual && bytes.Equal(eagerOut[i], replayOut[i])
+	}
+	rep.CaptureMS = float64(capture.Microseconds()) / 1000
+	rep.EagerUS = float64(eager.Nanoseconds()) / 1000 / float64(c.steps)
+	rep.ReplayUS = float64(replay.Nanoseconds()) / 1000 / float64(c.steps)
+	if rep.ReplayUS > 0 {
+		rep.Speedup = rep.EagerUS / rep.ReplayUS
+	}
+	if c.check {
+		if err := check(c, g, e.Plan(), replayOut, rep); err != nil {
+			return nil, err
+		}
+	}
+	return rep, nil
+}
+
+// results reads the outputs and the state tensors.
+func results(e *graphexec.Executor, g *graphexec.Graph) ([][]byte, error) {
+	var out [][]byte
+	for _, t := range g.Tensors {
+		if t.Role == graphexec.Output || t.Role == graphexec.State {
+			b, err := e.Read(t)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
+// check runs the same steps eagerly on a simulated device, whose kernels
+// are the Go references, and compares every output and state tensor with
+// the device's replayed ones.
+func check(c *config, g *graphexec.Graph, p *planner.Plan, got [][]byte, rep *report) error {
+	sim, err := cuda.OpenSim(cuda.SimConfig{Kernels: kernels.Reference()})
+	if err != nil {
+		return err
+	}
+	defer sim.Close()
+	e, err := graphexec.New(sim, g, p, graphexec.Options{})
+	if err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	defer e.Close()
+	if err := e.Init(); err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	for s := 0; s < c.steps; s++ {
+		if err := e.Eager(s); err != nil {
+			return fmt.Errorf("check: %w", err)
+		}
+	}
+	want, err := results(e, g)
+	if err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	var maxDiff, maxRef float64
+	for i := range want {
+		if len(want[i]) != len(got[i]) {
+			return fmt.Errorf("check: output %d has %d bytes, the reference %d", i, len(got[i]), len(want[i]))
+		}
+		for j := 0; j+4 <= len(want[i]); j += 4 {
+			w := float64(math.Float32frombits(binary.LittleEndian.Uint32(want[i][j:])))
+			v := float64(math.Float32frombits(binary.LittleEndian.Uint32(got[i][j:])))
+			d := math.Abs(w - v)
+			if math.IsNaN(d) {
+				d = math.Inf(1)
+			}
+			maxDiff = max(maxDiff, d)
+			maxRef = max(maxRef, math.Abs(w))
+		}
+	}
+	tol := 1e-3 * max(1, maxRef)
+	ok := maxDiff <= tol
+	rep.CheckMaxAbsDiff, rep.CheckMaxAbsRef, rep.CheckTolerance, rep.CheckOK = &maxDiff, &maxRef, &tol, &ok
+	return nil
+}
+
+func printReport(w io.Writer, r *report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var dims []string
+	for _, k := range []string{"layers", "width", "heads", "kv_len", "batch", "vocab"} {
+		if v, ok := r.Shape[k]; ok {
+			dims = append(dims, fmt.Sprintf("%s=%d", k, v))
+		}
+	}
+	fmt.Fprintf(tw, "workload\t%s (%s), %s storage\n", r.Workload, strings.Join(dims, " "), r.Storage)
+	fmt.Fprintf(tw, "fingerprint\t%s\n", r.Fingerprint)
+	fmt.Fprintf(tw, "device\t%s (%s)\n", r.Device, r.DeviceChoice)
+	fmt.Fprintf(tw, "plan\t%s (%s)\n", r.PlanSource, r.PlanAlgo)
+	ratio := 1.0
+	if r.LowerBound > 0 {
+		ratio = float64(r.ArenaBytes) / float64(r.LowerBound)
+	}
+	fmt.Fprintf(tw, "arena\t%s, lower bound %s (%.4fx); %s mapped\n", bytesStr(r.ArenaBytes), bytesStr(r.LowerBound), ratio, bytesStr(int64(r.MappedBytes)))
+	fmt.Fprintf(tw, "  regions\tweights %s, kv %s, inputs %s, outputs %s, intermediates %s\n",
+		bytesStr(r.WeightBytes), bytesStr(r.KVBytes), bytesStr(r.InputBytes), bytesStr(r.OutputBytes), bytesStr(r.Intermediate))
+	fmt.Fprintf(tw, "spillover\t%s (staged per-step inputs outside the arena: %s)\n", bytesStr(int64(r.SpilloverBytes)), bytesStr(int64(r.StagingBytes)))
+	fmt.Fprintf(tw, "launches\t%d kernels per step; captured graph of %d nodes\n", r.Launches, r.GraphNodes)
+	fmt.Fprintf(tw, "capture\t%.3f ms (capture and instantiate)\n", r.CaptureMS)
+	fmt.Fprintf(tw, "eager\t%.1f µs/step (%d steps)\n", r.EagerUS, r.Steps)
+	fmt.Fprintf(tw, "replay\t%.1f µs/step (%.2fx eager)\n", r.ReplayUS, r.Speedup)
+	fmt.Fprintf(tw, "outputs\treplay equals eager bit for bit: %v\n", r.OutputsEqual)
+	if r.CheckOK != nil {
+		fmt.Fprintf(tw, "check\tmax abs diff vs Go reference %.3g (max |ref| %.3g, tolerance %.3g): %v\n", *r.CheckMaxAbsDiff, *r.CheckMaxAbsRef, *r.CheckTolerance, *r.CheckOK)
+	}
+	tw.Flush()
+}
+
+func bytesStr(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%d (%.2f GiB)", n, float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%d (%.1f MiB)", n, float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%d (%.1f KiB)", n, float64(n)/(1<<10))
+	default:
+		return fmt.Sprint(n)
+	}
 }

@@ -1,0 +1,186 @@
+package graphexec
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/kernels"
+)
+
+func init() {
+	register(&Workload{
+		Name: "gpt2-decode",
+		Doc: "one decode step of a GPT-2-shaped transformer, fp32 storage: embedding, per layer " +
+			"(layer norm fused into the QKV projection, attention over the KV cache, output projection " +
+			"with the residual add, layer norm fused into the MLP's first linear with GELU, second " +
+			"linear with the residual add), final norm fused into the tied-embedding logits",
+		Defaults: Shape{Layers: 12, Width: 768, Heads: 12, KVLen: 1024, Batch: 1, Vocab: 50257},
+		Dims:     []string{"layers", "width", "heads", "kv_len", "batch", "vocab"},
+		build:    buildGPT2,
+	})
+	register(&Workload{
+		Name:     "mlp",
+		Doc:      "a chain of small linear+GELU layers (fp32), launch-bound by design",
+		Defaults: Shape{Layers: 64, Width: 256, Batch: 1},
+		Dims:     []string{"layers", "width", "batch"},
+		build:    buildMLP,
+	})
+}
+
+const (
+	linearBlock    = 128  // threads: 4 warps, one output row each
+	linearMaxGrid  = 1024 // blocks; warps stride over the rows beyond
+	attentionBlock = 256
+	layerNormEps   = 1e-5
+	maxKVLen       = 8192
+)
+
+// linearLaunch is one launch of kernels.Linear; see kernels.cu.
+func linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *Tensor, inDim, outDim, batch int, mode uint32) Launch {
+	opt := func(t *Tensor) Arg {
+		if t == nil {
+			return Null()
+		}
+		return In(t)
+	}
+	warps := uint32(linearBlock / 32)
+	grid := min((uint32(outDim)+warps-1)/warps, linearMaxGrid)
+	return Launch{
+		Name: name, Kernel: kernels.Linear,
+		Grid: cuda.D1(grid), Block: cuda.D1(linearBlock),
+		Args: []Arg{
+			Out(out), In(in), In(w), opt(bias), opt(resid), opt(lnG), opt(lnB),
+			Scalar(cuda.U32(uint32(inDim))), Scalar(cuda.U32(uint32(outDim))), Scalar(cuda.U32(uint32(batch))),
+			Scalar(cuda.U32(mode)), Scalar(cuda.F32(layerNormEps)),
+		},
+	}
+}
+
+// DecodePosition is the KV cache position that gpt2-decode's step s
+// writes and attends up to: steps start at 7/8 of the cache (which is
+// initialised with random keys and values, as after a prompt) and wrap.
+func DecodePosition(kvLen, step int) int { return (kvLen*7/8 + step) % kvLen }
+
+// DecodeToken is the token of batch row b at step s.
+func DecodeToken(seed uint64, vocab, batch, step, b int) uint32 {
+	return uint32(splitmix(seed^uint64(step*batch+b)*0x2545f4914f6cdd1d) % uint64(vocab))
+}
+
+func buildGPT2(s Shape) (*Graph, error) {
+	L, W, H, T, B, V := s.Layers, s.Width, s.Heads, s.KVLen, s.Batch, s.Vocab
+	switch {
+	case L < 1 || L > 1024:
+		return nil, fmt.Errorf("graphexec: gpt2-decode: --layers %d: want 1..1024", L)
+	case W < 4 || W%4 != 0 || W > 1<<16:
+		return nil, fmt.Errorf("graphexec: gpt2-decode: --width %d: want a multiple of 4, at most 65536", W)
+	case H < 1 || W%H != 0 || (W/H)%4 != 0 || W/H > 4*attentionBlock:
+		return nil, fmt.Errorf("graphexec: gpt2-decode: --heads %d: the head size width/heads must be a whole multiple of 4, at most %d", H, 4*attentionBlock)
+	case T < 1 || T > maxKVLen:
+		return nil, fmt.Errorf("graphexec: gpt2-decode: --kv-len %d: want 1..%d", T, maxKVLen)
+	case B < 1 || B > 1024:
+		return nil, fmt.Errorf("graphexec: gpt2-decode: --batch %d: want 1..1024", B)
+	case V < 1 || V > 1<<24:
+		return nil, fmt.Errorf("graphexec: gpt2-decode: --vocab %d: want 1..2^24", V)
+	}
+	hd := W / H
+	seed := s.Seed
+	b := NewBuilder("gpt2-decode")
+	for _, d := range []Dim{{"layers", int64(L)}, {"width", int64(W)}, {"heads", int64(H)}, {"kv_len", int64(T)}, {"batch", int64(B)}, {"vocab", int64(V)}} {
+		b.Dim(d.Name, d.Value)
+	}
+	b.Module(kernels.PTX)
+	w, bb, l := int64(W), int64(B), int64(T)
+	const std = 0.0346 // uniform half-width for GPT-2's N(0, 0.02) init
+	weight := func(name string, a float32, shape ...int64) *Tensor {
+		return b.Tensor(name, F32, Weight, shape...).SetInit(uniform(seed, name, 0, a))
+	}
+	gain := func(name string) *Tensor {
+		return b.Tensor(name, F32, Weight, w).SetInit(uniform(seed, name, 1, 0.1))
+	}
+	step := b.Tensor("step", U32, Input, 1+bb).SetFeed(func(s int, dst []byte) {
+		binary.LittleEndian.PutUint32(dst, uint32(DecodePosition(T, s)))
+		for r := 0; r < B; r++ {
+			binary.LittleEndian.PutUint32(dst[4+4*r:], DecodeToken(seed, V, B, s, r))
+		}
+	})
+	wte := weight("wte", std, int64(V), w)
+	wpe := weight("wpe", std/2, l, w)
+	x := b.Tensor("x0", F32, Intermediate, bb, w)
+	b.Launch(Launch{
+		Name: "embed", Kernel: kernels.Embed,
+		Grid: cuda.Dim3{X: uint32((W + 255) / 256), Y: uint32(B), Z: 1}, Block: cuda.D1(256),
+		Args: []Arg{Out(x), In(wte), In(wpe), In(step), Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(V))), Scalar(cuda.U32(uint32(T)))},
+	})
+	projStd := float32(std / math.Sqrt(float64(2*L)))
+	shared := uint32(4 * (hd + T + 4*attentionBlock))
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	for i := 0; i < L; i++ {
+		p := fmt.Sprintf("h%d.", i)
+		ln1g, ln1b := gain(p+"ln1.g"), weight(p+"ln1.b", 0.05, w)
+		wqkv, bqkv := weight(p+"attn.w_qkv", std, 3*w, w), weight(p+"attn.b_qkv", 0.01, 3*w)
+		wo, bo := weight(p+"attn.w_proj", projStd, w, w), weight(p+"attn.b_proj", 0.01, w)
+		ln2g, ln2b := gain(p+"ln2.g"), weight(p+"ln2.b", 0.05, w)
+		wfc, bfc := weight(p+"mlp.w_fc", std, 4*w, w), weight(p+"mlp.b_fc", 0.01, 4*w)
+		wpr, bpr := weight(p+"mlp.w_proj", projStd, w, 4*w), weight(p+"mlp.b_proj", 0.01, w)
+		kc := b.Tensor(p+"k_cache", F32, State, bb, l, w).SetInit(uniform(seed, p+"k_cache", 0, 1))
+		vc := b.Tensor(p+"v_cache", F32, State, bb, l, w).SetInit(uniform(seed, p+"v_cache", 0, 1))
+
+		qkv := b.Tensor(p+"qkv", F32, Intermediate, bb, 3*w)
+		att := b.Tensor(p+"attn", F32, Intermediate, bb, w)
+		xm := b.Tensor(p+"x_mid", F32, Intermediate, bb, w)
+		hid := b.Tensor(p+"mlp.h", F32, Intermediate, bb, 4*w)
+		xn := b.Tensor(fmt.Sprintf("x%d", i+1), F32, Intermediate, bb, w)
+
+		b.Launch(linearLaunch(p+"ln1+qkv", qkv, x, wqkv, bqkv, nil, ln1g, ln1b, W, 3*W, B, 0))
+		b.Launch(Launch{
+			Name: p + "attention", Kernel: kernels.Attention,
+			Grid: cuda.Dim3{X: uint32(H), Y: uint32(B), Z: 1}, Block: cuda.D1(attentionBlock), Shared: shared,
+			Args: []Arg{Out(att), In(qkv), InOut(kc), InOut(vc), In(step),
+				Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(H))), Scalar(cuda.U32(uint32(T))), Scalar(cuda.F32(scale))},
+		})
+		b.Launch(linearLaunch(p+"proj+residual", xm, att, wo, bo, x, nil, nil, W, W, B, kernels.ModeResidual))
+		b.Launch(linearLaunch(p+"ln2+fc+gelu", hid, xm, wfc, bfc, nil, ln2g, ln2b, W, 4*W, B, kernels.ModeGELU))
+		b.Launch(linearLaunch(p+"fc_proj+residual", xn, hid, wpr, bpr, xm, nil, nil, 4*W, W, B, kernels.ModeResidual))
+		x = xn
+	}
+	lnfg, lnfb := gain("ln_f.g"), weight("ln_f.b", 0.05, w)
+	logits := b.Tensor("logits", F32, Output, bb, int64(V))
+	b.Launch(linearLaunch("ln_f+logits", logits, x, wte, nil, nil, lnfg, lnfb, W, V, B, 0))
+	return b.Build()
+}
+
+func buildMLP(s Shape) (*Graph, error) {
+	L, W, B := s.Layers, s.Width, s.Batch
+	switch {
+	case L < 1 || L > 1<<16:
+		return nil, fmt.Errorf("graphexec: mlp: --layers %d: want 1..65536", L)
+	case W < 4 || W%4 != 0 || W > 1<<16:
+		return nil, fmt.Errorf("graphexec: mlp: --width %d: want a multiple of 4, at most 65536", W)
+	case B < 1 || B > 1<<16:
+		return nil, fmt.Errorf("graphexec: mlp: --batch %d: want 1..65536", B)
+	}
+	seed := s.Seed
+	b := NewBuilder("mlp")
+	b.Dim("layers", int64(L))
+	b.Dim("width", int64(W))
+	b.Dim("batch", int64(B))
+	b.Module(kernels.PTX)
+	w, bb := int64(W), int64(B)
+	a := float32(math.Sqrt(6.5 / float64(W))) // He-like variance 2.2/W keeps activations near unit scale through GELU
+	x := b.Tensor("x", F32, Input, bb, w).SetInit(uniform(seed, "x", 0, 1))
+	for i := 0; i < L; i++ {
+		p := fmt.Sprintf("l%d.", i)
+		wt := b.Tensor(p+"w", F32, Weight, w, w).SetInit(uniform(seed, p+"w", 0, a))
+		bias := b.Tensor(p+"b", F32, Weight, w).SetInit(uniform(seed, p+"b", 0, 0.1))
+		role, name := Intermediate, fmt.Sprintf("h%d", i+1)
+		if i == L-1 {
+			role, name = Output, "y"
+		}
+		y := b.Tensor(name, F32, role, bb, w)
+		b.Launch(linearLaunch(p+"linear+gelu", y, x, wt, bias, nil, nil, nil, W, W, B, kernels.ModeGELU))
+		x = y
+	}
+	return b.Build()
+}

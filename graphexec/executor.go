@@ -1,0 +1,649 @@
+package graphexec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/arenaplan/arenaplan/arena"
+	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
+)
+
+// ErrNotCaptured is returned by Replay before Capture: the executor never
+// falls back to eager execution on its own.
+var ErrNotCaptured = errors.New("graphexec: replay before capture")
+
+// FingerprintError refuses a plan made for another workload.
+type FingerprintError struct {
+	Workload string      // the workload about to run, with its shape
+	Have     Fingerprint // the workload's fingerprint
+	Plan     Fingerprint // the fingerprint recorded with the plan
+	PlanFor  string      // the workload the plan was made for
+}
+
+func (e *FingerprintError) Error() string {
+	return fmt.Sprintf("graphexec: plan was made for workload %s (fingerprint %s), not for %s (fingerprint %s)",
+		e.PlanFor, e.Plan.Short(), e.Workload, e.Have.Short())
+}
+
+// AlignError refuses a plan whose alignment is below what the kernels need.
+type AlignError struct {
+	Workload   string
+	Plan, Need int64
+}
+
+func (e *AlignError) Error() string {
+	return fmt.Sprintf("graphexec: plan alignment %d bytes is below the %d bytes the kernels of %s need", e.Plan, e.Need, e.Workload)
+}
+
+// VerifyPlan checks that a plan read from a file fits graph g: the plan
+// was recorded for a workload with g's fingerprint (planFP, planFor as the
+// file names it), its alignment meets g's, and its trace is g's dry run.
+func VerifyPlan(g *Graph, planFor string, planFP Fingerprint, t *lifetime.Trace, p *planner.Plan) error {
+	if fp := g.Fingerprint(); fp != planFP {
+		return &FingerprintError{Workload: g.Label(), Have: fp, Plan: planFP, PlanFor: planFor}
+	}
+	if p.Align < g.Align {
+		return &AlignError{Workload: g.Label(), Plan: p.Align, Need: g.Align}
+	}
+	d, err := g.DryRun()
+	if err != nil {
+		return err
+	}
+	if a, b := d.Trace.Fingerprint(), t.Fingerprint(); a != b {
+		return fmt.Errorf("graphexec: the plan's trace (fingerprint %x) is not the dry run of %s (fingerprint %x)", b[:8], g.Label(), a[:8])
+	}
+	return nil
+}
+
+// Options configure an Executor.
+type Options struct {
+	// Plan are the planner's options when the executor plans a dry run
+	// itself (New without a plan, Rebind).
+	Plan PlanOptions
+}
+
+// Executor runs one graph on one device: the arena built from the plan,
+// eager steps (kernel by kernel), one capture into a CUDA graph, and
+// replays of it. Per-step inputs (Tensor.SetFeed) are written into their
+// arena tensors before each step, so the captured graph never changes for
+// them.
+//
+// An Executor is not safe for concurrent use; on the driver, call it from
+// the goroutine bound to the device (cuda.Device.BindThread).
+type Executor struct {
+	dev  cuda.Device
+	opt  Options
+	g    *Graph
+	fp   Fingerprint
+	dry  *DryRun
+	plan *planner.Plan
+
+	arena  *arena.Arena
+	mods   []cuda.Module
+	fns    []cuda.Function
+	ptr    []cuda.DevicePtr // by tensor
+	args   [][]cuda.KernelArg
+	stream cuda.Stream
+
+	graph    cuda.Graph
+	exec     cuda.Exec
+	captured Fingerprint // the workload the exec runs
+
+	feeds      []*Tensor
+	feedOff    []uint64 // offset of each feed inside one step's staging
+	stride     uint64   // staging bytes per step
+	stage      cuda.DevicePtr
+	stageCap   uint64
+	stageFirst int
+	stageN     int
+}
+
+// New builds an executor for g on dev: it plans g's dry run when p is nil
+// (Options.Plan), builds the arena from the plan, loads the PTX modules and
+// resolves every launch's arguments. It uploads nothing: call Init.
+func New(dev cuda.Device, g *Graph, p *planner.Plan, opt Options) (*Executor, error) {
+	e := &Executor{dev: dev, opt: opt}
+	if err := e.setup(g, p); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Executor) setup(g *Graph, p *planner.Plan) error {
+	d, err := g.DryRun()
+	if err != nil {
+		return err
+	}
+	if p == nil {
+		if p, err = Plan(context.Background(), d.Trace, e.opt.Plan); err != nil {
+			return err
+		}
+	}
+	if p.Align < g.Align {
+		return &AlignError{Workload: g.Label(), Plan: p.Align, Need: g.Align}
+	}
+	a, err := arena.New(e.dev, d.Trace, p)
+	if err != nil {
+		return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
+	}
+	e.arena, e.plan = a, p
+	if e.stream == nil {
+		if e.stream, err = e.dev.NewStream(); err != nil {
+			return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
+		}
+	}
+	return e.bind(g, d, false)
+}
+
+// bind loads g's modules (or keeps the loaded ones: their PTX is the same,
+// and an exec being updated still runs their functions) and resolves its
+// launches against the arena.
+func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
+	if !keepModules {
+		for _, m := range e.mods {
+			m.Close()
+		}
+		e.mods, e.fns = nil, nil
+	}
+	for i, ptx := range g.Modules {
+		if keepModules {
+			break
+		}
+		m, err := e.dev.LoadModule(ptx)
+		if err != nil {
+			return fmt.Errorf("graphexec: %s: module %d: %w", g.Label(), i, err)
+		}
+		e.mods = append(e.mods, m)
+	}
+	ptr := make([]cuda.DevicePtr, len(g.Tensors))
+	for i := range g.Tensors {
+		p, err := e.arena.Ptr(d.Tensor[i])
+		if err != nil {
+			return fmt.Errorf("graphexec: %s: tensor %s: %w", g.Label(), g.Tensors[i].Name, err)
+		}
+		if uint64(p)%uint64(g.Align) != 0 {
+			return &AlignError{Workload: g.Label(), Plan: int64(uint64(p) & -uint64(p)), Need: g.Align}
+		}
+		ptr[i] = p
+	}
+	fns := make([]cuda.Function, len(g.Ops))
+	args := make([][]cuda.KernelArg, len(g.Ops))
+	for i, op := range g.Ops {
+		fn, err := e.mods[op.Module].Function(op.Kernel)
+		if err != nil {
+			return fmt.Errorf("graphexec: %s: op %d (%s): kernel %s: %w", g.Label(), i, op.Name, op.Kernel, err)
+		}
+		fns[i] = fn
+		var ws cuda.DevicePtr
+		if id := d.Workspace[i]; id >= 0 {
+			if ws, err = e.arena.Ptr(id); err != nil {
+				return fmt.Errorf("graphexec: %s: op %d (%s) workspace: %w", g.Label(), i, op.Name, err)
+			}
+		}
+		for _, a := range op.Args {
+			switch a.kind {
+			case argTensor:
+				args[i] = append(args[i], cuda.Ptr(ptr[a.tensor.index]))
+			case argWorkspace:
+				args[i] = append(args[i], cuda.Ptr(ws))
+			case argNull:
+				args[i] = append(args[i], cuda.Ptr(0))
+			case argScalar:
+				args[i] = append(args[i], a.scalar)
+			}
+		}
+	}
+	e.g, e.fp, e.dry, e.ptr, e.fns, e.args = g, g.Fingerprint(), d, ptr, fns, args
+	e.feeds, e.feedOff, e.stride = nil, nil, 0
+	for _, t := range g.Tensors {
+		if t.feed != nil {
+			e.feeds = append(e.feeds, t)
+			e.feedOff = append(e.feedOff, e.stride)
+			e.stride += uint64(lifetime.RoundUp(t.Bytes(), 256))
+		}
+	}
+	e.stageN = 0
+	return nil
+}
+
+// Graph returns the graph the executor runs.
+func (e *Executor) Graph() *Graph { return e.g }
+
+// Fingerprint returns the fingerprint of the graph the executor runs.
+func (e *Executor) Fingerprint() Fingerprint { return e.fp }
+
+// Plan returns the plan the arena was built from.
+func (e *Executor) Plan() *planner.Plan { return e.plan }
+
+// Trace returns the dry run's trace.
+func (e *Executor) Trace() *lifetime.Trace { return e.dry.Trace }
+
+// Arena returns the arena.
+func (e *Executor) Arena() *arena.Arena { return e.arena }
+
+// Ptr returns t's device address.
+func (e *Executor) Ptr(t *Tensor) cuda.DevicePtr { return e.ptr[t.index] }
+
+// StagingBytes is the device memory outside the arena that holds staged
+// per-step inputs (Stage).
+func (e *Executor) StagingBytes() uint64 { return e.stageCap }
+
+// RegionBytes is the plan's address range of the buffers of one tag: from
+// the lowest offset to the highest end (sizes rounded to the alignment).
+func (e *Executor) RegionBytes(tag string) int64 {
+	lo, hi := int64(-1), int64(0)
+	for i, b := range e.dry.Trace.Buffers {
+		if b.Tag != tag {
+			continue
+		}
+		off := e.plan.Offsets[i]
+		if lo < 0 || off < lo {
+			lo = off
+		}
+		hi = max(hi, off+lifetime.RoundUp(b.Size, e.plan.Align))
+	}
+	if lo < 0 {
+		return 0
+	}
+	return hi - lo
+}
+
+// Init writes the initial bytes of every tensor that has an init function
+// (weights, state, constant inputs). It waits for the stream first.
+func (e *Executor) Init() error { return e.initRoles(Weight, State, Input) }
+
+// ResetState rewrites the initial bytes of state tensors (and constant
+// inputs), so that a later run of steps starts where the first did.
+func (e *Executor) ResetState() error { return e.initRoles(State, Input) }
+
+func (e *Executor) initRoles(roles ...Role) error {
+	if err := e.stream.Synchronize(); err != nil {
+		return fmt.Errorf("graphexec: %s: %w", e.g.Label(), err)
+	}
+	for _, t := range e.g.Tensors {
+		if t.init == nil || !hasRole(roles, t.Role) {
+			continue
+		}
+		buf := make([]byte, t.Bytes())
+		t.init(buf)
+		if err := e.dev.CopyHtoD(e.ptr[t.index], buf); err != nil {
+			return fmt.Errorf("graphexec: %s: init %s: %w", e.g.Label(), t.Name, err)
+		}
+	}
+	return nil
+}
+
+func hasRole(rs []Role, r Role) bool {
+	for _, x := range rs {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// Stage writes the per-step inputs of steps [first, first+n) into device
+// memory outside the arena, so that each step's inputs reach their arena
+// tensors by a device-to-device copy on the stream, with no host
+// synchronisation between steps. Steps outside the staged range are fed by
+// a synchronous host copy instead.
+func (e *Executor) Stage(first, n int) error {
+	if len(e.feeds) == 0 || n <= 0 {
+		return nil
+	}
+	if err := e.stream.Synchronize(); err != nil {
+		return fmt.Errorf("graphexec: %s: stage: %w", e.g.Label(), err)
+	}
+	need := uint64(n) * e.stride
+	if need > e.stageCap {
+		if e.stage != 0 {
+			if err := e.dev.Free(e.stage); err != nil {
+				return fmt.Errorf("graphexec: %s: stage: %w", e.g.Label(), err)
+			}
+			e.stage, e.stageCap = 0, 0
+		}
+		p, err := e.dev.Alloc(need)
+		if err != nil {
+			return fmt.Errorf("graphexec: %s: stage %d steps: %w", e.g.Label(), n, err)
+		}
+		e.stage, e.stageCap = p, need
+	}
+	buf := make([]byte, need)
+	for s := 0; s < n; s++ {
+		for i, t := range e.feeds {
+			at := uint64(s)*e.stride + e.feedOff[i]
+			t.feed(first+s, buf[at:at+uint64(t.Bytes())])
+		}
+	}
+	if err := e.dev.CopyHtoD(e.stage, buf); err != nil {
+		return fmt.Errorf("graphexec: %s: stage: %w", e.g.Label(), err)
+	}
+	e.stageFirst, e.stageN = first, n
+	return nil
+}
+
+// feed writes step's inputs into their arena tensors, ahead of the step's
+// work on the stream.
+func (e *Executor) feed(step int) error {
+	if len(e.feeds) == 0 {
+		return nil
+	}
+	if step >= e.stageFirst && step < e.stageFirst+e.stageN {
+		base := e.stage.Add(uint64(step-e.stageFirst) * e.stride)
+		for i, t := range e.feeds {
+			if err := e.dev.CopyDtoD(e.ptr[t.index], base.Add(e.feedOff[i]), uint64(t.Bytes()), e.stream); err != nil {
+				return fmt.Errorf("graphexec: %s: feed %s: %w", e.g.Label(), t.Name, err)
+			}
+		}
+		return nil
+	}
+	if err := e.stream.Synchronize(); err != nil {
+		return fmt.Errorf("graphexec: %s: feed: %w", e.g.Label(), err)
+	}
+	for _, t := range e.feeds {
+		buf := make([]byte, t.Bytes())
+		t.feed(step, buf)
+		if err := e.dev.CopyHtoD(e.ptr[t.index], buf); err != nil {
+			return fmt.Errorf("graphexec: %s: feed %s: %w", e.g.Label(), t.Name, err)
+		}
+	}
+	return nil
+}
+
+// launchAll enqueues every op on the stream (or into the capture).
+func (e *Executor) launchAll() error {
+	for i, op := range e.g.Ops {
+		if err := e.dev.Launch(e.fns[i], op.Grid, op.Block, op.Shared, e.stream, e.args[i]...); err != nil {
+			return fmt.Errorf("graphexec: %s: op %d (%s): %w", e.g.Label(), i, op.Name, err)
+		}
+	}
+	return nil
+}
+
+// Eager enqueues one step kernel by kernel.
+func (e *Executor) Eager(step int) error {
+	if err := e.feed(step); err != nil {
+		return err
+	}
+	return e.launchAll()
+}
+
+// Capture captures one step's launches on the stream in global capture
+// mode and instantiates the graph, replacing any earlier capture. It
+// returns the time from the start of capture to the instantiated graph.
+func (e *Executor) Capture() (time.Duration, error) {
+	if err := e.stream.Synchronize(); err != nil {
+		return 0, fmt.Errorf("graphexec: %s: capture: %w", e.g.Label(), err)
+	}
+	start := time.Now()
+	g, err := e.captureGraph()
+	if err != nil {
+		return 0, err
+	}
+	x, err := g.Instantiate(0)
+	if err != nil {
+		g.Close()
+		return 0, fmt.Errorf("graphexec: %s: instantiate: %w", e.g.Label(), err)
+	}
+	elapsed := time.Since(start)
+	e.dropCapture()
+	e.graph, e.exec, e.captured = g, x, e.fp
+	return elapsed, nil
+}
+
+func (e *Executor) captureGraph() (cuda.Graph, error) {
+	if err := e.dev.BeginCapture(e.stream, cuda.CaptureModeGlobal); err != nil {
+		return nil, fmt.Errorf("graphexec: %s: begin capture: %w", e.g.Label(), err)
+	}
+	lerr := e.launchAll()
+	g, err := e.dev.EndCapture(e.stream)
+	if lerr != nil {
+		if g != nil {
+			g.Close()
+		}
+		return nil, fmt.Errorf("graphexec: capture: %w", lerr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("graphexec: %s: end capture: %w", e.g.Label(), err)
+	}
+	return g, nil
+}
+
+func (e *Executor) dropCapture() {
+	if e.exec != nil {
+		e.exec.Close()
+		e.exec = nil
+	}
+	if e.graph != nil {
+		e.graph.Close()
+		e.graph = nil
+	}
+}
+
+// Captured reports whether a graph is captured, and its node count.
+func (e *Executor) Captured() (bool, int) {
+	if e.graph == nil {
+		return false, 0
+	}
+	n, err := e.graph.Nodes()
+	if err != nil {
+		return true, 0
+	}
+	return true, len(n)
+}
+
+// Replay enqueues one step as one launch of the captured graph. It fails
+// with ErrNotCaptured before Capture, and when the graph the executor runs
+// changed since the capture (see Rebind).
+func (e *Executor) Replay(step int) error {
+	if e.exec == nil {
+		return ErrNotCaptured
+	}
+	if e.captured != e.fp {
+		return fmt.Errorf("graphexec: %s: the captured graph was made for another workload (fingerprint %s, now %s): %w",
+			e.g.Label(), e.captured.Short(), e.fp.Short(), ErrNotCaptured)
+	}
+	if err := e.feed(step); err != nil {
+		return err
+	}
+	if err := e.exec.Launch(e.stream); err != nil {
+		return fmt.Errorf("graphexec: %s: replay: %w", e.g.Label(), err)
+	}
+	return nil
+}
+
+// Synchronize waits for the executor's stream.
+func (e *Executor) Synchronize() error {
+	if err := e.stream.Synchronize(); err != nil {
+		return fmt.Errorf("graphexec: %s: %w", e.g.Label(), err)
+	}
+	return nil
+}
+
+// Read waits for the stream and copies t's bytes back.
+func (e *Executor) Read(t *Tensor) ([]byte, error) {
+	if err := e.Synchronize(); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, t.Bytes())
+	if err := e.dev.CopyDtoH(buf, e.ptr[t.index]); err != nil {
+		return nil, fmt.Errorf("graphexec: %s: read %s: %w", e.g.Label(), t.Name, err)
+	}
+	return buf, nil
+}
+
+// Decision is what Rebind did with a captured graph.
+type Decision int
+
+const (
+	// Reused: the workload is the same; the captured graph runs as it is.
+	Reused Decision = iota + 1
+	// Updated: same kernels in the same order and the plan still holds
+	// every buffer, so the arena stayed and the executable graph took the
+	// new launch parameters (cuGraphExecUpdate).
+	Updated
+	// Recaptured: the plan no longer fits or the topology changed: the
+	// workload was re-planned, the arena rebuilt and the graph captured and
+	// instantiated again.
+	Recaptured
+)
+
+func (d Decision) String() string {
+	switch d {
+	case Reused:
+		return "reused"
+	case Updated:
+		return "updated"
+	case Recaptured:
+		return "recaptured"
+	}
+	return fmt.Sprintf("Decision(%d)", int(d))
+}
+
+// Rebound reports a Rebind.
+type Rebound struct {
+	Decision Decision
+	Reason   string        // why, in a phrase
+	Elapsed  time.Duration // capture and update or instantiation time
+}
+
+// Rebind switches the executor to graph g and makes its captured graph fit
+// g, saying which of three things happened: the same workload reuses the
+// graph; a workload with the same kernels in the same order whose buffers
+// still fit the current plan (none grows, lifetimes and roles equal) keeps
+// the arena and updates the executable graph in place; anything else is
+// re-planned (Options.Plan), gets a new arena, and is captured and
+// instantiated again. Tensors with init functions are written again when
+// g differs. Without an earlier capture, Rebind captures.
+func (e *Executor) Rebind(g *Graph) (Rebound, error) {
+	fp := g.Fingerprint()
+	if fp == e.fp && e.exec != nil && e.captured == fp {
+		return Rebound{Decision: Reused, Reason: "same fingerprint " + fp.Short()}, nil
+	}
+	d, err := g.DryRun()
+	if err != nil {
+		return Rebound{}, err
+	}
+	reason := ""
+	switch {
+	case e.exec == nil:
+		reason = "nothing captured yet"
+	case g.topology() != e.g.topology():
+		reason = "kernels or their order changed"
+	default:
+		reason = fitsPlan(e.dry.Trace, d.Trace, e.plan)
+	}
+	if reason == "" && g.Align <= e.plan.Align {
+		start := time.Now()
+		if err := e.Synchronize(); err != nil {
+			return Rebound{}, err
+		}
+		if err := e.bind(g, d, true); err != nil {
+			return Rebound{}, err
+		}
+		ng, err := e.captureGraph()
+		if err != nil {
+			return Rebound{}, err
+		}
+		if _, uerr := e.exec.Update(ng); uerr == nil {
+			e.graph.Close()
+			e.graph, e.captured = ng, fp
+			elapsed := time.Since(start)
+			if err := e.Init(); err != nil {
+				return Rebound{}, err
+			}
+			return Rebound{Decision: Updated, Reason: "same kernels, buffers fit the plan", Elapsed: elapsed}, nil
+		} else {
+			ng.Close()
+			reason = fmt.Sprintf("exec update refused: %v", uerr)
+		}
+	}
+	if reason == "" {
+		reason = "kernels need a larger alignment"
+	}
+	// Re-plan and re-capture.
+	if err := e.Synchronize(); err != nil {
+		return Rebound{}, err
+	}
+	e.dropCapture()
+	if e.arena != nil {
+		if err := e.arena.Close(); err != nil {
+			return Rebound{}, fmt.Errorf("graphexec: rebind: %w", err)
+		}
+		e.arena = nil
+	}
+	if err := e.setup(g, nil); err != nil {
+		return Rebound{}, err
+	}
+	if err := e.Init(); err != nil {
+		return Rebound{}, err
+	}
+	el, err := e.Capture()
+	if err != nil {
+		return Rebound{}, err
+	}
+	return Rebound{Decision: Recaptured, Reason: reason, Elapsed: el}, nil
+}
+
+// fitsPlan says why plan p, made for trace old, cannot hold trace t, or ""
+// when every buffer of t fits in its old place.
+func fitsPlan(old, t *lifetime.Trace, p *planner.Plan) string {
+	if len(old.Buffers) != len(t.Buffers) {
+		return fmt.Sprintf("buffer count changed (%d to %d)", len(old.Buffers), len(t.Buffers))
+	}
+	for i := range t.Buffers {
+		a, b := &old.Buffers[i], &t.Buffers[i]
+		switch {
+		case a.Tag != b.Tag || a.Start != b.Start || a.End != b.End:
+			return fmt.Sprintf("buffer %s changed role or lifetime", b.Name)
+		case b.Size > a.Size:
+			return fmt.Sprintf("buffer %s grew from %d to %d bytes: the plan no longer fits", b.Name, a.Size, b.Size)
+		}
+	}
+	if err := planner.Check(t, p); err != nil {
+		return fmt.Sprintf("plan check failed: %v", err)
+	}
+	return ""
+}
+
+// Close releases the captured graph, the stream, the staging memory, the
+// modules and the arena.
+func (e *Executor) Close() error {
+	var errs []error
+	if e.stream != nil {
+		errs = append(errs, e.stream.Synchronize())
+	}
+	if e.exec != nil {
+		errs = append(errs, e.exec.Close())
+		e.exec = nil
+	}
+	if e.graph != nil {
+		errs = append(errs, e.graph.Close())
+		e.graph = nil
+	}
+	if e.stage != 0 {
+		errs = append(errs, e.dev.Free(e.stage))
+		e.stage, e.stageCap = 0, 0
+	}
+	if e.stream != nil {
+		errs = append(errs, e.stream.Close())
+		e.stream = nil
+	}
+	for _, m := range e.mods {
+		errs = append(errs, m.Close())
+	}
+	e.mods = nil
+	if e.arena != nil {
+		errs = append(errs, e.arena.Close())
+		e.arena = nil
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("graphexec: close: %w", err)
+	}
+	return nil
+}

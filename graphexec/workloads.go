@@ -1,0 +1,195 @@
+package graphexec
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strings"
+
+	"github.com/spf13/pflag"
+)
+
+// Shape is the dimensions of a built-in workload. Zero fields take the
+// workload's defaults; Seed (default 1) picks the random weights and
+// inputs and is no part of the fingerprint.
+type Shape struct {
+	Layers, Width, Heads, KVLen, Batch, Vocab int
+	Seed                                      uint64
+}
+
+// Workload is a built-in workload.
+type Workload struct {
+	Name     string
+	Doc      string
+	Defaults Shape
+	// Dims are the shape fields the workload uses, by flag name.
+	Dims  []string
+	build func(Shape) (*Graph, error)
+}
+
+var workloads = map[string]*Workload{}
+
+func register(w *Workload) { workloads[w.Name] = w }
+
+// Workloads lists the built-in workloads' names, sorted.
+func Workloads() []string {
+	var names []string
+	for n := range workloads {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Lookup returns the named built-in workload.
+func Lookup(name string) (*Workload, error) {
+	w, ok := workloads[name]
+	if !ok {
+		return nil, fmt.Errorf("graphexec: unknown workload %q (have %s)", name, strings.Join(Workloads(), ", "))
+	}
+	return w, nil
+}
+
+// Build builds the named workload with shape s (zero fields: defaults).
+func Build(name string, s Shape) (*Graph, error) {
+	w, err := Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return w.Build(s)
+}
+
+// Build builds the workload with shape s (zero fields: defaults).
+func (w *Workload) Build(s Shape) (*Graph, error) {
+	return w.build(w.Resolve(s))
+}
+
+// Resolve fills s's zero fields from the workload's defaults.
+func (w *Workload) Resolve(s Shape) Shape {
+	d := w.Defaults
+	pick := func(v, def int) int {
+		if v == 0 {
+			return def
+		}
+		return v
+	}
+	s.Layers, s.Width, s.Heads = pick(s.Layers, d.Layers), pick(s.Width, d.Width), pick(s.Heads, d.Heads)
+	s.KVLen, s.Batch, s.Vocab = pick(s.KVLen, d.KVLen), pick(s.Batch, d.Batch), pick(s.Vocab, d.Vocab)
+	if s.Seed == 0 {
+		s.Seed = 1
+	}
+	return s
+}
+
+// ShapeOf reads a shape back from a graph's (or a plan file's) dimensions.
+func ShapeOf(dims []Dim) (Shape, error) {
+	var s Shape
+	for _, d := range dims {
+		if d.Value < 1 || d.Value > 1<<31 {
+			return Shape{}, fmt.Errorf("graphexec: shape dimension %s=%d out of range", d.Name, d.Value)
+		}
+		v := int(d.Value)
+		switch d.Name {
+		case "layers":
+			s.Layers = v
+		case "width":
+			s.Width = v
+		case "heads":
+			s.Heads = v
+		case "kv_len":
+			s.KVLen = v
+		case "batch":
+			s.Batch = v
+		case "vocab":
+			s.Vocab = v
+		default:
+			return Shape{}, fmt.Errorf("graphexec: unknown shape dimension %q", d.Name)
+		}
+	}
+	return s, nil
+}
+
+// ShapeFlags are the shape flags shared by the plan and run commands.
+type ShapeFlags struct {
+	fs *pflag.FlagSet
+	s  Shape
+}
+
+// AddShapeFlags adds --layers, --width, --heads, --kv-len, --batch, --vocab
+// and --seed to fs.
+func AddShapeFlags(fs *pflag.FlagSet) *ShapeFlags {
+	f := &ShapeFlags{fs: fs}
+	fs.IntVar(&f.s.Layers, "layers", 0, "workload layers (default: 12 for gpt2-decode, 64 for mlp)")
+	fs.IntVar(&f.s.Width, "width", 0, "workload width (default: 768 for gpt2-decode, 256 for mlp)")
+	fs.IntVar(&f.s.Heads, "heads", 0, "attention heads of gpt2-decode (default 12)")
+	fs.IntVar(&f.s.KVLen, "kv-len", 0, "KV cache length of gpt2-decode (default 1024)")
+	fs.IntVar(&f.s.Batch, "batch", 0, "batch rows (default 1)")
+	fs.IntVar(&f.s.Vocab, "vocab", 0, "vocabulary of gpt2-decode (default 50257)")
+	fs.Uint64Var(&f.s.Seed, "seed", 1, "seed of the random weights and inputs")
+	return f
+}
+
+// Shape returns the flags' shape (zero fields where not given).
+func (f *ShapeFlags) Shape() Shape { return f.s }
+
+// Changed lists the shape flags given on the command line (--seed aside).
+func (f *ShapeFlags) Changed() []string {
+	var out []string
+	for _, n := range []string{"layers", "width", "heads", "kv-len", "batch", "vocab"} {
+		if f.fs.Changed(n) {
+			out = append(out, "--"+n)
+		}
+	}
+	return out
+}
+
+// Check rejects flags that the named workload does not use.
+func (f *ShapeFlags) Check(workload string) error {
+	w, err := Lookup(workload)
+	if err != nil {
+		return err
+	}
+	for _, c := range f.Changed() {
+		name := strings.ReplaceAll(strings.TrimPrefix(c, "--"), "-", "_")
+		ok := false
+		for _, d := range w.Dims {
+			ok = ok || d == name
+		}
+		if !ok {
+			return fmt.Errorf("%s does not apply to workload %s", c, workload)
+		}
+	}
+	return nil
+}
+
+// ---- random contents ----
+
+// rng returns a generator for one named tensor of a seeded workload.
+func rng(seed uint64, name string) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return rand.New(rand.NewPCG(seed, h.Sum64()))
+}
+
+// uniform returns an init function filling float32s uniform in [-a, a)
+// around center.
+func uniform(seed uint64, name string, center, a float32) func([]byte) {
+	return func(dst []byte) {
+		r := rng(seed, name)
+		for i := 0; i+4 <= len(dst); i += 4 {
+			v := center + a*(2*r.Float32()-1)
+			binary.LittleEndian.PutUint32(dst[i:], math.Float32bits(v))
+		}
+	}
+}
+
+// splitmix is a stateless mixer for per-step feeds.
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}

@@ -1,0 +1,50 @@
+// Package kernels holds the CUDA kernels of the built-in workloads of
+// package graphexec (gpt2-decode, mlp): their CUDA C source (kernels.cu),
+// the PTX that nvcc built from it (kernels.ptx, committed and embedded), and
+// a Go reference for every PTX entry, which the simulated device runs.
+//
+// Storage is fp32. The references compute the same functions as the CUDA
+// kernels but not the same bits (float64 accumulation, Go's math
+// functions): compare a GPU run with them under a tolerance. Each kernel is
+// deterministic, so GPU runs of the same inputs (eager or replayed) agree
+// bit for bit.
+package kernels
+
+import (
+	_ "embed"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// PTX is nvcc's PTX of kernels.cu (compute_80: the driver JIT-compiles it
+// for the GPU it runs on, H100 and H200 included).
+//
+//go:embed kernels.ptx
+var PTX []byte
+
+// Entry names of the kernels in PTX.
+const (
+	Embed     = "embed"
+	Linear    = "linear"
+	Attention = "attention"
+)
+
+// Linear's mode bits.
+const (
+	ModeGELU     = 1 // apply GELU (tanh approximation) after the bias
+	ModeResidual = 2 // add resid[b][o] after the activation
+)
+
+// MaxBatchRows is how many batch rows one warp of linear accumulates at
+// once; larger batches are handled MaxBatchRows rows at a time.
+const MaxBatchRows = 8
+
+// Reference returns the Go references of PTX's entries, by entry name, for
+// cuda.SimConfig.Kernels. Each call returns a new map.
+func Reference() map[string]cuda.KernelFunc {
+	return map[string]cuda.KernelFunc{
+		Embed:     embed,
+		Linear:    linear,
+		Attention: attention,
+	}
+}

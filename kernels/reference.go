@@ -1,0 +1,274 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// f32s returns the n float32s at p as a slice aliasing simulated device
+// memory (little-endian hosts only, as every Go port the project builds for).
+func f32s(mem cuda.SimMemory, p cuda.DevicePtr, n uint64) ([]float32, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if p%4 != 0 {
+		return nil, fmt.Errorf("pointer %#x is not 4-byte aligned", uint64(p))
+	}
+	b, err := mem.Bytes(p, 4*n)
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n), nil
+}
+
+func u32s(mem cuda.SimMemory, p cuda.DevicePtr, n uint64) ([]uint32, error) {
+	if p%4 != 0 {
+		return nil, fmt.Errorf("pointer %#x is not 4-byte aligned", uint64(p))
+	}
+	b, err := mem.Bytes(p, 4*n)
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), n), nil
+}
+
+func want(args []cuda.KernelArg, kinds ...cuda.ArgKind) error {
+	if len(args) != len(kinds) {
+		return fmt.Errorf("%d arguments, want %d", len(args), len(kinds))
+	}
+	for i, k := range kinds {
+		if args[i].Kind != k {
+			return fmt.Errorf("argument %d is %v, want kind %d", i, args[i], k)
+		}
+	}
+	return nil
+}
+
+const (
+	ptr = cuda.ArgPtr
+	u32 = cuda.ArgU32
+	f32 = cuda.ArgF32
+)
+
+// embed: x[b][i] = wte[tok_b][i] + wpe[pos][i] with step = {pos, tok...}.
+func embed(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+	if err := want(args, ptr, ptr, ptr, ptr, u32, u32, u32); err != nil {
+		return err
+	}
+	width, vocab, maxPos := uint64(args[4].AsU32()), uint64(args[5].AsU32()), uint64(args[6].AsU32())
+	batch := uint64(grid.Y)
+	if vocab == 0 || maxPos == 0 {
+		return fmt.Errorf("embed: vocab %d, max_pos %d", vocab, maxPos)
+	}
+	cols := min(width, uint64(grid.X)*uint64(block.X))
+	step, err := u32s(mem, args[3].AsPtr(), 1+batch)
+	if err != nil {
+		return err
+	}
+	pos := min(uint64(step[0]), maxPos-1)
+	x, err := f32s(mem, args[0].AsPtr(), batch*width)
+	if err != nil {
+		return err
+	}
+	wpe, err := f32s(mem, args[2].AsPtr().Add(4*pos*width), width)
+	if err != nil {
+		return err
+	}
+	for b := uint64(0); b < batch; b++ {
+		tok := min(uint64(step[1+b]), vocab-1)
+		wte, err := f32s(mem, args[1].AsPtr().Add(4*tok*width), width)
+		if err != nil {
+			return err
+		}
+		for i := uint64(0); i < cols; i++ {
+			x[b*width+i] = wte[i] + wpe[i]
+		}
+	}
+	return nil
+}
+
+// GELU is GPT-2's activation, the tanh approximation, in float64.
+func GELU(x float64) float64 {
+	const k = 0.7978845608028654 // sqrt(2/pi)
+	return 0.5 * x * (1 + math.Tanh(k*(x+0.044715*x*x*x)))
+}
+
+// LayerNorm writes (x-mean)/sqrt(var+eps)*g+b into dst (float64
+// statistics, two passes).
+func LayerNorm(dst, x, g, b []float32, eps float32) {
+	var s float64
+	for _, v := range x {
+		s += float64(v)
+	}
+	mean := s / float64(len(x))
+	var q float64
+	for _, v := range x {
+		d := float64(v) - mean
+		q += d * d
+	}
+	rstd := 1 / math.Sqrt(q/float64(len(x))+float64(eps))
+	for i, v := range x {
+		dst[i] = float32((float64(v)-mean)*rstd*float64(g[i]) + float64(b[i]))
+	}
+}
+
+// linear: out[b][o] = f(xn[b] . w[o] + bias[o]) (+ resid[b][o]); see
+// kernels.cu.
+func linear(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
+		return err
+	}
+	in, out := uint64(args[7].AsU32()), uint64(args[8].AsU32())
+	batch, mode, eps := uint64(args[9].AsU32()), args[10].AsU32(), args[11].AsF32()
+	if in%4 != 0 {
+		return fmt.Errorf("linear: in_dim %d is not a multiple of 4", in)
+	}
+	if block.X%32 != 0 {
+		return fmt.Errorf("linear: block %d is not a multiple of 32", block.X)
+	}
+	// Rows the grid covers: one warp each, grid-stride.
+	if uint64(grid.X)*uint64(block.X/32) == 0 {
+		return nil
+	}
+	y, err := f32s(mem, args[0].AsPtr(), batch*out)
+	if err != nil {
+		return err
+	}
+	x, err := f32s(mem, args[1].AsPtr(), batch*in)
+	if err != nil {
+		return err
+	}
+	w, err := f32s(mem, args[2].AsPtr(), out*in)
+	if err != nil {
+		return err
+	}
+	var bias, resid, g, beta []float32
+	if p := args[3].AsPtr(); p != 0 {
+		if bias, err = f32s(mem, p, out); err != nil {
+			return err
+		}
+	}
+	if mode&ModeResidual != 0 {
+		if resid, err = f32s(mem, args[4].AsPtr(), batch*out); err != nil {
+			return err
+		}
+	}
+	if p := args[5].AsPtr(); p != 0 {
+		if g, err = f32s(mem, p, in); err != nil {
+			return err
+		}
+		if beta, err = f32s(mem, args[6].AsPtr(), in); err != nil {
+			return err
+		}
+	}
+	// The kernel reads all of x (and resid) before it writes y only row by
+	// row; the reference works on copies so that aliasing cannot differ.
+	xs := make([]float32, batch*in)
+	for b := uint64(0); b < batch; b++ {
+		row := x[b*in : (b+1)*in]
+		if g != nil {
+			LayerNorm(xs[b*in:(b+1)*in], row, g, beta, eps)
+		} else {
+			copy(xs[b*in:], row)
+		}
+	}
+	ys := make([]float32, batch*out)
+	for o := uint64(0); o < out; o++ {
+		wr := w[o*in : (o+1)*in]
+		for b := uint64(0); b < batch; b++ {
+			xr := xs[b*in : (b+1)*in]
+			var acc float64
+			for i, wv := range wr {
+				acc += float64(wv) * float64(xr[i])
+			}
+			if bias != nil {
+				acc += float64(bias[o])
+			}
+			if mode&ModeGELU != 0 {
+				acc = GELU(acc)
+			}
+			if resid != nil {
+				acc += float64(resid[b*out+o])
+			}
+			ys[b*out+o] = float32(acc)
+		}
+	}
+	copy(y, ys)
+	return nil
+}
+
+// attention: write k, v at pos into the caches, then attend over 0..pos.
+func attention(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+	if err := want(args, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, f32); err != nil {
+		return err
+	}
+	width, heads, kvLen := uint64(args[5].AsU32()), uint64(args[6].AsU32()), uint64(args[7].AsU32())
+	scale := float64(args[8].AsF32())
+	if heads == 0 || width%heads != 0 || (width/heads)%4 != 0 || kvLen == 0 {
+		return fmt.Errorf("attention: width %d, heads %d, kv_len %d", width, heads, kvLen)
+	}
+	hd := width / heads
+	batch := uint64(grid.Y)
+	nh := min(uint64(grid.X), heads)
+	out, err := f32s(mem, args[0].AsPtr(), batch*width)
+	if err != nil {
+		return err
+	}
+	qkv, err := f32s(mem, args[1].AsPtr(), batch*3*width)
+	if err != nil {
+		return err
+	}
+	kc, err := f32s(mem, args[2].AsPtr(), batch*kvLen*width)
+	if err != nil {
+		return err
+	}
+	vc, err := f32s(mem, args[3].AsPtr(), batch*kvLen*width)
+	if err != nil {
+		return err
+	}
+	step, err := u32s(mem, args[4].AsPtr(), 1)
+	if err != nil {
+		return err
+	}
+	pos := min(uint64(step[0]), kvLen-1)
+	p := make([]float64, pos+1)
+	o := make([]float64, hd)
+	for b := uint64(0); b < batch; b++ {
+		for h := uint64(0); h < nh; h++ {
+			q := qkv[b*3*width+h*hd:][:hd]
+			base := b*kvLen*width + h*hd
+			copy(kc[base+pos*width:][:hd], qkv[b*3*width+width+h*hd:][:hd])
+			copy(vc[base+pos*width:][:hd], qkv[b*3*width+2*width+h*hd:][:hd])
+			mx := math.Inf(-1)
+			for t := uint64(0); t <= pos; t++ {
+				k := kc[base+t*width:][:hd]
+				var a float64
+				for d, qv := range q {
+					a += float64(qv) * float64(k[d])
+				}
+				p[t] = a * scale
+				mx = max(mx, p[t])
+			}
+			var sum float64
+			for t := range p {
+				p[t] = math.Exp(p[t] - mx)
+				sum += p[t]
+			}
+			clear(o)
+			for t := uint64(0); t <= pos; t++ {
+				v := vc[base+t*width:][:hd]
+				for d := range o {
+					o[d] += p[t] * float64(v[d])
+				}
+			}
+			dst := out[b*width+h*hd:][:hd]
+			for d := range o {
+				dst[d] = float32(o[d] / sum)
+			}
+		}
+	}
+	return nil
+}
