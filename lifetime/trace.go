@@ -134,7 +134,12 @@ func (b *Buffer) validate() error {
 	case b.Fixed != NoOffset && (b.Fixed < 0 || b.Fixed > MaxSize):
 		return fmt.Errorf("fixed offset %d is invalid", b.Fixed)
 	}
-	for _, g := range b.Gaps {
+	for i, g := range b.Gaps {
+		for _, h := range b.Gaps[:i] {
+			if Overlaps(g.Start, g.End, h.Start, h.End) {
+				return fmt.Errorf("gaps [%d, %d) and [%d, %d) overlap", h.Start, h.End, g.Start, g.End)
+			}
+		}
 		if g.Start < b.Start || g.End > b.End || g.End <= g.Start {
 			return fmt.Errorf("gap [%d, %d) is not inside the lifetime [%d, %d)", g.Start, g.End, b.Start, b.End)
 		}
