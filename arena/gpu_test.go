@@ -156,3 +156,35 @@ func pauseLarge(t *testing.T, e *env, name string, size int64, policy Policy) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// TestGPUSpill runs the spillover allocator's capture cases, pools and
+// growth inside a global-mode capture on the driver: the same code walks
+// the driver's capture graph.
+func TestGPUSpill(t *testing.T) {
+	e := gpuEnv(t)
+	bind := func(t *testing.T) {
+		if err := gpu.dev.BindThread(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, reuse := range []bool{true, false} {
+		for _, cc := range captureCases {
+			t.Run(fmt.Sprintf("%s/reuse=%v", cc.name, reuse), func(t *testing.T) {
+				bind(t)
+				runCaptureCase(t, e, cc.run, cc.reuse, cc.off, reuse)
+			})
+		}
+	}
+	t.Run("private-pools", func(t *testing.T) { bind(t); testPrivatePools(t, e) })
+	t.Run("grow-in-capture", func(t *testing.T) { bind(t); testGrowInCapture(t, e) })
+	t.Run("capture-walk-cost", func(t *testing.T) {
+		bind(t)
+		for _, n := range []int{256, 2048} {
+			for _, mode := range []string{"off", "on", "fresh"} {
+				d, st := captureSteps(t, e, n, mode)
+				t.Logf("SPILL capture n=%d reuse=%s ns_per_alloc=%d nodes_visited=%d reused=%d mapped_MiB=%d",
+					n, mode, d.Nanoseconds()/int64(n), st.NodesVisited, st.CaptureReuses, st.PeakMapped>>20)
+			}
+		}
+	})
+}

@@ -1,0 +1,716 @@
+package arena
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/google/btree"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// Spill is the spillover caching allocator: it serves the allocations a
+// plan does not cover, on the same device, without ever calling
+// cuMemAlloc or cuMemFree (both fail and invalidate a global-mode
+// capture).
+//
+// Memory. NewSpill reserves one range of virtual addresses up front
+// (WithAddressSpace, default 64 GiB). Memory grows in segments: a run of
+// whole chunks (WithChunk, default the device granularity, 2 MiB on an
+// H100 or H200) mapped with one cuMemCreate + cuMemMap + cuMemSetAccess
+// into the lowest free part of that range. VMM calls are legal inside a
+// global-mode capture, so a capture can grow the allocator.
+//
+// Blocks. Requests are rounded up to 512 bytes. Free blocks live in a
+// github.com/google/btree per (pool, stream) ordered by (size, address);
+// an allocation takes the best fit on its own stream and splits off the
+// rest (when at least 512 bytes); a free block coalesces with free
+// neighbours of its segment. A block is only ever reused on the stream it
+// was allocated on; RecordStream says that other streams used it, and then
+// its free waits until that work is ordered before the reuse: outside a
+// capture through events recorded on those streams, inside a capture
+// through the capture graph (see BeginCapture).
+//
+// Pools. Allocations outside any capture come from the default pool.
+// Allocations on a stream that is capturing come from the private pool of
+// that capture; a private pool's memory is never unmapped while a graph
+// that used it exists (see NewSharedPool, BeginCapture, Capture.Release).
+//
+// Failure. A request that the reserved addresses, the limit (WithLimit) or
+// the device cannot serve fails with an error naming the request and what
+// is reserved, mapped and in use (ErrOutOfMemory); the allocator's state
+// is unchanged. Before failing outside a capture it unmaps cached segments
+// that no graph needs and tries once more.
+//
+// A Spill is safe for concurrent use; device calls happen under its lock.
+// It has no finalizers: Close it.
+type Spill struct {
+	mu     sync.Mutex
+	dev    cuda.Device
+	cfg    spillConfig
+	gran   uint64
+	base   cuda.DevicePtr
+	closed bool
+
+	vaFree []vaRange // unmapped parts of the reservation, by address
+
+	def      *Pool
+	pools    map[*Pool]bool
+	live     map[cuda.DevicePtr]*block // allocated blocks by address
+	segments map[*segment]bool
+
+	captures  map[uint64]*Capture // underway, by capture id
+	nextPool  uint64
+	untilNone []*block // freed during a capture; wait until none is underway
+	pending   []*block // wait for events on other streams
+	events    []cuda.Event
+
+	st SpillStats
+}
+
+// SpillStats are the allocator's counters. Mapped = InUse + Cached, and
+// Waiting is the part of Cached not yet reusable.
+type SpillStats struct {
+	AddressSpace uint64 // virtual addresses reserved up front
+	Mapped       uint64 // physical bytes mapped in segments
+	InUse        uint64 // bytes of allocated blocks (rounded sizes)
+	Requested    uint64 // bytes the live allocations asked for
+	Cached       uint64 // Mapped - InUse: free blocks and blocks waiting
+	Waiting      uint64 // freed blocks not reusable yet (other streams)
+	PeakInUse    uint64
+	PeakMapped   uint64
+	Segments     int
+	Live         int    // allocated blocks
+	Allocs       uint64 // successful Alloc calls
+	Frees        uint64
+	Grows        uint64 // segments mapped
+	Unmaps       uint64 // segments unmapped
+	// CaptureReuses counts blocks made reusable during a capture by the
+	// marker walk; NodesVisited what the walk cost in graph nodes.
+	CaptureReuses uint64
+	NodesVisited  uint64
+}
+
+type spillConfig struct {
+	addressSpace uint64
+	limit        uint64
+	chunk        uint64
+	noReuse      bool
+	freshWalk    bool // tests only: a new visited set per walk (PyTorch's first design)
+}
+
+// SpillOption configures NewSpill; a bad value makes NewSpill fail.
+type SpillOption func(*spillConfig) error
+
+// WithAddressSpace sets the virtual addresses reserved up front (default
+// 64 GiB): the most the allocator can ever map. Rounded up to the chunk.
+func WithAddressSpace(n uint64) SpillOption {
+	return func(c *spillConfig) error {
+		if n == 0 {
+			return errors.New("WithAddressSpace(0): must be positive")
+		}
+		c.addressSpace = n
+		return nil
+	}
+}
+
+// WithLimit caps the physical bytes mapped (default: the address space).
+func WithLimit(n uint64) SpillOption {
+	return func(c *spillConfig) error {
+		if n == 0 {
+			return errors.New("WithLimit(0): must be positive")
+		}
+		c.limit = n
+		return nil
+	}
+}
+
+// WithChunk sets the unit in which memory grows (default the device
+// granularity); it must be a multiple of the granularity.
+func WithChunk(n uint64) SpillOption {
+	return func(c *spillConfig) error {
+		if n == 0 {
+			return errors.New("WithChunk(0): must be positive")
+		}
+		c.chunk = n
+		return nil
+	}
+}
+
+// WithCaptureReuse turns capture-time reuse of blocks that other streams
+// used on or off (default on). Off, such blocks wait for the end of the
+// capture, as PyTorch does without graph_capture_record_stream_reuse.
+func WithCaptureReuse(on bool) SpillOption {
+	return func(c *spillConfig) error {
+		c.noReuse = !on
+		return nil
+	}
+}
+
+// MinBlock is the rounding of every request and the smallest block split
+// off.
+const MinBlock = 512
+
+const defaultAddressSpace = 64 << 30
+
+type blockState uint8
+
+const (
+	stFree      blockState = iota
+	stAllocated            // handed out
+	stDeferred             // freed during a capture, waiting (Capture.deferred or Spill.untilNone)
+	stPending              // waiting for events on other streams
+)
+
+// block is a piece of a segment.
+type block struct {
+	addr, size uint64
+	req        uint64 // requested bytes while allocated
+	seg        *segment
+	prev, next *block // address neighbours within the segment
+	state      blockState
+	uses       []cuda.Stream    // other streams that used it (RecordStream)
+	markers    []cuda.GraphNode // terminals of its streams at its free, during a capture
+	events     []cuda.Event
+}
+
+// segment is physical memory mapped at one place, owned by one pool and
+// one stream.
+type segment struct {
+	addr   cuda.DevicePtr
+	size   uint64
+	h      cuda.MemHandle
+	pool   *Pool
+	stream cuda.Stream
+	first  *block
+}
+
+type vaRange struct{ lo, hi uint64 } // offsets into the reservation
+
+// Pool is a set of segments whose blocks are handed out only to the
+// allocations routed to it: the default pool (outside captures) or a
+// private pool (captures into it). Every method of Pool is safe for
+// concurrent use.
+type Pool struct {
+	s         *Spill
+	id        uint64
+	private   bool
+	refs      int      // the owner's reference plus one per graph
+	capturing *Capture // the capture routing to it now, if any
+	free      map[cuda.Stream]*btree.BTreeG[*block]
+}
+
+func lessBlock(a, b *block) bool {
+	if a.size != b.size {
+		return a.size < b.size
+	}
+	return a.addr < b.addr
+}
+
+// NewSpill reserves the address space. It maps nothing until the first
+// Alloc.
+func NewSpill(dev cuda.Device, opts ...SpillOption) (*Spill, error) {
+	if dev == nil {
+		return nil, errors.New("arena: NewSpill: nil device")
+	}
+	var cfg spillConfig
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("arena: NewSpill: %w", err)
+		}
+	}
+	gran, err := dev.Granularity(false)
+	if err != nil {
+		return nil, fmt.Errorf("arena: NewSpill: %w", err)
+	}
+	if cfg.chunk == 0 {
+		cfg.chunk = gran
+	}
+	if cfg.chunk%gran != 0 {
+		return nil, fmt.Errorf("arena: NewSpill: WithChunk(%d) is not a multiple of the granularity %d", cfg.chunk, gran)
+	}
+	if cfg.addressSpace == 0 {
+		cfg.addressSpace = defaultAddressSpace
+	}
+	cfg.addressSpace = roundUp(cfg.addressSpace, cfg.chunk)
+	if cfg.limit == 0 || cfg.limit > cfg.addressSpace {
+		cfg.limit = cfg.addressSpace
+	}
+	base, err := dev.AddressReserve(cfg.addressSpace, gran)
+	if err != nil {
+		return nil, fmt.Errorf("arena: NewSpill: reserving %s of addresses: %w", fmtBytes(cfg.addressSpace), err)
+	}
+	s := &Spill{
+		dev: dev, cfg: cfg, gran: gran, base: base,
+		vaFree:   []vaRange{{0, cfg.addressSpace}},
+		pools:    map[*Pool]bool{},
+		live:     map[cuda.DevicePtr]*block{},
+		segments: map[*segment]bool{},
+		captures: map[uint64]*Capture{},
+	}
+	s.def = s.newPool(false)
+	s.def.refs = 1
+	s.st.AddressSpace = cfg.addressSpace
+	return s, nil
+}
+
+func roundUp(n, a uint64) uint64 { return (n + a - 1) / a * a }
+
+func (s *Spill) newPool(private bool) *Pool {
+	s.nextPool++
+	p := &Pool{s: s, id: s.nextPool, private: private, free: map[cuda.Stream]*btree.BTreeG[*block]{}}
+	s.pools[p] = true
+	return p
+}
+
+func (p *Pool) tree(st cuda.Stream) *btree.BTreeG[*block] {
+	t := p.free[st]
+	if t == nil {
+		t = btree.NewG[*block](16, lessBlock)
+		p.free[st] = t
+	}
+	return t
+}
+
+// Alloc returns size bytes of device memory for use on stream st, 256-byte
+// aligned (512-byte in fact). During a capture begun with BeginCapture, an
+// allocation on a stream of that capture comes from its pool; the
+// allocator may then grow by mapping memory, which the capture allows.
+func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, ErrClosed)
+	}
+	if st == nil {
+		return 0, fmt.Errorf("arena: Spill.Alloc(%d): nil stream", size)
+	}
+	if size == 0 || size > s.cfg.addressSpace {
+		return 0, fmt.Errorf("arena: Spill.Alloc(%d): size must be in [1, %d] (the address space)", size, s.cfg.addressSpace)
+	}
+	if err := s.processPending(); err != nil {
+		return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+	}
+	pool := s.def
+	if len(s.captures) > 0 {
+		info, err := s.dev.CaptureInfo(st)
+		if err != nil {
+			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+		}
+		switch info.Status {
+		case cuda.CaptureActive:
+			c := s.captures[info.ID]
+			if c == nil {
+				return 0, fmt.Errorf("arena: Spill.Alloc(%d): stream is capturing (capture %d) but the capture was not begun with Spill.BeginCapture", size, info.ID)
+			}
+			pool = c.pool
+			if !s.cfg.noReuse {
+				if err := s.reclaim(c, st, info); err != nil {
+					return 0, fmt.Errorf("arena: Spill.Alloc(%d): capture-time reuse: %w", size, err)
+				}
+			}
+		case cuda.CaptureInvalidated:
+			return 0, fmt.Errorf("arena: Spill.Alloc(%d): the stream's capture %d was invalidated: %w", size, info.ID,
+				&cuda.Error{Op: "cuStreamGetCaptureInfo_v3", Code: cuda.ErrorStreamCaptureInvalidated})
+		}
+	}
+	rsize := roundUp(size, MinBlock)
+	b := s.bestFit(pool, st, rsize)
+	if b == nil {
+		var err error
+		if b, err = s.grow(pool, st, rsize); err != nil {
+			return 0, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, err)
+		}
+	}
+	s.split(b, rsize)
+	b.state, b.req = stAllocated, size
+	s.live[cuda.DevicePtr(b.addr)] = b
+	s.st.InUse += b.size
+	s.st.Requested += size
+	s.st.Live++
+	s.st.Allocs++
+	s.st.PeakInUse = max(s.st.PeakInUse, s.st.InUse)
+	return cuda.DevicePtr(b.addr), nil
+}
+
+func (p *Pool) String() string {
+	if !p.private {
+		return "the default pool"
+	}
+	return fmt.Sprintf("private pool %d", p.id)
+}
+
+// bestFit removes and returns the smallest free block of (pool, st) that
+// holds rsize bytes.
+func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64) *block {
+	t := pool.free[st]
+	if t == nil {
+		return nil
+	}
+	var found *block
+	t.AscendGreaterOrEqual(&block{size: rsize}, func(b *block) bool {
+		found = b
+		return false
+	})
+	if found != nil {
+		t.Delete(found)
+	}
+	return found
+}
+
+// split cuts b (out of the tree) to rsize and frees the remainder.
+func (s *Spill) split(b *block, rsize uint64) {
+	if b.size-rsize < MinBlock {
+		return
+	}
+	rest := &block{addr: b.addr + rsize, size: b.size - rsize, seg: b.seg, prev: b, next: b.next, state: stFree}
+	if b.next != nil {
+		b.next.prev = rest
+	}
+	b.next = rest
+	b.size = rsize
+	b.seg.pool.tree(b.seg.stream).ReplaceOrInsert(rest)
+}
+
+// release makes b free: coalesce with free neighbours, put in its tree.
+func (s *Spill) release(b *block) {
+	t := b.seg.pool.tree(b.seg.stream)
+	b.state, b.req, b.uses, b.markers, b.events = stFree, 0, nil, nil, nil
+	if p := b.prev; p != nil && p.state == stFree {
+		t.Delete(p)
+		p.size += b.size
+		p.next = b.next
+		if b.next != nil {
+			b.next.prev = p
+		}
+		b = p
+	}
+	if n := b.next; n != nil && n.state == stFree {
+		t.Delete(n)
+		b.size += n.size
+		b.next = n.next
+		if n.next != nil {
+			n.next.prev = b
+		}
+	}
+	t.ReplaceOrInsert(b)
+}
+
+// grow maps a new segment of at least rsize bytes for (pool, st) and
+// returns its single free block, out of the tree.
+func (s *Spill) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
+	size := roundUp(rsize, s.cfg.chunk)
+	b, err := s.mapSegment(pool, st, size)
+	if err != nil && len(s.captures) == 0 && s.trim(false) > 0 {
+		b, err = s.mapSegment(pool, st, size)
+	}
+	return b, err
+}
+
+func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, error) {
+	state := func() string {
+		return fmt.Sprintf("%s mapped (limit %s), %s in use, %s cached, of %s reserved addresses",
+			fmtBytes(s.st.Mapped), fmtBytes(s.cfg.limit), fmtBytes(s.st.InUse),
+			fmtBytes(s.st.Mapped-s.st.InUse), fmtBytes(s.cfg.addressSpace))
+	}
+	if s.st.Mapped+size > s.cfg.limit {
+		return nil, fmt.Errorf("%w: a new %s segment would pass the limit: %s", ErrOutOfMemory, fmtBytes(size), state())
+	}
+	off, ok := s.takeVA(size)
+	if !ok {
+		return nil, fmt.Errorf("%w: no %s run of free reserved addresses left: %s", ErrOutOfMemory, fmtBytes(size), state())
+	}
+	addr := s.base.Add(off)
+	fail := func(err error) (*block, error) {
+		s.putVA(off, size)
+		if errors.Is(err, cuda.ErrorOutOfMemory) {
+			return nil, fmt.Errorf("%w: device has no %s for a new segment: %s: %w", ErrOutOfMemory, fmtBytes(size), state(), err)
+		}
+		return nil, fmt.Errorf("mapping a %s segment: %w", fmtBytes(size), err)
+	}
+	h, err := s.dev.MemCreate(size)
+	if err != nil {
+		return fail(err)
+	}
+	if err := s.dev.MemMap(addr, size, h); err != nil {
+		s.dev.MemRelease(h)
+		return fail(err)
+	}
+	if err := s.dev.MemSetAccess(addr, size); err != nil {
+		s.dev.MemUnmap(addr, size)
+		s.dev.MemRelease(h)
+		return fail(err)
+	}
+	seg := &segment{addr: addr, size: size, h: h, pool: pool, stream: st}
+	seg.first = &block{addr: uint64(addr), size: size, seg: seg, state: stFree}
+	s.segments[seg] = true
+	s.st.Mapped += size
+	s.st.Segments++
+	s.st.Grows++
+	s.st.PeakMapped = max(s.st.PeakMapped, s.st.Mapped)
+	return seg.first, nil
+}
+
+// takeVA takes the lowest free run of size bytes of the reservation.
+func (s *Spill) takeVA(size uint64) (uint64, bool) {
+	for i, r := range s.vaFree {
+		if r.hi-r.lo >= size {
+			off := r.lo
+			if r.hi-r.lo == size {
+				s.vaFree = append(s.vaFree[:i], s.vaFree[i+1:]...)
+			} else {
+				s.vaFree[i].lo += size
+			}
+			return off, true
+		}
+	}
+	return 0, false
+}
+
+// putVA returns [off, off+size) to the free runs, merging neighbours.
+func (s *Spill) putVA(off, size uint64) {
+	i := sort.Search(len(s.vaFree), func(i int) bool { return s.vaFree[i].lo > off })
+	s.vaFree = append(s.vaFree, vaRange{})
+	copy(s.vaFree[i+1:], s.vaFree[i:])
+	s.vaFree[i] = vaRange{off, off + size}
+	if i+1 < len(s.vaFree) && s.vaFree[i].hi == s.vaFree[i+1].lo {
+		s.vaFree[i].hi = s.vaFree[i+1].hi
+		s.vaFree = append(s.vaFree[:i+1], s.vaFree[i+2:]...)
+	}
+	if i > 0 && s.vaFree[i-1].hi == s.vaFree[i].lo {
+		s.vaFree[i-1].hi = s.vaFree[i].hi
+		s.vaFree = append(s.vaFree[:i], s.vaFree[i+1:]...)
+	}
+}
+
+// Free returns the block at p. If other streams used it (RecordStream), it
+// becomes reusable once their work is ordered before its next use: see
+// the type's documentation. Freeing an address that is not allocated is an
+// error and changes nothing.
+func (s *Spill) Free(p cuda.DevicePtr) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("arena: Spill.Free(%#x): %w", p, ErrClosed)
+	}
+	b := s.live[p]
+	if b == nil {
+		return fmt.Errorf("arena: Spill.Free(%#x): %w allocation (never allocated, or freed already)", p, ErrUnknown)
+	}
+	delete(s.live, p)
+	s.st.InUse -= b.size
+	s.st.Requested -= b.req
+	s.st.Live--
+	s.st.Frees++
+	switch {
+	case len(b.uses) == 0:
+		// Later work on its own stream is ordered after every use.
+		s.release(b)
+	case len(s.captures) > 0:
+		return s.deferFree(b)
+	default:
+		return s.recordEvents(b)
+	}
+	return nil
+}
+
+// RecordStream says that work on st uses the block at p (PyTorch's
+// record_stream): its free then waits for that work.
+func (s *Spill) RecordStream(p cuda.DevicePtr, st cuda.Stream) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("arena: Spill.RecordStream(%#x): %w", p, ErrClosed)
+	}
+	b := s.live[p]
+	if b == nil {
+		return fmt.Errorf("arena: Spill.RecordStream(%#x): %w allocation", p, ErrUnknown)
+	}
+	if st == nil || st == b.seg.stream {
+		return nil
+	}
+	for _, u := range b.uses {
+		if u == st {
+			return nil
+		}
+	}
+	b.uses = append(b.uses, st)
+	return nil
+}
+
+// recordEvents records an event on every stream that used b, outside any
+// capture; b is reusable once they all completed.
+func (s *Spill) recordEvents(b *block) error {
+	b.state = stPending
+	s.st.Waiting += b.size
+	for _, u := range b.uses {
+		var ev cuda.Event
+		if n := len(s.events); n > 0 {
+			ev, s.events = s.events[n-1], s.events[:n-1]
+		} else {
+			var err error
+			if ev, err = s.dev.NewEvent(false); err != nil {
+				return s.syncFallback(b, err)
+			}
+		}
+		if err := ev.Record(u); err != nil {
+			ev.Close()
+			return s.syncFallback(b, err)
+		}
+		b.events = append(b.events, ev)
+	}
+	s.pending = append(s.pending, b)
+	return nil
+}
+
+// syncFallback waits for b's streams when an event could not be used.
+func (s *Spill) syncFallback(b *block, cause error) error {
+	for _, u := range b.uses {
+		if err := u.Synchronize(); err != nil {
+			// The block stays out of use: better leaked than reused early.
+			return fmt.Errorf("arena: Spill.Free(%#x): recording an event failed (%v) and so did waiting: %w", b.addr, cause, err)
+		}
+	}
+	for _, ev := range b.events {
+		s.events = append(s.events, ev)
+	}
+	s.st.Waiting -= b.size
+	s.release(b)
+	return nil
+}
+
+// processPending releases the pending blocks whose events completed.
+func (s *Spill) processPending() error {
+	keep := s.pending[:0]
+	var first error
+	for _, b := range s.pending {
+		done := true
+		for _, ev := range b.events {
+			if err := ev.Query(); err != nil {
+				done = false
+				if !errors.Is(err, cuda.ErrorNotReady) && first == nil {
+					first = err
+				}
+				break
+			}
+		}
+		if !done {
+			keep = append(keep, b)
+			continue
+		}
+		s.events = append(s.events, b.events...)
+		s.st.Waiting -= b.size
+		s.release(b)
+	}
+	clear(s.pending[len(keep):])
+	s.pending = keep
+	return first
+}
+
+// EmptyCache unmaps every segment that is wholly free and that no graph
+// needs (the default pool's, and those of private pools whose graphs and
+// owner released them), giving the memory back to the driver. It refuses
+// during a capture (ErrCapturing).
+func (s *Spill) EmptyCache() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("arena: Spill.EmptyCache: %w", ErrClosed)
+	}
+	if len(s.captures) > 0 {
+		return fmt.Errorf("arena: Spill.EmptyCache: %w", ErrCapturing)
+	}
+	if err := s.processPending(); err != nil {
+		return fmt.Errorf("arena: Spill.EmptyCache: %w", err)
+	}
+	s.trim(false)
+	return nil
+}
+
+// trim unmaps free segments of pools no graph holds (all when closing)
+// and returns the bytes unmapped.
+func (s *Spill) trim(all bool) uint64 {
+	var freed uint64
+	var segs []*segment
+	for seg := range s.segments {
+		segs = append(segs, seg)
+	}
+	sort.Slice(segs, func(i, j int) bool { return segs[i].addr < segs[j].addr })
+	for _, seg := range segs {
+		b := seg.first
+		whole := b.next == nil && b.state == stFree
+		if !all && (!whole || (seg.pool.private && seg.pool.refs > 0)) {
+			continue
+		}
+		if whole {
+			seg.pool.tree(seg.stream).Delete(b)
+		}
+		s.dev.MemUnmap(seg.addr, seg.size)
+		s.dev.MemRelease(seg.h)
+		s.putVA(uint64(seg.addr-s.base), seg.size)
+		delete(s.segments, seg)
+		s.st.Mapped -= seg.size
+		s.st.Segments--
+		s.st.Unmaps++
+		freed += seg.size
+	}
+	for p := range s.pools {
+		if p.private && p.refs == 0 && p.capturing == nil && !s.poolHasSegments(p) {
+			delete(s.pools, p)
+		}
+	}
+	return freed
+}
+
+func (s *Spill) poolHasSegments(p *Pool) bool {
+	for seg := range s.segments {
+		if seg.pool == p {
+			return true
+		}
+	}
+	return false
+}
+
+// Stats returns the counters.
+func (s *Spill) Stats() SpillStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	st.Cached = st.Mapped - st.InUse
+	return st
+}
+
+// Close unmaps everything and frees the address range. Blocks still
+// allocated are lost with it. It refuses during a capture.
+func (s *Spill) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("arena: Spill.Close: %w", ErrClosed)
+	}
+	if len(s.captures) > 0 {
+		return fmt.Errorf("arena: Spill.Close: %w", ErrCapturing)
+	}
+	s.closed = true
+	var first error
+	if err := s.dev.Synchronize(); err != nil {
+		first = err
+	}
+	s.trim(true)
+	for _, b := range s.pending {
+		s.events = append(s.events, b.events...)
+	}
+	for _, ev := range s.events {
+		ev.Close()
+	}
+	s.events, s.pending, s.untilNone, s.live = nil, nil, nil, nil
+	if err := s.dev.AddressFree(s.base, s.cfg.addressSpace); err != nil && first == nil {
+		first = err
+	}
+	if first != nil {
+		return fmt.Errorf("arena: Spill.Close: %w", first)
+	}
+	return nil
+}

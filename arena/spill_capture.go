@@ -1,0 +1,304 @@
+package arena
+
+import (
+	"fmt"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// Capture is a stream capture begun through the allocator: while it is
+// underway, allocations on its streams come from its pool, and blocks that
+// other streams used are reused as soon as the capture graph proves it
+// safe (capture-time reuse, after PyTorch PR #162186).
+//
+// # Capture-time reuse
+//
+// A block freed during the capture whose streams (its own and those
+// RecordStream added) are all in this capture is deferred with markers:
+// the current terminal nodes of each of those streams
+// (cuda.Device.CaptureInfo). At each allocation on a stream S of the
+// capture, the allocator walks the capture graph backwards from S's
+// terminals (cuda.Graph.Dependencies) and keeps the visited set per
+// (capture, stream), so every node is visited at most once per stream; a
+// deferred block allocated on S whose markers were all visited is freed
+// for reuse on S. That is sound because work captured on S from now on
+// depends on all of S's terminals, which come after every marker, and a
+// block is only reused on its own stream. A block that cannot be proven
+// (one of its streams is not capturing, or captures elsewhere) waits until
+// no capture is underway and then for events on its streams. At End every
+// block still deferred for this capture is freed: its streams joined.
+// WithCaptureReuse(false) skips the walk: deferred blocks wait for End.
+// The walk only reads the graph; it never adds nodes or changes the
+// streams' dependencies (a caller who replaces dependencies with
+// DepsSet, dropping nodes, voids the argument).
+type Capture struct {
+	s        *Spill
+	id       uint64
+	origin   cuda.Stream
+	pool     *Pool
+	ended    bool
+	released bool
+	visited  map[cuda.Stream]map[cuda.GraphNode]struct{}
+	deferred map[cuda.Stream][]*block
+	stack    []cuda.GraphNode
+}
+
+// NewSharedPool returns a private pool for several captures, one after
+// another. Share a pool only between graphs that are replayed one after
+// another, never concurrently, and in the order they were captured: a
+// later graph may reuse memory that an earlier one freed during its
+// capture, and relies on that earlier graph having finished with it. The
+// allocator cannot check replay order; it checks that two captures do not
+// use one pool at once. Call Release when no more captures will use it;
+// its memory stays mapped while any graph captured into it is alive.
+func (s *Spill) NewSharedPool() (*Pool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("arena: Spill.NewSharedPool: %w", ErrClosed)
+	}
+	p := s.newPool(true)
+	p.refs = 1
+	return p, nil
+}
+
+// Release drops the owner's reference to a shared pool. Its memory goes
+// back (EmptyCache) once every graph captured into it was released too.
+func (p *Pool) Release() error {
+	s := p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !p.private || p.refs <= 0 {
+		return fmt.Errorf("arena: Pool.Release: %s: %w (released already, or not a shared pool)", p, ErrUnknown)
+	}
+	p.refs--
+	return nil
+}
+
+// BeginCapture begins capturing st in the given mode (cuda.Device.
+// BeginCapture) and routes the capture's allocations to pool, or to a new
+// private pool when pool is nil. The capture holds a reference to the pool
+// for its graph: call Capture.Release once the graph and every exec made
+// from it are destroyed, and not before.
+func (s *Spill) BeginCapture(st cuda.Stream, mode cuda.CaptureMode, pool *Pool) (*Capture, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", ErrClosed)
+	}
+	if pool != nil {
+		if pool.s != s || !pool.private || !s.pools[pool] {
+			return nil, fmt.Errorf("arena: Spill.BeginCapture: %s is not a live shared pool of this allocator", pool)
+		}
+		if pool.refs <= 0 {
+			return nil, fmt.Errorf("arena: Spill.BeginCapture: %s was released", pool)
+		}
+		if pool.capturing != nil {
+			return nil, fmt.Errorf("arena: Spill.BeginCapture: %s is in use by capture %d; captures sharing a pool must run one after another",
+				pool, pool.capturing.id)
+		}
+	}
+	if err := s.dev.BeginCapture(st, mode); err != nil {
+		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", err)
+	}
+	info, err := s.dev.CaptureInfo(st)
+	if err != nil || info.Status != cuda.CaptureActive {
+		s.dev.EndCapture(st)
+		if err == nil {
+			err = fmt.Errorf("capture status %v right after BeginCapture", info.Status)
+		}
+		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", err)
+	}
+	if pool == nil {
+		pool = s.newPool(true)
+	}
+	pool.refs++
+	c := &Capture{s: s, id: info.ID, origin: st, pool: pool,
+		visited:  map[cuda.Stream]map[cuda.GraphNode]struct{}{},
+		deferred: map[cuda.Stream][]*block{}}
+	pool.capturing = c
+	s.captures[c.id] = c
+	return c, nil
+}
+
+// ID is the driver's capture id.
+func (c *Capture) ID() uint64 { return c.id }
+
+// Pool is the pool the capture allocates from.
+func (c *Capture) Pool() *Pool { return c.pool }
+
+// End ends the capture (cuda.Device.EndCapture) and returns its graph.
+// Blocks still deferred for it are freed into its pool. When the capture
+// failed there is no graph, and the capture's reference to the pool is
+// dropped at once (Release is then not needed, and an error).
+func (c *Capture) End() (cuda.Graph, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.ended {
+		return nil, fmt.Errorf("arena: Capture.End: capture %d ended already", c.id)
+	}
+	g, err := s.dev.EndCapture(c.origin)
+	c.ended = true
+	delete(s.captures, c.id)
+	c.pool.capturing = nil
+	for _, list := range c.deferred {
+		for _, b := range list {
+			s.st.Waiting -= b.size
+			s.release(b)
+		}
+	}
+	c.deferred, c.visited = nil, nil
+	var rerr error
+	if len(s.captures) == 0 {
+		rerr = s.flushUntilNone()
+	}
+	if err != nil {
+		c.released = true
+		c.pool.refs--
+		return nil, fmt.Errorf("arena: Capture.End: capture %d: %w", c.id, err)
+	}
+	if rerr != nil {
+		return g, fmt.Errorf("arena: Capture.End: capture %d: %w", c.id, rerr)
+	}
+	return g, nil
+}
+
+// Release says the capture's graph and every exec made from it are
+// destroyed: the pool no longer needs to keep that graph's memory.
+func (c *Capture) Release() error {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !c.ended:
+		return fmt.Errorf("arena: Capture.Release: capture %d is still underway", c.id)
+	case c.released:
+		return fmt.Errorf("arena: Capture.Release: capture %d released already", c.id)
+	}
+	c.released = true
+	c.pool.refs--
+	return nil
+}
+
+// flushUntilNone: no capture is underway any more; blocks that waited for
+// that now wait for events on their streams.
+func (s *Spill) flushUntilNone() error {
+	list := s.untilNone
+	s.untilNone = nil
+	var first error
+	for _, b := range list {
+		s.st.Waiting -= b.size
+		if err := s.recordEvents(b); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// deferFree handles the free, during a capture, of a block that other
+// streams used.
+func (s *Spill) deferFree(b *block) error {
+	b.state = stDeferred
+	s.st.Waiting += b.size
+	c := b.seg.pool.capturing
+	if c != nil {
+		var markers []cuda.GraphNode
+		ok := true
+		for _, st := range append([]cuda.Stream{b.seg.stream}, b.uses...) {
+			info, err := s.dev.CaptureInfo(st)
+			if err != nil {
+				return fmt.Errorf("arena: Spill.Free(%#x): %w", b.addr, err)
+			}
+			if info.Status != cuda.CaptureActive || info.ID != c.id {
+				ok = false
+				break
+			}
+			markers = append(markers, info.Terminals...)
+		}
+		if ok {
+			if !s.cfg.noReuse {
+				b.markers = dedupNodes(markers)
+			}
+			c.deferred[b.seg.stream] = append(c.deferred[b.seg.stream], b)
+			return nil
+		}
+	}
+	s.untilNone = append(s.untilNone, b)
+	return nil
+}
+
+func dedupNodes(ns []cuda.GraphNode) []cuda.GraphNode {
+	if len(ns) < 2 {
+		return ns
+	}
+	seen := make(map[cuda.GraphNode]struct{}, len(ns))
+	out := ns[:0]
+	for _, n := range ns {
+		if _, dup := seen[n]; !dup {
+			seen[n] = struct{}{}
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// reclaim extends the visited set of (c, st) backwards from st's current
+// terminals and frees the deferred blocks of st whose markers it holds.
+func (s *Spill) reclaim(c *Capture, st cuda.Stream, info cuda.CaptureInfo) error {
+	list := c.deferred[st]
+	if len(list) == 0 {
+		return nil // nothing to prove; the walk can wait
+	}
+	vis := c.visited[st]
+	if vis == nil || s.cfg.freshWalk {
+		vis = map[cuda.GraphNode]struct{}{}
+		c.visited[st] = vis
+	}
+	stack := c.stack[:0]
+	for _, n := range info.Terminals {
+		if _, ok := vis[n]; !ok {
+			vis[n] = struct{}{}
+			stack = append(stack, n)
+		}
+	}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		s.st.NodesVisited++
+		deps, err := info.Graph.Dependencies(n)
+		if err != nil {
+			c.stack = stack[:0]
+			return err
+		}
+		for _, d := range deps {
+			if _, ok := vis[d]; !ok {
+				vis[d] = struct{}{}
+				stack = append(stack, d)
+			}
+		}
+	}
+	c.stack = stack[:0]
+	keep := list[:0]
+	for _, b := range list {
+		if b.markers == nil || !allIn(b.markers, vis) {
+			keep = append(keep, b)
+			continue
+		}
+		s.st.Waiting -= b.size
+		s.st.CaptureReuses++
+		s.release(b)
+	}
+	clear(list[len(keep):])
+	c.deferred[st] = keep
+	return nil
+}
+
+func allIn(ns []cuda.GraphNode, set map[cuda.GraphNode]struct{}) bool {
+	for _, n := range ns {
+		if _, ok := set[n]; !ok {
+			return false
+		}
+	}
+	return true
+}

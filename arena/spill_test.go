@@ -1,0 +1,476 @@
+package arena
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// validate checks every invariant of the allocator's state: segments are
+// tiled exactly by their blocks, free neighbours are coalesced, free
+// blocks (and only they) are in their trees, live blocks are in the live
+// map, the counters add up, and segments and free address runs tile the
+// reservation.
+func (s *Spill) validate() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var mapped, inUse, waiting uint64
+	live, free := 0, 0
+	type span struct{ lo, hi uint64 }
+	var spans []span
+	for seg := range s.segments {
+		mapped += seg.size
+		spans = append(spans, span{uint64(seg.addr - s.base), uint64(seg.addr-s.base) + seg.size})
+		at := uint64(seg.addr)
+		var prev *block
+		for b := seg.first; b != nil; b = b.next {
+			switch {
+			case b.seg != seg:
+				return fmt.Errorf("block %#x: wrong segment", b.addr)
+			case b.addr != at:
+				return fmt.Errorf("segment %#x: block at %#x, expected %#x", seg.addr, b.addr, at)
+			case b.prev != prev:
+				return fmt.Errorf("block %#x: bad prev link", b.addr)
+			case b.size == 0 || b.size%MinBlock != 0:
+				return fmt.Errorf("block %#x: size %d", b.addr, b.size)
+			}
+			switch b.state {
+			case stFree:
+				free++
+				if prev != nil && prev.state == stFree {
+					return fmt.Errorf("blocks %#x and %#x are free neighbours, not coalesced", prev.addr, b.addr)
+				}
+				if !seg.pool.tree(seg.stream).Has(b) {
+					return fmt.Errorf("free block %#x is not in its tree", b.addr)
+				}
+			case stAllocated:
+				live++
+				inUse += b.size
+				if s.live[cuda.DevicePtr(b.addr)] != b {
+					return fmt.Errorf("allocated block %#x is not in the live map", b.addr)
+				}
+			case stDeferred, stPending:
+				waiting += b.size
+			}
+			at += b.size
+			prev = b
+		}
+		if at != uint64(seg.addr)+seg.size {
+			return fmt.Errorf("segment %#x: blocks end at %#x, segment at %#x", seg.addr, at, uint64(seg.addr)+seg.size)
+		}
+	}
+	inTrees := 0
+	for p := range s.pools {
+		for st, t := range p.free {
+			var err error
+			t.Ascend(func(b *block) bool {
+				inTrees++
+				if b.state != stFree || b.seg.pool != p || b.seg.stream != st || !s.segments[b.seg] {
+					err = fmt.Errorf("tree of %s holds block %#x (state %d) of another pool, stream or a dead segment", p, b.addr, b.state)
+				}
+				return err == nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if inTrees != free {
+		return fmt.Errorf("%d blocks in trees, %d free blocks", inTrees, free)
+	}
+	if live != len(s.live) || live != s.st.Live {
+		return fmt.Errorf("%d allocated blocks, live map %d, stats %d", live, len(s.live), s.st.Live)
+	}
+	if mapped != s.st.Mapped || inUse != s.st.InUse || waiting != s.st.Waiting || len(s.segments) != s.st.Segments {
+		return fmt.Errorf("stats %+v, blocks say mapped %d in use %d waiting %d segments %d",
+			s.st, mapped, inUse, waiting, len(s.segments))
+	}
+	for _, r := range s.vaFree {
+		spans = append(spans, span{r.lo, r.hi})
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
+	at := uint64(0)
+	for _, r := range spans {
+		if r.lo != at || r.hi <= r.lo {
+			return fmt.Errorf("address space not tiled at %#x: next span [%#x, %#x)", at, r.lo, r.hi)
+		}
+		at = r.hi
+	}
+	if at != s.cfg.addressSpace {
+		return fmt.Errorf("address space tiled up to %#x of %#x", at, s.cfg.addressSpace)
+	}
+	return nil
+}
+
+func newSpill(t testing.TB, e *env, opts ...SpillOption) *Spill {
+	t.Helper()
+	s, err := NewSpill(e.dev, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func mustAlloc(t testing.TB, s *Spill, size uint64, st cuda.Stream) cuda.DevicePtr {
+	t.Helper()
+	p, err := s.Alloc(size, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustFree(t testing.TB, s *Spill, p cuda.DevicePtr) {
+	t.Helper()
+	if err := s.Free(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustValid(t testing.TB, s *Spill) {
+	t.Helper()
+	if err := s.validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSpillBestFitSplitCoalesce(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	st := e.stream(t)
+	a := mustAlloc(t, s, 1000, st)
+	b := mustAlloc(t, s, 1024, st)
+	c := mustAlloc(t, s, 1, st)
+	if b != a+1024 || c != b+1024 {
+		t.Errorf("blocks not split in order: %#x %#x %#x", a, b, c)
+	}
+	if st := s.Stats(); st.Segments != 1 || st.Mapped != 2*MiB || st.InUse != 2560 || st.Requested != 2025 {
+		t.Errorf("stats %+v", st)
+	}
+	mustFree(t, s, b)
+	// Best fit: the 1 KiB hole beats the rest of the segment.
+	if d := mustAlloc(t, s, 600, st); d != b {
+		t.Errorf("600 B went to %#x, want the hole at %#x", d, b)
+	}
+	mustValid(t, s)
+	for _, p := range []cuda.DevicePtr{a, b, c} {
+		mustFree(t, s, p)
+	}
+	mustValid(t, s)
+	if st := s.Stats(); st.InUse != 0 || st.Cached != 2*MiB || st.PeakInUse != 2560 {
+		t.Errorf("stats after freeing all %+v", st)
+	}
+	// Everything coalesced: a whole-segment request fits without growing.
+	if p := mustAlloc(t, s, 2*MiB, st); p != a || s.Stats().Segments != 1 {
+		t.Errorf("2 MiB after coalescing at %#x (segments %d), want %#x", p, s.Stats().Segments, a)
+	} else {
+		mustFree(t, s, p)
+	}
+	if err := s.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Mapped != 0 || st.Segments != 0 || e.free(t) != 1*GiB {
+		t.Errorf("after EmptyCache: %+v, device free %d", st, e.free(t))
+	}
+	mustValid(t, s)
+	// Large requests take a segment of their own, rounded to the chunk.
+	big := mustAlloc(t, s, 5*MiB+1, st)
+	if st := s.Stats(); st.Mapped != 6*MiB {
+		t.Errorf("5 MiB+1 mapped %d", st.Mapped)
+	}
+	mustFree(t, s, big)
+	mustValid(t, s)
+}
+
+func TestSpillStreamsKeepTheirBlocks(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	s1, s2 := e.stream(t), e.stream(t)
+	a := mustAlloc(t, s, 4096, s1)
+	mustFree(t, s, a)
+	b := mustAlloc(t, s, 4096, s2)
+	if b == a || s.Stats().Segments != 2 {
+		t.Errorf("a block freed on s1 was reused on s2 (%#x)", b)
+	}
+	// RecordStream outside a capture: the block waits for an event on s2,
+	// which the simulation completes at once; the next Alloc sees it.
+	c := mustAlloc(t, s, 4096, s1)
+	if err := s.RecordStream(c, s2); err != nil {
+		t.Fatal(err)
+	}
+	mustFree(t, s, c)
+	if st := s.Stats(); st.Waiting != 4096 {
+		t.Errorf("waiting %d after freeing a block s2 used", st.Waiting)
+	}
+	mustValid(t, s)
+	if d := mustAlloc(t, s, 4096, s1); d != c {
+		t.Errorf("block not reused once s2's event completed: %#x, want %#x", d, c)
+	}
+	mustValid(t, s)
+}
+
+func TestSpillOutOfMemory(t *testing.T) {
+	e := newSimEnv(t, 8*MiB)
+	st := e.stream(t)
+	check := func(s *Spill, size uint64, want ...string) {
+		t.Helper()
+		before := s.Stats()
+		_, err := s.Alloc(size, st)
+		if !errors.Is(err, ErrOutOfMemory) {
+			t.Fatalf("Alloc(%d): %v, want out of memory", size, err)
+		}
+		msg := err.Error()
+		t.Logf("%s", msg)
+		want = append(want, fmt.Sprintf("Spill.Alloc(%d)", size), "mapped", "in use", "reserved")
+		for _, w := range want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("error %q lacks %q", msg, w)
+			}
+		}
+		if strings.Contains(msg, "\n") {
+			t.Errorf("error is not one line: %q", msg)
+		}
+		if after := s.Stats(); after != before {
+			t.Errorf("failed Alloc changed stats: %+v -> %+v", before, after)
+		}
+		mustValid(t, s)
+	}
+	// The limit.
+	s := newSpill(t, e, WithLimit(4*MiB))
+	a := mustAlloc(t, s, 3*MiB, st)
+	check(s, 3*MiB, "pass the limit")
+	mustFree(t, s, a)
+	s.Close()
+	// The reserved addresses, fragmented: [0, 4) unmapped, [4, 6) mapped,
+	// [6, 8) unmapped leave no run for a 6 MiB segment.
+	s = newSpill(t, e, WithAddressSpace(8*MiB))
+	st2 := e.stream(t)
+	a = mustAlloc(t, s, 3*MiB, st)
+	b := mustAlloc(t, s, 1*MiB, st2)
+	mustFree(t, s, a)
+	if err := s.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	check(s, 5*MiB, "reserved addresses left")
+	mustFree(t, s, b)
+	s.Close()
+	// The device; a cached segment is unmapped and the request retried.
+	s = newSpill(t, e)
+	a = mustAlloc(t, s, 6*MiB, st)
+	check(s, 4*MiB, "device has no", "CUDA_ERROR_OUT_OF_MEMORY")
+	mustFree(t, s, a)
+	b = mustAlloc(t, s, 4*MiB, st2) // another stream: needs a new segment
+	if b == 0 {
+		t.Fatal("no block")
+	}
+	if st := s.Stats(); st.Mapped != 4*MiB || st.Unmaps != 1 {
+		t.Errorf("retry after unmapping the cache: %+v", st)
+	}
+	mustFree(t, s, b)
+	mustValid(t, s)
+}
+
+// errOK marks a step that must succeed.
+var errOK = errors.New("ok")
+
+func TestSpillMisuse(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	st := e.stream(t)
+	p := mustAlloc(t, s, 100, st)
+	pool, err := s.NewSharedPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		do   func() error
+		want error
+	}{
+		{"Alloc(0)", func() error { _, err := s.Alloc(0, st); return err }, nil},
+		{"Alloc nil stream", func() error { _, err := s.Alloc(1, nil); return err }, nil},
+		{"Alloc too big", func() error { _, err := s.Alloc(1<<62, st); return err }, nil},
+		{"Free unknown", func() error { return s.Free(p + 512) }, ErrUnknown},
+		{"Free", func() error { return s.Free(p) }, errOK},
+		{"Free twice", func() error { return s.Free(p) }, ErrUnknown},
+		{"RecordStream unknown", func() error { return s.RecordStream(p, st) }, ErrUnknown},
+		{"Pool.Release", func() error { return pool.Release() }, errOK},
+		{"Pool.Release twice", func() error { return pool.Release() }, ErrUnknown},
+		{"BeginCapture on a released pool", func() error { _, err := s.BeginCapture(st, cuda.CaptureModeGlobal, pool); return err }, nil},
+	} {
+		err := c.do()
+		if c.want == errOK {
+			if err != nil {
+				t.Errorf("%s: %v", c.name, err)
+			}
+			continue
+		}
+		if err == nil || (c.want != nil && !errors.Is(err, c.want)) || !strings.HasPrefix(err.Error(), "arena: ") {
+			t.Errorf("%s: %v, want an arena error (%v)", c.name, err, c.want)
+		}
+	}
+	if c, err := s.Alloc(1, st); err != nil || s.Free(c) != nil {
+		t.Fatal("allocator broken after misuse")
+	}
+	shared, _ := s.NewSharedPool()
+	c, err := s.BeginCapture(st, cuda.CaptureModeGlobal, shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st2 := e.stream(t)
+	if _, err := s.BeginCapture(st2, cuda.CaptureModeGlobal, shared); err == nil {
+		t.Error("two captures into one pool at once")
+	}
+	if err := c.Release(); err == nil {
+		t.Error("Release of a capture underway")
+	}
+	if err := s.EmptyCache(); !errors.Is(err, ErrCapturing) {
+		t.Errorf("EmptyCache during capture: %v", err)
+	}
+	if err := s.Close(); !errors.Is(err, ErrCapturing) {
+		t.Errorf("Close during capture: %v", err)
+	}
+	g, err := c.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	if _, err := c.End(); err == nil {
+		t.Error("End twice")
+	}
+	if err := c.Release(); err != nil {
+		t.Error(err)
+	}
+	if err := c.Release(); err == nil {
+		t.Error("Release twice")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"Close":         s.Close(),
+		"Free":          s.Free(p),
+		"Alloc":         func() error { _, err := s.Alloc(1, st); return err }(),
+		"EmptyCache":    s.EmptyCache(),
+		"NewSharedPool": func() error { _, err := s.NewSharedPool(); return err }(),
+	} {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close: %v", name, err)
+		}
+	}
+	if e.free(t) != 1*GiB {
+		t.Errorf("Close leaked: %d free", e.free(t))
+	}
+	for _, o := range []SpillOption{WithAddressSpace(0), WithLimit(0), WithChunk(0), WithChunk(3 * MiB)} {
+		if s, err := NewSpill(e.dev, o); err == nil {
+			s.Close()
+			t.Error("bad option accepted")
+		}
+	}
+}
+
+// TestSpillRandom runs random allocations and frees on three streams, with
+// stream uses, cache trims and a limit that makes some requests fail, and
+// checks after every step that no two live blocks overlap, every block is
+// writable where it lies and keeps what was written, and the state is
+// consistent.
+func TestSpillRandom(t *testing.T) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { spillRandom(t, seed, 1500) })
+	}
+}
+
+func spillRandom(t *testing.T, seed uint64, steps int) {
+	e := newSimEnv(t, 256*MiB)
+	s := newSpill(t, e, WithLimit(40*MiB), WithAddressSpace(64*MiB))
+	streams := []cuda.Stream{e.stream(t), e.stream(t), e.stream(t)}
+	rng := rand.New(rand.NewPCG(seed, 99))
+	type alloc struct {
+		p    cuda.DevicePtr
+		size uint64
+		tag  byte
+	}
+	var live []alloc
+	var fails int
+	for step := 0; step < steps; step++ {
+		switch r := rng.IntN(100); {
+		case r < 55 || len(live) == 0:
+			var size uint64
+			switch rng.IntN(4) {
+			case 0:
+				size = 1 + rng.Uint64N(512)
+			case 1, 2:
+				size = 1 + rng.Uint64N(256*KiB)
+			default:
+				size = 1 + rng.Uint64N(6*MiB)
+			}
+			st := streams[rng.IntN(len(streams))]
+			before := s.Stats()
+			p, err := s.Alloc(size, st)
+			if err != nil {
+				if !errors.Is(err, ErrOutOfMemory) {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				if after := s.Stats(); after.InUse != before.InUse || after.Live != before.Live {
+					t.Fatalf("step %d: failed Alloc changed the live set", step)
+				}
+				fails++
+				break
+			}
+			for _, l := range live {
+				if p < l.p+cuda.DevicePtr(l.size) && l.p < p+cuda.DevicePtr(size) {
+					t.Fatalf("step %d: [%#x, +%d) overlaps live [%#x, +%d)", step, p, size, l.p, l.size)
+				}
+			}
+			if p < s.base || uint64(p-s.base)+size > s.cfg.addressSpace || p%MinBlock != 0 {
+				t.Fatalf("step %d: %#x is outside the reservation or misaligned", step, p)
+			}
+			tag := byte(rng.Uint32())
+			for _, at := range []cuda.DevicePtr{p, p + cuda.DevicePtr(size-1)} {
+				if err := e.dev.CopyHtoD(at, []byte{tag}); err != nil {
+					t.Fatalf("step %d: block not writable: %v", step, err)
+				}
+			}
+			live = append(live, alloc{p, size, tag})
+		case r < 95:
+			i := rng.IntN(len(live))
+			l := live[i]
+			for _, at := range []cuda.DevicePtr{l.p, l.p + cuda.DevicePtr(l.size-1)} {
+				got := []byte{0}
+				if err := e.dev.CopyDtoH(got, at); err != nil || got[0] != l.tag {
+					t.Fatalf("step %d: block %#x lost its contents (%v, %v): another block overlapped it", step, l.p, got, err)
+				}
+			}
+			if rng.IntN(4) == 0 {
+				if err := s.RecordStream(l.p, streams[rng.IntN(len(streams))]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.Free(l.p); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			live = append(live[:i], live[i+1:]...)
+		default:
+			if err := s.EmptyCache(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.validate(); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		var sum uint64
+		for _, l := range live {
+			sum += roundUp(l.size, MinBlock)
+		}
+		if st := s.Stats(); st.InUse != sum || st.Live != len(live) || st.Mapped != st.InUse+st.Cached || st.Mapped > 40*MiB {
+			t.Fatalf("step %d: stats %+v, oracle in use %d live %d", step, st, sum, len(live))
+		}
+	}
+	t.Logf("seed %d: %d steps, %d requests refused, stats %+v", seed, steps, fails, s.Stats())
+}
