@@ -38,5 +38,20 @@
 // SetCaptureGuard or WatchStreams), anything after Close (ErrClosed).
 // Errors wrap context and keep *cuda.Error causes for errors.As.
 //
+// # Spillover
+//
+// Spill serves what the plan does not cover: a caching allocator over
+// address space reserved up front, growing by mapping physical chunks
+// (legal inside a global-mode capture, unlike cuMemAlloc), with free blocks
+// per (pool, stream) in a btree ordered by (size, address), best fit,
+// splitting and coalescing. Captures begun with Spill.BeginCapture allocate
+// from a private pool that stays mapped while its graph lives; pools can be
+// shared by graphs replayed one after another in capture order
+// (NewSharedPool). Blocks that other streams used (RecordStream) and that
+// are freed during a capture are reused within it once the capture graph
+// proves their last uses precede the allocating stream's frontier (free
+// markers and a reverse walk cached per capture and stream, after PyTorch
+// PR #162186); see Capture.
+//
 // Nothing is freed by finalizers: call Close.
 package arena
