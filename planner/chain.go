@@ -1,0 +1,517 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/arenaplan/arenaplan/lifetime"
+)
+
+// Stage is one graph of a chain: graphs replayed in turn where a later one
+// consumes an earlier one's outputs in place (a model split around a part
+// that cannot be captured, the prefill → decode hand-off).
+type Stage struct {
+	Name  string
+	Trace *lifetime.Trace
+	// Persistent, if set, marks buffers whose contents must survive from
+	// one replay of the stage to the next (weights, caches): they keep
+	// their bytes through the whole chain, so no other stage reuses them.
+	Persistent func(*lifetime.Buffer) bool
+}
+
+// BufferRef names buffer Buffer of stage Stage.
+type BufferRef struct {
+	Stage  int
+	Buffer lifetime.ID
+}
+
+// Link says that buffer From of an earlier stage is consumed, in place, as
+// buffer To of a later stage: both are one buffer at one offset, live from
+// its producer's birth to its last consumer's end. A buffer may feed
+// several consumers and be fed by at most one link; linked buffers must
+// have the same size and alignment. Consumers only read what they consume.
+type Link struct {
+	From, To BufferRef
+}
+
+// ChainValue is a buffer that lives across stages: a producer's output
+// and the consumers' inputs it is linked to.
+type ChainValue struct {
+	Name     string // the producer's buffer name
+	Joint    lifetime.ID
+	Offset   int64
+	Size     int64 // rounded up to the plan's alignment
+	Producer BufferRef
+	// Consumers are the stages that read it, in increasing order.
+	Consumers []int
+	// Overwriters are the stages whose replay writes some of its bytes
+	// (the producer always does), from the joint plan's offsets.
+	Overwriters []int
+}
+
+// StagePlan is one stage's part of a chain plan.
+type StagePlan struct {
+	Name string
+	// Start and End bound the stage's window on the joint timeline.
+	Start, End int64
+	// Offsets holds an offset for every buffer of the stage's trace.
+	Offsets []int64
+	// Joint maps each buffer of the stage to its buffer in the joint trace.
+	Joint []lifetime.ID
+}
+
+// ChainPlan lays the stages of a chain on one timeline (stage i's window
+// follows stage i-1's) and plans them once, so that a linked output stays
+// where its consumers read it and nothing is copied. Stages must replay in
+// Order; ChainGuard refuses, at run time, an order that would overwrite
+// memory a stage still needs.
+type ChainPlan struct {
+	Joint  *lifetime.Trace // the stages on one timeline, links merged
+	Plan   *Plan           // the plan of Joint
+	Stages []StagePlan
+	Values []ChainValue
+	Order  []int // the replay order the plan was made for: 0, 1, ..., n-1
+}
+
+// PlanChain builds the joint trace of stages and links, plans it with the
+// named algorithm and derives, from the offsets, which stage overwrites
+// which value. Fixed offsets are kept on unlinked buffers and refused on
+// linked ones; linked buffers lose their gaps (treating them as live is
+// always safe).
+func PlanChain(ctx context.Context, algo string, stages []Stage, links []Link, opt Options) (*ChainPlan, error) {
+	cp, err := buildChain(stages, links)
+	if err != nil {
+		return nil, fmt.Errorf("planner: chain: %w", err)
+	}
+	p, err := Run(ctx, algo, cp.Joint, opt)
+	if err != nil {
+		return nil, fmt.Errorf("planner: chain: %w", err)
+	}
+	cp.Plan = p
+	cp.place(stages)
+	// The guard's rules come from the offsets; the order the plan was made
+	// for must pass them (twice: a second round re-produces every value).
+	g := cp.Guard()
+	for range 2 {
+		for _, s := range cp.Order {
+			if err := g.Next(s); err != nil {
+				return nil, fmt.Errorf("planner: chain: the planned order fails its own guard: %w", err)
+			}
+		}
+	}
+	return cp, nil
+}
+
+// CheckChain verifies cp against stages and links independently of the
+// algorithm: the joint trace is rebuilt and must match, the plan passes
+// Check on it, every stage offset is its joint buffer's offset, and the
+// values' overwriters are recomputed.
+func CheckChain(stages []Stage, links []Link, cp *ChainPlan) error {
+	if cp == nil || cp.Plan == nil || cp.Joint == nil {
+		return fmt.Errorf("check chain: no plan")
+	}
+	want, err := buildChain(stages, links)
+	if err != nil {
+		return fmt.Errorf("check chain: %w", err)
+	}
+	if want.Joint.Fingerprint() != cp.Joint.Fingerprint() {
+		return fmt.Errorf("check chain: the joint trace does not match the stages and links")
+	}
+	if err := Check(want.Joint, cp.Plan); err != nil {
+		return fmt.Errorf("check chain: %w", err)
+	}
+	want.Plan = cp.Plan
+	want.place(stages)
+	if len(cp.Stages) != len(want.Stages) || len(cp.Values) != len(want.Values) {
+		return fmt.Errorf("check chain: %d stages and %d values, want %d and %d", len(cp.Stages), len(cp.Values), len(want.Stages), len(want.Values))
+	}
+	for s := range want.Stages {
+		w, g := &want.Stages[s], &cp.Stages[s]
+		if len(g.Offsets) != len(w.Offsets) || len(g.Joint) != len(w.Joint) || g.Start != w.Start || g.End != w.End {
+			return fmt.Errorf("check chain: stage %d (%s) does not match its trace", s, w.Name)
+		}
+		for i := range w.Offsets {
+			if g.Offsets[i] != w.Offsets[i] || g.Joint[i] != w.Joint[i] {
+				return fmt.Errorf("check chain: stage %d (%s) buffer %d: offset %d (joint %d), the joint plan says %d (joint %d)",
+					s, w.Name, i, g.Offsets[i], g.Joint[i], w.Offsets[i], w.Joint[i])
+			}
+		}
+	}
+	for v := range want.Values {
+		w, g := &want.Values[v], &cp.Values[v]
+		if g.Joint != w.Joint || g.Offset != w.Offset || g.Size != w.Size || g.Producer != w.Producer ||
+			!equalInts(g.Consumers, w.Consumers) || !equalInts(g.Overwriters, w.Overwriters) {
+			return fmt.Errorf("check chain: value %d (%s) does not match the plan", v, w.Name)
+		}
+	}
+	return nil
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// buildChain validates stages and links and returns a ChainPlan with the
+// joint trace, the stages' windows and joint IDs, and the values (without
+// offsets: place fills those in once the joint trace is planned).
+func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
+	if len(stages) == 0 {
+		return nil, fmt.Errorf("no stages")
+	}
+	idx := make([]int, len(stages)) // index of stage s's buffer 0 in flat
+	n := 0
+	for s, st := range stages {
+		if st.Trace == nil {
+			return nil, fmt.Errorf("stage %d (%s) has no trace", s, st.Name)
+		}
+		if err := st.Trace.Validate(); err != nil {
+			return nil, fmt.Errorf("stage %d (%s): %w", s, st.Name, err)
+		}
+		idx[s] = n
+		n += len(st.Trace.Buffers)
+	}
+	buf := func(r BufferRef) *lifetime.Buffer { return &stages[r.Stage].Trace.Buffers[r.Buffer] }
+	flat := func(r BufferRef) int { return idx[r.Stage] + int(r.Buffer) }
+	persistent := func(r BufferRef) bool {
+		p := stages[r.Stage].Persistent
+		return p != nil && p(buf(r))
+	}
+	// Union-find over every buffer; each link joins a consumer to its
+	// producer's set, whose root stays the producer with no incoming link.
+	parent := make([]int, n)
+	for i := range parent {
+		parent[i] = i
+	}
+	var find func(int) int
+	find = func(i int) int {
+		for parent[i] != i {
+			parent[i] = parent[parent[i]]
+			i = parent[i]
+		}
+		return i
+	}
+	fed := map[int]int{}
+	consumers := map[int][]int{} // root → consumer stages
+	for li, l := range links {
+		for _, r := range []BufferRef{l.From, l.To} {
+			if r.Stage < 0 || r.Stage >= len(stages) || r.Buffer < 0 || int(r.Buffer) >= len(stages[r.Stage].Trace.Buffers) {
+				return nil, fmt.Errorf("link %d: stage %d buffer %d does not exist", li, r.Stage, r.Buffer)
+			}
+		}
+		from, to := buf(l.From), buf(l.To)
+		name := fmt.Sprintf("link %d: stage %d (%s) buffer %d (%s) → stage %d (%s) buffer %d (%s)", li,
+			l.From.Stage, stages[l.From.Stage].Name, l.From.Buffer, from.Name, l.To.Stage, stages[l.To.Stage].Name, l.To.Buffer, to.Name)
+		switch {
+		case l.To.Stage <= l.From.Stage:
+			return nil, fmt.Errorf("%s: a link must go to a later stage", name)
+		case from.Size != to.Size || max(from.Align, 1) != max(to.Align, 1):
+			return nil, fmt.Errorf("%s: sizes %d and %d or alignments %d and %d differ", name, from.Size, to.Size, from.Align, to.Align)
+		case from.Fixed != lifetime.NoOffset || to.Fixed != lifetime.NoOffset:
+			return nil, fmt.Errorf("%s: linked buffers cannot have fixed offsets", name)
+		case persistent(l.From) || persistent(l.To):
+			return nil, fmt.Errorf("%s: a persistent buffer cannot be linked", name)
+		}
+		if prev, ok := fed[flat(l.To)]; ok {
+			return nil, fmt.Errorf("%s: the consumer is already fed by link %d", name, prev)
+		}
+		fed[flat(l.To)] = li
+		root := find(flat(l.From))
+		if find(flat(l.To)) == root {
+			return nil, fmt.Errorf("%s: the link closes a cycle", name)
+		}
+		parent[find(flat(l.To))] = root
+		consumers[root] = append(consumers[root], l.To.Stage)
+	}
+	// Merging sets may have re-rooted consumers' own consumers: collect
+	// consumer stages per final root.
+	final := map[int][]int{}
+	for r, cs := range consumers {
+		final[find(r)] = append(final[find(r)], cs...)
+	}
+
+	cp := &ChainPlan{Joint: &lifetime.Trace{Name: "chain"}, Stages: make([]StagePlan, len(stages))}
+	var base int64
+	for s, st := range stages {
+		lo, hi := st.Trace.Span()
+		w := max(hi-lo, 1)
+		cp.Stages[s] = StagePlan{Name: st.Name, Start: base, End: base + w, Joint: make([]lifetime.ID, len(st.Trace.Buffers))}
+		if base > lifetime.MaxSize-w {
+			return nil, fmt.Errorf("stage %d (%s): the joint timeline overflows", s, st.Name)
+		}
+		base += w
+		cp.Order = append(cp.Order, s)
+	}
+	total := base
+	jointOf := map[int]lifetime.ID{} // root → joint ID
+	shift := func(s int, t int64) int64 {
+		lo, _ := stages[s].Trace.Span()
+		return t - lo + cp.Stages[s].Start
+	}
+	for s, st := range stages {
+		for i := range st.Trace.Buffers {
+			r := BufferRef{s, lifetime.ID(i)}
+			b := st.Trace.Buffers[i]
+			root := find(flat(r))
+			if _, linked := final[root]; linked {
+				start, end := shift(s, b.Start), shift(s, b.End)
+				if j, ok := jointOf[root]; ok {
+					jb := &cp.Joint.Buffers[j]
+					jb.Start, jb.End = min(jb.Start, start), max(jb.End, end)
+					cp.Stages[s].Joint[i] = j
+					continue
+				}
+				j := lifetime.ID(len(cp.Joint.Buffers))
+				jointOf[root] = j
+				b.ID, b.Start, b.End, b.Gaps, b.Hint = j, start, end, nil, lifetime.NoOffset
+				cp.Joint.Buffers = append(cp.Joint.Buffers, b)
+				cp.Stages[s].Joint[i] = j
+				cs := append([]int(nil), final[root]...)
+				sort.Ints(cs)
+				cs = dedup(cs)
+				cp.Values = append(cp.Values, ChainValue{Name: b.Name, Joint: j, Producer: r, Consumers: cs})
+				continue
+			}
+			j := lifetime.ID(len(cp.Joint.Buffers))
+			b.ID = j
+			if persistent(r) {
+				b.Start, b.End, b.Gaps = 0, total, nil
+			} else {
+				gaps := make([]lifetime.Gap, len(b.Gaps))
+				for k, g := range b.Gaps {
+					g.Start, g.End = shift(s, g.Start), shift(s, g.End)
+					gaps[k] = g
+				}
+				if len(gaps) == 0 {
+					gaps = nil
+				}
+				b.Start, b.End, b.Gaps = shift(s, b.Start), shift(s, b.End), gaps
+			}
+			cp.Joint.Buffers = append(cp.Joint.Buffers, b)
+			cp.Stages[s].Joint[i] = j
+		}
+	}
+	if err := cp.Joint.Validate(); err != nil {
+		return nil, err
+	}
+	return cp, nil
+}
+
+func dedup(s []int) []int {
+	out := s[:0]
+	for i, v := range s {
+		if i == 0 || v != s[i-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// place fills in stage offsets and, per value, its offset and the stages
+// whose replay writes its bytes: a stage writes every buffer of its own
+// except the ones it consumes through a link.
+func (cp *ChainPlan) place(stages []Stage) {
+	p := cp.Plan
+	consumed := map[BufferRef]bool{}
+	for v := range cp.Values {
+		val := &cp.Values[v]
+		val.Offset = p.Offsets[val.Joint]
+		val.Size = lifetime.RoundUp(cp.Joint.Buffers[val.Joint].Size, p.Align)
+		val.Overwriters = nil
+	}
+	for s := range cp.Stages {
+		sp := &cp.Stages[s]
+		sp.Offsets = make([]int64, len(sp.Joint))
+		for i, j := range sp.Joint {
+			sp.Offsets[i] = p.Offsets[j]
+		}
+	}
+	isValue := map[lifetime.ID]int{}
+	for v := range cp.Values {
+		isValue[cp.Values[v].Joint] = v
+	}
+	for s := range cp.Stages {
+		for i, j := range cp.Stages[s].Joint {
+			if v, ok := isValue[j]; ok && cp.Values[v].Producer != (BufferRef{s, lifetime.ID(i)}) {
+				consumed[BufferRef{s, lifetime.ID(i)}] = true
+			}
+		}
+	}
+	for s, st := range stages {
+		type span struct{ lo, hi int64 }
+		var w []span
+		for i := range st.Trace.Buffers {
+			if consumed[BufferRef{s, lifetime.ID(i)}] {
+				continue
+			}
+			off := cp.Stages[s].Offsets[i]
+			w = append(w, span{off, off + lifetime.RoundUp(st.Trace.Buffers[i].Size, p.Align)})
+		}
+		sort.Slice(w, func(a, b int) bool { return w[a].lo < w[b].lo })
+		// Merge into disjoint sorted spans for the search.
+		var m []span
+		for _, x := range w {
+			if len(m) > 0 && x.lo <= m[len(m)-1].hi {
+				m[len(m)-1].hi = max(m[len(m)-1].hi, x.hi)
+				continue
+			}
+			m = append(m, x)
+		}
+		for v := range cp.Values {
+			val := &cp.Values[v]
+			lo, hi := val.Offset, val.Offset+val.Size
+			k := sort.Search(len(m), func(k int) bool { return m[k].hi > lo })
+			if k < len(m) && m[k].lo < hi {
+				val.Overwriters = append(val.Overwriters, s)
+			}
+		}
+	}
+}
+
+// OrderError is ChainGuard's refusal of a replay: Stage may not run now
+// because Value, produced by Producer, is either missing (never produced,
+// or overwritten since, by OverwrittenBy) or still needed by Consumer,
+// which has not yet read it, and Stage would overwrite it.
+type OrderError struct {
+	Stage, Producer int
+	StageName       string
+	ProducerName    string
+	Value           string // the buffer's name in the producing stage
+	Offset, Size    int64
+	// Missing: Stage reads the value and it is not there. Otherwise Stage
+	// would overwrite it while Consumer still needs it.
+	Missing       bool
+	OverwrittenBy int // the stage that overwrote a missing value, -1 if none
+	Consumer      int
+	ConsumerName  string
+}
+
+func (e *OrderError) Error() string {
+	what := fmt.Sprintf("buffer %q [%d, %d) of stage %d (%s)", e.Value, e.Offset, e.Offset+e.Size, e.Producer, e.ProducerName)
+	if e.Missing {
+		if e.OverwrittenBy >= 0 {
+			return fmt.Sprintf("chain: stage %d (%s) cannot replay: its input %s was overwritten by stage %d since it was produced",
+				e.Stage, e.StageName, what, e.OverwrittenBy)
+		}
+		return fmt.Sprintf("chain: stage %d (%s) cannot replay: its input %s has not been produced", e.Stage, e.StageName, what)
+	}
+	return fmt.Sprintf("chain: stage %d (%s) cannot replay: it would overwrite %s, which stage %d (%s) has not yet consumed",
+		e.Stage, e.StageName, what, e.Consumer, e.ConsumerName)
+}
+
+// ChainGuard tracks replays of a chain's stages and refuses one that
+// would read a value that is not there or overwrite a value a stage still
+// needs. A value is produced when its producer replays; it is needed until
+// every consumer has replayed after that; a stage overwrites it when the
+// plan's offsets put any buffer the stage writes over its bytes. It is not
+// safe for concurrent use.
+type ChainGuard struct {
+	cp       *ChainPlan
+	reads    [][]int // per stage, the values it consumes
+	writes   [][]int // per stage, the values it overwrites (produced ones included)
+	produces [][]int
+	valid    []bool
+	by       []int    // who invalidated a value, -1: never produced
+	pending  [][]bool // per value, per consumer index: not yet consumed
+}
+
+// Guard returns a new guard for cp, with no value produced yet.
+func (cp *ChainPlan) Guard() *ChainGuard {
+	n := len(cp.Stages)
+	g := &ChainGuard{cp: cp, reads: make([][]int, n), writes: make([][]int, n), produces: make([][]int, n)}
+	for v := range cp.Values {
+		val := &cp.Values[v]
+		for _, c := range val.Consumers {
+			g.reads[c] = append(g.reads[c], v)
+		}
+		for _, s := range val.Overwriters {
+			g.writes[s] = append(g.writes[s], v)
+		}
+		g.produces[val.Producer.Stage] = append(g.produces[val.Producer.Stage], v)
+	}
+	g.Reset()
+	return g
+}
+
+// Reset forgets every produced value, as after the caller has dropped
+// whatever the chain had in flight.
+func (g *ChainGuard) Reset() {
+	g.valid = make([]bool, len(g.cp.Values))
+	g.by = make([]int, len(g.cp.Values))
+	g.pending = make([][]bool, len(g.cp.Values))
+	for v := range g.cp.Values {
+		g.by[v] = -1
+		g.pending[v] = make([]bool, len(g.cp.Values[v].Consumers))
+	}
+}
+
+// Allow reports whether stage may replay now, without recording it. The
+// error is an *OrderError unless stage does not exist.
+func (g *ChainGuard) Allow(stage int) error {
+	if stage < 0 || stage >= len(g.cp.Stages) {
+		return fmt.Errorf("chain: no stage %d (have %d)", stage, len(g.cp.Stages))
+	}
+	for _, v := range g.reads[stage] {
+		if !g.valid[v] {
+			e := g.errorFor(stage, v)
+			e.Missing, e.OverwrittenBy = true, g.by[v]
+			return e
+		}
+	}
+	for _, v := range g.writes[stage] {
+		if !g.valid[v] {
+			continue
+		}
+		for c, p := range g.pending[v] {
+			if p {
+				e := g.errorFor(stage, v)
+				e.Consumer = g.cp.Values[v].Consumers[c]
+				e.ConsumerName = g.cp.Stages[e.Consumer].Name
+				return e
+			}
+		}
+	}
+	return nil
+}
+
+// Next records a replay of stage if Allow permits it, and returns Allow's
+// error otherwise (recording nothing).
+func (g *ChainGuard) Next(stage int) error {
+	if err := g.Allow(stage); err != nil {
+		return err
+	}
+	for _, v := range g.reads[stage] {
+		for c, s := range g.cp.Values[v].Consumers {
+			if s == stage {
+				g.pending[v][c] = false
+			}
+		}
+	}
+	for _, v := range g.writes[stage] {
+		g.valid[v], g.by[v] = false, stage
+	}
+	for _, v := range g.produces[stage] {
+		g.valid[v], g.by[v] = true, -1
+		for c := range g.pending[v] {
+			g.pending[v][c] = true
+		}
+	}
+	return nil
+}
+
+func (g *ChainGuard) errorFor(stage, v int) *OrderError {
+	val := &g.cp.Values[v]
+	return &OrderError{
+		Stage: stage, StageName: g.cp.Stages[stage].Name,
+		Producer: val.Producer.Stage, ProducerName: g.cp.Stages[val.Producer.Stage].Name,
+		Value: val.Name, Offset: val.Offset, Size: val.Size, OverwrittenBy: -1, Consumer: -1,
+	}
+}
