@@ -1,0 +1,608 @@
+package planner
+
+import (
+	"cmp"
+	"slices"
+	"sync/atomic"
+)
+
+// This file is the exact search: a depth-first search for a packing of one
+// leaf under a given capacity, in the manner of MiniMalloc (Moffitt,
+// ASPLOS 2023), written from the paper's ideas:
+//
+//   - Canonical placements only: every buffer goes to its lowest feasible
+//     offset given the buffers already placed (on top of one of them, or at
+//     the floor), and buffers are placed in nondecreasing (offset, rank)
+//     order, so each packing is reached along one path only.
+//   - Dominance: a buffer whose lowest offset is at or above the top of some
+//     other unplaced buffer at its own lowest offset would leave a hole that
+//     buffer fits in; skip it.
+//   - Section inference: in every section (time interval between events)
+//     the unplaced bytes must fit between the section's floor (the top of
+//     what is placed there, and never below the current offset) and the
+//     capacity.
+//   - Hatless pruning: if a placed buffer conflicts with no unplaced one and
+//     its subtree fails, its siblings fail too.
+//   - Dynamic decomposition: when no unplaced buffer crosses a section
+//     boundary any more, the two sides are solved independently.
+
+// leafData is a leaf in the flat form the searches use: local indices
+// 0..k-1, sections relative to the leaf, and conflict lists.
+type leafData struct {
+	k, nsec      int
+	ids          []int32 // local index → problem item index
+	lo, hi       []int32
+	size, align  []int64
+	fixed        []int64 // -1 if none
+	start, end   []int64 // lifetimes in trace time, for orderings
+	adjAt, adj   []int32 // conflicts of i: adj[adjAt[i]:adjAt[i+1]]
+	base         int64
+	lb           int64 // base + peak section load
+	secLoad      []int64
+	pairs        int64
+	secAt, secIt []int32 // items live in section s: secIt[secAt[s]:secAt[s+1]]
+}
+
+// maxPairs bounds the conflict lists a leaf may build (memory and time);
+// larger leaves are left to the scalable greedy.
+const maxPairs = 12_000_000
+
+// countPairs returns the number of conflicting pairs of a leaf without
+// building the lists.
+func countPairs(p *problem, l *leaf) int64 {
+	w := int(l.hi - l.lo)
+	live := make([]int64, w+1)
+	starts := make([]int64, w+1)
+	for _, i := range l.items {
+		it := &p.items[i]
+		live[it.lo-l.lo]++
+		live[it.hi-l.lo]--
+		starts[it.lo-l.lo]++
+	}
+	var run, pairs int64
+	for s := range w {
+		run += live[s]
+		k := starts[s]
+		pairs += (run-k)*k + k*(k-1)/2
+	}
+	return pairs
+}
+
+func newLeafData(p *problem, l *leaf, times []int64) *leafData {
+	k := len(l.items)
+	d := &leafData{k: k, nsec: int(l.hi - l.lo), base: l.base, lb: l.lb}
+	d.ids = l.items
+	d.lo = make([]int32, k)
+	d.hi = make([]int32, k)
+	d.size = make([]int64, k)
+	d.align = make([]int64, k)
+	d.fixed = make([]int64, k)
+	d.start = make([]int64, k)
+	d.end = make([]int64, k)
+	for j, i := range l.items {
+		it := &p.items[i]
+		d.lo[j] = max(it.lo, l.lo) - l.lo
+		d.hi[j] = min(it.hi, l.hi) - l.lo
+		d.size[j] = it.size
+		d.align[j] = it.align
+		d.fixed[j] = it.fixed
+		d.start[j] = times[it.lo]
+		d.end[j] = times[it.hi]
+	}
+	// Items per section (CSR), then conflicts by a sweep over sections:
+	// an item conflicts with every item live in its first section.
+	d.secAt = make([]int32, d.nsec+1)
+	for j := range k {
+		for s := d.lo[j]; s < d.hi[j]; s++ {
+			d.secAt[s+1]++
+		}
+	}
+	for s := range d.nsec {
+		d.secAt[s+1] += d.secAt[s]
+	}
+	d.secIt = make([]int32, d.secAt[d.nsec])
+	fill := slices.Clone(d.secAt[:d.nsec])
+	for j := range k {
+		for s := d.lo[j]; s < d.hi[j]; s++ {
+			d.secIt[fill[s]] = int32(j)
+			fill[s]++
+		}
+	}
+	d.secLoad = make([]int64, d.nsec)
+	for s := range d.nsec {
+		for _, j := range d.secIt[d.secAt[s]:d.secAt[s+1]] {
+			d.secLoad[s] += d.size[j]
+		}
+	}
+	deg := make([]int32, k+1)
+	type pair struct{ a, b int32 }
+	var pairs []pair
+	for s := range d.nsec {
+		live := d.secIt[d.secAt[s]:d.secAt[s+1]]
+		for x, a := range live {
+			if d.lo[a] != int32(s) {
+				continue
+			}
+			for y, b := range live {
+				if b == a || (d.lo[b] == int32(s) && y < x) {
+					continue
+				}
+				pairs = append(pairs, pair{a, b})
+				deg[a+1]++
+				deg[b+1]++
+			}
+		}
+	}
+	d.pairs = int64(len(pairs))
+	for j := range k {
+		deg[j+1] += deg[j]
+	}
+	d.adjAt = deg
+	d.adj = make([]int32, 2*len(pairs))
+	fill = slices.Clone(deg[:k])
+	for _, pr := range pairs {
+		d.adj[fill[pr.a]] = pr.b
+		fill[pr.a]++
+		d.adj[fill[pr.b]] = pr.a
+		fill[pr.b]++
+	}
+	return d
+}
+
+// Preorder keys, MiniMalloc's letters: W width (lifetime length), A area
+// (size × width), T total (the largest section load the buffer sees),
+// Z size, O overlaps (conflict count). Larger first; ties by index.
+type preorder string
+
+func (d *leafData) rank(order preorder) []int32 {
+	total := make([]int64, d.k)
+	for j := range d.k {
+		for s := d.lo[j]; s < d.hi[j]; s++ {
+			total[j] = max(total[j], d.secLoad[s])
+		}
+	}
+	key := func(j int32, c byte) int64 {
+		w := d.end[j] - d.start[j]
+		switch c {
+		case 'W':
+			return w
+		case 'A':
+			return w * d.size[j] // sizes and times here stay far below 2^63 for real traces
+		case 'T':
+			return total[j]
+		case 'Z':
+			return d.size[j]
+		case 'O':
+			return int64(d.adjAt[j+1] - d.adjAt[j])
+		case 'S':
+			return -d.start[j]
+		}
+		return 0
+	}
+	perm := make([]int32, d.k)
+	for j := range perm {
+		perm[j] = int32(j)
+	}
+	slices.SortStableFunc(perm, func(a, b int32) int {
+		for i := 0; i < len(order); i++ {
+			if c := cmp.Compare(key(b, order[i]), key(a, order[i])); c != 0 {
+				return c
+			}
+		}
+		return cmp.Compare(a, b)
+	})
+	rank := make([]int32, d.k)
+	for r, j := range perm {
+		rank[j] = int32(r)
+	}
+	return rank
+}
+
+// Search outcomes.
+const (
+	found = iota
+	notFound
+	aborted
+)
+
+// dfs is one exact search of one leaf at one capacity. Not safe for
+// concurrent use; every worker has its own.
+type dfs struct {
+	d      *leafData
+	cap    int64
+	rank   []int32
+	off    []int64 // -1: unplaced
+	minOff []int64
+	sol    []int64
+	tot    []int64 // unplaced bytes per section
+	floor  []int64 // per section: nothing unplaced can go below it
+	total  maxTree // the same, for range maxima
+	cuts   []int32 // cuts[s]: unplaced items live in both s and s+1
+	pos    []int32 // position of an item in its partition's list
+
+	nodes, limit int64
+	stop, stop2  *atomic.Bool // either set: abort
+
+	offUndo   []undo
+	floorUndo []undo
+	cand      []int32
+}
+
+type undo struct {
+	i int32
+	v int64
+}
+
+// partition is a set of items over a section range that is solved
+// independently; items[:n] are the unplaced ones.
+type partition struct {
+	lo, hi int32
+	items  []int32
+	n      int
+}
+
+func newDFS(d *leafData, capacity int64, rank []int32, limit int64, stop *atomic.Bool) *dfs {
+	s := &dfs{d: d, cap: capacity, rank: rank, limit: limit, stop: stop}
+	s.off = make([]int64, d.k)
+	s.minOff = make([]int64, d.k)
+	s.sol = make([]int64, d.k)
+	s.pos = make([]int32, d.k)
+	for j := range d.k {
+		s.off[j] = -1
+		s.minOff[j] = alignUp(d.base, d.align[j])
+		if d.fixed[j] >= 0 {
+			s.minOff[j] = max(s.minOff[j], d.fixed[j])
+		}
+	}
+	s.tot = slices.Clone(d.secLoad)
+	s.floor = make([]int64, d.nsec)
+	for i := range s.floor {
+		s.floor[i] = d.base
+	}
+	s.total = newMaxTree(d.secLoad)
+	s.cuts = make([]int32, max(d.nsec-1, 0))
+	diff := make([]int32, d.nsec+1)
+	for j := range d.k {
+		if d.hi[j]-d.lo[j] > 1 {
+			diff[d.lo[j]]++
+			diff[d.hi[j]-1]--
+		}
+	}
+	var run int32
+	for i := range s.cuts {
+		run += diff[i]
+		s.cuts[i] = run
+	}
+	return s
+}
+
+func alignUp(v, a int64) int64 {
+	if a <= 1 {
+		return v
+	}
+	return (v + a - 1) / a * a
+}
+
+// solve searches the whole leaf; on found, s.sol holds the offsets.
+func (s *dfs) solve() int {
+	for j := range s.d.k {
+		if s.d.fixed[j] >= 0 && s.minOff[j] > s.d.fixed[j] {
+			return notFound
+		}
+		if s.minOff[j]+s.d.size[j] > s.cap {
+			return notFound
+		}
+	}
+	for sec := range s.d.nsec {
+		if s.d.base+s.d.secLoad[sec] > s.cap {
+			return notFound
+		}
+	}
+	all := make([]int32, s.d.k)
+	for j := range all {
+		all[j] = int32(j)
+	}
+	return s.subSolve(all, 0, int32(s.d.nsec))
+}
+
+func (s *dfs) subSolve(items []int32, lo, hi int32) int {
+	p := &partition{lo: lo, hi: hi, items: items, n: len(items)}
+	for x, j := range items {
+		s.pos[j] = int32(x)
+	}
+	return s.search(p, -1, -1)
+}
+
+func (s *dfs) remove(p *partition, j int32) {
+	x := s.pos[j]
+	last := int32(p.n - 1)
+	o := p.items[last]
+	p.items[x], p.items[last] = o, j
+	s.pos[o], s.pos[j] = x, last
+	p.n--
+}
+
+// restore undoes remove(p, j) when j was the last removed item.
+func (s *dfs) restore(p *partition, j int32) {
+	p.n++
+	// j sits at p.n-1 already; the swap left the order changed, which is
+	// harmless: partition order carries no meaning.
+	_ = j
+}
+
+func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
+	s.nodes++
+	if s.nodes&1023 == 0 && (s.stop != nil && s.stop.Load() || s.stop2 != nil && s.stop2.Load()) {
+		return aborted
+	}
+	if s.nodes > s.limit {
+		return aborted
+	}
+	if p.n == 0 {
+		return found
+	}
+	d := s.d
+	// Dominance counts only movable items: a fixed one cannot drop into
+	// the hole below.
+	minHeight := int64(1) << 62
+	for _, j := range p.items[:p.n] {
+		if d.fixed[j] < 0 {
+			minHeight = min(minHeight, s.minOff[j]+d.size[j])
+		}
+	}
+	base := len(s.cand)
+	for _, j := range p.items[:p.n] {
+		o := s.minOff[j]
+		if o >= minHeight && d.fixed[j] < 0 {
+			continue
+		}
+		if o < lastOff || (o == lastOff && s.rank[j] < lastRank) {
+			continue
+		}
+		if d.fixed[j] >= 0 && o != d.fixed[j] {
+			continue
+		}
+		s.cand = append(s.cand, j)
+	}
+	cands := s.cand[base:]
+	slices.SortFunc(cands, func(a, b int32) int {
+		if c := cmp.Compare(s.minOff[a], s.minOff[b]); c != 0 {
+			return c
+		}
+		return cmp.Compare(s.rank[a], s.rank[b])
+	})
+	n := len(cands)
+	status := notFound
+	for x := range n {
+		st, hatless := s.place(p, s.cand[base+x])
+		if st != notFound {
+			status = st
+			break
+		}
+		if hatless {
+			break
+		}
+	}
+	s.cand = s.cand[:base]
+	return status
+}
+
+// place puts c at its lowest offset, searches on, and undoes the change.
+func (s *dfs) place(p *partition, c int32) (status int, hatless bool) {
+	d := s.d
+	o := s.minOff[c]
+	top := o + d.size[c]
+	s.off[c] = o
+	s.sol[c] = o
+	s.remove(p, c)
+	offMark, floorMark := len(s.offUndo), len(s.floorUndo)
+	ok := true
+	hatless = true
+	// Every item whose lowest offset rises conflicts with c, so the
+	// sections they cover form one interval around c's.
+	tlo, thi := d.lo[c], d.hi[c]
+	for _, j := range d.adj[d.adjAt[c]:d.adjAt[c+1]] {
+		if s.off[j] >= 0 {
+			continue
+		}
+		hatless = false
+		if s.minOff[j] >= top {
+			continue
+		}
+		s.offUndo = append(s.offUndo, undo{j, s.minOff[j]})
+		m := alignUp(top, d.align[j])
+		s.minOff[j] = m
+		if (d.fixed[j] >= 0 && m > d.fixed[j]) || m+d.size[j] > s.cap {
+			ok = false
+		}
+		tlo, thi = min(tlo, d.lo[j]), max(thi, d.hi[j])
+	}
+	lo, hi := d.lo[c], d.hi[c]
+	s.total.add(int(lo), int(hi), -d.size[c])
+	for sec := lo; sec < hi; sec++ {
+		s.tot[sec] -= d.size[c]
+		s.floorUndo = append(s.floorUndo, undo{sec, s.floor[sec]})
+		s.floor[sec] = top
+		if top+s.tot[sec] > s.cap {
+			ok = false
+		}
+	}
+	// Unallocated floors: below the lowest offset any unplaced item of a
+	// section can take, that section's memory is lost.
+	if ok {
+		for sec := tlo; sec < thi; sec++ {
+			m := int64(1) << 62
+			f := s.floor[sec]
+			for _, j := range d.secIt[d.secAt[sec]:d.secAt[sec+1]] {
+				if s.off[j] < 0 {
+					if mo := s.minOff[j]; mo < m {
+						m = mo
+						if m <= f {
+							break
+						}
+					}
+				}
+			}
+			if m == 1<<62 || m <= f {
+				continue
+			}
+			s.floorUndo = append(s.floorUndo, undo{sec, s.floor[sec]})
+			s.floor[sec] = m
+			if m+s.tot[sec] > s.cap {
+				ok = false
+				break
+			}
+		}
+	}
+	if ok && o+s.total.max(int(p.lo), int(p.hi)) > s.cap {
+		ok = false
+	}
+	status = notFound
+	if ok {
+		status = s.decompose(p, c, o)
+	}
+	s.total.add(int(lo), int(hi), d.size[c])
+	for sec := lo; sec < hi; sec++ {
+		s.tot[sec] += d.size[c]
+	}
+	for x := len(s.floorUndo) - 1; x >= floorMark; x-- {
+		s.floor[s.floorUndo[x].i] = s.floorUndo[x].v
+	}
+	s.floorUndo = s.floorUndo[:floorMark]
+	for x := len(s.offUndo) - 1; x >= offMark; x-- {
+		s.minOff[s.offUndo[x].i] = s.offUndo[x].v
+	}
+	s.offUndo = s.offUndo[:offMark]
+	s.restore(p, c)
+	s.off[c] = -1
+	return status, hatless
+}
+
+// decompose lowers the cut counts c crossed; where one reaches zero the
+// partition falls apart and each part is searched on its own.
+func (s *dfs) decompose(p *partition, c int32, o int64) int {
+	d := s.d
+	lo, hi := d.lo[c], d.hi[c]
+	split := false
+	for sec := lo; sec+1 < hi; sec++ {
+		s.cuts[sec]--
+		if s.cuts[sec] == 0 && sec >= p.lo && sec+1 < p.hi {
+			split = true
+		}
+	}
+	var status int
+	if !split {
+		status = s.search(p, o, s.rank[c])
+	} else {
+		status = s.searchParts(p)
+	}
+	for sec := lo; sec+1 < hi; sec++ {
+		s.cuts[sec]++
+	}
+	return status
+}
+
+func (s *dfs) searchParts(p *partition) int {
+	// Cut points inside the partition's range.
+	cuts := []int32{p.lo}
+	for sec := p.lo; sec+1 < p.hi; sec++ {
+		if s.cuts[sec] == 0 {
+			cuts = append(cuts, sec+1)
+		}
+	}
+	cuts = append(cuts, p.hi)
+	parts := make([][]int32, len(cuts)-1)
+	for _, j := range p.items[:p.n] {
+		// An unplaced item crosses no zero cut: it lies in one part.
+		k, _ := slices.BinarySearch(cuts, s.d.lo[j]+1)
+		parts[k-1] = append(parts[k-1], j)
+	}
+	status := found
+	for k, part := range parts {
+		if len(part) == 0 {
+			continue
+		}
+		if st := s.subSolve(part, cuts[k], cuts[k+1]); st != found {
+			status = st
+			break
+		}
+	}
+	// Restore the positions of the parent's items.
+	for x, j := range p.items {
+		s.pos[j] = int32(x)
+	}
+	return status
+}
+
+// maxTree is a segment tree over sections with range add and range max.
+type maxTree struct {
+	n    int
+	mx   []int64 // max over the node's range, including its own add
+	lazy []int64
+}
+
+func newMaxTree(v []int64) maxTree {
+	n := max(len(v), 1)
+	t := maxTree{n: n, mx: make([]int64, 4*n), lazy: make([]int64, 4*n)}
+	t.build(1, 0, n, v)
+	return t
+}
+
+func (t *maxTree) build(node, l, r int, v []int64) {
+	if r-l == 1 {
+		if l < len(v) {
+			t.mx[node] = v[l]
+		}
+		return
+	}
+	m := (l + r) / 2
+	t.build(2*node, l, m, v)
+	t.build(2*node+1, m, r, v)
+	t.mx[node] = max(t.mx[2*node], t.mx[2*node+1])
+}
+
+func (t *maxTree) add(lo, hi int, delta int64) {
+	if lo < hi {
+		t.upd(1, 0, t.n, lo, hi, delta)
+	}
+}
+
+func (t *maxTree) upd(node, l, r, lo, hi int, delta int64) {
+	if lo <= l && r <= hi {
+		t.mx[node] += delta
+		t.lazy[node] += delta
+		return
+	}
+	m := (l + r) / 2
+	if lo < m {
+		t.upd(2*node, l, m, lo, hi, delta)
+	}
+	if hi > m {
+		t.upd(2*node+1, m, r, lo, hi, delta)
+	}
+	t.mx[node] = max(t.mx[2*node], t.mx[2*node+1]) + t.lazy[node]
+}
+
+func (t *maxTree) max(lo, hi int) int64 {
+	if lo >= hi {
+		return 0
+	}
+	return t.qry(1, 0, t.n, lo, hi)
+}
+
+func (t *maxTree) qry(node, l, r, lo, hi int) int64 {
+	if lo <= l && r <= hi {
+		return t.mx[node]
+	}
+	m := (l + r) / 2
+	res := int64(-1) << 62
+	if lo < m {
+		res = max(res, t.qry(2*node, l, m, lo, hi))
+	}
+	if hi > m {
+		res = max(res, t.qry(2*node+1, m, r, lo, hi))
+	}
+	return res + t.lazy[node]
+}
+
+func (t *maxTree) at(i int) int64 { return t.max(i, i+1) }
