@@ -411,8 +411,9 @@ func (e *OrderError) Error() string {
 // would read a value that is not there or overwrite a value a stage still
 // needs. A value is produced when its producer replays; it is needed until
 // every consumer has replayed after that; a stage overwrites it when the
-// plan's offsets put any buffer the stage writes over its bytes. It is not
-// safe for concurrent use.
+// plan's offsets put any buffer the stage writes over its bytes (a
+// consumer may overwrite a value once it has read it, when no other
+// consumer still needs it). It is not safe for concurrent use.
 type ChainGuard struct {
 	cp       *ChainPlan
 	reads    [][]int // per stage, the values it consumes
@@ -454,29 +455,32 @@ func (g *ChainGuard) Reset() {
 }
 
 // Allow reports whether stage may replay now, without recording it. The
-// error is an *OrderError unless stage does not exist.
+// error is an *OrderError unless stage does not exist; a write over a
+// value still needed is reported before a missing input.
 func (g *ChainGuard) Allow(stage int) error {
 	if stage < 0 || stage >= len(g.cp.Stages) {
 		return fmt.Errorf("chain: no stage %d (have %d)", stage, len(g.cp.Stages))
-	}
-	for _, v := range g.reads[stage] {
-		if !g.valid[v] {
-			e := g.errorFor(stage, v)
-			e.Missing, e.OverwrittenBy = true, g.by[v]
-			return e
-		}
 	}
 	for _, v := range g.writes[stage] {
 		if !g.valid[v] {
 			continue
 		}
 		for c, p := range g.pending[v] {
-			if p {
+			// A consumer may overwrite its own input after reading it, as
+			// the joint plan lets it within its replay; not another's.
+			if p && g.cp.Values[v].Consumers[c] != stage {
 				e := g.errorFor(stage, v)
 				e.Consumer = g.cp.Values[v].Consumers[c]
 				e.ConsumerName = g.cp.Stages[e.Consumer].Name
 				return e
 			}
+		}
+	}
+	for _, v := range g.reads[stage] {
+		if !g.valid[v] {
+			e := g.errorFor(stage, v)
+			e.Missing, e.OverwrittenBy = true, g.by[v]
+			return e
 		}
 	}
 	return nil
@@ -496,7 +500,9 @@ func (g *ChainGuard) Next(stage int) error {
 		}
 	}
 	for _, v := range g.writes[stage] {
-		g.valid[v], g.by[v] = false, stage
+		if g.valid[v] {
+			g.valid[v], g.by[v] = false, stage
+		}
 	}
 	for _, v := range g.produces[stage] {
 		g.valid[v], g.by[v] = true, -1
