@@ -13,7 +13,7 @@ import (
 // mustSeal wraps a payload in a header with a valid checksum.
 func mustSeal(t testing.TB, raw []byte) []byte {
 	t.Helper()
-	data, err := seal(raw)
+	data, err := seal(raw, Version)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,12 @@
 // comes from the bounds and the re-verification, not from the checksum.
 //
 // It is not a planner, it knows nothing about devices, and it does not
-// keep a cache or index of plans: one file holds one plan of one trace.
+// keep a cache or index of plans: one file holds one plan of one trace
+// (format version 1, File, Encode/Decode/Save/Load) or one family of plans
+// sharing an arena (format version 2, Family, EncodeFamily/DecodeFamily/
+// SaveFamily/LoadFamily; the family readers also read version 1 files as
+// a family of one member). A family file is verified member by member as
+// a version 1 file is, then as a whole with planner.CheckFamily.
 // Decoding costs one SHA-256 pass over the compressed bytes, one zstd
 // decompression and one planner.Check (O(n log n) in the buffers): a
 // 62k-buffer plan is a file of about 0.5 MB (8 bytes a buffer) that
@@ -57,13 +62,27 @@
 //	            window flag, lo, hi)
 //	3 prior     optional: count, then an offset per buffer (Trace.Prior)
 //	4 torch     optional: Trace.Torch
-//	5 workload  optional: member count (1 in version 1), then name,
+//	5 workload  optional: member count (always 1), then name,
 //	            fingerprint [32]byte, dimension count, (name, value) pairs
+//	0 end
+//
+// # Family payload (format version 2)
+//
+// The header is the same, with version 2. The payload is a family section,
+// one member section per member, then the end byte 0:
+//
+//	16 family   algorithm, alignment, arena, lower bound, separate arenas,
+//	            elapsed (ns), shared count, then per shared key: key, offset,
+//	            size, alignment (in offset order), and the member count
+//	17 member   name, alone arena, then the member's own payload: sections
+//	            1 to 5 as above (its workload in section 5), an optional
+//	            section 6 (keys: count = buffer count, then one key string
+//	            per buffer, "" for private; present only when some buffer
+//	            is shared), and the end byte 0
 //	0 end
 //
 // Strings are a uvarint length and the bytes; unsigned numbers are
 // uvarints, signed ones zigzag varints; every varint must be minimal, every
-// flag 0 or 1, so a decoded file has exactly one encoding. A later version
-// may add sections (a workload family, for example); version 1 readers
-// refuse kinds they do not know.
+// flag 0 or 1, so a decoded file has exactly one encoding. Readers refuse
+// section kinds they do not know (kind 6 outside a family member, too).
 package plans

@@ -15,6 +15,12 @@ func Save(path string, f *File) error {
 	if err != nil {
 		return fmt.Errorf("plans: %s: %w", path, err)
 	}
+	return writeAtomic(path, data)
+}
+
+// writeAtomic writes data to a temporary file beside path, syncs it and
+// renames it over path.
+func writeAtomic(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return fmt.Errorf("plans: %s: %w", path, err)
@@ -48,6 +54,20 @@ func Save(path string, f *File) error {
 // Load reads and decodes the plan file at path. It refuses files larger
 // than MaxFile before reading them; every error names the file.
 func Load(path string) (*File, error) {
+	data, err := readBounded(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := decodeSafe(data)
+	if err != nil {
+		return nil, fmt.Errorf("plans: %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// readBounded reads a regular file of at most MaxFile bytes; its errors
+// name the file.
+func readBounded(path string) ([]byte, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("plans: %w", err)
@@ -68,9 +88,5 @@ func Load(path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plans: %s: %w", path, err)
 	}
-	f, err := decodeSafe(data)
-	if err != nil {
-		return nil, fmt.Errorf("plans: %s: %w", path, err)
-	}
-	return f, nil
+	return data, nil
 }

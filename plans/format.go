@@ -18,9 +18,13 @@ import (
 // Magic opens every plan file.
 const Magic = "ARENAPLN"
 
-// Version is the format version this package writes and the only one it
-// reads.
+// Version is the format version of a file holding one plan: what Encode
+// writes and Decode reads.
 const Version = 1
+
+// FamilyVersion is the format version of a file holding a family of plans
+// (see EncodeFamily); DecodeFamily reads both versions.
+const FamilyVersion = 2
 
 // HeaderLen is the length of a version 1 header.
 const HeaderLen = 64
@@ -135,7 +139,7 @@ func encode(f *File) ([]byte, error) {
 	if uint64(len(raw)) > MaxPayload {
 		return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrTooLarge, len(raw), uint64(MaxPayload))
 	}
-	out, err := seal(raw)
+	out, err := seal(raw, Version)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +151,7 @@ func encode(f *File) ([]byte, error) {
 
 // seal compresses a payload and prepends its header. It trusts raw: the
 // tests use it to wrap crafted payloads in a valid checksum.
-func seal(raw []byte) ([]byte, error) {
+func seal(raw []byte, version uint16) ([]byte, error) {
 	e, err := encoder()
 	if err != nil {
 		return nil, err
@@ -155,7 +159,7 @@ func seal(raw []byte) ([]byte, error) {
 	out := make([]byte, HeaderLen, HeaderLen+len(raw)/2+64)
 	out = e.EncodeAll(raw, out)
 	h := header{
-		version:      Version,
+		version:      version,
 		headerLen:    HeaderLen,
 		compressed:   uint64(len(out) - HeaderLen),
 		uncompressed: uint64(len(raw)),
@@ -190,24 +194,28 @@ func decodeSafe(data []byte) (f *File, err error) {
 
 // decode is decodeSafe without the recover; the fuzzer calls it.
 func decode(data []byte) (*File, error) {
-	raw, err := open(data)
+	raw, version, err := open(data)
 	if err != nil {
 		return nil, err
+	}
+	if version != Version {
+		return nil, fmt.Errorf("%w: %d holds a family of plans: read it with DecodeFamily or LoadFamily", ErrVersion, version)
 	}
 	return decodeVerified(raw)
 }
 
-// open checks the header and the checksum and decompresses the payload.
-func open(data []byte) ([]byte, error) {
+// open checks the header and the checksum and decompresses the payload;
+// it returns the payload and the format version (Version or FamilyVersion).
+func open(data []byte) ([]byte, uint16, error) {
 	n := min(len(data), len(Magic))
 	if !bytes.Equal(data[:n], []byte(Magic)[:n]) {
-		return nil, fmt.Errorf("%w: bad magic %q", ErrNotPlan, data[:n])
+		return nil, 0, fmt.Errorf("%w: bad magic %q", ErrNotPlan, data[:n])
 	}
 	if len(data) > MaxFile {
-		return nil, fmt.Errorf("%w: %d bytes exceeds %d", ErrTooLarge, len(data), MaxFile)
+		return nil, 0, fmt.Errorf("%w: %d bytes exceeds %d", ErrTooLarge, len(data), MaxFile)
 	}
 	if len(data) < HeaderLen {
-		return nil, fmt.Errorf("%w: truncated header: %d of %d bytes", ErrCorrupt, len(data), HeaderLen)
+		return nil, 0, fmt.Errorf("%w: truncated header: %d of %d bytes", ErrCorrupt, len(data), HeaderLen)
 	}
 	h := header{
 		version:      binary.LittleEndian.Uint16(data[8:]),
@@ -218,23 +226,23 @@ func open(data []byte) ([]byte, error) {
 	}
 	copy(h.sum[:], data[32:HeaderLen])
 	switch {
-	case h.version != Version:
-		return nil, fmt.Errorf("%w: %d (this reader knows %d)", ErrVersion, h.version, Version)
+	case h.version != Version && h.version != FamilyVersion:
+		return nil, 0, fmt.Errorf("%w: %d (this reader knows %d and %d)", ErrVersion, h.version, Version, FamilyVersion)
 	case h.headerLen != HeaderLen:
-		return nil, fmt.Errorf("%w: header length %d, want %d", ErrCorrupt, h.headerLen, HeaderLen)
+		return nil, 0, fmt.Errorf("%w: header length %d, want %d", ErrCorrupt, h.headerLen, HeaderLen)
 	case h.flags != 0:
-		return nil, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, h.flags)
+		return nil, 0, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, h.flags)
 	case h.compressed != uint64(len(data)-HeaderLen):
-		return nil, fmt.Errorf("%w: header declares %d payload bytes, file has %d (truncated or trailing data)",
+		return nil, 0, fmt.Errorf("%w: header declares %d payload bytes, file has %d (truncated or trailing data)",
 			ErrCorrupt, h.compressed, len(data)-HeaderLen)
 	case h.uncompressed > MaxPayload:
-		return nil, fmt.Errorf("%w: declared payload of %d bytes exceeds %d", ErrTooLarge, h.uncompressed, uint64(MaxPayload))
+		return nil, 0, fmt.Errorf("%w: declared payload of %d bytes exceeds %d", ErrTooLarge, h.uncompressed, uint64(MaxPayload))
 	case h.uncompressed > maxRatio*h.compressed:
-		return nil, fmt.Errorf("%w: %d compressed bytes cannot hold a payload of %d bytes", ErrCorrupt, h.compressed, h.uncompressed)
+		return nil, 0, fmt.Errorf("%w: %d compressed bytes cannot hold a payload of %d bytes", ErrCorrupt, h.compressed, h.uncompressed)
 	}
 	payload := data[HeaderLen:]
 	if sum := checksum(data[:32], payload); sum != h.sum {
-		return nil, fmt.Errorf("%w: stored %x, computed %x", ErrChecksum, h.sum[:8], sum[:8])
+		return nil, 0, fmt.Errorf("%w: stored %x, computed %x", ErrChecksum, h.sum[:8], sum[:8])
 	}
 	// Stream the frame so that memory follows the bytes actually produced,
 	// not what the header or the frame claims; the window is bounded and
@@ -245,18 +253,18 @@ func open(data []byte) ([]byte, error) {
 		zstd.WithDecoderMaxWindow(maxWindow),
 		zstd.WithDecoderMaxMemory(max(h.uncompressed, zstd.MinWindowSize)))
 	if err != nil {
-		return nil, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
+		return nil, 0, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}
 	defer dec.Close()
 	out := bytes.NewBuffer(make([]byte, 0, min(h.uncompressed, 8*h.compressed+4096)))
 	if _, err := io.Copy(out, io.LimitReader(dec, int64(h.uncompressed)+1)); err != nil {
-		return nil, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
+		return nil, 0, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}
 	raw := out.Bytes()
 	if uint64(len(raw)) != h.uncompressed {
-		return nil, fmt.Errorf("%w: payload is %d bytes, header declares %d", ErrCorrupt, len(raw), h.uncompressed)
+		return nil, 0, fmt.Errorf("%w: payload is %d bytes, header declares %d", ErrCorrupt, len(raw), h.uncompressed)
 	}
-	return raw, nil
+	return raw, h.version, nil
 }
 
 // decodeVerified decodes a payload and verifies what it holds.

@@ -18,9 +18,10 @@ const (
 	kindPrior    = 3
 	kindTorch    = 4
 	kindWorkload = 5
+	kindKeys     = 6 // family members only (format version 2)
 )
 
-var kindNames = [...]string{"end", "meta", "buffers", "prior", "torch", "workload"}
+var kindNames = [...]string{"end", "meta", "buffers", "prior", "torch", "workload", "keys"}
 
 // Smallest encodings, used to bound counts against the bytes left before
 // allocating: a buffer is at least 11 one-byte fields, a gap 3, a prior
@@ -60,7 +61,11 @@ func (w *writer) section(kind byte, size int, body func(*writer)) {
 // encodePayload writes f without verifying it; Encode verifies first.
 // Lengths and differences are written as two's-complement uint64s, which
 // round-trip exactly even for values Validate would refuse.
-func encodePayload(f *File) []byte {
+func encodePayload(f *File) []byte { return encodeSections(f, nil) }
+
+// encodeSections is encodePayload with a family member's shared keys
+// (written only when keys is not nil).
+func encodeSections(f *File, keys []string) []byte {
 	t, p := f.Trace, f.Plan
 	w := writer{b: make([]byte, 0, 256+48*len(t.Buffers))}
 	w.section(kindMeta, 128, func(s *writer) {
@@ -132,6 +137,14 @@ func encodePayload(f *File) []byte {
 			for _, d := range wl.Shape {
 				s.str(d.Name)
 				s.varint(d.Value)
+			}
+		})
+	}
+	if keys != nil {
+		w.section(kindKeys, 2*len(keys), func(s *writer) {
+			s.uvarint(uint64(len(keys)))
+			for _, k := range keys {
+				s.str(k)
 			}
 		})
 	}
@@ -257,8 +270,17 @@ func decodePayload(raw []byte) (*File, [32]byte, error) {
 }
 
 func parsePayload(raw []byte) (*File, [32]byte, error) {
+	f, _, fp, err := parseSections(raw, 0, false)
+	return f, fp, err
+}
+
+// parseSections parses a version 1 payload or, with member set, a family
+// member's (which may end with a keys section). base is raw's offset in
+// the whole payload, for messages.
+func parseSections(raw []byte, base int, member bool) (*File, []string, [32]byte, error) {
 	var fp [32]byte
-	r := &reader{b: raw}
+	var keys []string
+	r := &reader{b: raw, base: base}
 	t := &lifetime.Trace{}
 	p := &planner.Plan{}
 	f := &File{Trace: t, Plan: p}
@@ -267,34 +289,34 @@ func parsePayload(raw []byte) (*File, [32]byte, error) {
 	for {
 		if r.left() == 0 {
 			r.fail("missing end marker")
-			return nil, fp, r.err
+			return nil, nil, fp, r.err
 		}
 		kind := int(r.byte())
 		if kind == kindEnd {
 			if r.left() != 0 {
 				r.fail("%d bytes after the end marker", r.left())
-				return nil, fp, r.err
+				return nil, nil, fp, r.err
 			}
 			break
 		}
-		if kind >= len(kindNames) {
+		if kind >= len(kindNames) || kind == kindKeys && !member {
 			r.fail("unknown section kind %d", kind)
-			return nil, fp, r.err
+			return nil, nil, fp, r.err
 		}
 		if kind <= last {
 			r.fail("section %s out of order", kindNames[kind])
-			return nil, fp, r.err
+			return nil, nil, fp, r.err
 		}
 		last = kind
 		if kind != kindMeta && !seen[kindMeta] {
 			r.fail("section %s before meta", kindNames[kind])
-			return nil, fp, r.err
+			return nil, nil, fp, r.err
 		}
 		n := r.uvarint()
 		start := r.base + r.off
 		body := r.take(n)
 		if r.err != nil {
-			return nil, fp, r.err
+			return nil, nil, fp, r.err
 		}
 		s := &reader{b: body, base: start}
 		switch kind {
@@ -334,19 +356,36 @@ func parsePayload(raw []byte) (*File, [32]byte, error) {
 			t.Torch = ts
 		case kindWorkload:
 			f.Workload = decodeWorkload(s)
+		case kindKeys:
+			n := s.count("keys", 1)
+			if s.err == nil && n != len(t.Buffers) {
+				s.fail("%d keys for %d buffers", n, len(t.Buffers))
+			}
+			if s.err == nil {
+				keys = make([]string, n)
+				shared := false
+				for i := range keys {
+					keys[i] = s.str()
+					shared = shared || keys[i] != ""
+				}
+				// One encoding per member: no keys section shares nothing.
+				if s.err == nil && !shared {
+					s.fail("keys section shares no buffer")
+				}
+			}
 		}
 		if s.err == nil && s.left() != 0 {
 			s.fail("%d unread bytes at the end of section %s", s.left(), kindNames[kind])
 		}
 		if s.err != nil {
-			return nil, fp, fmt.Errorf("section %s: %w", kindNames[kind], s.err)
+			return nil, nil, fp, fmt.Errorf("section %s: %w", kindNames[kind], s.err)
 		}
 		seen[kind] = true
 	}
 	if !seen[kindBuffers] {
-		return nil, fp, fmt.Errorf("no buffers section")
+		return nil, nil, fp, fmt.Errorf("no buffers section")
 	}
-	return f, fp, nil
+	return f, keys, fp, nil
 }
 
 func decodeBuffers(s *reader, t *lifetime.Trace, p *planner.Plan) {
