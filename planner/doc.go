@@ -12,5 +12,13 @@
 //   - "bysize": TFLite/XLA greedy by size (a baseline).
 //   - "auto": the best plan the package can find within the budget.
 //
+// Beyond one trace: RunGrouped plans groups of buffers (tags) into separate
+// address regions; PlanFamily plans several members replayed one at a time
+// into one arena, shared buffers at one address in all of them; PlanChain
+// lays stages on one timeline so one stage's outputs feed the next without
+// copies, and its ChainGuard refuses a replay order that would overwrite
+// memory a later stage still needs. CheckFamily and CheckChain verify
+// those plans as Check verifies one.
+//
 // It knows nothing about files or devices.
 package planner
