@@ -32,9 +32,12 @@ func init() {
 const (
 	linearBlock    = 128  // threads: 4 warps, one output row each
 	linearMaxGrid  = 1024 // blocks; warps stride over the rows beyond
-	attentionBlock = 256
-	layerNormEps   = 1e-5
-	maxKVLen       = 8192
+	attentionBlock = 128
+	// attentionBlocks is how many blocks attention aims for (two per
+	// multiprocessor of an H100/H200) by splitting the cache positions.
+	attentionBlocks = 264
+	layerNormEps    = 1e-5
+	maxKVLen        = 8192
 )
 
 // linearLaunch is one launch of kernels.Linear; see kernels.cu.
@@ -114,7 +117,10 @@ func buildGPT2(s Shape) (*Graph, error) {
 		Args: []Arg{Out(x), In(wte), In(wpe), In(step), Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(V))), Scalar(cuda.U32(uint32(T)))},
 	})
 	projStd := float32(std / math.Sqrt(float64(2*L)))
-	shared := uint32(4 * (hd + T + 4*attentionBlock))
+	splits := max(1, min((attentionBlocks+H*B-1)/(H*B), (T+31)/32))
+	chunk := ((T+splits-1)/splits + 3) &^ 3 // as the kernel rounds it: float4 alignment
+	shared := uint32(4 * (hd + chunk + 4*attentionBlock))
+	counters := b.Tensor("attn.counters", U32, State, bb*int64(H)).SetInit(func(dst []byte) { clear(dst) })
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	for i := 0; i < L; i++ {
 		p := fmt.Sprintf("h%d.", i)
@@ -136,9 +142,11 @@ func buildGPT2(s Shape) (*Graph, error) {
 		b.Launch(linearLaunch(p+"ln1+qkv", qkv, x, wqkv, bqkv, nil, ln1g, ln1b, W, 3*W, B, 0))
 		b.Launch(Launch{
 			Name: p + "attention", Kernel: kernels.Attention,
-			Grid: cuda.Dim3{X: uint32(H), Y: uint32(B), Z: 1}, Block: cuda.D1(attentionBlock), Shared: shared,
-			Args: []Arg{Out(att), In(qkv), InOut(kc), InOut(vc), In(step),
-				Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(H))), Scalar(cuda.U32(uint32(T))), Scalar(cuda.F32(scale))},
+			Grid: cuda.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: cuda.D1(attentionBlock), Shared: shared,
+			Workspace: 4 * bb * int64(H*splits*(hd+2)),
+			Args: []Arg{Out(att), In(qkv), InOut(kc), InOut(vc), In(step), Workspace(), InOut(counters),
+				Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(H))), Scalar(cuda.U32(uint32(T))),
+				Scalar(cuda.U32(uint32(splits))), Scalar(cuda.F32(scale))},
 		})
 		b.Launch(linearLaunch(p+"proj+residual", xm, att, wo, bo, x, nil, nil, W, W, B, kernels.ModeResidual))
 		b.Launch(linearLaunch(p+"ln2+fc+gelu", hid, xm, wfc, bfc, nil, ln2g, ln2b, W, 4*W, B, kernels.ModeGELU))

@@ -95,7 +95,12 @@ type PlanOptions = planner.Options
 // Regions are aligned only to the plan's alignment: the arena pads them to
 // its granularity in virtual addresses, not in plan bytes.
 func Plan(ctx context.Context, t *lifetime.Trace, opt PlanOptions) (*planner.Plan, error) {
-	p, _, err := planner.RunGrouped(ctx, "auto", t, opt, func(b *lifetime.Buffer) string { return b.Tag }, Tags, opt.Align)
+	return PlanWith(ctx, "auto", t, opt)
+}
+
+// PlanWith is Plan with the named planning algorithm for every region.
+func PlanWith(ctx context.Context, algo string, t *lifetime.Trace, opt PlanOptions) (*planner.Plan, error) {
+	p, _, err := planner.RunGrouped(ctx, algo, t, opt, func(b *lifetime.Buffer) string { return b.Tag }, Tags, opt.Align)
 	if err != nil {
 		return nil, fmt.Errorf("graphexec: planning %s: %w", t.Name, err)
 	}

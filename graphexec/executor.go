@@ -647,3 +647,41 @@ func (e *Executor) Close() error {
 	}
 	return nil
 }
+
+// ProfileOps runs one eager step with a timed event pair around every op,
+// waiting for each, and returns each op's device time. For development:
+// the waits make the step much slower than Eager's.
+func (e *Executor) ProfileOps(step int) ([]time.Duration, error) {
+	start, err := e.dev.NewEvent(true)
+	if err != nil {
+		return nil, err
+	}
+	defer start.Close()
+	end, err := e.dev.NewEvent(true)
+	if err != nil {
+		return nil, err
+	}
+	defer end.Close()
+	if err := e.feed(step); err != nil {
+		return nil, err
+	}
+	out := make([]time.Duration, len(e.g.Ops))
+	for i, op := range e.g.Ops {
+		if err := start.Record(e.stream); err != nil {
+			return nil, err
+		}
+		if err := e.dev.Launch(e.fns[i], op.Grid, op.Block, op.Shared, e.stream, e.args[i]...); err != nil {
+			return nil, fmt.Errorf("graphexec: %s: op %d (%s): %w", e.g.Label(), i, op.Name, err)
+		}
+		if err := end.Record(e.stream); err != nil {
+			return nil, err
+		}
+		if err := end.Synchronize(); err != nil {
+			return nil, err
+		}
+		if out[i], err = e.dev.ElapsedTime(start, end); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

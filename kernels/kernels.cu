@@ -18,7 +18,8 @@
 #include <stdint.h>
 
 #define WARP 32
-#define MAXB 8 // batch rows a linear kernel's warp accumulates at once
+#define MAXB 8  // batch rows a linear kernel's warp accumulates at once
+#define LOADS 8 // 16-byte weight loads a lane has in flight
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -98,18 +99,26 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
     for (uint32_t b0 = 0; b0 < batch; b0 += MAXB) {
         const uint32_t nb = min((uint32_t)MAXB, batch - b0);
         if (ln_g != nullptr) {
-            // Two-pass statistics per row, in a fixed order.
+            // One pass of sum and sum of squares per row, LOADS 16-byte
+            // loads in flight per thread, reduced in a fixed order.
             for (uint32_t b = 0; b < nb; b++) {
-                const float *x = in + (size_t)(b0 + b) * in_dim;
-                float s = 0.f;
-                for (uint32_t i = threadIdx.x; i < in_dim; i += blockDim.x) s += x[i];
-                float mean = block_sum(s, s_red) / (float)in_dim;
-                float v = 0.f;
-                for (uint32_t i = threadIdx.x; i < in_dim; i += blockDim.x) {
-                    float d = x[i] - mean;
-                    v += d * d;
+                const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)(b0 + b) * in_dim);
+                float s = 0.f, q = 0.f;
+                for (uint32_t i0 = 0; i0 < n4; i0 += LOADS * blockDim.x) {
+                    float4 xv[LOADS];
+#pragma unroll
+                    for (int u = 0; u < LOADS; u++) {
+                        const uint32_t i = i0 + u * blockDim.x + threadIdx.x;
+                        xv[u] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+                    }
+#pragma unroll
+                    for (int u = 0; u < LOADS; u++) {
+                        s += (xv[u].x + xv[u].y) + (xv[u].z + xv[u].w);
+                        q += (xv[u].x * xv[u].x + xv[u].y * xv[u].y) + (xv[u].z * xv[u].z + xv[u].w * xv[u].w);
+                    }
                 }
-                float var = block_sum(v, s_red) / (float)in_dim;
+                const float mean = block_sum(s, s_red) / (float)in_dim;
+                const float var = fmaxf(block_sum(q, s_red) / (float)in_dim - mean * mean, 0.f);
                 if (threadIdx.x == 0) {
                     s_mean[b] = mean;
                     s_rstd[b] = rsqrtf(var + eps);
@@ -122,30 +131,67 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
 #pragma unroll
             for (int b = 0; b < MAXB; b++) acc[b] = 0.f;
             const float4 *w4 = reinterpret_cast<const float4 *>(w + (size_t)o * in_dim);
-#pragma unroll 4
-            for (uint32_t i = lane; i < n4; i += WARP) {
-                const float4 wv = __ldg(w4 + i);
-                float4 gv, bv;
+            // The epilogue's operands are loaded up front, so that their
+            // latency hides behind the row's.
+            float bo = 0.f, rv[MAXB];
+#pragma unroll
+            for (int b = 0; b < MAXB; b++) rv[b] = 0.f;
+            if (lane == 0) {
+                if (bias != nullptr) bo = __ldg(bias + o);
+                if (mode & 2u) {
+#pragma unroll
+                    for (int b = 0; b < MAXB; b++)
+                        if (b < nb) rv[b] = resid[(size_t)(b0 + b) * out_dim + o];
+                }
+            }
+            // LOADS weight vectors per lane are issued back to back before
+            // any is used, so that a row costs one memory latency, not one
+            // per vector.
+            for (uint32_t i0 = 0; i0 < n4; i0 += LOADS * WARP) {
+                float4 wv[LOADS];
+#pragma unroll
+                for (int u = 0; u < LOADS; u++) {
+                    const uint32_t i = i0 + u * WARP + lane;
+                    wv[u] = i < n4 ? __ldg(w4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                float4 gv[LOADS], bv[LOADS];
                 if (ln_g != nullptr) {
-                    gv = __ldg(reinterpret_cast<const float4 *>(ln_g) + i);
-                    bv = __ldg(reinterpret_cast<const float4 *>(ln_b) + i);
+#pragma unroll
+                    for (int u = 0; u < LOADS; u++) {
+                        const uint32_t i = min(i0 + u * WARP + lane, n4 - 1);
+                        gv[u] = __ldg(reinterpret_cast<const float4 *>(ln_g) + i);
+                        bv[u] = __ldg(reinterpret_cast<const float4 *>(ln_b) + i);
+                    }
                 }
 #pragma unroll
                 for (int b = 0; b < MAXB; b++) {
                     if (b < nb) {
-                        float4 xv = reinterpret_cast<const float4 *>(in + (size_t)(b0 + b) * in_dim)[i];
-                        if (ln_g != nullptr) {
-                            const float m = s_mean[b], r = s_rstd[b];
-                            xv.x = (xv.x - m) * r * gv.x + bv.x;
-                            xv.y = (xv.y - m) * r * gv.y + bv.y;
-                            xv.z = (xv.z - m) * r * gv.z + bv.z;
-                            xv.w = (xv.w - m) * r * gv.w + bv.w;
+                        // A batch row's LOADS input vectors are loaded
+                        // together too (beyond the row: zeros, and the
+                        // weights there are zero).
+                        const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)(b0 + b) * in_dim);
+                        float4 xv[LOADS];
+#pragma unroll
+                        for (int u = 0; u < LOADS; u++) {
+                            const uint32_t i = i0 + u * WARP + lane;
+                            xv[u] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
                         }
                         float a = acc[b];
-                        a = fmaf(wv.x, xv.x, a);
-                        a = fmaf(wv.y, xv.y, a);
-                        a = fmaf(wv.z, xv.z, a);
-                        a = fmaf(wv.w, xv.w, a);
+#pragma unroll
+                        for (int u = 0; u < LOADS; u++) {
+                            float4 x = xv[u];
+                            if (ln_g != nullptr) {
+                                const float m = s_mean[b], r = s_rstd[b];
+                                x.x = (x.x - m) * r * gv[u].x + bv[u].x;
+                                x.y = (x.y - m) * r * gv[u].y + bv[u].y;
+                                x.z = (x.z - m) * r * gv[u].z + bv[u].z;
+                                x.w = (x.w - m) * r * gv[u].w + bv[u].w;
+                            }
+                            a = fmaf(wv[u].x, x.x, a);
+                            a = fmaf(wv[u].y, x.y, a);
+                            a = fmaf(wv[u].z, x.z, a);
+                            a = fmaf(wv[u].w, x.w, a);
+                        }
                         acc[b] = a;
                     }
                 }
@@ -153,15 +199,13 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
 #pragma unroll
             for (int b = 0; b < MAXB; b++) acc[b] = warp_sum(acc[b]);
             if (lane == 0) {
-                const float bo = bias != nullptr ? bias[o] : 0.f;
 #pragma unroll
                 for (int b = 0; b < MAXB; b++) {
                     if (b < nb) {
                         float y = acc[b] + bo;
                         if (mode & 1u) y = gelu_tanh(y);
-                        const size_t at = (size_t)(b0 + b) * out_dim + o;
-                        if (mode & 2u) y += resid[at];
-                        out[at] = y;
+                        y += rv[b]; // 0 unless mode bit 1
+                        out[(size_t)(b0 + b) * out_dim + o] = y;
                     }
                 }
             }
@@ -170,39 +214,54 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
     }
 }
 
-// attention: one decode step of multi-head attention for head blockIdx.x of
-// batch row blockIdx.y. qkv[b] holds q, k, v (each width wide, head h at
-// h*hd). The current k and v are first written into the caches
-// kc, vc ([batch][kv_len][width]) at pos = step[0] (clamped), then q
-// attends over cache positions 0..pos: out[b][h*hd+d] = sum_t p_t v[t][d],
-// p = softmax(scale * q.k_t). Dynamic shared memory: (hd + kv_len +
-// 4*blockDim) floats. hd is a multiple of 4 and at most blockDim*... (host
-// checks); blockDim a multiple of 32.
+// attention: one decode step of multi-head attention, split over the
+// cache positions (flash-decoding). Block (h, b, s) of grid (heads, batch,
+// splits) takes head h of batch row b and the s-th of `splits` equal chunks
+// of positions 0..pos, pos = step[0] (clamped). qkv[b] holds q, k, v (each
+// width wide, head h at h*hd). The current k and v are written into the
+// caches kc, vc ([batch][kv_len][width]) at pos by the blocks of split 0;
+// every block reads them for position pos from qkv itself, so no block
+// reads what another writes. Each block leaves its chunk's max score, sum
+// of exponentials and unnormalised output in ws ((hd+2) floats per block);
+// the last block of (b, h) to finish (counted in counters[b*heads+h], which
+// it resets to 0) combines the chunks in split order, so the result does
+// not depend on which block finishes last.
+// Dynamic shared memory: (hd + roundup(ceil(kv_len/splits), 4) + 4*blockDim)
+// floats;
+// hd is a multiple of 4, hd/4 <= blockDim, blockDim a multiple of 32.
 __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv, float *kc,
-                          float *vc, const uint32_t *__restrict__ step, uint32_t width,
-                          uint32_t heads, uint32_t kv_len, float scale) {
+                          float *vc, const uint32_t *__restrict__ step, float *ws,
+                          uint32_t *counters, uint32_t width, uint32_t heads, uint32_t kv_len,
+                          uint32_t splits, float scale) {
     extern __shared__ float sm[];
-    const uint32_t hd = width / heads, h = blockIdx.x, b = blockIdx.y;
-    const uint32_t pos = min(step[0], kv_len - 1);
-    float *s_q = sm;             // hd
-    float *s_p = sm + hd;        // kv_len
-    float *s_o = s_p + kv_len;   // 4*blockDim: partial outputs, reductions
+    __shared__ bool s_last;
+    const uint32_t hd = width / heads, h = blockIdx.x, b = blockIdx.y, s = blockIdx.z;
+    const uint32_t pos = min(step[0], kv_len - 1), n = pos + 1;
+    const uint32_t chunk = (n + splits - 1) / splits;
+    const uint32_t t0 = min(s * chunk, n), t1 = min(t0 + chunk, n);
+    const uint32_t pmax = ((kv_len + splits - 1) / splits + 3) & ~3u; // 16-byte multiple
+    float *s_q = sm;           // hd
+    float *s_p = sm + hd;      // ceil(kv_len/splits), rounded up to a multiple of 4
+    float *s_o = s_p + pmax;   // 4*blockDim, read and written as float4
     const float *q = qkv + (size_t)b * 3 * width + h * hd;
+    const float *knew = q + width, *vnew = q + 2 * width;
     const size_t base = (size_t)b * kv_len * width + h * hd;
     for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
         s_q[d] = q[d];
-        kc[base + (size_t)pos * width + d] = q[width + d];
-        vc[base + (size_t)pos * width + d] = q[2 * width + d];
+        if (s == 0) {
+            kc[base + (size_t)pos * width + d] = knew[d];
+            vc[base + (size_t)pos * width + d] = vnew[d];
+        }
     }
-    __syncthreads(); // the block's cache writes and s_q are visible to it
+    __syncthreads();
 
     const uint32_t hd4 = hd / 4;
     const float4 *q4 = reinterpret_cast<const float4 *>(s_q);
     float mx = -INFINITY;
-    for (uint32_t t = threadIdx.x; t <= pos; t += blockDim.x) {
-        const float4 *k4 = reinterpret_cast<const float4 *>(kc + base + (size_t)t * width);
+    for (uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        const float4 *k4 = reinterpret_cast<const float4 *>(t == pos ? knew : kc + base + (size_t)t * width);
         float a = 0.f;
-#pragma unroll 4
+#pragma unroll 16
         for (uint32_t d = 0; d < hd4; d++) {
             const float4 kv = k4[d], qv = q4[d];
             a = fmaf(qv.x, kv.x, a);
@@ -211,28 +270,27 @@ __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv
             a = fmaf(qv.w, kv.w, a);
         }
         a *= scale;
-        s_p[t] = a;
+        s_p[t - t0] = a;
         mx = fmaxf(mx, a);
     }
     mx = block_max(mx, s_o);
     float sum = 0.f;
-    for (uint32_t t = threadIdx.x; t <= pos; t += blockDim.x) {
-        const float e = __expf(s_p[t] - mx);
-        s_p[t] = e;
+    for (uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        const float e = __expf(s_p[t - t0] - mx);
+        s_p[t - t0] = e;
         sum += e;
     }
     sum = block_sum(sum, s_o);
     __syncthreads(); // s_p complete; s_o free again
 
-    // Output: hd4 threads per cache row (16 bytes each), groups of rows.
     const uint32_t groups = blockDim.x / hd4;
     const uint32_t d4 = threadIdx.x % hd4, g = threadIdx.x / hd4;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (g < groups) {
 #pragma unroll 4
-        for (uint32_t t = g; t <= pos; t += groups) {
-            const float4 v = reinterpret_cast<const float4 *>(vc + base + (size_t)t * width)[d4];
-            const float p = s_p[t];
+        for (uint32_t t = t0 + g; t < t1; t += groups) {
+            const float4 v = reinterpret_cast<const float4 *>(t == pos ? vnew : vc + base + (size_t)t * width)[d4];
+            const float p = s_p[t - t0];
             acc.x = fmaf(p, v.x, acc.x);
             acc.y = fmaf(p, v.y, acc.y);
             acc.z = fmaf(p, v.z, acc.z);
@@ -241,12 +299,38 @@ __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv
         reinterpret_cast<float4 *>(s_o)[g * hd4 + d4] = acc;
     }
     __syncthreads();
-    const float inv = 1.f / sum;
+    const size_t bh = (size_t)b * heads + h;
+    float *pw = ws + (bh * splits + s) * (hd + 2);
     for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.f;
         for (uint32_t gg = 0; gg < groups; gg++) o += s_o[gg * hd + d];
-        out[(size_t)b * width + h * hd + d] = o * inv;
+        pw[2 + d] = o;
     }
+    if (threadIdx.x == 0) {
+        pw[0] = mx;
+        pw[1] = sum;
+    }
+    __threadfence(); // the partials are visible device-wide before the count
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(&counters[bh], 1u) == splits - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const float *pb = ws + bh * splits * (hd + 2);
+    float m = -INFINITY;
+    for (uint32_t k = 0; k < splits; k++) m = fmaxf(m, __ldcg(pb + k * (hd + 2)));
+    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float l = 0.f, o = 0.f;
+        for (uint32_t k = 0; k < splits; k++) {
+            const float *pk = pb + k * (hd + 2);
+            const float mk = __ldcg(pk);
+            const float wk = mk == -INFINITY ? 0.f : __expf(mk - m);
+            l = fmaf(wk, __ldcg(pk + 1), l);
+            o = fmaf(wk, __ldcg(pk + 2 + d), o);
+        }
+        out[(size_t)b * width + h * hd + d] = o / l;
+    }
+    if (threadIdx.x == 0) counters[bh] = 0;
 }
 
 } // extern "C"

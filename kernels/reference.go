@@ -202,13 +202,13 @@ func linear(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) er
 
 // attention: write k, v at pos into the caches, then attend over 0..pos.
 func attention(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
-	if err := want(args, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, f32); err != nil {
+	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
 		return err
 	}
-	width, heads, kvLen := uint64(args[5].AsU32()), uint64(args[6].AsU32()), uint64(args[7].AsU32())
-	scale := float64(args[8].AsF32())
-	if heads == 0 || width%heads != 0 || (width/heads)%4 != 0 || kvLen == 0 {
-		return fmt.Errorf("attention: width %d, heads %d, kv_len %d", width, heads, kvLen)
+	width, heads, kvLen := uint64(args[7].AsU32()), uint64(args[8].AsU32()), uint64(args[9].AsU32())
+	splits, scale := uint64(args[10].AsU32()), float64(args[11].AsF32())
+	if heads == 0 || width%heads != 0 || (width/heads)%4 != 0 || kvLen == 0 || splits == 0 || uint64(grid.Z) != splits {
+		return fmt.Errorf("attention: width %d, heads %d, kv_len %d, splits %d, grid %v", width, heads, kvLen, splits, grid)
 	}
 	hd := width / heads
 	batch := uint64(grid.Y)
@@ -232,6 +232,21 @@ func attention(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg)
 	step, err := u32s(mem, args[4].AsPtr(), 1)
 	if err != nil {
 		return err
+	}
+	// The workspace of per-split partials and the counters are the CUDA
+	// kernel's business; the reference checks that the counters are zero,
+	// as every launch leaves them.
+	if _, err := f32s(mem, args[5].AsPtr(), batch*heads*splits*(hd+2)); err != nil {
+		return err
+	}
+	counters, err := u32s(mem, args[6].AsPtr(), batch*heads)
+	if err != nil {
+		return err
+	}
+	for i, c := range counters {
+		if c != 0 {
+			return fmt.Errorf("attention: counter %d is %d, not 0", i, c)
+		}
 	}
 	pos := min(uint64(step[0]), kvLen-1)
 	p := make([]float64, pos+1)

@@ -8,8 +8,10 @@
 #
 # and carry .dev to the GPU machine. Then, there:
 #
-#   scripts/gpu-run.sh smoke    nvcc the kernels to PTX, short runs with --check
-#   scripts/gpu-run.sh full     every case of BENCHMARKS.md, sanitizer, PyTorch
+#   scripts/gpu-run.sh smoke          short runs with --check
+#   scripts/gpu-run.sh full           every case of BENCHMARKS.md, sanitizer, PyTorch
+#   scripts/gpu-run.sh compile MODE   first nvcc the kernels to PTX ($OUT/kernels.ptx,
+#                                     to be committed) and run MODE on that PTX
 #
 # Logs and JSON lines go to $OUT (default /tmp/gpu-run); a short table is
 # printed last. With PTX=FILE the runs use that PTX instead of the embedded
@@ -18,6 +20,8 @@ set -u
 OUT=${OUT:-/tmp/gpu-run}
 mkdir -p "$OUT"
 MODE=${1:-full}
+COMPILE=
+if [ "$MODE" = compile ]; then COMPILE=1; MODE=${2:-smoke}; fi
 RUN=${RUN:-.dev/run}
 RES="$OUT/results.jsonl"
 : >"$RES"
@@ -25,7 +29,7 @@ export PYTHONUNBUFFERED=1
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-if [ "$MODE" = smoke ]; then
+if [ -n "$COMPILE" ]; then
 	nvcc --version | tail -2
 	nvcc -ptx -arch=compute_80 -O3 -o "$OUT/kernels.ptx" kernels/kernels.cu || exit 1
 	nvcc -cubin -arch=sm_90 -O3 -Xptxas -v -o /tmp/kernels.cubin kernels/kernels.cu 2>"$OUT/ptxas.txt"
@@ -77,11 +81,17 @@ if [ "$MODE" = smoke ]; then
 	torchrun gpt2-b1 --workload gpt2-decode --batch 1 --steps 50
 	torchrun mlp --workload mlp --steps 200
 else
-	ours gpt2-b1 --workload gpt2-decode --batch 1 --steps 200 --check
-	ours gpt2-b8 --workload gpt2-decode --batch 8 --steps 200 --check
-	ours mlp --workload mlp --steps 1000 --check
-	if [ -f .dev/gpt2.plan ]; then ours gpt2-b1-planfile --plan .dev/gpt2.plan --steps 200; fi
+	ours gpt2-b1 --workload gpt2-decode --batch 1 --steps 200
+	ours gpt2-b8 --workload gpt2-decode --batch 8 --steps 200
+	ours mlp --workload mlp --steps 1000
+	ours gpt2-b1-check --workload gpt2-decode --batch 1 --steps 20 --check
+	ours gpt2-b8-check --workload gpt2-decode --batch 8 --steps 10 --check
+	ours mlp-check --workload mlp --steps 100 --check
+	if [ -f .dev/gpt2.plan ] && [ -z "${PTX:-}" ]; then ours gpt2-b1-planfile --plan .dev/gpt2.plan --steps 200; fi
 	ours gpt2-l48 --workload gpt2-decode --layers 48 --steps 50
+	echo "== per-kernel device time, one eager step (event pairs: each adds a few us)" | tee -a "$OUT/log.txt"
+	"$RUN" "${PTXARG[@]}" --workload gpt2-decode --batch 1 --steps 1 --profile 2>&1 | grep profile | tee -a "$OUT/log.txt"
+	"$RUN" "${PTXARG[@]}" --workload gpt2-decode --batch 8 --steps 1 --profile 2>&1 | grep profile | tee -a "$OUT/log.txt"
 	torchrun gpt2-b1 --workload gpt2-decode --batch 1 --steps 200
 	torchrun gpt2-b8 --workload gpt2-decode --batch 8 --steps 200
 	torchrun mlp --workload mlp --steps 1000

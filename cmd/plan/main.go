@@ -24,6 +24,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
@@ -56,6 +57,8 @@ type config struct {
 	budget      time.Duration
 	workers     int
 	exportCSV   string
+	workload    string
+	shape       *graphexec.ShapeFlags
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool) int {
@@ -92,8 +95,10 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	fs.DurationVar(&c.budget, "budget", planner.DefaultBudget, "time budget per trace for searching algorithms")
 	fs.IntVar(&c.workers, "workers", 0, "goroutines a search may use (0: all cores; 1: deterministic)")
 	fs.StringVar(&c.exportCSV, "export-csv", "", "also write the trace with an offset column to this CSV file (one trace only)")
+	fs.StringVar(&c.workload, "workload", "", "plan a built-in workload's dry run instead of traces: "+strings.Join(graphexec.Workloads(), ", "))
+	c.shape = graphexec.AddShapeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: plan [flags] TRACE...\n       plan inspect FILE.plan\n\nflags:\n%s", fs.FlagUsages())
+		fmt.Fprintf(stderr, "usage: plan [flags] TRACE...\n       plan --workload NAME [shape flags] [-o FILE.plan]\n       plan inspect FILE.plan\n\nflags:\n%s", fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -102,7 +107,14 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 		return usageError{err}
 	}
 	paths := fs.Args()
+	if c.workload != "" && len(paths) > 0 {
+		return usageError{errors.New("--workload takes no trace arguments")}
+	}
+	if c.workload == "" && len(c.shape.Changed()) > 0 {
+		return usageError{fmt.Errorf("%s needs --workload", strings.Join(c.shape.Changed(), ", "))}
+	}
 	switch {
+	case c.workload != "":
 	case len(paths) == 0:
 		fs.Usage()
 		return usageError{errors.New("no trace given")}
@@ -118,6 +130,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	}
 	if c.format != "" && c.format != "csv" && c.format != "torch" && c.format != "json" {
 		return usageError{fmt.Errorf("--format %q: want csv, torch or json", c.format)}
+	}
+	if c.workload != "" {
+		return planWorkload(ctx, c, stdout)
 	}
 	var traces []*lifetime.Trace
 	var sources []string
@@ -174,6 +189,55 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	return nil
 }
 
+// planWorkload plans a built-in workload's dry run, one region per tag,
+// and writes the plan with the workload's name, shape and fingerprint.
+func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
+	if c.svg != "" || c.exportCSV != "" || c.keepOffsets || c.compare {
+		return usageError{errors.New("--svg, --export-csv, --keep-offsets and --compare take traces, not --workload")}
+	}
+	if err := c.shape.Check(c.workload); err != nil {
+		return usageError{err}
+	}
+	g, err := graphexec.Build(c.workload, c.shape.Shape())
+	if err != nil {
+		return err
+	}
+	d, err := g.DryRun()
+	if err != nil {
+		return err
+	}
+	t := d.Trace
+	p, err := graphexec.PlanWith(ctx, c.algo, t, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
+	if err != nil {
+		return err
+	}
+	w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
+	for _, dim := range g.Shape {
+		w.Shape = append(w.Shape, plans.Dim{Name: dim.Name, Value: dim.Value})
+	}
+	if c.out != "" {
+		if err := plans.Save(c.out, &plans.File{Trace: t, Plan: p, Workload: w}); err != nil {
+			return err
+		}
+	}
+	r := report{
+		Trace: g.Label(), Buffers: len(t.Buffers), LowerBound: p.LowerBound, Arena: p.Arena,
+		Ratio: p.Ratio(), Algo: p.Algo, Millis: millis(p.Elapsed), MillisToBest: millis(p.ToBest),
+		Optimal: p.Optimal, Align: p.Align, Fingerprint: g.Fingerprint().String(),
+	}
+	if c.jsonOut {
+		line, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s\n", line)
+		return nil
+	}
+	printTable(stdout, []report{r}, false)
+	fmt.Fprintf(stdout, "workload fingerprint %s\n", r.Fingerprint)
+	return nil
+}
+
 func known(algo string) bool {
 	for _, n := range planner.Names() {
 		if n == algo {
@@ -199,6 +263,7 @@ type report struct {
 	TorchReserved int64            `json:"torch_reserved,omitempty"`
 	PriorArena    int64            `json:"prior_arena,omitempty"`
 	PriorError    string           `json:"prior_error,omitempty"`
+	Fingerprint   string           `json:"workload_fingerprint,omitempty"`
 }
 
 func planOne(ctx context.Context, c config, source string, t *lifetime.Trace, stderr io.Writer, tty bool) (report, *planner.Plan, error) {
@@ -380,6 +445,13 @@ func inspect(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(tw, "file\t%s\n", fs.Arg(0))
 	fmt.Fprintf(tw, "trace\t%s\n", t.Name)
 	fmt.Fprintf(tw, "fingerprint\t%x\n", t.Fingerprint())
+	if w := f.Workload; w != nil {
+		fmt.Fprintf(tw, "workload\t%s\n", w.Name)
+		for _, d := range w.Shape {
+			fmt.Fprintf(tw, "  %s\t%d\n", d.Name, d.Value)
+		}
+		fmt.Fprintf(tw, "workload fingerprint\t%x\n", w.Fingerprint)
+	}
 	fmt.Fprintf(tw, "buffers\t%d\n", len(t.Buffers))
 	fmt.Fprintf(tw, "algorithm\t%s\n", p.Algo)
 	fmt.Fprintf(tw, "alignment\t%d\n", p.Align)

@@ -61,6 +61,7 @@ type config struct {
 	budget   time.Duration
 	jsonOut  bool
 	ptx      string
+	profile  bool
 	shape    *graphexec.ShapeFlags
 	fs       *pflag.FlagSet
 }
@@ -93,6 +94,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&c.budget, "budget", planner.DefaultBudget, "planning budget when no --plan is given")
 	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object")
 	fs.StringVar(&c.ptx, "ptx", "", "use this PTX file instead of the embedded kernels (development)")
+	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: run [--plan FILE.plan | --workload NAME] [shape flags] [flags]\n\nflags:\n%s", fs.FlagUsages())
 	}
@@ -322,6 +324,11 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 		return nil, err
 	}
 	rep.StagingBytes = e.StagingBytes()
+	if c.profile {
+		if err := profile(e, g, stderr); err != nil {
+			return nil, err
+		}
+	}
 
 	// Eager: warm up, start again from the initial state, time.
 	timed := func(step func(int) error) (time.Duration, error) {
@@ -494,4 +501,43 @@ func bytesStr(n int64) string {
 	default:
 		return fmt.Sprint(n)
 	}
+}
+
+// profile prints the device time of each kind of op in one eager step.
+func profile(e *graphexec.Executor, g *graphexec.Graph, w io.Writer) error {
+	for range 2 { // the first step warms the caches and the JIT
+		if _, err := e.ProfileOps(0); err != nil {
+			return err
+		}
+	}
+	ts, err := e.ProfileOps(0)
+	if err != nil {
+		return err
+	}
+	type agg struct {
+		n   int
+		sum time.Duration
+	}
+	kinds := map[string]*agg{}
+	var order []string
+	var total time.Duration
+	for i, op := range g.Ops {
+		k := op.Name
+		if j := strings.IndexByte(k, '.'); j >= 0 {
+			k = k[j+1:]
+		}
+		if kinds[k] == nil {
+			kinds[k] = &agg{}
+			order = append(order, k)
+		}
+		kinds[k].n++
+		kinds[k].sum += ts[i]
+		total += ts[i]
+	}
+	for _, k := range order {
+		a := kinds[k]
+		fmt.Fprintf(w, "profile %-20s n=%-3d total %8.1f us  avg %8.2f us\n", k, a.n, float64(a.sum.Nanoseconds())/1e3, float64(a.sum.Nanoseconds())/1e3/float64(a.n))
+	}
+	fmt.Fprintf(w, "profile %-20s       total %8.1f us\n", "all", float64(total.Nanoseconds())/1e3)
+	return e.ResetState()
 }
