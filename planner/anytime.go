@@ -152,139 +152,220 @@ func (r *anytimeRun) portfolio(d *leafData, until time.Time) (int64, []int64) {
 	return results[bi].h, results[bi].offs
 }
 
-// exactHeuristics are the preorders of the exact search, tried round robin.
-var exactHeuristics = []preorder{"WAT", "TAW", "TWA", "ZWA", "AWT", "OZW"}
+// exactHeuristics are the preorders of the exact search, tried round
+// robin ("s": ranked once instead of afresh in every partition).
+var exactHeuristics = []preorder{"TWA", "TAW", "sTWA", "WAT", "AWT"}
+
+// descentFracs: a descent job asks for a height a fraction of the way from
+// one below the best towards the lowest height not yet ruled out (0: just
+// one below). Solve time is far from monotone in the capacity, so the
+// jumps are worth their cost.
+var descentFracs = []int64{0, 2, 4, 8}
 
 type exactJob struct {
-	lbIndex int // index among capacity = lower bound jobs, -1 for descent
+	lbIndex int  // index among capacity = lower bound jobs, -1 for descent
+	det     bool // part of the deterministic descent sequence
 	heur    int
 	limit   int64
 	cap     int64
 	stop    atomic.Bool
 }
 
+// exactState is what the workers of one leaf share, under mu.
+type exactState struct {
+	mu       sync.Mutex
+	best     int64 // lowest height found by anyone
+	offs     []int64
+	at       time.Duration
+	lbNext   int // next lower-bound job index
+	lbRound  int
+	running  map[*exactJob]bool
+	lbWin    int // lowest lower-bound job index that succeeded, -1 if none
+	lbWinSol []int64
+	lbAt     time.Duration
+	lbProven bool // the lower bound is infeasible
+	detBest  int64
+	detOffs  []int64 // the descent's own best: deterministic
+	detAt    time.Duration
+	proven   bool // the descent proved detBest optimal
+	nodes    int64
+}
+
 // exact runs the exact search on a leaf whose best greedy height is best.
+//
+// With one worker it alternates lower-bound jobs and descent jobs in one
+// fixed sequence. With more, worker 0 runs the descent sequence (which
+// depends only on its own results, so it is deterministic) and the others
+// run the lower-bound jobs; once the lower bound is ruled out they run
+// extra descent jobs whose plans count only when the budget runs out.
 func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at time.Duration, until time.Time) (int64, []int64, time.Duration) {
-	ranks := make([][]int32, len(exactHeuristics))
-	for h := range exactHeuristics {
-		ranks[h] = d.rank(exactHeuristics[h])
-	}
-	var (
-		mu       sync.Mutex
-		round    int
-		pos      int // position in the round: 2 per heuristic
-		lbNext   int // next lower-bound job index
-		running  = map[*exactJob]bool{}
-		lbWin    = -1 // lowest lower-bound job index that succeeded
-		lbWinSol []int64
-		lbAt     time.Duration
-		lbProven bool // a complete search at the lower bound failed
-		stopAll  atomic.Bool
-		nodes    int64
-	)
+	st := &exactState{best: best, offs: offs, at: at, running: map[*exactJob]bool{}, lbWin: -1,
+		detBest: best, detOffs: offs, detAt: at}
+	var stopAll atomic.Bool
 	timer := time.AfterFunc(time.Until(until), func() { stopAll.Store(true) })
 	defer timer.Stop()
 	stopCtx := context.AfterFunc(r.ctx, func() { stopAll.Store(true) })
 	defer stopCtx()
-
 	base := int64(max(d.k, 64))
-	// nextJob returns the next job or nil when there is nothing left to
-	// dispatch. Called with mu held.
-	nextJob := func() *exactJob {
-		for {
-			if stopAll.Load() || lbWin >= 0 {
-				return nil
+	limitOf := func(round int) int64 { return base << min(round+1, 40) }
+
+	// run executes one job and records its outcome.
+	run := func(j *exactJob) int {
+		st.mu.Lock()
+		st.running[j] = true
+		st.mu.Unlock()
+		s := newDFS(d, j.cap, exactHeuristics[j.heur], j.limit, &j.stop)
+		s.stop2 = &stopAll
+		res := s.solve()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		delete(st.running, j)
+		st.nodes += s.nodes
+		if res == found {
+			if h := height(d, s.sol); h < st.best {
+				st.best, st.offs, st.at = h, s.sol, time.Since(r.start)
 			}
-			if lbProven && best <= target {
-				return nil
-			}
-			limit := base << min(round+1, 40)
-			h := pos / 2
-			descent := pos%2 == 1
-			pos++
-			if pos == 2*len(exactHeuristics) {
-				pos = 0
-				round++
-			}
-			if !descent {
-				if lbProven {
-					continue
+		}
+		if j.lbIndex >= 0 {
+			switch res {
+			case found:
+				if st.lbWin < 0 || j.lbIndex < st.lbWin {
+					st.lbWin, st.lbWinSol, st.lbAt = j.lbIndex, s.sol, time.Since(r.start)
 				}
-				j := &exactJob{lbIndex: lbNext, heur: h, limit: limit, cap: target}
-				lbNext++
-				return j
+				// Later jobs cannot win any more; earlier ones still
+				// may, and must finish.
+				for o := range st.running {
+					if o.lbIndex > st.lbWin || (o.lbIndex < 0 && !o.det) {
+						o.stop.Store(true)
+					}
+				}
+			case notFound:
+				st.lbProven = true
 			}
-			if best-1 < target || best-1 <= target && !lbProven {
-				// best - 1 == target is the lower-bound job's business.
+		}
+		if j.det && res == found {
+			if h := height(d, s.sol); h < st.detBest {
+				st.detBest, st.detOffs, st.detAt = h, s.sol, time.Since(r.start)
+			}
+		}
+		return res
+	}
+	done := func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return stopAll.Load() || st.lbWin >= 0 || st.proven
+	}
+	nextLB := func() *exactJob {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.lbProven || st.lbWin >= 0 || stopAll.Load() {
+			return nil
+		}
+		h := st.lbNext % len(exactHeuristics)
+		j := &exactJob{lbIndex: st.lbNext, heur: h, limit: limitOf(st.lbNext / len(exactHeuristics)), cap: target}
+		st.lbNext++
+		return j
+	}
+	// descent runs the deterministic descent sequence; with interleave,
+	// a lower-bound job after each descent job.
+	descent := func(interleave bool) {
+		floor := target // no height below floor is feasible
+		for i := 0; !done(); i++ {
+			if interleave {
+				if j := nextLB(); j != nil && run(j) == found {
+					return
+				}
+				if done() {
+					return
+				}
+			}
+			st.mu.Lock()
+			dBest := st.detBest
+			if st.lbProven {
+				floor = max(floor, target+1)
+			}
+			st.mu.Unlock()
+			lo := max(floor, target+1)
+			if dBest <= floor || dBest-1 < lo {
+				if dBest <= floor {
+					st.mu.Lock()
+					st.proven = true
+					st.mu.Unlock()
+					return
+				}
+				if !interleave {
+					return // only the lower-bound jobs can do better
+				}
 				continue
 			}
-			return &exactJob{lbIndex: -1, heur: h, limit: limit, cap: best - 1}
+			nh, nf := len(exactHeuristics), len(descentFracs)
+			round := i / (nh * nf)
+			h := i % nh
+			f := descentFracs[(i/nh)%nf]
+			capacity := dBest - 1
+			if f > 0 {
+				capacity -= (dBest - 1 - lo) / f
+			}
+			j := &exactJob{lbIndex: -1, det: true, heur: h, limit: limitOf(round), cap: capacity}
+			if run(j) == notFound {
+				floor = max(floor, capacity+1)
+				if floor > target {
+					st.mu.Lock()
+					st.lbProven = true
+					st.mu.Unlock()
+				}
+			}
 		}
 	}
 	var wg sync.WaitGroup
-	for w := 0; w < r.opt.Workers; w++ {
+	if r.opt.Workers <= 1 {
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				j := nextJob()
-				if j == nil {
-					mu.Unlock()
-					return
+		go func() { defer wg.Done(); descent(true) }()
+	} else {
+		wg.Add(r.opt.Workers)
+		go func() { defer wg.Done(); descent(false) }()
+		for w := 1; w < r.opt.Workers; w++ {
+			go func() {
+				defer wg.Done()
+				for j := nextLB(); j != nil; j = nextLB() {
+					run(j)
 				}
-				running[j] = true
-				mu.Unlock()
-
-				s := newDFS(d, j.cap, ranks[j.heur], j.limit, &j.stop)
-				s.stop2 = &stopAll
-				st := s.solve()
-
-				mu.Lock()
-				delete(running, j)
-				nodes += s.nodes
-				if j.lbIndex >= 0 {
-					switch st {
-					case found:
-						if lbWin < 0 || j.lbIndex < lbWin {
-							lbWin = j.lbIndex
-							lbWinSol = s.sol
-							lbAt = time.Since(r.start)
-						}
-						// Later jobs cannot win any more; earlier ones
-						// still may, and must finish.
-						for o := range running {
-							if o.lbIndex < 0 || o.lbIndex > lbWin {
-								o.stop.Store(true)
-							}
-						}
-					case notFound:
-						lbProven = true
+				// The lower bound is ruled out (or won): help the descent
+				// with jobs that only count when the budget runs out.
+				for i := w; !done(); i += r.opt.Workers {
+					st.mu.Lock()
+					b := st.best
+					st.mu.Unlock()
+					if b-1 <= target {
+						return
 					}
-				} else if st == found {
-					h := height(d, s.sol)
-					if h < best {
-						best, offs = h, s.sol
-						at = time.Since(r.start)
+					nh := len(exactHeuristics)
+					f := descentFracs[(i/nh)%len(descentFracs)]
+					capacity := b - 1
+					if f > 0 {
+						capacity -= (b - 1 - target - 1) / f
 					}
+					run(&exactJob{lbIndex: -1, heur: i % nh, limit: limitOf(i / (nh * len(descentFracs))), cap: capacity})
 				}
-				mu.Unlock()
-			}
-		}()
+			}()
+		}
 	}
 	r.progressLoop(&wg, func() int64 {
-		mu.Lock()
-		defer mu.Unlock()
-		if lbWin >= 0 {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.lbWin >= 0 {
 			return target
 		}
-		return best
+		return st.best
 	})
-	r.stats.nodes += nodes
-	if lbWin >= 0 {
-		return height(d, lbWinSol), lbWinSol, lbAt
+	r.stats.nodes += st.nodes
+	switch {
+	case st.lbWin >= 0:
+		return height(d, st.lbWinSol), st.lbWinSol, st.lbAt
+	case st.proven || (r.opt.Workers <= 1):
+		return st.detBest, st.detOffs, st.detAt
 	}
-	return best, offs, at
+	return st.best, st.offs, st.at
 }
 
 // height is the highest top of a leaf's offsets (at least its base).

@@ -155,12 +155,19 @@ func newLeafData(p *problem, l *leaf, times []int64) *leafData {
 type preorder string
 
 func (d *leafData) rank(order preorder) []int32 {
-	total := make([]int64, d.k)
-	for j := range d.k {
-		for s := d.lo[j]; s < d.hi[j]; s++ {
-			total[j] = max(total[j], d.secLoad[s])
-		}
+	all := make([]int32, d.k)
+	for j := range all {
+		all[j] = int32(j)
 	}
+	rank := make([]int32, d.k)
+	d.rankItems(order, all, d.secLoad, rank)
+	return rank
+}
+
+// rankItems sets rank[j] for the given items to their position (0, 1, ...)
+// in the preorder, where 'T' reads the section loads tot. It reorders
+// items.
+func (d *leafData) rankItems(order preorder, items []int32, tot []int64, rank []int32) {
 	key := func(j int32, c byte) int64 {
 		w := d.end[j] - d.start[j]
 		switch c {
@@ -169,7 +176,11 @@ func (d *leafData) rank(order preorder) []int32 {
 		case 'A':
 			return w * d.size[j] // sizes and times here stay far below 2^63 for real traces
 		case 'T':
-			return total[j]
+			var t int64
+			for s := d.lo[j]; s < d.hi[j]; s++ {
+				t = max(t, tot[s])
+			}
+			return t
 		case 'Z':
 			return d.size[j]
 		case 'O':
@@ -179,23 +190,29 @@ func (d *leafData) rank(order preorder) []int32 {
 		}
 		return 0
 	}
-	perm := make([]int32, d.k)
-	for j := range perm {
-		perm[j] = int32(j)
+	type keyed struct {
+		j int32
+		k [4]int64
 	}
-	slices.SortStableFunc(perm, func(a, b int32) int {
-		for i := 0; i < len(order); i++ {
-			if c := cmp.Compare(key(b, order[i]), key(a, order[i])); c != 0 {
+	ks := make([]keyed, len(items))
+	for x, j := range items {
+		ks[x].j = j
+		for i := 0; i < len(order) && i < 4; i++ {
+			ks[x].k[i] = key(j, order[i])
+		}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int {
+		for i := 0; i < len(order) && i < 4; i++ {
+			if c := cmp.Compare(b.k[i], a.k[i]); c != 0 {
 				return c
 			}
 		}
-		return cmp.Compare(a, b)
+		return cmp.Compare(a.j, b.j)
 	})
-	rank := make([]int32, d.k)
-	for r, j := range perm {
-		rank[j] = int32(r)
+	for r, x := range ks {
+		items[r] = x.j
+		rank[x.j] = int32(r)
 	}
-	return rank
 }
 
 // Search outcomes.
@@ -210,7 +227,9 @@ const (
 type dfs struct {
 	d      *leafData
 	cap    int64
-	rank   []int32
+	order  preorder
+	static bool    // rank once, not afresh in every partition
+	rank   []int32 // position in the preorder of the item's partition
 	off    []int64 // -1: unplaced
 	minOff []int64
 	sol    []int64
@@ -241,8 +260,12 @@ type partition struct {
 	n      int
 }
 
-func newDFS(d *leafData, capacity int64, rank []int32, limit int64, stop *atomic.Bool) *dfs {
-	s := &dfs{d: d, cap: capacity, rank: rank, limit: limit, stop: stop}
+func newDFS(d *leafData, capacity int64, order preorder, limit int64, stop *atomic.Bool) *dfs {
+	s := &dfs{d: d, cap: capacity, order: order, limit: limit, stop: stop}
+	if len(order) > 0 && order[0] == 's' {
+		s.static, s.order = true, order[1:]
+	}
+	s.rank = make([]int32, d.k)
 	s.off = make([]int64, d.k)
 	s.minOff = make([]int64, d.k)
 	s.sol = make([]int64, d.k)
@@ -305,12 +328,30 @@ func (s *dfs) solve() int {
 	return s.subSolve(all, 0, int32(s.d.nsec))
 }
 
+// subSolve searches a partition on its own. Like MiniMalloc it ranks the
+// partition's items afresh, with 'T' reading the bytes still unplaced.
 func (s *dfs) subSolve(items []int32, lo, hi int32) int {
+	if s.static && s.nodes > 0 {
+		p := &partition{lo: lo, hi: hi, items: items, n: len(items)}
+		for x, j := range items {
+			s.pos[j] = int32(x)
+		}
+		return s.search(p, -1, -1)
+	}
+	saved := make([]undo, len(items))
+	for x, j := range items {
+		saved[x] = undo{j, int64(s.rank[j])}
+	}
+	s.d.rankItems(s.order, items, s.tot, s.rank)
 	p := &partition{lo: lo, hi: hi, items: items, n: len(items)}
 	for x, j := range items {
 		s.pos[j] = int32(x)
 	}
-	return s.search(p, -1, -1)
+	st := s.search(p, -1, -1)
+	for _, u := range saved {
+		s.rank[u.i] = int32(u.v)
+	}
+	return st
 }
 
 func (s *dfs) remove(p *partition, j int32) {
@@ -365,16 +406,23 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 		s.cand = append(s.cand, j)
 	}
 	cands := s.cand[base:]
-	slices.SortFunc(cands, func(a, b int32) int {
-		if c := cmp.Compare(s.minOff[a], s.minOff[b]); c != 0 {
-			return c
+	// Insertion sort by (lowest offset, rank): the lists are short.
+	for x := 1; x < len(cands); x++ {
+		c := cands[x]
+		y := x
+		for ; y > 0; y-- {
+			b := cands[y-1]
+			if s.minOff[b] < s.minOff[c] || s.minOff[b] == s.minOff[c] && s.rank[b] < s.rank[c] {
+				break
+			}
+			cands[y] = b
 		}
-		return cmp.Compare(s.rank[a], s.rank[b])
-	})
+		cands[y] = c
+	}
 	n := len(cands)
 	status := notFound
 	for x := range n {
-		st, hatless := s.place(p, s.cand[base+x])
+		st, hatless := s.place(p, s.cand[base+x], lastOff)
 		if st != notFound {
 			status = st
 			break
@@ -388,10 +436,17 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 }
 
 // place puts c at its lowest offset, searches on, and undoes the change.
-func (s *dfs) place(p *partition, c int32) (status int, hatless bool) {
+func (s *dfs) place(p *partition, c int32, lastOff int64) (status int, hatless bool) {
 	d := s.d
 	o := s.minOff[c]
 	top := o + d.size[c]
+	// Cheap refusals first, before anything changes: the bytes left in
+	// c's sections must fit above it.
+	for sec := d.lo[c]; sec < d.hi[c]; sec++ {
+		if top+s.tot[sec]-d.size[c] > s.cap {
+			return notFound, false
+		}
+	}
 	s.off[c] = o
 	s.sol[c] = o
 	s.remove(p, c)
@@ -412,10 +467,11 @@ func (s *dfs) place(p *partition, c int32) (status int, hatless bool) {
 		s.offUndo = append(s.offUndo, undo{j, s.minOff[j]})
 		m := alignUp(top, d.align[j])
 		s.minOff[j] = m
+		tlo, thi = min(tlo, d.lo[j]), max(thi, d.hi[j])
 		if (d.fixed[j] >= 0 && m > d.fixed[j]) || m+d.size[j] > s.cap {
 			ok = false
+			break
 		}
-		tlo, thi = min(tlo, d.lo[j]), max(thi, d.hi[j])
 	}
 	lo, hi := d.lo[c], d.hi[c]
 	s.total.add(int(lo), int(hi), -d.size[c])
@@ -423,9 +479,6 @@ func (s *dfs) place(p *partition, c int32) (status int, hatless bool) {
 		s.tot[sec] -= d.size[c]
 		s.floorUndo = append(s.floorUndo, undo{sec, s.floor[sec]})
 		s.floor[sec] = top
-		if top+s.tot[sec] > s.cap {
-			ok = false
-		}
 	}
 	// Unallocated floors: below the lowest offset any unplaced item of a
 	// section can take, that section's memory is lost.
@@ -454,7 +507,10 @@ func (s *dfs) place(p *partition, c int32) (status int, hatless bool) {
 			}
 		}
 	}
-	if ok && o+s.total.max(int(p.lo), int(p.hi)) > s.cap {
+	// The offset only grows along a path, so the bytes left anywhere in
+	// the partition must fit above it; unchanged since the parent unless
+	// the offset rose.
+	if ok && o > lastOff && o+s.total.max(int(p.lo), int(p.hi)) > s.cap {
 		ok = false
 	}
 	status = notFound

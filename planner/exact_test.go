@@ -86,7 +86,7 @@ func TestExactAgainstBruteForce(t *testing.T) {
 			failedBelow := false
 			for k := range leaves {
 				d := newLeafData(p, &leaves[k], p.times)
-				rank := d.rank(exactHeuristics[h])
+				rank := exactHeuristics[h]
 				s := newDFS(d, capacity, rank, 1<<40, nil)
 				if st := s.solve(); st != found {
 					t.Fatalf("iter %d heur %s: leaf %d not packed at the optimum %d (status %d): %+v", iter, exactHeuristics[h], k, opt, st, tr.Buffers)
