@@ -86,12 +86,20 @@ func buildGPT2(s Shape) (*Graph, error) {
 		return nil, fmt.Errorf("graphexec: gpt2-decode: --batch %d: want 1..1024", B)
 	case V < 1 || V > 1<<24:
 		return nil, fmt.Errorf("graphexec: gpt2-decode: --vocab %d: want 1..2^24", V)
+	case s.MaxBatch > 1024:
+		return nil, fmt.Errorf("graphexec: gpt2-decode: max batch %d: want at most 1024", s.MaxBatch)
 	}
 	hd := W / H
 	seed := s.Seed
 	b := NewBuilder("gpt2-decode")
 	for _, d := range []Dim{{"layers", int64(L)}, {"width", int64(W)}, {"heads", int64(H)}, {"kv_len", int64(T)}, {"batch", int64(B)}, {"vocab", int64(V)}} {
 		b.Dim(d.Name, d.Value)
+	}
+	// The KV cache and the attention counters are sized for the family's
+	// largest batch and shared by key: a member uses their first B rows.
+	mb := int64(max(s.MaxBatch, B))
+	if mb > int64(B) {
+		b.Dim("max_batch", mb)
 	}
 	b.Module(kernels.PTX)
 	w, bb, l := int64(W), int64(B), int64(T)
@@ -120,7 +128,7 @@ func buildGPT2(s Shape) (*Graph, error) {
 	splits := max(1, min((attentionBlocks+H*B-1)/(H*B), (T+31)/32))
 	chunk := ((T+splits-1)/splits + 3) &^ 3 // as the kernel rounds it: float4 alignment
 	shared := uint32(4 * (hd + chunk + 4*attentionBlock))
-	counters := b.Tensor("attn.counters", U32, State, bb*int64(H)).SetInit(func(dst []byte) { clear(dst) })
+	counters := b.Tensor("attn.counters", U32, State, mb*int64(H)).SetInit(func(dst []byte) { clear(dst) }).Share("attn.counters")
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	for i := 0; i < L; i++ {
 		p := fmt.Sprintf("h%d.", i)
@@ -130,8 +138,8 @@ func buildGPT2(s Shape) (*Graph, error) {
 		ln2g, ln2b := gain(p+"ln2.g"), weight(p+"ln2.b", 0.05, w)
 		wfc, bfc := weight(p+"mlp.w_fc", std, 4*w, w), weight(p+"mlp.b_fc", 0.01, 4*w)
 		wpr, bpr := weight(p+"mlp.w_proj", projStd, w, 4*w), weight(p+"mlp.b_proj", 0.01, w)
-		kc := b.Tensor(p+"k_cache", F32, State, bb, l, w).SetInit(uniform(seed, p+"k_cache", 0, 1))
-		vc := b.Tensor(p+"v_cache", F32, State, bb, l, w).SetInit(uniform(seed, p+"v_cache", 0, 1))
+		kc := b.Tensor(p+"k_cache", F32, State, mb, l, w).SetInit(uniform(seed, p+"k_cache", 0, 1)).Share(p + "k_cache")
+		vc := b.Tensor(p+"v_cache", F32, State, mb, l, w).SetInit(uniform(seed, p+"v_cache", 0, 1)).Share(p + "v_cache")
 
 		qkv := b.Tensor(p+"qkv", F32, Intermediate, bb, 3*w)
 		att := b.Tensor(p+"attn", F32, Intermediate, bb, w)
@@ -168,16 +176,24 @@ func buildMLP(s Shape) (*Graph, error) {
 		return nil, fmt.Errorf("graphexec: mlp: --width %d: want a multiple of 4, at most 65536", W)
 	case B < 1 || B > 1<<16:
 		return nil, fmt.Errorf("graphexec: mlp: --batch %d: want 1..65536", B)
+	case s.MaxBatch > 1<<16:
+		return nil, fmt.Errorf("graphexec: mlp: max batch %d: want at most 65536", s.MaxBatch)
 	}
 	seed := s.Seed
 	b := NewBuilder("mlp")
 	b.Dim("layers", int64(L))
 	b.Dim("width", int64(W))
 	b.Dim("batch", int64(B))
+	// The constant input is sized for the family's largest batch and
+	// shared: a member reads its first B rows.
+	mb := int64(max(s.MaxBatch, B))
+	if mb > int64(B) {
+		b.Dim("max_batch", mb)
+	}
 	b.Module(kernels.PTX)
 	w, bb := int64(W), int64(B)
 	a := float32(math.Sqrt(6.5 / float64(W))) // He-like variance 2.2/W keeps activations near unit scale through GELU
-	x := b.Tensor("x", F32, Input, bb, w).SetInit(uniform(seed, "x", 0, 1))
+	x := b.Tensor("x", F32, Input, mb, w).SetInit(uniform(seed, "x", 0, 1)).Share("x")
 	for i := 0; i < L; i++ {
 		p := fmt.Sprintf("l%d.", i)
 		wt := b.Tensor(p+"w", F32, Weight, w, w).SetInit(uniform(seed, p+"w", 0, a))

@@ -82,7 +82,11 @@ type Executor struct {
 	dry  *DryRun
 	plan *planner.Plan
 
-	arena  *arena.Arena
+	arena *arena.Arena
+	// at, when set, gives buffer addresses instead of arena: the executor
+	// is a member of a family or a stage of a chain, whose arena, stream
+	// and modules belong to the group (family.go, chain.go).
+	at     func(lifetime.ID) (cuda.DevicePtr, error)
 	mods   []cuda.Module
 	fns    []cuda.Function
 	ptr    []cuda.DevicePtr // by tensor
@@ -162,7 +166,7 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 	}
 	ptr := make([]cuda.DevicePtr, len(g.Tensors))
 	for i := range g.Tensors {
-		p, err := e.arena.Ptr(d.Tensor[i])
+		p, err := e.addr(d.Tensor[i])
 		if err != nil {
 			return fmt.Errorf("graphexec: %s: tensor %s: %w", g.Label(), g.Tensors[i].Name, err)
 		}
@@ -181,7 +185,7 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 		fns[i] = fn
 		var ws cuda.DevicePtr
 		if id := d.Workspace[i]; id >= 0 {
-			if ws, err = e.arena.Ptr(id); err != nil {
+			if ws, err = e.addr(id); err != nil {
 				return fmt.Errorf("graphexec: %s: op %d (%s) workspace: %w", g.Label(), i, op.Name, err)
 			}
 		}
@@ -209,6 +213,13 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 	}
 	e.stageN = 0
 	return nil
+}
+
+func (e *Executor) addr(id lifetime.ID) (cuda.DevicePtr, error) {
+	if e.at != nil {
+		return e.at(id)
+	}
+	return e.arena.Ptr(id)
 }
 
 // Graph returns the graph the executor runs.
@@ -521,6 +532,9 @@ type Rebound struct {
 // instantiated again. Tensors with init functions are written again when
 // g differs. Without an earlier capture, Rebind captures.
 func (e *Executor) Rebind(g *Graph) (Rebound, error) {
+	if e.at != nil {
+		return Rebound{}, fmt.Errorf("graphexec: %s: rebind: a member of a family or chain cannot be rebound alone; plan the group again", e.g.Label())
+	}
 	fp := g.Fingerprint()
 	if fp == e.fp && e.exec != nil && e.captured == fp {
 		return Rebound{Decision: Reused, Reason: "same fingerprint " + fp.Short()}, nil

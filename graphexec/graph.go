@@ -102,6 +102,7 @@ type Tensor struct {
 	index int
 	init  func(dst []byte)
 	feed  func(step int, dst []byte)
+	share string // family-wide key (Share), "" for none
 }
 
 // Index is the tensor's position in Graph.Tensors.

@@ -17,7 +17,13 @@ import (
 // inputs and is no part of the fingerprint.
 type Shape struct {
 	Layers, Width, Heads, KVLen, Batch, Vocab int
-	Seed                                      uint64
+	// MaxBatch is the batch that the tensors a family shares (the KV
+	// cache, constant inputs) are sized for, so that every member of a
+	// family of batch sizes finds them at one address with one size and
+	// uses their first Batch rows; 0 or at most Batch: Batch. Above Batch
+	// it is recorded as the shape dimension "max_batch".
+	MaxBatch int
+	Seed     uint64
 }
 
 // Workload is a built-in workload.
@@ -78,6 +84,9 @@ func (w *Workload) Resolve(s Shape) Shape {
 	}
 	s.Layers, s.Width, s.Heads = pick(s.Layers, d.Layers), pick(s.Width, d.Width), pick(s.Heads, d.Heads)
 	s.KVLen, s.Batch, s.Vocab = pick(s.KVLen, d.KVLen), pick(s.Batch, d.Batch), pick(s.Vocab, d.Vocab)
+	if s.MaxBatch < s.Batch {
+		s.MaxBatch = s.Batch
+	}
 	if s.Seed == 0 {
 		s.Seed = 1
 	}
@@ -105,6 +114,8 @@ func ShapeOf(dims []Dim) (Shape, error) {
 			s.Batch = v
 		case "vocab":
 			s.Vocab = v
+		case "max_batch":
+			s.MaxBatch = v
 		default:
 			return Shape{}, fmt.Errorf("graphexec: unknown shape dimension %q", d.Name)
 		}

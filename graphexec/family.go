@@ -1,0 +1,467 @@
+package graphexec
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/arenaplan/arenaplan/arena"
+	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
+)
+
+// Share marks t as shared by every member of a family (several graphs
+// replayed one at a time from one arena, planner.PlanFamily) under key:
+// every member whose graph has a tensor with that key finds it at one
+// address, so its contents survive the other members' replays. Members
+// must agree on its size: a KV cache is sized for the family's largest
+// batch (Shape.MaxBatch) and each member uses its first rows. Weights are
+// shared under their names without a call; Share gives them another key.
+// Only weights, state and inputs can be shared. It returns t.
+func (t *Tensor) Share(key string) *Tensor { t.share = key; return t }
+
+// SharedKey is t's family key: its Share key, a weight's name, or "" for
+// a tensor each member keeps to itself.
+func (t *Tensor) SharedKey() string {
+	switch {
+	case t.share != "":
+		return t.share
+	case t.Role == Weight:
+		return t.Name
+	}
+	return ""
+}
+
+// FamilyKeys returns the shared key of every buffer of d, g's dry run, as
+// planner.Member.Keys wants them (workspaces are private).
+func FamilyKeys(g *Graph, d *DryRun) []string {
+	keys := make([]string, len(d.Trace.Buffers))
+	for i, t := range g.Tensors {
+		keys[d.Tensor[i]] = t.SharedKey()
+	}
+	return keys
+}
+
+// checkShared refuses shared keys on roles that cannot be shared and,
+// in a family of several members, private tensors whose contents must
+// outlive a replay: another member's replay would overwrite them.
+func checkShared(g *Graph, several bool) error {
+	seen := map[string]string{}
+	for _, t := range g.Tensors {
+		k := t.SharedKey()
+		switch {
+		case k != "" && (t.Role == Intermediate || t.Role == Output):
+			return fmt.Errorf("graphexec: %s: %s %s is shared (key %q); only weights, state and inputs can be", g.Label(), t.Role, t.Name, k)
+		case k != "" && seen[k] != "":
+			return fmt.Errorf("graphexec: %s: tensors %s and %s share key %q", g.Label(), seen[k], t.Name, k)
+		case k == "" && several && (t.Role == Weight || t.Role == State || (t.Role == Input && t.feed == nil && t.init != nil)):
+			return fmt.Errorf("graphexec: %s: %s %s is private to its member, so another member's replay would overwrite it; share it (Tensor.Share)",
+				g.Label(), t.Role, t.Name)
+		}
+		if k != "" {
+			seen[k] = t.Name
+		}
+	}
+	return nil
+}
+
+// FamilyMembers dry-runs graphs and returns them as planner members with
+// their shared keys (FamilyKeys), named by the shape dimensions in which
+// they differ ("batch=8"), or by their labels when those do not tell them
+// apart. In a family of several members every weight, state and constant
+// input must be shared.
+func FamilyMembers(graphs []*Graph) ([]planner.Member, []*DryRun, error) {
+	if len(graphs) == 0 {
+		return nil, nil, errors.New("graphexec: family: no graphs")
+	}
+	names := memberNames(graphs)
+	members := make([]planner.Member, len(graphs))
+	dry := make([]*DryRun, len(graphs))
+	for i, g := range graphs {
+		if err := checkShared(g, len(graphs) > 1); err != nil {
+			return nil, nil, fmt.Errorf("graphexec: family: %w", err)
+		}
+		d, err := g.DryRun()
+		if err != nil {
+			return nil, nil, fmt.Errorf("graphexec: family: %w", err)
+		}
+		dry[i] = d
+		members[i] = planner.Member{Name: names[i], Trace: d.Trace, Keys: FamilyKeys(g, d)}
+	}
+	return members, dry, nil
+}
+
+// memberNames names each graph by the dimensions that differ across the
+// family (max_batch aside), falling back to labels.
+func memberNames(graphs []*Graph) []string {
+	label := func(g *Graph) string { return g.Label() }
+	differs := map[string]bool{}
+	for _, g := range graphs[1:] {
+		if g.Name != graphs[0].Name {
+			return mapStrings(graphs, label)
+		}
+		for _, d := range g.Shape {
+			if v, ok := graphs[0].Dim(d.Name); !ok || v != d.Value {
+				differs[d.Name] = true
+			}
+		}
+	}
+	delete(differs, "max_batch")
+	if len(differs) == 0 {
+		return mapStrings(graphs, label)
+	}
+	names := mapStrings(graphs, func(g *Graph) string {
+		var parts []string
+		for _, d := range g.Shape {
+			if differs[d.Name] {
+				parts = append(parts, d.Name+"="+strconv.FormatInt(d.Value, 10))
+			}
+		}
+		return strings.Join(parts, ",")
+	})
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] {
+			return mapStrings(graphs, label)
+		}
+		seen[n] = true
+	}
+	return names
+}
+
+func mapStrings(gs []*Graph, f func(*Graph) string) []string {
+	out := make([]string, len(gs))
+	for i, g := range gs {
+		out[i] = f(g)
+	}
+	return out
+}
+
+// PlanFamily plans graphs as one family (planner.PlanFamily with the named
+// algorithm): shared tensors at one offset each at the bottom of the
+// arena, each member's private buffers above them, planned member by
+// member so that they overlap across members.
+func PlanFamily(ctx context.Context, algo string, graphs []*Graph, opt PlanOptions) (*planner.FamilyPlan, []planner.Member, error) {
+	members, _, err := FamilyMembers(graphs)
+	if err != nil {
+		return nil, nil, err
+	}
+	align := opt.Align
+	if align == 0 {
+		align = planner.DefaultAlign
+	}
+	for _, g := range graphs {
+		if align < g.Align {
+			return nil, nil, &AlignError{Workload: g.Label(), Plan: align, Need: g.Align}
+		}
+	}
+	fp, err := planner.PlanFamily(ctx, algo, members, opt)
+	if err != nil {
+		return nil, nil, fmt.Errorf("graphexec: %w", err)
+	}
+	return fp, members, nil
+}
+
+// Family runs several graphs, its members, from one arena laid out by a
+// family plan: shared tensors (weights, the KV cache) at one address for
+// every member, each member's private buffers overlapping the others'.
+// Members share one stream, so their steps never run concurrently: a
+// member's private buffers are whatever the previous step left, and its
+// fed inputs are written before each of its steps. Each member is an
+// Executor of its own (Member) with its own captured graph.
+//
+// A Family is not safe for concurrent use; on the driver, call it from
+// the goroutine bound to the device.
+type Family struct {
+	dev     cuda.Device
+	plan    *planner.FamilyPlan
+	arena   *arena.Arena
+	stream  cuda.Stream
+	mods    []cuda.Module
+	members []*Executor
+	keys    [][]string
+}
+
+// NewFamily builds the family arena for plan and one executor per graph:
+// graphs[i] must be the workload members[i] was recorded from (same dry
+// run trace, same shared keys) and plan must pass planner.CheckFamily for
+// members. Modules with the same PTX are loaded once. It uploads nothing:
+// call Init.
+func NewFamily(dev cuda.Device, graphs []*Graph, members []planner.Member, plan *planner.FamilyPlan, opt Options) (*Family, error) {
+	f := &Family{dev: dev, plan: plan}
+	if err := f.setup(graphs, members, opt); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) error {
+	fp := f.plan
+	if len(graphs) != len(members) {
+		return fmt.Errorf("graphexec: family: %d graphs for %d members", len(graphs), len(members))
+	}
+	if err := planner.CheckFamily(members, fp); err != nil {
+		return fmt.Errorf("graphexec: family: %w", err)
+	}
+	dry := make([]*DryRun, len(graphs))
+	for i, g := range graphs {
+		m := members[i]
+		if err := checkShared(g, len(graphs) > 1); err != nil {
+			return fmt.Errorf("graphexec: family: member %q: %w", m.Name, err)
+		}
+		if fp.Align < g.Align {
+			return &AlignError{Workload: g.Label(), Plan: fp.Align, Need: g.Align}
+		}
+		d, err := g.DryRun()
+		if err != nil {
+			return err
+		}
+		if a, b := d.Trace.Fingerprint(), m.Trace.Fingerprint(); a != b {
+			return fmt.Errorf("graphexec: family: member %q: its trace (fingerprint %x) is not the dry run of %s (fingerprint %x)", m.Name, b[:8], g.Label(), a[:8])
+		}
+		keys := FamilyKeys(g, d)
+		for j, k := range keys {
+			if mk := memberKey(m, j); mk != k {
+				return fmt.Errorf("graphexec: family: member %q: buffer %d (%s) has shared key %q in the plan, %q in %s",
+					m.Name, j, d.Trace.Buffers[j].Name, mk, k, g.Label())
+			}
+		}
+		dry[i] = d
+		f.keys = append(f.keys, keys)
+	}
+	cover, coverPlan, where := familyCover(members, fp)
+	a, err := arena.New(f.dev, cover, coverPlan)
+	if err != nil {
+		return fmt.Errorf("graphexec: family: %w", err)
+	}
+	f.arena = a
+	if f.stream, err = f.dev.NewStream(); err != nil {
+		return fmt.Errorf("graphexec: family: %w", err)
+	}
+	loaded := map[[32]byte]int{}
+	for i, g := range graphs {
+		mods := make([]cuda.Module, len(g.Modules))
+		for j, ptx := range g.Modules {
+			sum := sha256.Sum256(ptx)
+			k, ok := loaded[sum]
+			if !ok {
+				m, err := f.dev.LoadModule(ptx)
+				if err != nil {
+					return fmt.Errorf("graphexec: family: %s: module %d: %w", g.Label(), j, err)
+				}
+				k = len(f.mods)
+				f.mods = append(f.mods, m)
+				loaded[sum] = k
+			}
+			mods[j] = f.mods[k]
+		}
+		ptrs := make([]cuda.DevicePtr, len(dry[i].Trace.Buffers))
+		for j := range ptrs {
+			c, delta := where(i, j)
+			p, err := a.Ptr(c)
+			if err != nil {
+				return fmt.Errorf("graphexec: family: member %q: %w", members[i].Name, err)
+			}
+			ptrs[j] = p.Add(uint64(delta))
+		}
+		e := &Executor{dev: f.dev, opt: opt, plan: fp.Members[i].Plan, stream: f.stream, mods: mods,
+			at: func(id lifetime.ID) (cuda.DevicePtr, error) {
+				if id < 0 || int(id) >= len(ptrs) {
+					return 0, fmt.Errorf("graphexec: family: no buffer %d", id)
+				}
+				return ptrs[id], nil
+			}}
+		f.members = append(f.members, e)
+		if err := e.bind(g, dry[i], true); err != nil {
+			return fmt.Errorf("graphexec: family: member %q: %w", members[i].Name, err)
+		}
+	}
+	return nil
+}
+
+func memberKey(m planner.Member, i int) string {
+	if m.Keys == nil {
+		return ""
+	}
+	return m.Keys[i]
+}
+
+// familyCover is a trace the arena can be built from: one buffer per
+// shared key and one per maximal range of private bytes (the union over
+// members), all live at once and disjoint, at the family plan's offsets.
+// where(member, buffer) names the cover buffer holding a member's buffer
+// and the buffer's offset inside it.
+func familyCover(members []planner.Member, fp *planner.FamilyPlan) (*lifetime.Trace, *planner.Plan, func(int, int) (lifetime.ID, int64)) {
+	t := &lifetime.Trace{Name: "family"}
+	p := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: fp.Arena}
+	add := func(name, tag string, off, size, align int64) {
+		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Size: size, Align: align,
+			Start: 0, End: 1, Tag: tag, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset})
+		p.Offsets = append(p.Offsets, off)
+	}
+	shared := map[string]lifetime.ID{}
+	for _, s := range fp.Shared {
+		shared[s.Key] = lifetime.ID(len(t.Buffers))
+		add("shared:"+s.Key, "shared", s.Offset, s.Size, s.Align)
+	}
+	type span struct{ lo, hi int64 }
+	var spans []span
+	for i, m := range members {
+		pl := fp.Members[i].Plan
+		for j := range m.Trace.Buffers {
+			if memberKey(m, j) != "" {
+				continue
+			}
+			off := pl.Offsets[j]
+			spans = append(spans, span{off, off + lifetime.RoundUp(m.Trace.Buffers[j].Size, fp.Align)})
+		}
+	}
+	sort.Slice(spans, func(a, b int) bool { return spans[a].lo < spans[b].lo })
+	var merged []span
+	for _, s := range spans {
+		if n := len(merged); n > 0 && s.lo <= merged[n-1].hi {
+			merged[n-1].hi = max(merged[n-1].hi, s.hi)
+			continue
+		}
+		merged = append(merged, s)
+	}
+	first := lifetime.ID(len(t.Buffers))
+	for k, s := range merged {
+		add(fmt.Sprintf("private#%d", k), "private", s.lo, s.hi-s.lo, 0)
+	}
+	where := func(mi, j int) (lifetime.ID, int64) {
+		m := members[mi]
+		if k := memberKey(m, j); k != "" {
+			return shared[k], 0
+		}
+		off := fp.Members[mi].Plan.Offsets[j]
+		k := sort.Search(len(merged), func(k int) bool { return merged[k].hi > off })
+		return first + lifetime.ID(k), off - merged[k].lo
+	}
+	return t, p, where
+}
+
+// Len is the number of members.
+func (f *Family) Len() int { return len(f.members) }
+
+// Member returns member i's executor: its Eager, Capture, Replay, Read
+// and Stage work as an Executor's, on the family's arena and stream. Its
+// Init and ResetState write the shared tensors again, as the family's do
+// once.
+func (f *Family) Member(i int) *Executor { return f.members[i] }
+
+// Plan returns the family plan.
+func (f *Family) Plan() *planner.FamilyPlan { return f.plan }
+
+// Arena returns the family arena.
+func (f *Family) Arena() *arena.Arena { return f.arena }
+
+// Init writes the initial bytes of every tensor with an init function,
+// each shared key once (from the first member that has it).
+func (f *Family) Init() error { return f.initRoles(Weight, State, Input) }
+
+// ResetState rewrites the initial bytes of state tensors and constant
+// inputs, shared ones once.
+func (f *Family) ResetState() error { return f.initRoles(State, Input) }
+
+func (f *Family) initRoles(roles ...Role) error {
+	if err := f.Synchronize(); err != nil {
+		return err
+	}
+	done := map[string]bool{}
+	for i, e := range f.members {
+		for _, t := range e.g.Tensors {
+			if t.init == nil || !hasRole(roles, t.Role) {
+				continue
+			}
+			if k := f.keys[i][e.dry.Tensor[t.index]]; k != "" {
+				if done[k] {
+					continue
+				}
+				done[k] = true
+			}
+			buf := make([]byte, t.Bytes())
+			t.init(buf)
+			if err := f.dev.CopyHtoD(e.ptr[t.index], buf); err != nil {
+				return fmt.Errorf("graphexec: family: %s: init %s: %w", e.g.Label(), t.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Capture captures every member's step into its own graph and returns
+// the total capture and instantiation time.
+func (f *Family) Capture() (time.Duration, error) {
+	var total time.Duration
+	for _, e := range f.members {
+		d, err := e.Capture()
+		if err != nil {
+			return 0, err
+		}
+		total += d
+	}
+	return total, nil
+}
+
+// Eager runs step of member m kernel by kernel.
+func (f *Family) Eager(m, step int) error {
+	if m < 0 || m >= len(f.members) {
+		return fmt.Errorf("graphexec: family: no member %d (have %d)", m, len(f.members))
+	}
+	return f.members[m].Eager(step)
+}
+
+// Replay replays step of member m.
+func (f *Family) Replay(m, step int) error {
+	if m < 0 || m >= len(f.members) {
+		return fmt.Errorf("graphexec: family: no member %d (have %d)", m, len(f.members))
+	}
+	return f.members[m].Replay(step)
+}
+
+// Synchronize waits for the family's stream.
+func (f *Family) Synchronize() error {
+	if f.stream == nil {
+		return nil
+	}
+	if err := f.stream.Synchronize(); err != nil {
+		return fmt.Errorf("graphexec: family: %w", err)
+	}
+	return nil
+}
+
+// Close releases every member's graph and staging memory, the modules,
+// the stream and the arena.
+func (f *Family) Close() error {
+	var errs []error
+	errs = append(errs, f.Synchronize())
+	for _, e := range f.members {
+		e.stream, e.mods = nil, nil // the family's, closed below
+		errs = append(errs, e.Close())
+	}
+	f.members = nil
+	for _, m := range f.mods {
+		errs = append(errs, m.Close())
+	}
+	f.mods = nil
+	if f.stream != nil {
+		errs = append(errs, f.stream.Close())
+		f.stream = nil
+	}
+	if f.arena != nil {
+		errs = append(errs, f.arena.Close())
+		f.arena = nil
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("graphexec: family: close: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,254 @@
+package graphexec_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/planner"
+)
+
+var familyShape = graphexec.Shape{Layers: 2, Width: 64, Heads: 4, KVLen: 32, Vocab: 97}
+
+// familyGraphs builds gpt2-decode at each batch size, shared tensors sized
+// for the largest.
+func familyGraphs(t testing.TB, base graphexec.Shape, batches ...int) []*graphexec.Graph {
+	t.Helper()
+	mb := 0
+	for _, b := range batches {
+		mb = max(mb, b)
+	}
+	var gs []*graphexec.Graph
+	for _, b := range batches {
+		s := base
+		s.Batch, s.MaxBatch = b, mb
+		gs = append(gs, build(t, "gpt2-decode", s))
+	}
+	return gs
+}
+
+func newFamily(t testing.TB, graphs []*graphexec.Graph) (*graphexec.Family, *planner.FamilyPlan) {
+	t.Helper()
+	fp, members, err := graphexec.PlanFamily(context.Background(), "auto", graphs, graphexec.PlanOptions{Budget: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := graphexec.NewFamily(sim(t), graphs, members, fp, graphexec.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := f.Init(); err != nil {
+		t.Fatal(err)
+	}
+	return f, fp
+}
+
+func output(t testing.TB, e *graphexec.Executor) []byte {
+	t.Helper()
+	out := e.Graph().TensorsWith(graphexec.Output)
+	b, err := e.Read(out[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestFamilyMixedSequence plans gpt2-decode at batch 1, 2, 4 and 8 into
+// one arena, runs a mixed sequence of members eagerly, then captures every
+// member and replays the same sequence: each step's logits and the final
+// KV cache must equal the eager ones bit for bit.
+func TestFamilyMixedSequence(t *testing.T) {
+	gs := familyGraphs(t, familyShape, 1, 2, 4, 8)
+	f, fp := newFamily(t, gs)
+
+	if lb := fp.LowerBound; float64(fp.Arena) > 1.05*float64(lb) {
+		t.Errorf("family arena %d is above 1.05x the largest lower bound %d", fp.Arena, lb)
+	}
+	if fp.SeparateArenas <= fp.Arena {
+		t.Errorf("separate arenas %d are not above the family arena %d", fp.SeparateArenas, fp.Arena)
+	}
+	// Shared tensors sit at one address in every member.
+	for _, name := range []string{"wte", "h0.k_cache", "h1.v_cache", "attn.counters"} {
+		var at []uint64
+		for i := range gs {
+			e := f.Member(i)
+			at = append(at, uint64(e.Ptr(tensor(t, e.Graph(), name))))
+		}
+		for _, a := range at[1:] {
+			if a != at[0] {
+				t.Errorf("%s is at %x in the members", name, at)
+				break
+			}
+		}
+	}
+
+	seq := []int{3, 0, 1, 3, 2, 0, 0, 2, 1, 3, 1, 2}
+	eager := make([][]byte, len(seq))
+	for s, m := range seq {
+		if err := f.Eager(m, s); err != nil {
+			t.Fatal(err)
+		}
+		eager[s] = output(t, f.Member(m))
+	}
+	kv := results(t, f.Member(3))
+	if err := f.ResetState(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Capture(); err != nil {
+		t.Fatal(err)
+	}
+	for s, m := range seq {
+		if err := f.Replay(m, s); err != nil {
+			t.Fatal(err)
+		}
+		if got := output(t, f.Member(m)); !bytes.Equal(got, eager[s]) {
+			t.Fatalf("step %d (member %d): replayed logits differ from eager", s, m)
+		}
+	}
+	for i, b := range results(t, f.Member(3)) {
+		if !bytes.Equal(b, kv[i]) {
+			t.Fatalf("state/output %d after the replayed sequence differs from eager", i)
+		}
+	}
+}
+
+// TestFamilyMemberEqualsAlone: from the initial state, each member's first
+// step gives the logits of the same workload run alone (the shared KV
+// cache's first rows are a batch's own cache).
+func TestFamilyMemberEqualsAlone(t *testing.T) {
+	gs := familyGraphs(t, familyShape, 1, 3, 5)
+	f, _ := newFamily(t, gs)
+	for i, b := range []int{1, 3, 5} {
+		if err := f.ResetState(); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Eager(i, 0); err != nil {
+			t.Fatal(err)
+		}
+		got := output(t, f.Member(i))
+		s := familyShape
+		s.Batch = b
+		alone, err := graphexec.New(sim(t), build(t, "gpt2-decode", s), nil, graphexec.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := alone.Init(); err != nil {
+			t.Fatal(err)
+		}
+		if err := alone.Eager(0); err != nil {
+			t.Fatal(err)
+		}
+		if want := output(t, alone); !bytes.Equal(got, want) {
+			t.Errorf("batch %d: family member's logits differ from the workload run alone", b)
+		}
+		alone.Close()
+	}
+}
+
+func TestFamilyMLP(t *testing.T) {
+	var mgs []*graphexec.Graph
+	for _, b := range []int{1, 2, 4} {
+		mgs = append(mgs, build(t, "mlp", graphexec.Shape{Layers: 4, Width: 32, Batch: b, MaxBatch: 4}))
+	}
+	f, _ := newFamily(t, mgs)
+	seq := []int{2, 0, 1, 2, 0}
+	var eager [][]byte
+	for s, m := range seq {
+		if err := f.Eager(m, s); err != nil {
+			t.Fatal(err)
+		}
+		eager = append(eager, output(t, f.Member(m)))
+	}
+	if _, err := f.Capture(); err != nil {
+		t.Fatal(err)
+	}
+	for s, m := range seq {
+		if err := f.Replay(m, s); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(output(t, f.Member(m)), eager[s]) {
+			t.Fatalf("step %d: replay differs from eager", s)
+		}
+	}
+}
+
+func TestFamilyErrors(t *testing.T) {
+	gs := familyGraphs(t, familyShape, 1, 2)
+	fp, members, err := graphexec.PlanFamily(context.Background(), "bestfit", gs, graphexec.PlanOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Graphs swapped: each trace belongs to the other member.
+	_, err = graphexec.NewFamily(sim(t), []*graphexec.Graph{gs[1], gs[0]}, members, fp, graphexec.Options{})
+	if err == nil || !strings.Contains(err.Error(), "is not the dry run") {
+		t.Errorf("swapped graphs: %v", err)
+	}
+	// Without a common max batch the KV caches differ in size.
+	s1, s2 := familyShape, familyShape
+	s1.Batch, s2.Batch = 1, 2
+	_, _, err = graphexec.PlanFamily(context.Background(), "bestfit",
+		[]*graphexec.Graph{build(t, "gpt2-decode", s1), build(t, "gpt2-decode", s2)}, graphexec.PlanOptions{})
+	if err == nil || !strings.Contains(err.Error(), "invalid family: shared key") {
+		t.Errorf("KV caches of different sizes: %v", err)
+	}
+	// A state tensor that is not shared cannot live in a family.
+	if _, _, err := graphexec.FamilyMembers([]*graphexec.Graph{tinyGraph(t, false), tinyGraph(t, false)}); err == nil ||
+		!strings.Contains(err.Error(), "share it") {
+		t.Errorf("private state: %v", err)
+	}
+	// Shared intermediates are refused.
+	if _, _, err := graphexec.FamilyMembers([]*graphexec.Graph{tinyGraph(t, true)}); err == nil ||
+		!strings.Contains(err.Error(), "only weights, state and inputs") {
+		t.Errorf("shared intermediate: %v", err)
+	}
+}
+
+// tinyGraph is y = linear(linear(st)) over a private state st; with
+// sharedMid its intermediate is (wrongly) shared.
+func tinyGraph(t testing.TB, sharedMid bool) *graphexec.Graph {
+	t.Helper()
+	b := graphexec.NewBuilder("tiny")
+	b.Module(kernels.PTX)
+	st := b.Tensor("st", graphexec.F32, graphexec.State, 4).SetInit(func([]byte) {})
+	w := b.Tensor("w", graphexec.F32, graphexec.Weight, 4, 4).SetInit(func([]byte) {})
+	h := b.Tensor("h", graphexec.F32, graphexec.Intermediate, 4)
+	if sharedMid {
+		h.Share("h")
+		st.Share("st")
+	}
+	y := b.Tensor("y", graphexec.F32, graphexec.Output, 4)
+	lin := func(out, in *graphexec.Tensor) graphexec.Launch {
+		return graphexec.Launch{Kernel: kernels.Linear, Grid: cuda.D1(1), Block: cuda.D1(128), Args: []graphexec.Arg{
+			graphexec.Out(out), graphexec.In(in), graphexec.In(w), graphexec.Null(), graphexec.Null(), graphexec.Null(), graphexec.Null(),
+			graphexec.Scalar(cuda.U32(4)), graphexec.Scalar(cuda.U32(4)), graphexec.Scalar(cuda.U32(1)), graphexec.Scalar(cuda.U32(0)), graphexec.Scalar(cuda.F32(1e-5)),
+		}}
+	}
+	b.Launch(lin(h, st))
+	b.Launch(lin(y, h))
+	g, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func tensor(t testing.TB, g *graphexec.Graph, name string) *graphexec.Tensor {
+	t.Helper()
+	for _, x := range g.Tensors {
+		if x.Name == name {
+			return x
+		}
+	}
+	t.Fatalf("%s has no tensor %s", g.Label(), name)
+	return nil
+}
