@@ -156,19 +156,76 @@ func (r *anytimeRun) portfolio(d *leafData, until time.Time) (int64, []int64) {
 // robin ("s": ranked once instead of afresh in every partition).
 var exactHeuristics = []preorder{"TWA", "TAW", "sTWA", "WAT", "AWT"}
 
-// descentFracs: a descent job asks for a height a fraction of the way from
-// one below the best towards the lowest height not yet ruled out (0: just
-// one below). Solve time is far from monotone in the capacity, so the
-// jumps are worth their cost.
-var descentFracs = []int64{0, 2, 4, 8}
-
 type exactJob struct {
 	lbIndex int  // index among capacity = lower bound jobs, -1 for descent
 	det     bool // part of the deterministic descent sequence
-	heur    int
+	heur    preorder
 	limit   int64
 	cap     int64
 	stop    atomic.Bool
+}
+
+// descentHeuristics are the preorders the descent sweeps with, in turn.
+var descentHeuristics = []preorder{"TWA", "WAT", "sTWA", "TAW"}
+
+// descentMisses is how many capacities in a row a sweep tries below the
+// best before it moves on: solve time is far from monotone in the
+// capacity, so one failure says little about the next capacity down.
+const descentMisses = 12
+
+// descent generates capacities to try below the best height: rounds of
+// sweeps, one per preorder, each going down from one below the best until
+// descentMisses failures in a row; the node limit doubles every round.
+type descent struct {
+	heurs    []preorder
+	base     int64
+	stride   int64 // capacities step down by this much (0 or 1: by one)
+	round, h int
+	next     int64 // next capacity of the current sweep; 0: start one
+	misses   int
+	floor    int64 // no height below floor is feasible
+}
+
+// job returns the next job given the best height known, or nil when there
+// is none left: the best is proven optimal (best <= floor), or only the
+// lower-bound jobs could do better.
+func (g *descent) job(best, target int64) *exactJob {
+	lo := max(g.floor, target+1)
+	if best <= g.floor || best-1 < lo {
+		return nil
+	}
+	step := max(g.stride, 1)
+	for {
+		if g.next == 0 || g.next > best-1 {
+			g.next = max(best-1-(step-1), lo)
+		}
+		if g.next >= lo && g.misses < descentMisses {
+			return &exactJob{lbIndex: -1, heur: g.heurs[g.h], limit: g.base << min(g.round, 40), cap: g.next}
+		}
+		g.misses, g.next = 0, 0
+		g.h++
+		if g.h == len(g.heurs) {
+			g.h = 0
+			g.round++
+		}
+	}
+}
+
+// report takes the outcome of the job that job returned.
+func (g *descent) report(j *exactJob, res int) {
+	switch res {
+	case found:
+		g.next = 0 // go on below the new best, same preorder and limit
+	case notFound:
+		g.floor = max(g.floor, j.cap+1)
+		g.next = 0
+	default:
+		g.misses++
+		g.next = j.cap - max(g.stride, 1)
+		if g.next <= 0 {
+			g.next = -1
+		}
+	}
 }
 
 // exactState is what the workers of one leaf share, under mu.
@@ -178,26 +235,29 @@ type exactState struct {
 	offs     []int64
 	at       time.Duration
 	lbNext   int // next lower-bound job index
-	lbRound  int
 	running  map[*exactJob]bool
 	lbWin    int // lowest lower-bound job index that succeeded, -1 if none
 	lbWinSol []int64
 	lbAt     time.Duration
 	lbProven bool // the lower bound is infeasible
 	detBest  int64
-	detOffs  []int64 // the descent's own best: deterministic
+	detOffs  []int64 // the deterministic descent's best
 	detAt    time.Duration
 	proven   bool // the descent proved detBest optimal
 	nodes    int64
 }
 
+// lbRounds is how many rounds of lower-bound jobs run before the workers
+// that run them start to alternate with descent jobs.
+const lbRounds = 4
+
 // exact runs the exact search on a leaf whose best greedy height is best.
 //
 // With one worker it alternates lower-bound jobs and descent jobs in one
-// fixed sequence. With more, worker 0 runs the descent sequence (which
-// depends only on its own results, so it is deterministic) and the others
-// run the lower-bound jobs; once the lower bound is ruled out they run
-// extra descent jobs whose plans count only when the budget runs out.
+// fixed sequence. With more, worker 0 runs the descent (which depends only
+// on its own results, so it is deterministic) and the others the
+// lower-bound jobs, later alternating with extra descent jobs whose plans
+// count only when the budget runs out.
 func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at time.Duration, until time.Time) (int64, []int64, time.Duration) {
 	st := &exactState{best: best, offs: offs, at: at, running: map[*exactJob]bool{}, lbWin: -1,
 		detBest: best, detOffs: offs, detAt: at}
@@ -206,15 +266,14 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 	defer timer.Stop()
 	stopCtx := context.AfterFunc(r.ctx, func() { stopAll.Store(true) })
 	defer stopCtx()
-	base := int64(max(d.k, 64))
-	limitOf := func(round int) int64 { return base << min(round+1, 40) }
+	base := int64(max(2*d.k, 512))
 
 	// run executes one job and records its outcome.
 	run := func(j *exactJob) int {
 		st.mu.Lock()
 		st.running[j] = true
 		st.mu.Unlock()
-		s := newDFS(d, j.cap, exactHeuristics[j.heur], j.limit, &j.stop)
+		s := newDFS(d, j.cap, j.heur, j.limit, &j.stop)
 		s.stop2 = &stopAll
 		res := s.solve()
 		st.mu.Lock()
@@ -222,31 +281,28 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		delete(st.running, j)
 		st.nodes += s.nodes
 		if res == found {
-			if h := height(d, s.sol); h < st.best {
+			h := height(d, s.sol)
+			if h < st.best {
 				st.best, st.offs, st.at = h, s.sol, time.Since(r.start)
 			}
-		}
-		if j.lbIndex >= 0 {
-			switch res {
-			case found:
-				if st.lbWin < 0 || j.lbIndex < st.lbWin {
-					st.lbWin, st.lbWinSol, st.lbAt = j.lbIndex, s.sol, time.Since(r.start)
-				}
-				// Later jobs cannot win any more; earlier ones still
-				// may, and must finish.
-				for o := range st.running {
-					if o.lbIndex > st.lbWin || (o.lbIndex < 0 && !o.det) {
-						o.stop.Store(true)
-					}
-				}
-			case notFound:
-				st.lbProven = true
-			}
-		}
-		if j.det && res == found {
-			if h := height(d, s.sol); h < st.detBest {
+			if j.det && h < st.detBest {
 				st.detBest, st.detOffs, st.detAt = h, s.sol, time.Since(r.start)
 			}
+		}
+		if j.lbIndex >= 0 && res == found {
+			if st.lbWin < 0 || j.lbIndex < st.lbWin {
+				st.lbWin, st.lbWinSol, st.lbAt = j.lbIndex, s.sol, time.Since(r.start)
+			}
+			// Later jobs cannot win any more; earlier ones still may,
+			// and must finish.
+			for o := range st.running {
+				if o.lbIndex > st.lbWin || (o.lbIndex < 0 && !o.det) {
+					o.stop.Store(true)
+				}
+			}
+		}
+		if j.cap >= target && res == notFound {
+			st.lbProven = true
 		}
 		return res
 	}
@@ -261,91 +317,84 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		if st.lbProven || st.lbWin >= 0 || stopAll.Load() {
 			return nil
 		}
-		h := st.lbNext % len(exactHeuristics)
-		j := &exactJob{lbIndex: st.lbNext, heur: h, limit: limitOf(st.lbNext / len(exactHeuristics)), cap: target}
+		nh := len(exactHeuristics)
+		j := &exactJob{lbIndex: st.lbNext, heur: exactHeuristics[st.lbNext%nh], limit: base << min(st.lbNext/nh, 40), cap: target}
 		st.lbNext++
 		return j
 	}
-	// descent runs the deterministic descent sequence; with interleave,
-	// a lower-bound job after each descent job.
-	descent := func(interleave bool) {
-		floor := target // no height below floor is feasible
-		for i := 0; !done(); i++ {
-			if interleave {
-				if j := nextLB(); j != nil && run(j) == found {
-					return
-				}
-				if done() {
-					return
-				}
+	lbEarly := func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return st.lbNext < lbRounds*len(exactHeuristics)
+	}
+	// detStep runs one job of the deterministic descent; false when it has
+	// nothing left to do.
+	det := &descent{heurs: descentHeuristics, base: base, floor: target}
+	detStep := func() bool {
+		st.mu.Lock()
+		b := st.detBest
+		st.mu.Unlock()
+		j := det.job(b, target)
+		if j == nil {
+			if b <= det.floor {
+				st.mu.Lock()
+				st.proven = true
+				st.mu.Unlock()
 			}
-			st.mu.Lock()
-			dBest := st.detBest
-			if st.lbProven {
-				floor = max(floor, target+1)
-			}
-			st.mu.Unlock()
-			lo := max(floor, target+1)
-			if dBest <= floor || dBest-1 < lo {
-				if dBest <= floor {
-					st.mu.Lock()
-					st.proven = true
-					st.mu.Unlock()
-					return
-				}
-				if !interleave {
-					return // only the lower-bound jobs can do better
-				}
-				continue
-			}
-			nh, nf := len(exactHeuristics), len(descentFracs)
-			round := i / (nh * nf)
-			h := i % nh
-			f := descentFracs[(i/nh)%nf]
-			capacity := dBest - 1
-			if f > 0 {
-				capacity -= (dBest - 1 - lo) / f
-			}
-			j := &exactJob{lbIndex: -1, det: true, heur: h, limit: limitOf(round), cap: capacity}
-			if run(j) == notFound {
-				floor = max(floor, capacity+1)
-				if floor > target {
-					st.mu.Lock()
-					st.lbProven = true
-					st.mu.Unlock()
-				}
-			}
+			return false
 		}
+		j.det = true
+		det.report(j, run(j))
+		return true
 	}
 	var wg sync.WaitGroup
 	if r.opt.Workers <= 1 {
 		wg.Add(1)
-		go func() { defer wg.Done(); descent(true) }()
+		go func() {
+			defer wg.Done()
+			for !done() {
+				lb := nextLB()
+				if lb != nil {
+					run(lb)
+					if lbEarly() {
+						continue
+					}
+				}
+				if !done() && !detStep() && lb == nil {
+					return
+				}
+			}
+		}()
 	} else {
 		wg.Add(r.opt.Workers)
-		go func() { defer wg.Done(); descent(false) }()
+		go func() {
+			defer wg.Done()
+			for !done() && detStep() {
+			}
+		}()
 		for w := 1; w < r.opt.Workers; w++ {
 			go func() {
 				defer wg.Done()
-				for j := nextLB(); j != nil; j = nextLB() {
-					run(j)
-				}
-				// The lower bound is ruled out (or won): help the descent
-				// with jobs that only count when the budget runs out.
-				for i := w; !done(); i += r.opt.Workers {
+				extra := &descent{heurs: []preorder{"WAT", "TWA", "TAW", "sTWA"}, base: base, stride: int64(w) + 1, floor: target}
+				for !done() {
+					lb := nextLB()
+					if lb != nil {
+						run(lb)
+						if lbEarly() {
+							continue
+						}
+					}
 					st.mu.Lock()
 					b := st.best
 					st.mu.Unlock()
-					if b-1 <= target {
-						return
+					j := extra.job(b, target)
+					if j == nil {
+						if lb == nil {
+							return
+						}
+						continue
 					}
-					nh := len(exactHeuristics)
-					f := descentFracs[(i/nh)%len(descentFracs)]
-					capacity := b - 1
-					if f > 0 {
-						capacity -= (b - 1 - target - 1) / f
-					}
-					run(&exactJob{lbIndex: -1, heur: i % nh, limit: limitOf(i / (nh * len(descentFracs))), cap: capacity})
+					extra.report(j, run(j))
 				}
 			}()
 		}
@@ -362,7 +411,7 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 	switch {
 	case st.lbWin >= 0:
 		return height(d, st.lbWinSol), st.lbWinSol, st.lbAt
-	case st.proven || (r.opt.Workers <= 1):
+	case st.proven || r.opt.Workers <= 1:
 		return st.detBest, st.detOffs, st.detAt
 	}
 	return st.best, st.offs, st.at
