@@ -59,6 +59,7 @@ type config struct {
 	exportCSV   string
 	workload    string
 	shape       *graphexec.ShapeFlags
+	batchSizes  string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool) int {
@@ -97,6 +98,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	fs.StringVar(&c.exportCSV, "export-csv", "", "also write the trace with an offset column to this CSV file (one trace only)")
 	fs.StringVar(&c.workload, "workload", "", "plan a built-in workload's dry run instead of traces: "+strings.Join(graphexec.Workloads(), ", "))
 	c.shape = graphexec.AddShapeFlags(fs)
+	fs.StringVar(&c.batchSizes, "batch-sizes", "", "with --workload: plan a family of these batch sizes (1,2,4,...) into one arena and one file; overrides --batch")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: plan [flags] TRACE...\n       plan --workload NAME [shape flags] [-o FILE.plan]\n       plan inspect FILE.plan\n\nflags:\n%s", fs.FlagUsages())
 	}
@@ -109,6 +111,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	paths := fs.Args()
 	if c.workload != "" && len(paths) > 0 {
 		return usageError{errors.New("--workload takes no trace arguments")}
+	}
+	if c.workload == "" && c.batchSizes != "" {
+		return usageError{errors.New("--batch-sizes needs --workload")}
 	}
 	if c.workload == "" && len(c.shape.Changed()) > 0 {
 		return usageError{fmt.Errorf("%s needs --workload", strings.Join(c.shape.Changed(), ", "))}
@@ -197,6 +202,9 @@ func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
 	}
 	if err := c.shape.Check(c.workload); err != nil {
 		return usageError{err}
+	}
+	if c.batchSizes != "" {
+		return planFamily(ctx, c, stdout)
 	}
 	g, err := graphexec.Build(c.workload, c.shape.Shape())
 	if err != nil {
@@ -432,6 +440,9 @@ func inspect(args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() != 1 {
 		return usageError{errors.New("usage: plan inspect [--json] FILE.plan")}
+	}
+	if fam, err := plans.LoadFamily(fs.Arg(0)); err == nil && len(fam.Members) > 1 {
+		return inspectFamily(fs.Arg(0), fam, *asJSON, stdout)
 	}
 	f, err := plans.Load(fs.Arg(0))
 	if err != nil {

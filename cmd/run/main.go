@@ -62,6 +62,7 @@ type config struct {
 	jsonOut  bool
 	ptx      string
 	profile  bool
+	sequence string
 	shape    *graphexec.ShapeFlags
 	fs       *pflag.FlagSet
 }
@@ -87,6 +88,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.planPath, "plan", "", "run on this plan file's addresses (from plan --workload); it names the workload and shape")
 	fs.StringVar(&c.workload, "workload", "", "built-in workload: "+strings.Join(graphexec.Workloads(), ", "))
 	c.shape = graphexec.AddShapeFlags(fs)
+	fs.StringVar(&c.sequence, "sequence", "", "with a family plan: the batch sizes to run, in order (8,1,64,...); default: the members round robin for --steps steps")
 	fs.IntVar(&c.steps, "steps", 100, "timed steps, eager and replayed")
 	fs.IntVar(&c.warmup, "warmup", 3, "untimed steps before each timed run")
 	fs.StringVar(&c.device, "device", "auto", "auto (GPU 0 when a driver is present, else sim), sim, cuda or cuda:N")
@@ -178,6 +180,8 @@ type report struct {
 	CheckMaxAbsRef  *float64         `json:"check_max_abs_ref,omitempty"`
 	CheckTolerance  *float64         `json:"check_tolerance,omitempty"`
 	CheckOK         *bool            `json:"check_ok,omitempty"`
+	// A family plan's run adds its members and what separate arenas cost.
+	*FamilyRun
 }
 
 func openDevice(spec string) (cuda.Device, string, error) {
@@ -286,6 +290,14 @@ func planLabel(w *plans.Workload) string {
 }
 
 func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) {
+	if fam, err := familyFor(c); err != nil {
+		return nil, err
+	} else if fam != nil {
+		return executeFamily(ctx, c, fam)
+	}
+	if c.sequence != "" {
+		return nil, usageError{errors.New("--sequence needs a family plan (plan --batch-sizes)")}
+	}
 	g, f, err := workloadFor(c)
 	if err != nil {
 		return nil, err
@@ -488,6 +500,9 @@ func printReport(w io.Writer, r *report) {
 		fmt.Fprintf(tw, "check\tmax abs diff vs Go reference %.3g (max |ref| %.3g, tolerance %.3g): %v\n", *r.CheckMaxAbsDiff, *r.CheckMaxAbsRef, *r.CheckTolerance, *r.CheckOK)
 	}
 	tw.Flush()
+	if r.FamilyRun != nil {
+		printFamily(w, r)
+	}
 }
 
 func bytesStr(n int64) string {

@@ -1,0 +1,392 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/plans"
+)
+
+// FamilyRun is what a family run adds to the report.
+type FamilyRun struct {
+	Members []plans.MemberReport `json:"members"`
+	// SeparateArenas is the planner's sum of the members' own arenas, each
+	// member planned alone as it is in the family (shared tensors sized
+	// for the largest member).
+	SeparateArenas int64 `json:"separate_arenas_bytes"`
+	// SeparateStandalone is the sum of the arenas of the same workloads
+	// built alone (each with its own KV cache for its own batch, its own
+	// weights): what one arena per workload would cost without a family.
+	SeparateStandalone int64   `json:"separate_standalone_arenas_bytes"`
+	SharedBytes        int64   `json:"shared_bytes"`
+	Sequence           []int64 `json:"sequence_batches"`
+	SequenceSteps      int     `json:"sequence_steps"`
+	// MixedOutputsEqual: every step of the mixed replayed sequence gave
+	// the eager sequence's outputs bit for bit, and the shared state
+	// ended equal.
+	MixedOutputsEqual bool `json:"mixed_outputs_equal"`
+}
+
+// familyFor reads a family plan file: nil when the file holds a single
+// plan (a family of one), which the single-workload path runs.
+func familyFor(c *config) (*plans.Family, error) {
+	if c.planPath == "" {
+		return nil, nil
+	}
+	fam, err := plans.LoadFamily(c.planPath)
+	if err != nil {
+		return nil, err
+	}
+	if len(fam.Members) < 2 {
+		return nil, nil
+	}
+	return fam, nil
+}
+
+// familyGraphs builds every member's workload from the file's names and
+// shapes (with --seed) and verifies each against its member's plan.
+func familyGraphs(c *config, fam *plans.Family) ([]*graphexec.Graph, error) {
+	if ch := c.shape.Changed(); len(ch) > 0 || c.workload != "" {
+		return nil, usageError{fmt.Errorf("%s: a family plan names its workloads and shapes; --workload and %s do not apply",
+			c.planPath, strings.Join(ch, ", "))}
+	}
+	var gs []*graphexec.Graph
+	for i, m := range fam.Members {
+		w := fam.Workload(i)
+		if w == nil {
+			return nil, fmt.Errorf("%s: member %q records no workload", c.planPath, m.Name)
+		}
+		var dims []graphexec.Dim
+		for _, d := range w.Shape {
+			dims = append(dims, graphexec.Dim{Name: d.Name, Value: d.Value})
+		}
+		s, err := graphexec.ShapeOf(dims)
+		if err != nil {
+			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
+		}
+		s.Seed = c.shape.Shape().Seed
+		g, err := graphexec.Build(w.Name, s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
+		}
+		var fp graphexec.Fingerprint = w.Fingerprint
+		if err := graphexec.VerifyPlan(g, planLabel(w), fp, m.Trace, fam.Plan.Members[i].Plan); err != nil {
+			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
+		}
+		gs = append(gs, g)
+	}
+	return gs, nil
+}
+
+// familySequence is the members to run, in order: --sequence's batch
+// sizes, or the members round robin for --steps steps.
+func familySequence(c *config, fam *plans.Family) ([]int, error) {
+	batchOf := make([]int64, len(fam.Members))
+	for i := range fam.Members {
+		batchOf[i] = -1
+		if w := fam.Workload(i); w != nil {
+			if b, ok := w.Dim("batch"); ok {
+				batchOf[i] = b
+			}
+		}
+	}
+	if c.sequence == "" {
+		seq := make([]int, c.steps)
+		for i := range seq {
+			seq[i] = i % len(fam.Members)
+		}
+		return seq, nil
+	}
+	var seq []int
+	for _, f := range strings.Split(c.sequence, ",") {
+		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--sequence %q: %q is not a batch size", c.sequence, f)}
+		}
+		m := -1
+		for i, b := range batchOf {
+			if b == v {
+				m = i
+				break
+			}
+		}
+		if m < 0 {
+			return nil, usageError{fmt.Errorf("--sequence %q: no member of %s has batch %d (have %v)", c.sequence, c.planPath, v, batchOf)}
+		}
+		seq = append(seq, m)
+	}
+	return seq, nil
+}
+
+// executeFamily runs a family plan: every member on one arena, a mixed
+// sequence of members eagerly (outputs read after each step), the same
+// sequence replayed from the captured graphs and compared bit for bit,
+// then each member's replay timed alone and the mixed sequence timed.
+func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, error) {
+	if c.check {
+		return nil, usageError{fmt.Errorf("--check does not apply to a family plan yet: run it on --device sim, whose eager steps are the Go references")}
+	}
+	gs, err := familyGraphs(c, fam)
+	if err != nil {
+		return nil, err
+	}
+	seq, err := familySequence(c, fam)
+	if err != nil {
+		return nil, err
+	}
+	dev, choice, err := openDevice(c.device)
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Close()
+	f, err := graphexec.NewFamily(dev, gs, fam.Members, fam.Plan, graphexec.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.planPath, err)
+	}
+	defer f.Close()
+	fp := fam.Plan
+	big := 0 // the member of the largest lower bound
+	for i := range fp.Members {
+		if fp.Members[i].Plan.LowerBound > fp.Members[big].Plan.LowerBound {
+			big = i
+		}
+	}
+	g := gs[big]
+	rep := &report{
+		Workload: g.Name, Shape: map[string]int64{}, Fingerprint: g.Fingerprint().String(),
+		Device: dev.Name(), DeviceChoice: choice, Storage: "fp32", PlanSource: "family file " + c.planPath,
+		PlanAlgo: fp.Algo, ArenaBytes: fp.Arena, LowerBound: fp.LowerBound, MappedBytes: f.Arena().Mapped(),
+		Launches: len(g.Ops), Steps: len(seq),
+	}
+	for _, d := range g.Shape {
+		rep.Shape[d.Name] = d.Value
+	}
+	fr := &FamilyRun{SharedBytes: fp.SharedRegion.Hi, SeparateArenas: fp.SeparateArenas, SequenceSteps: len(seq)}
+	rep.FamilyRun = fr
+	regionBytes(rep, fam, gs)
+	if fr.SeparateStandalone, err = standaloneArenas(ctx, gs, fp.Align, c.budget); err != nil {
+		return nil, err
+	}
+	fr.Members = plans.NewFamilyReport(fam).Members
+	for _, m := range seq {
+		if b := fr.Members[m].Batch; b != nil {
+			fr.Sequence = append(fr.Sequence, *b)
+		}
+	}
+
+	if err := f.Init(); err != nil {
+		return nil, err
+	}
+	// Correctness: eager sequence, then the same replayed, outputs read
+	// after every step.
+	eager := make([][]byte, len(seq))
+	for i, m := range seq {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err := f.Eager(m, i); err != nil {
+			return nil, err
+		}
+		if eager[i], err = outputs(f.Member(m)); err != nil {
+			return nil, err
+		}
+	}
+	eagerState, err := state(f.Member(big))
+	if err != nil {
+		return nil, err
+	}
+	if err := f.ResetState(); err != nil {
+		return nil, err
+	}
+	capture, err := f.Capture()
+	if err != nil {
+		return nil, err
+	}
+	rep.CaptureMS = float64(capture.Microseconds()) / 1000
+	for i := range gs {
+		_, n := f.Member(i).Captured()
+		rep.GraphNodes += n
+	}
+	equal := true
+	for i, m := range seq {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err := f.Replay(m, i); err != nil {
+			return nil, err
+		}
+		out, err := outputs(f.Member(m))
+		if err != nil {
+			return nil, err
+		}
+		equal = equal && bytes.Equal(out, eager[i])
+	}
+	st, err := state(f.Member(big))
+	if err != nil {
+		return nil, err
+	}
+	fr.MixedOutputsEqual = equal && bytes.Equal(st, eagerState)
+	rep.OutputsEqual = fr.MixedOutputsEqual
+
+	// Timing: the mixed sequence eagerly and replayed (inputs staged),
+	// then each member's replay alone for --steps steps.
+	for i := range gs {
+		if err := f.Member(i).Stage(0, max(len(seq), c.warmup+c.steps)); err != nil {
+			return nil, err
+		}
+		rep.StagingBytes += f.Member(i).StagingBytes()
+	}
+	timed := func(n int, step func(int) error) (time.Duration, error) {
+		for s := 0; s < min(c.warmup, n); s++ {
+			if err := step(s); err != nil {
+				return 0, err
+			}
+		}
+		if err := f.ResetState(); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		for s := 0; s < n; s++ {
+			if ctx.Err() != nil {
+				return 0, ctx.Err()
+			}
+			if err := step(s); err != nil {
+				return 0, err
+			}
+		}
+		if err := f.Synchronize(); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	}
+	perStep := func(d time.Duration, n int) float64 { return float64(d.Nanoseconds()) / 1000 / float64(n) }
+	el, err := timed(len(seq), func(s int) error { return f.Eager(seq[s], s) })
+	if err != nil {
+		return nil, err
+	}
+	rep.EagerUS = perStep(el, len(seq))
+	rl, err := timed(len(seq), func(s int) error { return f.Replay(seq[s], s) })
+	if err != nil {
+		return nil, err
+	}
+	rep.ReplayUS = perStep(rl, len(seq))
+	if rep.ReplayUS > 0 {
+		rep.Speedup = rep.EagerUS / rep.ReplayUS
+	}
+	for m := range gs {
+		d, err := timed(c.steps, func(s int) error { return f.Replay(m, s) })
+		if err != nil {
+			return nil, err
+		}
+		fr.Members[m].ReplayUSPerStep = perStep(d, c.steps)
+	}
+	return rep, f.ResetState()
+}
+
+// outputs reads a member's output tensors.
+func outputs(e *graphexec.Executor) ([]byte, error) { return readRole(e, graphexec.Output) }
+
+// state reads a member's state tensors (the shared KV cache).
+func state(e *graphexec.Executor) ([]byte, error) { return readRole(e, graphexec.State) }
+
+func readRole(e *graphexec.Executor, r graphexec.Role) ([]byte, error) {
+	var out []byte
+	for _, t := range e.Graph().TensorsWith(r) {
+		b, err := e.Read(t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b...)
+	}
+	return out, nil
+}
+
+// regionBytes fills the report's per-role bytes for a family: weights and
+// KV from the shared region; inputs and outputs the most any member has;
+// intermediates what is left of the arena for them: the arena less the
+// shared region and the inputs and outputs of the member that needs the
+// most of those.
+func regionBytes(rep *report, fam *plans.Family, gs []*graphexec.Graph) {
+	fp := fam.Plan
+	align := fp.Align
+	var io, maxIn int64
+	for i, g := range gs {
+		var in, out int64
+		for _, t := range g.Tensors {
+			n := lifetime.RoundUp(t.Bytes(), align)
+			key := t.SharedKey()
+			switch {
+			case key != "" && i == 0:
+				switch t.Role {
+				case graphexec.Weight:
+					rep.WeightBytes += n
+				case graphexec.State:
+					rep.KVBytes += n
+				case graphexec.Input:
+					rep.InputBytes += n
+				}
+			case key != "":
+			case t.Role == graphexec.Input:
+				in += n
+			case t.Role == graphexec.Output:
+				out += n
+			}
+		}
+		io = max(io, in+out)
+		maxIn = max(maxIn, in)
+		rep.OutputBytes = max(rep.OutputBytes, out)
+	}
+	rep.InputBytes += maxIn
+	rep.Intermediate = max(0, fp.Arena-fp.SharedRegion.Hi-io)
+}
+
+// standaloneArenas plans each member's workload built alone (shared
+// tensors sized for its own batch) and sums the arenas.
+func standaloneArenas(ctx context.Context, gs []*graphexec.Graph, align int64, budget time.Duration) (int64, error) {
+	var sum int64
+	for _, g := range gs {
+		s, err := graphexec.ShapeOf(g.Shape)
+		if err != nil {
+			return 0, err
+		}
+		s.MaxBatch = 0
+		alone, err := graphexec.Build(g.Name, s)
+		if err != nil {
+			return 0, err
+		}
+		d, err := alone.DryRun()
+		if err != nil {
+			return 0, err
+		}
+		p, err := planner.Run(ctx, "auto", d.Trace, planner.Options{Align: align, Budget: budget})
+		if err != nil {
+			return 0, fmt.Errorf("standalone %s: %w", alone.Label(), err)
+		}
+		sum += p.Arena
+	}
+	return sum, nil
+}
+
+func printFamily(w io.Writer, r *report) {
+	fr := r.FamilyRun
+	fmt.Fprintf(w, "family\t%d members; mixed sequence of %d steps (batches %v...) replayed equal to eager: %v\n",
+		len(fr.Members), fr.SequenceSteps, head(fr.Sequence, 16), fr.MixedOutputsEqual)
+	fam := &plans.FamilyReport{Algo: r.PlanAlgo, Arena: r.ArenaBytes, LowerBound: r.LowerBound, Shared: fr.SharedBytes,
+		SeparateArenas: fr.SeparateArenas, Members: fr.Members}
+	if r.LowerBound > 0 {
+		fam.Ratio = float64(r.ArenaBytes) / float64(r.LowerBound)
+	}
+	fam.WriteText(w)
+	fmt.Fprintf(w, "standalone arenas (each workload alone, its own KV cache and weights): %s in all, %.2fx the family arena\n",
+		bytesStr(fr.SeparateStandalone), float64(fr.SeparateStandalone)/float64(max(r.ArenaBytes, 1)))
+}
+
+func head(s []int64, n int) []int64 { return s[:min(n, len(s))] }
