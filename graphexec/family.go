@@ -186,6 +186,10 @@ type Family struct {
 	mods    []cuda.Module
 	members []*Executor
 	keys    [][]string
+	// initial holds the initial bytes of shared state and constant inputs
+	// after Init, so that ResetState copies instead of regenerating them
+	// (a KV cache for the largest batch is gigabytes of random numbers).
+	initial map[string][]byte
 }
 
 // NewFamily builds the family arena for plan and one executor per graph:
@@ -376,19 +380,29 @@ func (f *Family) initRoles(roles ...Role) error {
 		return err
 	}
 	done := map[string]bool{}
+	if f.initial == nil {
+		f.initial = map[string][]byte{}
+	}
 	for i, e := range f.members {
 		for _, t := range e.g.Tensors {
 			if t.init == nil || !hasRole(roles, t.Role) {
 				continue
 			}
-			if k := f.keys[i][e.dry.Tensor[t.index]]; k != "" {
+			k := f.keys[i][e.dry.Tensor[t.index]]
+			if k != "" {
 				if done[k] {
 					continue
 				}
 				done[k] = true
 			}
-			buf := make([]byte, t.Bytes())
-			t.init(buf)
+			buf := f.initial[k]
+			if k == "" || buf == nil {
+				buf = make([]byte, t.Bytes())
+				t.init(buf)
+				if k != "" && t.Role != Weight {
+					f.initial[k] = buf
+				}
+			}
 			if err := f.dev.CopyHtoD(e.ptr[t.index], buf); err != nil {
 				return fmt.Errorf("graphexec: family: %s: init %s: %w", e.g.Label(), t.Name, err)
 			}
