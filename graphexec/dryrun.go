@@ -47,7 +47,10 @@ func (g *Graph) DryRun() (*DryRun, error) {
 		d.Tensor[t.index] = r.Alloc(t.Bytes(), lifetime.Name(t.Name), lifetime.Tag(t.Role.Tag()), lifetime.Align(g.Align))
 	}
 	for _, t := range g.Tensors {
-		if t.Role != Intermediate {
+		switch {
+		case t.unplanned:
+			d.Tensor[t.index] = -1 // the spillover allocator serves it
+		case t.Role != Intermediate:
 			alloc(t)
 		}
 	}
@@ -56,13 +59,13 @@ func (g *Graph) DryRun() (*DryRun, error) {
 			r.Tick()
 		}
 		for _, a := range op.Args {
-			if t := a.tensor; t != nil && t.Role == Intermediate && first[t.index] == op.index {
+			if t := a.tensor; t != nil && t.Role == Intermediate && !t.unplanned && first[t.index] == op.index {
 				alloc(t)
 				first[t.index] = -2 // allocated; an op may name a tensor twice
 			}
 		}
 		d.Workspace[op.index] = -1
-		if op.Workspace > 0 {
+		if op.Workspace > 0 && !op.SpillWorkspace {
 			id := r.Alloc(op.Workspace, lifetime.Name(fmt.Sprintf("%s.workspace#%d", op.Name, op.index)),
 				lifetime.Tag(Intermediate.Tag()), lifetime.Align(g.Align))
 			d.Workspace[op.index] = id
@@ -71,7 +74,7 @@ func (g *Graph) DryRun() (*DryRun, error) {
 			}
 		}
 		for _, a := range op.Args {
-			if t := a.tensor; t != nil && t.Role == Intermediate && last[t.index] == op.index {
+			if t := a.tensor; t != nil && t.Role == Intermediate && !t.unplanned && last[t.index] == op.index {
 				if err := r.Free(d.Tensor[t.index]); err != nil {
 					return nil, fmt.Errorf("graphexec: %s: dry run: %w", g.Name, err)
 				}
@@ -180,6 +183,7 @@ func (g *Graph) Fingerprint() Fingerprint {
 			}
 		}
 	}
+	hashStreams(u, g)
 	var f Fingerprint
 	h.Sum(f[:0])
 	return f
@@ -200,5 +204,6 @@ func (g *Graph) topology() string {
 		sum := sha256.Sum256(m)
 		h.Write(sum[:])
 	}
+	h.Write([]byte(streamTopology(g)))
 	return string(h.Sum(nil))
 }

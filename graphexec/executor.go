@@ -64,6 +64,9 @@ type Options struct {
 	// Plan are the planner's options when the executor plans a dry run
 	// itself (New without a plan, Rebind).
 	Plan PlanOptions
+	// NoCaptureReuse turns the spillover allocator's capture-time reuse
+	// off (arena.WithCaptureReuse(false)), for comparison.
+	NoCaptureReuse bool
 }
 
 // Executor runs one graph on one device: the arena built from the plan,
@@ -96,6 +99,7 @@ type Executor struct {
 	graph    cuda.Graph
 	exec     cuda.Exec
 	captured Fingerprint // the workload the exec runs
+	sp       *spillState // spillover allocator and side streams (spill.go)
 
 	feeds      []*Tensor
 	feedOff    []uint64 // offset of each feed inside one step's staging
@@ -166,6 +170,9 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 	}
 	ptr := make([]cuda.DevicePtr, len(g.Tensors))
 	for i := range g.Tensors {
+		if d.Tensor[i] < 0 {
+			continue // unplanned: the spillover allocator serves it
+		}
 		p, err := e.addr(d.Tensor[i])
 		if err != nil {
 			return fmt.Errorf("graphexec: %s: tensor %s: %w", g.Label(), g.Tensors[i].Name, err)
@@ -212,7 +219,7 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 		}
 	}
 	e.stageN = 0
-	return nil
+	return e.bindSpill(g)
 }
 
 func (e *Executor) addr(id lifetime.ID) (cuda.DevicePtr, error) {
@@ -368,6 +375,9 @@ func (e *Executor) feed(step int) error {
 
 // launchAll enqueues every op on the stream (or into the capture).
 func (e *Executor) launchAll() error {
+	if e.sp != nil && e.sp.slots != nil {
+		return e.launchSpill()
+	}
 	for i, op := range e.g.Ops {
 		if err := e.dev.Launch(e.fns[i], op.Grid, op.Block, op.Shared, e.stream, e.args[i]...); err != nil {
 			return fmt.Errorf("graphexec: %s: op %d (%s): %w", e.g.Label(), i, op.Name, err)
@@ -399,24 +409,29 @@ func (e *Executor) Capture() (time.Duration, error) {
 	x, err := g.Instantiate(0)
 	if err != nil {
 		g.Close()
+		e.dropPending()
 		return 0, fmt.Errorf("graphexec: %s: instantiate: %w", e.g.Label(), err)
 	}
 	elapsed := time.Since(start)
 	e.dropCapture()
 	e.graph, e.exec, e.captured = g, x, e.fp
+	if err := e.adoptCapture(); err != nil {
+		return 0, fmt.Errorf("graphexec: %s: capture: %w", e.g.Label(), err)
+	}
 	return elapsed, nil
 }
 
 func (e *Executor) captureGraph() (cuda.Graph, error) {
-	if err := e.dev.BeginCapture(e.stream, cuda.CaptureModeGlobal); err != nil {
+	if err := e.beginCapture(); err != nil {
 		return nil, fmt.Errorf("graphexec: %s: begin capture: %w", e.g.Label(), err)
 	}
 	lerr := e.launchAll()
-	g, err := e.dev.EndCapture(e.stream)
+	g, err := e.endCapture()
 	if lerr != nil {
 		if g != nil {
 			g.Close()
 		}
+		e.dropPending()
 		return nil, fmt.Errorf("graphexec: capture: %w", lerr)
 	}
 	if err != nil {
@@ -434,6 +449,7 @@ func (e *Executor) dropCapture() {
 		e.graph.Close()
 		e.graph = nil
 	}
+	e.releaseCapture()
 }
 
 // Captured reports whether a graph is captured, and its node count.
@@ -567,6 +583,9 @@ func (e *Executor) Rebind(g *Graph) (Rebound, error) {
 		if _, uerr := e.exec.Update(ng); uerr == nil {
 			e.graph.Close()
 			e.graph, e.captured = ng, fp
+			if err := e.adoptCapture(); err != nil {
+				return Rebound{}, fmt.Errorf("graphexec: rebind: %w", err)
+			}
 			elapsed := time.Since(start)
 			if err := e.Init(); err != nil {
 				return Rebound{}, err
@@ -574,6 +593,7 @@ func (e *Executor) Rebind(g *Graph) (Rebound, error) {
 			return Rebound{Decision: Updated, Reason: "same kernels, buffers fit the plan", Elapsed: elapsed}, nil
 		} else {
 			ng.Close()
+			e.dropPending()
 			reason = fmt.Sprintf("exec update refused: %v", uerr)
 		}
 	}
@@ -640,6 +660,7 @@ func (e *Executor) Close() error {
 		errs = append(errs, e.graph.Close())
 		e.graph = nil
 	}
+	errs = append(errs, e.closeSpill())
 	if e.stage != 0 {
 		errs = append(errs, e.dev.Free(e.stage))
 		e.stage, e.stageCap = 0, 0
@@ -666,6 +687,9 @@ func (e *Executor) Close() error {
 // waiting for each, and returns each op's device time. For development:
 // the waits make the step much slower than Eager's.
 func (e *Executor) ProfileOps(step int) ([]time.Duration, error) {
+	if e.sp != nil && e.sp.slots != nil {
+		return nil, fmt.Errorf("graphexec: %s: ProfileOps does not run graphs with spillover or side streams", e.g.Label())
+	}
 	start, err := e.dev.NewEvent(true)
 	if err != nil {
 		return nil, err

@@ -99,6 +99,8 @@ type Tensor struct {
 	DType DType
 	Role  Role
 
+	unplanned bool // served by the spillover allocator (SetUnplanned)
+
 	index int
 	init  func(dst []byte)
 	feed  func(step int, dst []byte)
@@ -191,6 +193,16 @@ type Launch struct {
 	// argument receives its address.
 	Workspace int64
 	Args      []Arg
+	// Stream is the stream the op runs on: 0 is the executor's stream,
+	// 1 to MaxStreams-1 side streams, which fork from it at the start of
+	// a step and join it at the end (see spill.go).
+	Stream int
+	// Wait lists the streams whose work enqueued so far the op waits for
+	// (an event recorded there, waited on here): forks and joins.
+	Wait []int
+	// SpillWorkspace serves the workspace from the spillover allocator at
+	// launch time instead of the plan.
+	SpillWorkspace bool
 }
 
 // Op is one kernel launch of a graph.
@@ -341,6 +353,7 @@ func (b *Builder) Launch(l Launch) *Op {
 		l.Name = l.Kernel
 	}
 	l.Args = append([]Arg(nil), l.Args...)
+	l.Wait = append([]int(nil), l.Wait...)
 	op := &Op{Launch: l, Module: b.module, index: len(b.g.Ops)}
 	b.g.Ops = append(b.g.Ops, op)
 	if b.module < 0 {
@@ -370,6 +383,7 @@ func (b *Builder) Launch(l Launch) *Op {
 			b.fail("op %s: argument %d is the zero Arg", l.Name, i)
 		}
 	}
+	b.checkStreams(l)
 	if (ws > 0) != (l.Workspace > 0) {
 		b.fail("op %s: %d workspace arguments for a workspace of %d bytes", l.Name, ws, l.Workspace)
 	}
@@ -398,6 +412,9 @@ func (b *Builder) Build() (*Graph, error) {
 	g := b.g
 	if len(g.Ops) == 0 {
 		return nil, fmt.Errorf("graphexec: %s: no ops", g.Name)
+	}
+	if err := checkUnplanned(g); err != nil {
+		return nil, err
 	}
 	written := make([]bool, len(g.Tensors))
 	used := make([]bool, len(g.Tensors))

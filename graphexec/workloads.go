@@ -16,6 +16,9 @@ import (
 // workload's defaults; Seed (default 1) picks the random weights and
 // inputs and is no part of the fingerprint.
 type Shape struct {
+	// Iters and JoinEvery shape spill-demo (see spill_demo.go).
+	Iters, JoinEvery int
+
 	Layers, Width, Heads, KVLen, Batch, Vocab int
 	// MaxBatch is the batch that the tensors a family shares (the KV
 	// cache, constant inputs) are sized for, so that every member of a
@@ -82,6 +85,7 @@ func (w *Workload) Resolve(s Shape) Shape {
 		}
 		return v
 	}
+	s.Iters, s.JoinEvery = pick(s.Iters, d.Iters), pick(s.JoinEvery, d.JoinEvery)
 	s.Layers, s.Width, s.Heads = pick(s.Layers, d.Layers), pick(s.Width, d.Width), pick(s.Heads, d.Heads)
 	s.KVLen, s.Batch, s.Vocab = pick(s.KVLen, d.KVLen), pick(s.Batch, d.Batch), pick(s.Vocab, d.Vocab)
 	if s.MaxBatch < s.Batch {
@@ -102,6 +106,10 @@ func ShapeOf(dims []Dim) (Shape, error) {
 		}
 		v := int(d.Value)
 		switch d.Name {
+		case "iters":
+			s.Iters = v
+		case "join_every":
+			s.JoinEvery = v
 		case "layers":
 			s.Layers = v
 		case "width":
@@ -139,6 +147,8 @@ func AddShapeFlags(fs *pflag.FlagSet) *ShapeFlags {
 	fs.IntVar(&f.s.KVLen, "kv-len", 0, "KV cache length of gpt2-decode (default 1024)")
 	fs.IntVar(&f.s.Batch, "batch", 0, "batch rows (default 1)")
 	fs.IntVar(&f.s.Vocab, "vocab", 0, "vocabulary of gpt2-decode (default 50257)")
+	fs.IntVar(&f.s.Iters, "iters", 0, "iterations of spill-demo's cross-stream pattern captured in one step (default 100)")
+	fs.IntVar(&f.s.JoinEvery, "join-every", 0, "spill-demo: the side stream joins back every N iterations (default 1)")
 	fs.Uint64Var(&f.s.Seed, "seed", 1, "seed of the random weights and inputs")
 	return f
 }
@@ -149,7 +159,7 @@ func (f *ShapeFlags) Shape() Shape { return f.s }
 // Changed lists the shape flags given on the command line (--seed aside).
 func (f *ShapeFlags) Changed() []string {
 	var out []string
-	for _, n := range []string{"layers", "width", "heads", "kv-len", "batch", "vocab"} {
+	for _, n := range []string{"layers", "width", "heads", "kv-len", "batch", "vocab", "iters", "join-every"} {
 		if f.fs.Changed(n) {
 			out = append(out, "--"+n)
 		}

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"os/signal"
@@ -63,6 +64,8 @@ type config struct {
 	ptx      string
 	profile  bool
 	sequence string
+	noReuse  bool
+	spillPTX string
 	shape    *graphexec.ShapeFlags
 	fs       *pflag.FlagSet
 }
@@ -96,6 +99,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&c.budget, "budget", planner.DefaultBudget, "planning budget when no --plan is given")
 	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object")
 	fs.StringVar(&c.ptx, "ptx", "", "use this PTX file instead of the embedded kernels (development)")
+	fs.BoolVar(&c.noReuse, "no-capture-reuse", false, "turn the spillover allocator's capture-time reuse off (for comparison)")
+	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
 	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: run [--plan FILE.plan | --workload NAME] [shape flags] [flags]\n\nflags:\n%s", fs.FlagUsages())
@@ -125,6 +130,13 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		kernels.PTX = data
+	}
+	if c.spillPTX != "" {
+		data, err := os.ReadFile(c.spillPTX)
+		if err != nil {
+			return err
+		}
+		kernels.SpillPTX = data
 	}
 	rep, err := execute(ctx, &c, stderr)
 	if err != nil {
@@ -168,6 +180,12 @@ type report struct {
 	Intermediate    int64            `json:"intermediate_bytes"`
 	SpilloverBytes  uint64           `json:"spillover_bytes"`
 	StagingBytes    uint64           `json:"staging_bytes"`
+	SpillPeak       uint64           `json:"spill_peak_bytes"`
+	SpillReserved   uint64           `json:"spill_reserved_bytes"`
+	SpillCapPeak    uint64           `json:"spill_capture_peak_bytes"`
+	SpillCapRes     uint64           `json:"spill_capture_reserved_bytes"`
+	SpillCapReuses  uint64           `json:"spill_capture_reuses"`
+	SpillReuse      bool             `json:"spill_capture_reuse"`
 	Launches        int              `json:"launches_per_step"`
 	GraphNodes      int              `json:"graph_nodes"`
 	Steps           int              `json:"steps"`
@@ -185,7 +203,7 @@ type report struct {
 }
 
 func openDevice(spec string) (cuda.Device, string, error) {
-	sim := func() (cuda.Device, error) { return cuda.OpenSim(cuda.SimConfig{Kernels: kernels.Reference()}) }
+	sim := func() (cuda.Device, error) { return cuda.OpenSim(cuda.SimConfig{Kernels: simKernels()}) }
 	switch {
 	case spec == "sim":
 		d, err := sim()
@@ -307,7 +325,7 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 		return nil, err
 	}
 	defer dev.Close()
-	opt := graphexec.Options{Plan: graphexec.PlanOptions{Budget: c.budget}}
+	opt := graphexec.Options{Plan: graphexec.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse}
 	var plan *planner.Plan
 	source := "memory"
 	if f != nil {
@@ -390,6 +408,9 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 	if err != nil {
 		return nil, err
 	}
+	sr := e.SpillReport()
+	rep.SpilloverBytes, rep.SpillPeak, rep.SpillReserved = sr.GraphReserved, sr.PeakHeld, sr.PeakReserved
+	rep.SpillCapPeak, rep.SpillCapRes, rep.SpillCapReuses, rep.SpillReuse = sr.CapturePeakHeld, sr.CaptureReserved, sr.CaptureReuses, sr.CaptureReuse
 	rep.OutputsEqual = len(eagerOut) == len(replayOut)
 	for i := range eagerOut {
 		rep.OutputsEqual = rep.OutputsEqual && bytes.Equal(eagerOut[i], replayOut[i])
@@ -427,7 +448,7 @@ func results(e *graphexec.Executor, g *graphexec.Graph) ([][]byte, error) {
 // are the Go references, and compares every output and state tensor with
 // the device's replayed ones.
 func check(c *config, g *graphexec.Graph, p *planner.Plan, got [][]byte, rep *report) error {
-	sim, err := cuda.OpenSim(cuda.SimConfig{Kernels: kernels.Reference()})
+	sim, err := cuda.OpenSim(cuda.SimConfig{Kernels: simKernels()})
 	if err != nil {
 		return err
 	}
@@ -474,7 +495,7 @@ func check(c *config, g *graphexec.Graph, p *planner.Plan, got [][]byte, rep *re
 func printReport(w io.Writer, r *report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	var dims []string
-	for _, k := range []string{"layers", "width", "heads", "kv_len", "batch", "vocab"} {
+	for _, k := range []string{"layers", "width", "heads", "kv_len", "batch", "vocab", "iters", "join_every"} {
 		if v, ok := r.Shape[k]; ok {
 			dims = append(dims, fmt.Sprintf("%s=%d", k, v))
 		}
@@ -490,7 +511,11 @@ func printReport(w io.Writer, r *report) {
 	fmt.Fprintf(tw, "arena\t%s, lower bound %s (%.4fx); %s mapped\n", bytesStr(r.ArenaBytes), bytesStr(r.LowerBound), ratio, bytesStr(int64(r.MappedBytes)))
 	fmt.Fprintf(tw, "  regions\tweights %s, kv %s, inputs %s, outputs %s, intermediates %s\n",
 		bytesStr(r.WeightBytes), bytesStr(r.KVBytes), bytesStr(r.InputBytes), bytesStr(r.OutputBytes), bytesStr(r.Intermediate))
-	fmt.Fprintf(tw, "spillover\t%s (staged per-step inputs outside the arena: %s)\n", bytesStr(int64(r.SpilloverBytes)), bytesStr(int64(r.StagingBytes)))
+	fmt.Fprintf(tw, "spillover\t%s kept for the graph (staged per-step inputs outside the arena: %s)\n", bytesStr(int64(r.SpilloverBytes)), bytesStr(int64(r.StagingBytes)))
+	if r.SpillReserved > 0 {
+		fmt.Fprintf(tw, "  spill\tpeak held %s, peak reserved %s; capture: held %s, reserved %s, %d blocks reused in capture (capture-time reuse %v)\n",
+			bytesStr(int64(r.SpillPeak)), bytesStr(int64(r.SpillReserved)), bytesStr(int64(r.SpillCapPeak)), bytesStr(int64(r.SpillCapRes)), r.SpillCapReuses, onOff(r.SpillReuse))
+	}
 	fmt.Fprintf(tw, "launches\t%d kernels per step; captured graph of %d nodes\n", r.Launches, r.GraphNodes)
 	fmt.Fprintf(tw, "capture\t%.3f ms (capture and instantiate)\n", r.CaptureMS)
 	fmt.Fprintf(tw, "eager\t%.1f µs/step (%d steps)\n", r.EagerUS, r.Steps)
@@ -503,6 +528,20 @@ func printReport(w io.Writer, r *report) {
 	if r.FamilyRun != nil {
 		printFamily(w, r)
 	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// simKernels are the Go references of every embedded PTX module.
+func simKernels() map[string]cuda.KernelFunc {
+	k := kernels.Reference()
+	maps.Copy(k, kernels.SpillReference())
+	return k
 }
 
 func bytesStr(n int64) string {
