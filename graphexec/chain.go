@@ -71,6 +71,9 @@ func ChainStages(graphs []*Graph, links []ChainLink) ([]planner.Stage, []planner
 	stages := make([]planner.Stage, len(graphs))
 	dry := make([]*DryRun, len(graphs))
 	for s, g := range graphs {
+		if usesSpill(g) {
+			return nil, nil, nil, fmt.Errorf("graphexec: chain: stage %d: %s uses spillover or side streams, which chains do not support", s, g.Label())
+		}
 		d, err := g.DryRun()
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("graphexec: chain: %w", err)

@@ -43,7 +43,9 @@ func (t *Tensor) SharedKey() string {
 func FamilyKeys(g *Graph, d *DryRun) []string {
 	keys := make([]string, len(d.Trace.Buffers))
 	for i, t := range g.Tensors {
-		keys[d.Tensor[i]] = t.SharedKey()
+		if d.Tensor[i] >= 0 { // unplanned tensors have no buffer
+			keys[d.Tensor[i]] = t.SharedKey()
+		}
 	}
 	return keys
 }
@@ -52,6 +54,9 @@ func FamilyKeys(g *Graph, d *DryRun) []string {
 // in a family of several members, private tensors whose contents must
 // outlive a replay: another member's replay would overwrite them.
 func checkShared(g *Graph, several bool) error {
+	if usesSpill(g) {
+		return fmt.Errorf("graphexec: %s uses spillover or side streams, which families do not support", g.Label())
+	}
 	seen := map[string]string{}
 	for _, t := range g.Tensors {
 		k := t.SharedKey()

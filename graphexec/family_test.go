@@ -206,6 +206,14 @@ func TestFamilyErrors(t *testing.T) {
 		!strings.Contains(err.Error(), "share it") {
 		t.Errorf("private state: %v", err)
 	}
+	// Spillover and side streams are not for families.
+	spill := build(t, "spill-demo", graphexec.Shape{})
+	if _, _, err := graphexec.FamilyMembers([]*graphexec.Graph{spill}); err == nil || !strings.Contains(err.Error(), "spillover") {
+		t.Errorf("spill-demo in a family: %v", err)
+	}
+	if _, _, _, err := graphexec.ChainStages([]*graphexec.Graph{spill}, nil); err == nil || !strings.Contains(err.Error(), "spillover") {
+		t.Errorf("spill-demo in a chain: %v", err)
+	}
 	// Shared intermediates are refused.
 	if _, _, err := graphexec.FamilyMembers([]*graphexec.Graph{tinyGraph(t, true)}); err == nil ||
 		!strings.Contains(err.Error(), "only weights, state and inputs") {
