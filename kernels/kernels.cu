@@ -19,7 +19,8 @@
 
 #define WARP 32
 #define MAXB 8  // batch rows a linear kernel's warp accumulates at once
-#define LOADS 8 // 16-byte weight loads a lane has in flight
+#define KPRE 16 // float4s of its first key an attention thread loads up front (hd <= 64)
+#define VPRE 8  // value vectors an attention thread loads up front
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -57,11 +58,27 @@ __device__ float block_max(float v, float *red) {
     return m;
 }
 
-// gelu_tanh is GPT-2's activation (the tanh approximation).
+// gelu_tanh is GPT-2's activation (the tanh approximation), computed as
+// 0.5*x*(1 + tanh(u)) = x / (1 + exp(-2u)): one exponential and one
+// reciprocal, no cancellation (for large |u| the exponential goes to 0 or
+// infinity and the result to x or 0).
 __device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; // sqrt(2/pi)
-    return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+    const float k2 = 2.f * 0.7978845608028654f; // 2*sqrt(2/pi)
+    return x * __frcp_rn(1.f + __expf(-k2 * (x + 0.044715f * x * x * x)));
 }
+
+// Programmatic dependent launch (sm_90 builds only; the compute_80 PTX has
+// neither): a linear lets the next kernel's blocks start at once and waits
+// for the previous kernel's memory only after it has issued its weight
+// loads. Without the launch attribute both are no-ops.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define PDL_LAUNCH_DEPENDENTS()
+#define PDL_WAIT()
+#endif
+
 
 extern "C" {
 
@@ -80,137 +97,253 @@ __global__ void embed(float *__restrict__ x, const float *__restrict__ wte,
         x[(size_t)b * width + i] = wte[(size_t)tok * width + i] + wpe[(size_t)pos * width + i];
 }
 
+} // extern "C"
+
+// reduce_scatter sums each of v[0..NB) over the warp's 32 lanes in
+// log2(NB) halving steps (each lane keeps half of its values and adds its
+// partner's half of the other) and 5-log2(NB) plain xor steps: 31 + NB - 1
+// shuffles instead of 5*NB. It returns the sum of v[idx], where idx is
+// made of the lane's bits 4, 3, ... (highest first); lanes that differ only
+// in their low 5-log2(NB) bits hold the same value. The order of the adds
+// is fixed, so the result is deterministic.
+template <int NB>
+__device__ __forceinline__ float reduce_scatter(float (&v)[NB], int lane, int &idx) {
+    idx = 0;
+#pragma unroll
+    for (int h = NB / 2, off = 16; h >= 1; h /= 2, off /= 2) {
+        const bool up = (lane & off) != 0;
+        if (up) idx += h;
+#pragma unroll
+        for (int k = 0; k < h; k++) {
+            const float keep = up ? v[k + h] : v[k];
+            const float send = up ? v[k] : v[k + h];
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+    }
+#pragma unroll
+    for (int off = 16 / NB; off > 0; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+    return v[0];
+}
+
+// load_tile issues lane's T 16-byte loads of chunk c of weight row o
+// (zeros beyond the row or past the last row), all before any is used.
+template <int T>
+__device__ __forceinline__ void load_tile(float4 (&wv)[T], const float4 *__restrict__ w4, uint32_t o,
+                                          uint32_t c, uint32_t n4, uint32_t out_dim, int lane) {
+    const bool row = o < out_dim;
+    const float4 *p = w4 + (size_t)(row ? o : 0) * n4;
+#pragma unroll
+    for (int u = 0; u < T; u++) {
+        const uint32_t i = c * (T * WARP) + u * WARP + lane;
+        wv[u] = row && i < n4 ? __ldg(p + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// linear_rows computes batch rows b0..b0+nb-1 (nb <= NB) of linear. Each
+// warp takes rows o = blockIdx.x*nw + warp, o + gridDim.x*nw, ...; a row is
+// read in chunks ("tiles") of T float4s per lane (8; 2 for narrow rows of
+// one batch row; 4 from 3 batch rows on, to bound the registers), and the
+// next tile (of
+// the same row, or the first of the warp's next row) is loaded before the
+// current one is used, so a warp always has a tile in flight. The first
+// tile is loaded before the layer-norm statistics are computed, so that
+// its memory latency hides behind them. Batch rows reuse each weight tile
+// from registers.
+template <int NB, bool LN, int T>
+__device__ __forceinline__ void linear_rows(float *__restrict__ out, const float *__restrict__ in,
+                                            const float *__restrict__ w, const float *__restrict__ bias,
+                                            const float *__restrict__ resid, const float *__restrict__ ln_g,
+                                            const float *__restrict__ ln_b, uint32_t in_dim,
+                                            uint32_t out_dim, uint32_t b0, uint32_t nb, uint32_t mode,
+                                            float eps, float *s_mean, float *s_rstd) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const uint32_t n4 = in_dim / 4;
+    const uint32_t nc = (n4 + T * WARP - 1) / (T * WARP);
+    const uint32_t stride = gridDim.x * nw;
+    const float4 *w4 = reinterpret_cast<const float4 *>(w);
+    uint32_t o = blockIdx.x * nw + warp, c = 0;
+    float4 wn[T];
+    load_tile(wn, w4, o, 0, n4, out_dim, lane);
+    // The epilogue's operands of row o for this lane's batch row (lane
+    // j*(32/NB) writes batch row j), loaded up front too.
+    const int wb = lane / (WARP / NB); // batch row this lane would write
+    float bo = 0.f, rv = 0.f;
+    if (o < out_dim && bias != nullptr) bo = __ldg(bias + o);
+    PDL_WAIT(); // weights and bias above; activations (in, resid) below
+    if (o < out_dim && (mode & 2u) && wb < (int)nb) rv = __ldg(resid + (size_t)(b0 + wb) * out_dim + o);
+    if (LN) {
+        // Statistics: one warp per batch row, one pass of sum and sum of
+        // squares, reduced in a fixed order.
+        for (uint32_t b = warp; b < nb; b += nw) {
+            const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)(b0 + b) * in_dim);
+            float s = 0.f, q = 0.f;
+            for (uint32_t i0 = 0; i0 < n4; i0 += 4 * WARP) {
+                float4 xv[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint32_t i = i0 + u * WARP + lane;
+                    xv[u] = i < n4 ? __ldg(x4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    s += (xv[u].x + xv[u].y) + (xv[u].z + xv[u].w);
+                    q += (xv[u].x * xv[u].x + xv[u].y * xv[u].y) + (xv[u].z * xv[u].z + xv[u].w * xv[u].w);
+                }
+            }
+            s = warp_sum(s);
+            q = warp_sum(q);
+            if (lane == 0) {
+                const float mean = s / (float)in_dim;
+                const float var = fmaxf(q / (float)in_dim - mean * mean, 0.f);
+                s_mean[b] = mean;
+                s_rstd[b] = rsqrtf(var + eps);
+            }
+        }
+        __syncthreads();
+    }
+    float mean[NB], rstd[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        mean[b] = LN && b < (int)nb ? s_mean[b] : 0.f;
+        rstd[b] = LN && b < (int)nb ? s_rstd[b] : 0.f;
+    }
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = 0.f;
+    while (o < out_dim) {
+        float4 wv[T];
+#pragma unroll
+        for (int u = 0; u < T; u++) wv[u] = wn[u];
+        uint32_t o2 = o, c2 = c + 1;
+        if (c2 == nc) {
+            c2 = 0;
+            o2 += stride;
+        }
+        load_tile(wn, w4, o2, c2, n4, out_dim, lane);
+        const uint32_t ib = c * (T * WARP) + lane;
+        if (NB == 1 && !LN) {
+            // One batch row: four independent chains (x, y, z, w), so that
+            // the tile's FMAs are not one dependent chain.
+            const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)b0 * in_dim);
+            float4 xv[T];
+#pragma unroll
+            for (int u = 0; u < T; u++) {
+                const uint32_t i = ib + u * WARP;
+                xv[u] = i < n4 ? __ldg(x4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            float px = 0.f, py = 0.f, pz = 0.f, pw = 0.f;
+#pragma unroll
+            for (int u = 0; u < T; u++) {
+                px = fmaf(wv[u].x, xv[u].x, px);
+                py = fmaf(wv[u].y, xv[u].y, py);
+                pz = fmaf(wv[u].z, xv[u].z, pz);
+                pw = fmaf(wv[u].w, xv[u].w, pw);
+            }
+            acc[0] += (px + py) + (pz + pw);
+        } else {
+            // Batch rows outer: a row's T input vectors (normalised with the
+            // tile's gamma and beta) are loaded together, then used.
+            float4 gv[T], bv[T];
+            if (LN) {
+#pragma unroll
+                for (int u = 0; u < T; u++) {
+                    const uint32_t ic = min(ib + u * WARP, n4 - 1);
+                    gv[u] = __ldg(reinterpret_cast<const float4 *>(ln_g) + ic);
+                    bv[u] = __ldg(reinterpret_cast<const float4 *>(ln_b) + ic);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (b < (int)nb) {
+                    const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)(b0 + b) * in_dim);
+                    float4 xv[T];
+#pragma unroll
+                    for (int u = 0; u < T; u++) {
+                        const uint32_t i = ib + u * WARP;
+                        xv[u] = i < n4 ? __ldg(x4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    }
+                    float a = acc[b];
+#pragma unroll
+                    for (int u = 0; u < T; u++) {
+                        float4 x = xv[u];
+                        if (LN) {
+                            const float m = mean[b], r = rstd[b];
+                            x.x = (x.x - m) * r * gv[u].x + bv[u].x;
+                            x.y = (x.y - m) * r * gv[u].y + bv[u].y;
+                            x.z = (x.z - m) * r * gv[u].z + bv[u].z;
+                            x.w = (x.w - m) * r * gv[u].w + bv[u].w;
+                        }
+                        a = fmaf(wv[u].x, x.x, a);
+                        a = fmaf(wv[u].y, x.y, a);
+                        a = fmaf(wv[u].z, x.z, a);
+                        a = fmaf(wv[u].w, x.w, a);
+                    }
+                    acc[b] = a;
+                }
+            }
+        }
+        if (c2 == 0) {
+            // Row o is done: reduce, apply the epilogue, store, and load
+            // the next row's epilogue operands.
+            int idx;
+            float y = reduce_scatter<NB>(acc, lane, idx);
+            if (lane % (WARP / NB) == 0 && idx < (int)nb) {
+                y += bo;
+                if (mode & 1u) y = gelu_tanh(y);
+                y += rv; // 0 unless mode bit 1
+                out[(size_t)(b0 + idx) * out_dim + o] = y;
+            }
+#pragma unroll
+            for (int b = 0; b < NB; b++) acc[b] = 0.f;
+            bo = rv = 0.f;
+            if (o2 < out_dim) {
+                if (bias != nullptr) bo = __ldg(bias + o2);
+                if ((mode & 2u) && wb < (int)nb) rv = __ldg(resid + (size_t)(b0 + wb) * out_dim + o2);
+            }
+        }
+        o = o2;
+        c = c2;
+    }
+    if (LN) __syncthreads(); // s_mean/s_rstd are rewritten for the next rows
+}
+
+extern "C" {
+
 // linear: out[b][o] = f(sum_i xn[b][i] * w[o][i] + bias[o]) for b < batch,
 // o < out_dim, with w row-major [out_dim][in_dim] (a GEMV per batch row:
 // every weight row is read once per MAXB batch rows, coalesced, 16 bytes a
 // lane). xn is in, or, when ln_g is not null, in layer-normalized per row
 // (gamma ln_g, beta ln_b, eps): the layer norm is fused into the matmul that
 // consumes it. mode bit 0 applies GELU; bit 1 adds resid[b][o] afterwards
-// (a residual connection). bias may be null. One warp per output row;
-// in_dim is a multiple of 4 and every pointer 16-byte aligned.
+// (a residual connection). bias may be null. One warp per output row
+// (grid-stride over the rows), any grid; in_dim is a multiple of 4, every
+// pointer 16-byte aligned, the block size a multiple of 32.
 __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
                        const float *__restrict__ w, const float *__restrict__ bias,
                        const float *__restrict__ resid, const float *__restrict__ ln_g,
                        const float *__restrict__ ln_b, uint32_t in_dim, uint32_t out_dim,
                        uint32_t batch, uint32_t mode, float eps) {
-    __shared__ float s_mean[MAXB], s_rstd[MAXB], s_red[WARP];
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    const uint32_t n4 = in_dim / 4;
+    __shared__ float s_mean[MAXB], s_rstd[MAXB];
+    PDL_LAUNCH_DEPENDENTS();
+    const bool narrow = in_dim <= 2 * 4 * WARP; // a row is at most 2 float4s a lane
     for (uint32_t b0 = 0; b0 < batch; b0 += MAXB) {
         const uint32_t nb = min((uint32_t)MAXB, batch - b0);
+#define LINEAR_ROWS(NB, LN, T)                                                                     \
+    linear_rows<NB, LN, T>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, \
+                           s_mean, s_rstd)
         if (ln_g != nullptr) {
-            // One pass of sum and sum of squares per row, LOADS 16-byte
-            // loads in flight per thread, reduced in a fixed order.
-            for (uint32_t b = 0; b < nb; b++) {
-                const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)(b0 + b) * in_dim);
-                float s = 0.f, q = 0.f;
-                for (uint32_t i0 = 0; i0 < n4; i0 += LOADS * blockDim.x) {
-                    float4 xv[LOADS];
-#pragma unroll
-                    for (int u = 0; u < LOADS; u++) {
-                        const uint32_t i = i0 + u * blockDim.x + threadIdx.x;
-                        xv[u] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-                    }
-#pragma unroll
-                    for (int u = 0; u < LOADS; u++) {
-                        s += (xv[u].x + xv[u].y) + (xv[u].z + xv[u].w);
-                        q += (xv[u].x * xv[u].x + xv[u].y * xv[u].y) + (xv[u].z * xv[u].z + xv[u].w * xv[u].w);
-                    }
-                }
-                const float mean = block_sum(s, s_red) / (float)in_dim;
-                const float var = fmaxf(block_sum(q, s_red) / (float)in_dim - mean * mean, 0.f);
-                if (threadIdx.x == 0) {
-                    s_mean[b] = mean;
-                    s_rstd[b] = rsqrtf(var + eps);
-                }
-            }
-            __syncthreads();
+            if (nb == 1) LINEAR_ROWS(1, true, 8);
+            else if (nb == 2) LINEAR_ROWS(2, true, 8);
+            else if (nb <= 4) LINEAR_ROWS(4, true, 4);
+            else LINEAR_ROWS(8, true, 4);
+        } else {
+            if (nb == 1 && narrow) LINEAR_ROWS(1, false, 2);
+            else if (nb == 1) LINEAR_ROWS(1, false, 8);
+            else if (nb == 2) LINEAR_ROWS(2, false, 8);
+            else if (nb <= 4) LINEAR_ROWS(4, false, 4);
+            else LINEAR_ROWS(8, false, 4);
         }
-        for (uint32_t o = blockIdx.x * nw + warp; o < out_dim; o += gridDim.x * nw) {
-            float acc[MAXB];
-#pragma unroll
-            for (int b = 0; b < MAXB; b++) acc[b] = 0.f;
-            const float4 *w4 = reinterpret_cast<const float4 *>(w + (size_t)o * in_dim);
-            // The epilogue's operands are loaded up front, so that their
-            // latency hides behind the row's.
-            float bo = 0.f, rv[MAXB];
-#pragma unroll
-            for (int b = 0; b < MAXB; b++) rv[b] = 0.f;
-            if (lane == 0) {
-                if (bias != nullptr) bo = __ldg(bias + o);
-                if (mode & 2u) {
-#pragma unroll
-                    for (int b = 0; b < MAXB; b++)
-                        if (b < nb) rv[b] = resid[(size_t)(b0 + b) * out_dim + o];
-                }
-            }
-            // LOADS weight vectors per lane are issued back to back before
-            // any is used, so that a row costs one memory latency, not one
-            // per vector.
-            for (uint32_t i0 = 0; i0 < n4; i0 += LOADS * WARP) {
-                float4 wv[LOADS];
-#pragma unroll
-                for (int u = 0; u < LOADS; u++) {
-                    const uint32_t i = i0 + u * WARP + lane;
-                    wv[u] = i < n4 ? __ldg(w4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-                float4 gv[LOADS], bv[LOADS];
-                if (ln_g != nullptr) {
-#pragma unroll
-                    for (int u = 0; u < LOADS; u++) {
-                        const uint32_t i = min(i0 + u * WARP + lane, n4 - 1);
-                        gv[u] = __ldg(reinterpret_cast<const float4 *>(ln_g) + i);
-                        bv[u] = __ldg(reinterpret_cast<const float4 *>(ln_b) + i);
-                    }
-                }
-#pragma unroll
-                for (int b = 0; b < MAXB; b++) {
-                    if (b < nb) {
-                        // A batch row's LOADS input vectors are loaded
-                        // together too (beyond the row: zeros, and the
-                        // weights there are zero).
-                        const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)(b0 + b) * in_dim);
-                        float4 xv[LOADS];
-#pragma unroll
-                        for (int u = 0; u < LOADS; u++) {
-                            const uint32_t i = i0 + u * WARP + lane;
-                            xv[u] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-                        }
-                        float a = acc[b];
-#pragma unroll
-                        for (int u = 0; u < LOADS; u++) {
-                            float4 x = xv[u];
-                            if (ln_g != nullptr) {
-                                const float m = s_mean[b], r = s_rstd[b];
-                                x.x = (x.x - m) * r * gv[u].x + bv[u].x;
-                                x.y = (x.y - m) * r * gv[u].y + bv[u].y;
-                                x.z = (x.z - m) * r * gv[u].z + bv[u].z;
-                                x.w = (x.w - m) * r * gv[u].w + bv[u].w;
-                            }
-                            a = fmaf(wv[u].x, x.x, a);
-                            a = fmaf(wv[u].y, x.y, a);
-                            a = fmaf(wv[u].z, x.z, a);
-                            a = fmaf(wv[u].w, x.w, a);
-                        }
-                        acc[b] = a;
-                    }
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < MAXB; b++) acc[b] = warp_sum(acc[b]);
-            if (lane == 0) {
-#pragma unroll
-                for (int b = 0; b < MAXB; b++) {
-                    if (b < nb) {
-                        float y = acc[b] + bo;
-                        if (mode & 1u) y = gelu_tanh(y);
-                        y += rv[b]; // 0 unless mode bit 1
-                        out[(size_t)(b0 + b) * out_dim + o] = y;
-                    }
-                }
-            }
-        }
-        __syncthreads(); // s_mean/s_rstd are rewritten for the next rows
+#undef LINEAR_ROWS
     }
 }
 
@@ -246,6 +379,29 @@ __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv
     const float *q = qkv + (size_t)b * 3 * width + h * hd;
     const float *knew = q + width, *vnew = q + 2 * width;
     const size_t base = (size_t)b * kv_len * width + h * hd;
+    const uint32_t hd4 = hd / 4;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    // Before anything waits: this thread's first key (when the head is at
+    // most KPRE float4s wide) and its first VPRE value vectors are loaded
+    // into registers, so that the cache reads of both phases are in flight
+    // together, behind the query's load and the barrier.
+    const uint32_t groups = blockDim.x / hd4;
+    const uint32_t d4 = threadIdx.x % hd4, g = threadIdx.x / hd4;
+    float4 vpre[VPRE];
+#pragma unroll
+    for (int r = 0; r < VPRE; r++) {
+        const uint32_t t = t0 + g + r * groups;
+        vpre[r] = g < groups && t < t1
+                      ? reinterpret_cast<const float4 *>(t == pos ? vnew : vc + base + (size_t)t * width)[d4]
+                      : zero;
+    }
+    float4 kpre[KPRE];
+    const uint32_t tk = t0 + threadIdx.x;
+    if (hd4 <= KPRE) {
+        const float4 *k4 = reinterpret_cast<const float4 *>(tk == pos ? knew : kc + base + (size_t)tk * width);
+#pragma unroll
+        for (int d = 0; d < KPRE; d++) kpre[d] = tk < t1 && d < (int)hd4 ? k4[d] : zero;
+    }
     for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
         s_q[d] = q[d];
         if (s == 0) {
@@ -255,10 +411,27 @@ __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv
     }
     __syncthreads();
 
-    const uint32_t hd4 = hd / 4;
     const float4 *q4 = reinterpret_cast<const float4 *>(s_q);
     float mx = -INFINITY;
-    for (uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+    uint32_t t = tk;
+    if (hd4 <= KPRE && t < t1) {
+        float a = 0.f;
+#pragma unroll
+        for (int d = 0; d < KPRE; d++) {
+            if (d < (int)hd4) {
+                const float4 kv = kpre[d], qv = q4[d];
+                a = fmaf(qv.x, kv.x, a);
+                a = fmaf(qv.y, kv.y, a);
+                a = fmaf(qv.z, kv.z, a);
+                a = fmaf(qv.w, kv.w, a);
+            }
+        }
+        a *= scale;
+        s_p[t - t0] = a;
+        mx = fmaxf(mx, a);
+        t += blockDim.x;
+    }
+    for (; t < t1; t += blockDim.x) {
         const float4 *k4 = reinterpret_cast<const float4 *>(t == pos ? knew : kc + base + (size_t)t * width);
         float a = 0.f;
 #pragma unroll 16
@@ -283,12 +456,24 @@ __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv
     sum = block_sum(sum, s_o);
     __syncthreads(); // s_p complete; s_o free again
 
-    const uint32_t groups = blockDim.x / hd4;
-    const uint32_t d4 = threadIdx.x % hd4, g = threadIdx.x / hd4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 acc = zero;
     if (g < groups) {
+        // Positions t0+g, t0+g+groups, ... in order: the prefetched ones
+        // first, then the rest.
+        uint32_t t = t0 + g;
+#pragma unroll
+        for (int r = 0; r < VPRE; r++, t += groups) {
+            if (t < t1) {
+                const float4 v = vpre[r];
+                const float p = s_p[t - t0];
+                acc.x = fmaf(p, v.x, acc.x);
+                acc.y = fmaf(p, v.y, acc.y);
+                acc.z = fmaf(p, v.z, acc.z);
+                acc.w = fmaf(p, v.w, acc.w);
+            }
+        }
 #pragma unroll 4
-        for (uint32_t t = t0 + g; t < t1; t += groups) {
+        for (; t < t1; t += groups) {
             const float4 v = reinterpret_cast<const float4 *>(t == pos ? vnew : vc + base + (size_t)t * width)[d4];
             const float p = s_p[t - t0];
             acc.x = fmaf(p, v.x, acc.x);
