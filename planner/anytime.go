@@ -32,7 +32,7 @@ import (
 // that ends before its budget returns the same plan whatever the timing.
 // With Workers == 1 everything runs in one fixed order.
 
-func init() { register("search", anytime) }
+func init() { register("auto", anytime) }
 
 // searchStats are counters for tests and reports.
 type searchStats struct {
@@ -56,7 +56,9 @@ type anytimeRun struct {
 
 func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
 	r := &anytimeRun{ctx: ctx, opt: opt, start: time.Now()}
-	r.deadline = r.start.Add(opt.Budget)
+	// Leave room for what follows the search (Run's Check, writing the
+	// plan): aim at 85% of the budget.
+	r.deadline = r.start.Add(opt.Budget * 85 / 100)
 	p, err := newProblem(t, opt.Align)
 	if err != nil {
 		return nil, err
@@ -70,19 +72,47 @@ func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
 	for i := range p.items {
 		r.best = max(r.best, r.offs[i]+p.items[i].size)
 	}
-	heights := make([]int64, len(leaves))
-	for k := range leaves {
-		if err := r.ctx.Err(); err != nil && k > 0 {
-			return nil, fmt.Errorf("search: %w", err)
+	// auto is never worse than the baselines, which scale to any size
+	// and cost little next to the search: run them first.
+	var base *Plan
+	for _, b := range []struct {
+		name string
+		f    Func
+	}{{"bysize", planBySize}, {"bestfit", planBestFit}} {
+		q, err := b.f(ctx, t, opt)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", b.name, err)
 		}
+		q.Arena = ArenaSize(t, q.Offsets, opt.Align)
+		if base == nil || q.Arena < base.Arena {
+			base = q
+			base.ToBest = time.Since(r.start)
+		}
+	}
+	base.Algo = "auto"
+	lbBytes := p.lb * p.unit
+	if base.Arena <= lbBytes {
+		return base, nil
+	}
+	var pairs int64
+	for k := range leaves {
+		pairs += countPairs(p, &leaves[k])
+	}
+	if pairs > maxPairs {
+		// Too many conflicts to list: the baselines are all we have.
+		return base, nil
+	}
+	for k := range leaves {
 		left := len(leaves) - k
 		until := time.Now().Add(time.Until(r.deadline) / time.Duration(left))
-		var at time.Duration
-		heights[k], at = r.solveLeaf(p, &leaves[k], until)
+		h, at := r.solveLeaf(p, &leaves[k], until)
 		r.mu.Lock()
-		r.best = max(r.best, heights[k])
+		r.best = max(r.best, h)
 		r.bestAt = max(r.bestAt, at)
 		r.mu.Unlock()
+	}
+	if r.best*p.unit >= base.Arena {
+		return base, nil
 	}
 	plan := &Plan{Algo: "auto", Offsets: make([]int64, len(p.items))}
 	for i := range p.items {
@@ -97,7 +127,7 @@ func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
 func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, time.Duration) {
 	target := p.lb
 	d := newLeafData(p, l, p.times)
-	best, offs := r.portfolio(d, until)
+	best, offs := r.portfolio(d, target, until)
 	at := time.Since(r.start)
 	if best > target {
 		r.stats.exactLeaves++
@@ -109,45 +139,96 @@ func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, tim
 	return best, at
 }
 
-// greedyOrders are the preorders the portfolio tries, each with both
-// placement rules.
-var greedyOrders = []preorder{"ZW", "AZ", "WZ", "TZ", "OZ", "SZ", "TAW", "WAT"}
+// portfolioEntry is one greedy pass: the skyline (lowest offset first)
+// or a placement rule in a fixed order.
+type portfolioEntry struct {
+	skyline bool
+	order   preorder
+	rule    greedyRule
+}
 
-// portfolio runs every greedy order with both rules on the workers and
-// returns the lowest height (the first in portfolio order among equals).
-func (r *anytimeRun) portfolio(d *leafData, until time.Time) (int64, []int64) {
+// portfolioEntries, cheapest and most often best first (measured on the
+// shared traces).
+var portfolioEntries = []portfolioEntry{
+	{skyline: true, order: "ZWA"},
+	{skyline: true, order: "TAW"},
+	{skyline: true, order: "TWA"},
+	{skyline: true, order: "AWT"},
+	{order: "ZW", rule: bestFit},
+	{order: "ZW", rule: firstFit},
+	{skyline: true, order: "WAT"},
+	{order: "AZ", rule: bestFit},
+	{order: "TZ", rule: bestFit},
+	{order: "WZ", rule: firstFit},
+	{order: "OZ", rule: bestFit},
+	{order: "SZ", rule: firstFit},
+}
+
+// portfolio runs the greedy passes on the workers and returns the lowest
+// height (the first in portfolio order among equals). A pass that reaches
+// target ends it: later passes are not started and do not count, so the
+// result does not depend on timing unless until passes.
+func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time) (int64, []int64) {
 	type res struct {
 		h    int64
 		offs []int64
 	}
-	n := 2 * len(greedyOrders)
+	n := len(portfolioEntries)
 	results := make([]res, n)
-	var next atomic.Int32
-	var wg sync.WaitGroup
+	var (
+		mu   sync.Mutex
+		next int
+		last = n - 1 // no pass after this one counts
+		wg   sync.WaitGroup
+	)
 	for w := 0; w < min(r.opt.Workers, n); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var scratch []span
 			for {
-				i := int(next.Add(1) - 1)
-				if i >= n || (i > 0 && time.Now().After(until)) {
+				mu.Lock()
+				i := next
+				next++
+				stop := i > last || (i > 0 && time.Now().After(until)) || r.ctx.Err() != nil
+				mu.Unlock()
+				if stop {
 					return
 				}
+				e := portfolioEntries[i]
 				offs := make([]int64, d.k)
-				rank := d.rank(greedyOrders[i/2])
+				rank := d.rank(e.order)
 				var h int64
-				h, scratch = d.greedy(rank, greedyRule(i%2), offs, scratch)
-				results[i] = res{h, offs}
+				quit := func() bool { return i > 0 && time.Now().After(until) || r.ctx.Err() != nil }
+				if e.skyline {
+					h = d.skyline(rank, offs, quit)
+				} else {
+					h, scratch = d.greedy(rank, e.rule, offs, scratch, quit)
+				}
+				mu.Lock()
+				if h >= 0 {
+					results[i] = res{h, offs}
+					if h <= target {
+						last = min(last, i)
+					}
+				}
+				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
 	bi := -1
-	for i := range results {
+	for i := 0; i <= last; i++ {
 		if results[i].offs != nil && (bi < 0 || results[i].h < results[bi].h) {
 			bi = i
 		}
+	}
+	if bi < 0 {
+		// Not even the first pass finished (cancelled): the skyline
+		// cannot take fixed buffers, the first-fit pass can.
+		offs := make([]int64, d.k)
+		h, _ := d.greedy(d.rank("ZW"), firstFit, offs, nil, nil)
+		return h, offs
 	}
 	return results[bi].h, results[bi].offs
 }

@@ -9,22 +9,8 @@ import (
 	"github.com/arenaplan/arenaplan/lifetime"
 )
 
-// auto, for now, runs every other registered algorithm and keeps the
-// smallest arena (the first in name order among equals); a real search
-// will replace it. Its cost is the sum of theirs.
-func init() {
-	register("auto", func(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
-		var names []string
-		for _, n := range Names() {
-			if n != "auto" {
-				names = append(names, n)
-			}
-		}
-		return bestOf(ctx, t, opt, names)
-	})
-}
-
-// bestOf runs the named algorithms in turn and returns the plan with the
+// bestOf (the first "auto", now replaced by the anytime search in
+// anytime.go) runs the named algorithms in turn and returns the plan with the
 // smallest arena, its Algo set to the winner's name. Plans that Check
 // rejects are dropped; it fails only when none is left. It stops early when
 // ctx is done or a plan reaches the lower bound.

@@ -111,8 +111,8 @@ func TestBaselinesOnHandMadeTraces(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if auto.Arena != best {
-				t.Errorf("auto: arena %d, want the best of the others, %d", auto.Arena, best)
+			if auto.Arena > best {
+				t.Errorf("auto: arena %d, worse than the best of the others, %d", auto.Arena, best)
 			}
 		})
 	}

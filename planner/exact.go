@@ -41,11 +41,12 @@ type leafData struct {
 	secLoad      []int64
 	pairs        int64
 	secAt, secIt []int32 // items live in section s: secIt[secAt[s]:secAt[s+1]]
+	secPosAt     []int32 // the position of item j in section s is kept at secPosAt[j]+s-lo[j]
 }
 
 // maxPairs bounds the conflict lists a leaf may build (memory and time);
 // larger leaves are left to the scalable greedy.
-const maxPairs = 12_000_000
+const maxPairs = 20_000_000
 
 // countPairs returns the number of conflicting pairs of a leaf without
 // building the lists.
@@ -108,44 +109,52 @@ func newLeafData(p *problem, l *leaf, times []int64) *leafData {
 			fill[s]++
 		}
 	}
+	d.secPosAt = make([]int32, k+1)
+	for j := range k {
+		d.secPosAt[j+1] = d.secPosAt[j] + d.hi[j] - d.lo[j]
+	}
 	d.secLoad = make([]int64, d.nsec)
 	for s := range d.nsec {
 		for _, j := range d.secIt[d.secAt[s]:d.secAt[s+1]] {
 			d.secLoad[s] += d.size[j]
 		}
 	}
+	// Two sweeps, one to count and one to fill, so that no list of pairs
+	// is held twice.
 	deg := make([]int32, k+1)
-	type pair struct{ a, b int32 }
-	var pairs []pair
-	for s := range d.nsec {
-		live := d.secIt[d.secAt[s]:d.secAt[s+1]]
-		for x, a := range live {
-			if d.lo[a] != int32(s) {
-				continue
-			}
-			for y, b := range live {
-				if b == a || (d.lo[b] == int32(s) && y < x) {
+	sweep := func(emit func(a, b int32)) {
+		for s := range d.nsec {
+			live := d.secIt[d.secAt[s]:d.secAt[s+1]]
+			for x, a := range live {
+				if d.lo[a] != int32(s) {
 					continue
 				}
-				pairs = append(pairs, pair{a, b})
-				deg[a+1]++
-				deg[b+1]++
+				for y, b := range live {
+					if b == a || (d.lo[b] == int32(s) && y < x) {
+						continue
+					}
+					emit(a, b)
+				}
 			}
 		}
 	}
-	d.pairs = int64(len(pairs))
+	sweep(func(a, b int32) {
+		deg[a+1]++
+		deg[b+1]++
+	})
 	for j := range k {
 		deg[j+1] += deg[j]
 	}
+	d.pairs = int64(deg[k]) / 2
 	d.adjAt = deg
-	d.adj = make([]int32, 2*len(pairs))
+	d.adj = make([]int32, deg[k])
 	fill = slices.Clone(deg[:k])
-	for _, pr := range pairs {
-		d.adj[fill[pr.a]] = pr.b
-		fill[pr.a]++
-		d.adj[fill[pr.b]] = pr.a
-		fill[pr.b]++
-	}
+	sweep(func(a, b int32) {
+		d.adj[fill[a]] = b
+		fill[a]++
+		d.adj[fill[b]] = a
+		fill[b]++
+	})
 	return d
 }
 
@@ -235,9 +244,13 @@ type dfs struct {
 	sol    []int64
 	tot    []int64 // unplaced bytes per section
 	floor  []int64 // per section: nothing unplaced can go below it
-	total  maxTree // the same, for range maxima
-	cuts   []int32 // cuts[s]: unplaced items live in both s and s+1
-	pos    []int32 // position of an item in its partition's list
+	// Per section, its unplaced items first: secList[secAt[s]:secAt[s]+secN[s]].
+	secList []int32
+	secN    []int32
+	secPos  []int32 // see leafData.secPosAt
+	total   maxTree // the same, for range maxima
+	cuts    []int32 // cuts[s]: unplaced items live in both s and s+1
+	pos     []int32 // position of an item in its partition's list
 
 	nodes, limit int64
 	stop, stop2  *atomic.Bool // either set: abort
@@ -278,6 +291,16 @@ func newDFS(d *leafData, capacity int64, order preorder, limit int64, stop *atom
 		}
 	}
 	s.tot = slices.Clone(d.secLoad)
+	s.secList = slices.Clone(d.secIt)
+	s.secN = make([]int32, d.nsec)
+	s.secPos = make([]int32, d.secPosAt[d.k])
+	for sec := range d.nsec {
+		s.secN[sec] = d.secAt[sec+1] - d.secAt[sec]
+		for x := d.secAt[sec]; x < d.secAt[sec+1]; x++ {
+			j := d.secIt[x]
+			s.secPos[d.secPosAt[j]+int32(sec)-d.lo[j]] = x
+		}
+	}
 	s.floor = make([]int64, d.nsec)
 	for i := range s.floor {
 		s.floor[i] = d.base
@@ -373,7 +396,7 @@ func (s *dfs) restore(p *partition, j int32) {
 
 func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 	s.nodes++
-	if s.nodes&1023 == 0 && (s.stop != nil && s.stop.Load() || s.stop2 != nil && s.stop2.Load()) {
+	if s.stop != nil && s.stop.Load() || s.stop2 != nil && s.stop2.Load() {
 		return aborted
 	}
 	if s.nodes > s.limit {
@@ -405,23 +428,20 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 		}
 		s.cand = append(s.cand, j)
 	}
-	cands := s.cand[base:]
-	// Insertion sort by (lowest offset, rank): the lists are short.
-	for x := 1; x < len(cands); x++ {
-		c := cands[x]
-		y := x
-		for ; y > 0; y-- {
-			b := cands[y-1]
-			if s.minOff[b] < s.minOff[c] || s.minOff[b] == s.minOff[c] && s.rank[b] < s.rank[c] {
-				break
-			}
-			cands[y] = b
-		}
-		cands[y] = c
-	}
-	n := len(cands)
+	n := len(s.cand) - base
 	status := notFound
 	for x := range n {
+		// Selection by (lowest offset, rank), one at a time: usually the
+		// first candidate succeeds, and the lists can be long.
+		cands := s.cand[base+x : base+n]
+		bi := 0
+		for y := 1; y < len(cands); y++ {
+			b, c := cands[bi], cands[y]
+			if s.minOff[c] < s.minOff[b] || s.minOff[c] == s.minOff[b] && s.rank[c] < s.rank[b] {
+				bi = y
+			}
+		}
+		cands[0], cands[bi] = cands[bi], cands[0]
 		st, hatless := s.place(p, s.cand[base+x], lastOff)
 		if st != notFound {
 			status = st
@@ -475,7 +495,16 @@ func (s *dfs) place(p *partition, c int32, lastOff int64) (status int, hatless b
 	}
 	lo, hi := d.lo[c], d.hi[c]
 	s.total.add(int(lo), int(hi), -d.size[c])
+	pc := d.secPosAt[c] - lo
 	for sec := lo; sec < hi; sec++ {
+		// Move c behind the unplaced items of the section.
+		x := s.secPos[pc+sec]
+		last := d.secAt[sec] + s.secN[sec] - 1
+		o := s.secList[last]
+		s.secList[x], s.secList[last] = o, c
+		s.secPos[d.secPosAt[o]+sec-d.lo[o]] = x
+		s.secPos[pc+sec] = last
+		s.secN[sec]--
 		s.tot[sec] -= d.size[c]
 		s.floorUndo = append(s.floorUndo, undo{sec, s.floor[sec]})
 		s.floor[sec] = top
@@ -486,13 +515,11 @@ func (s *dfs) place(p *partition, c int32, lastOff int64) (status int, hatless b
 		for sec := tlo; sec < thi; sec++ {
 			m := int64(1) << 62
 			f := s.floor[sec]
-			for _, j := range d.secIt[d.secAt[sec]:d.secAt[sec+1]] {
-				if s.off[j] < 0 {
-					if mo := s.minOff[j]; mo < m {
-						m = mo
-						if m <= f {
-							break
-						}
+			for _, j := range s.secList[d.secAt[sec] : d.secAt[sec]+s.secN[sec]] {
+				if mo := s.minOff[j]; mo < m {
+					m = mo
+					if m <= f {
+						break
 					}
 				}
 			}
@@ -520,6 +547,7 @@ func (s *dfs) place(p *partition, c int32, lastOff int64) (status int, hatless b
 	s.total.add(int(lo), int(hi), d.size[c])
 	for sec := lo; sec < hi; sec++ {
 		s.tot[sec] += d.size[c]
+		s.secN[sec]++ // c sits right behind the unplaced items still
 	}
 	for x := len(s.floorUndo) - 1; x >= floorMark; x-- {
 		s.floor[s.floorUndo[x].i] = s.floorUndo[x].v
