@@ -101,11 +101,11 @@ __global__ void embed(float *__restrict__ x, const float *__restrict__ wte,
 
 // reduce_scatter sums each of v[0..NB) over the warp's 32 lanes in
 // log2(NB) halving steps (each lane keeps half of its values and adds its
-// partner's half of the other) and 5-log2(NB) plain xor steps: 31 + NB - 1
-// shuffles instead of 5*NB. It returns the sum of v[idx], where idx is
-// made of the lane's bits 4, 3, ... (highest first); lanes that differ only
-// in their low 5-log2(NB) bits hold the same value. The order of the adds
-// is fixed, so the result is deterministic.
+// partner's half of the other) and 5-log2(NB) plain xor steps: NB-1 +
+// 5-log2(NB) shuffles (9 for 8 rows) instead of 5*NB. It returns the sum of
+// v[idx], where idx is made of the lane's bits 4, 3, ... (highest first);
+// lanes that differ only in their low 5-log2(NB) bits hold the same value.
+// The order of the adds is fixed, so the result is deterministic.
 template <int NB>
 __device__ __forceinline__ float reduce_scatter(float (&v)[NB], int lane, int &idx) {
     idx = 0;

@@ -1,6 +1,6 @@
-// The kernels as of commit c91f474 (before the rewrite of linear and the
+// The kernels as of commit 1d2141d (before the rewrite of linear and the
 // attention prefetch), renamed old_*, for kernels/bench/bench.cu.
-// Generated: git show c91f474:kernels/kernels.cu | sed -E 's/\b(warp_sum|...)\b/old_\1/g'
+// Generated: git show 1d2141d:kernels/kernels.cu | sed -E 's/\b(warp_sum|...)\b/old_\1/g'
 // Kernels of the built-in workloads (package graphexec: gpt2-decode, mlp).
 //
 // Storage is fp32 throughout. Every kernel is deterministic: reductions run
