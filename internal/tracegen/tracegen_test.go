@@ -1,0 +1,46 @@
+package tracegen
+
+import (
+	"testing"
+)
+
+func TestGenerateIsValidAndRepeatable(t *testing.T) {
+	for _, n := range []int{1, 10, 1000, 20000} {
+		a, err := Generate(Options{Buffers: n, Seed: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(a.Buffers) != n {
+			t.Fatalf("%d buffers, want %d", len(a.Buffers), n)
+		}
+		if err := a.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := Generate(Options{Buffers: n, Seed: 7})
+		if a.Fingerprint() != b.Fingerprint() {
+			t.Fatalf("%d buffers: two traces from the same seed differ", n)
+		}
+	}
+	if _, err := Generate(Options{}); err == nil {
+		t.Fatal("no error for zero buffers")
+	}
+}
+
+// TestShape checks the traces look like the real ones: most buffers short
+// lived, some long, and a bounded live set.
+func TestShape(t *testing.T) {
+	tr, _ := Generate(Options{Buffers: 50000, Seed: 1})
+	short := 0
+	for _, b := range tr.Buffers {
+		if b.End-b.Start <= 3 {
+			short++
+		}
+	}
+	if f := float64(short) / float64(len(tr.Buffers)); f < 0.5 || f > 0.95 {
+		t.Errorf("%.2f of buffers live at most 3 ticks; want most but not all", f)
+	}
+	peak, _ := tr.LowerBound(1)
+	if total := tr.TotalBytes(1); peak*20 > total {
+		t.Errorf("peak %d is more than 1/20 of all bytes %d: lifetimes too long", peak, total)
+	}
+}
