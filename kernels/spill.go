@@ -7,8 +7,8 @@ import (
 	"github.com/arenaplan/arenaplan/cuda"
 )
 
-// SpillPTX is the PTX of spill.cu, the kernels of graphexec's spill-demo
-// workload. It is a module of its own, beside PTX, so that either can be
+// SpillPTX is nvcc's PTX of spill.cu (compute_80, CUDA 13.0), the kernels
+// of graphexec's spill-demo workload. It is a module of its own, beside PTX, so that either can be
 // rebuilt alone.
 //
 //go:embed spill.ptx
