@@ -15,6 +15,14 @@
 // re-planned and re-captured when the workload changes; it never falls back
 // to eager execution on its own.
 //
+// Beyond one graph: tensors a workload marks SetUnplanned and workspaces
+// with SpillWorkspace come from arena's spillover allocator, also during
+// capture (capture-time reuse, side streams joined by events; built-in
+// spill-demo shows it). A Family runs several members (batch sizes) on one
+// arena, shared tensors at one address, one member at a time; a Chain runs
+// stages planned on one timeline and refuses, through the plan's guard, a
+// replay order that would overwrite memory a later stage still needs.
+//
 // The built-in workloads gpt2-decode and mlp (Build, AddShapeFlags) use the
 // fp32 kernels of package kernels. It is not a file format and not a
 // planner: cmd/plan and cmd/run turn plans into files and back.
