@@ -84,6 +84,20 @@ type Device interface {
 	// the kernel's parameters.
 	Launch(fn Function, grid, block Dim3, sharedMem uint32, s Stream, args ...KernelArg) error
 
+	// LaunchEx is Launch with a launch configuration (cuLaunchKernelEx).
+	// With cfg.ProgrammaticSerialization the kernel may start before the
+	// previous kernel on cfg.Stream has finished (programmatic dependent
+	// launch, compute capability 9.0 and later): from the moment every
+	// block of that kernel has executed griddepcontrol.launch_dependents
+	// (or exited). The kernel must then execute griddepcontrol.wait before
+	// it touches memory that the previous kernel writes or reads. In a
+	// capture the dependency becomes a programmatic edge. Results are the
+	// same as Launch's for kernels that follow that rule.
+	LaunchEx(fn Function, cfg LaunchConfig, args ...KernelArg) error
+	// ComputeCapability returns the device's compute capability (9.0 on
+	// an H100 or H200).
+	ComputeCapability() (major, minor int, err error)
+
 	// BeginCapture starts capturing s in the given mode.
 	BeginCapture(s Stream, mode CaptureMode) error
 	// EndCapture ends the capture that began on s and returns its graph.
@@ -113,6 +127,17 @@ type Device interface {
 	MemUnmap(p DevicePtr, size uint64) error
 	// MemSetAccess makes [p, p+size) readable and writable by this device.
 	MemSetAccess(p DevicePtr, size uint64) error
+}
+
+// LaunchConfig is the launch configuration of LaunchEx (CUlaunchConfig with
+// its attributes).
+type LaunchConfig struct {
+	Grid, Block Dim3
+	SharedMem   uint32
+	Stream      Stream
+	// ProgrammaticSerialization sets the launch attribute
+	// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION to 1.
+	ProgrammaticSerialization bool
 }
 
 // Stream is an ordered queue of device work (CUstream).

@@ -45,6 +45,8 @@ const (
 	fnModuleGetFunction
 	fnModuleUnload
 	fnLaunchKernel
+	fnLaunchKernelEx
+	fnDeviceGetAttribute
 	fnStreamBeginCapture
 	fnStreamEndCapture
 	fnStreamGetCaptureInfo
@@ -100,6 +102,8 @@ var fnNames = [numFns]string{
 	fnModuleGetFunction:               "cuModuleGetFunction",
 	fnModuleUnload:                    "cuModuleUnload",
 	fnLaunchKernel:                    "cuLaunchKernel",
+	fnLaunchKernelEx:                  "cuLaunchKernelEx",
+	fnDeviceGetAttribute:              "cuDeviceGetAttribute",
 	fnStreamBeginCapture:              "cuStreamBeginCapture_v2",
 	fnStreamEndCapture:                "cuStreamEndCapture",
 	fnStreamGetCaptureInfo:            "cuStreamGetCaptureInfo_v3",
@@ -145,6 +149,8 @@ type Driver struct {
 	ctx     uintptr
 	name    string
 	version int
+	ccMajor int
+	ccMinor int
 	closed  bool
 }
 
@@ -225,6 +231,16 @@ func (d *Driver) init() error {
 		return d.err(fnDeviceGetName, r)
 	}
 	d.name = cString(d.scratch)
+	for i, attr := range [2]uintptr{cuDeviceAttributeComputeCapabilityMajor, cuDeviceAttributeComputeCapabilityMinor} {
+		if r := d.call(fnDeviceGetAttribute, d.out(0), attr, uintptr(d.dev)); r != Success {
+			return fmt.Errorf("cuda: device %d: compute capability: %w", d.ordinal, d.err(fnDeviceGetAttribute, r))
+		}
+		if i == 0 {
+			d.ccMajor = int(d.i32(0))
+		} else {
+			d.ccMinor = int(d.i32(0))
+		}
+	}
 	if r := d.call(fnDevicePrimaryCtxRetain, d.out(0), uintptr(d.dev)); r != Success {
 		return fmt.Errorf("cuda: device %d: %w", d.ordinal, d.err(fnDevicePrimaryCtxRetain, r))
 	}
@@ -240,6 +256,23 @@ func (d *Driver) init() error {
 func (d *Driver) Version() int { return d.version }
 
 func (d *Driver) Name() string { return d.name }
+
+// CUdevice_attribute values.
+const (
+	cuDeviceAttributeComputeCapabilityMajor = 75
+	cuDeviceAttributeComputeCapabilityMinor = 76
+)
+
+// ComputeCapability is cuDeviceGetAttribute's COMPUTE_CAPABILITY_MAJOR
+// and _MINOR, read when the device was opened.
+func (d *Driver) ComputeCapability() (major, minor int, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return 0, 0, &Error{Op: fnNames[fnDeviceGetAttribute], Code: ErrorInvalidContext}
+	}
+	return d.ccMajor, d.ccMinor, nil
+}
 
 func (d *Driver) BindThread() error {
 	runtime.LockOSThread()

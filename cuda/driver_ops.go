@@ -320,24 +320,92 @@ func (d *Driver) Launch(fn Function, grid, block Dim3, sharedMem uint32, s Strea
 		return err
 	}
 	defer d.mu.Unlock()
-	n := uintptr(len(args))
-	buf, err := d.bigBuf(16 * n)
+	buf, err := d.bigBuf(16 * uintptr(len(args)))
 	if err != nil {
 		return err
+	}
+	params := kernelParams(buf, args)
+	if err := d.check(fnLaunchKernel, f.h,
+		uintptr(grid.X), uintptr(grid.Y), uintptr(grid.Z),
+		uintptr(block.X), uintptr(block.Y), uintptr(block.Z),
+		uintptr(sharedMem), sh, params, 0); err != nil {
+		return fmt.Errorf("cuda: launching %s: %w", f.name, err)
+	}
+	return nil
+}
+
+// kernelParams writes args at buf (16 bytes each: the kernelParams array of
+// pointers, then the 8-byte value slots they point at) and returns the
+// array's address, or 0 for no arguments.
+func kernelParams(buf unsafe.Pointer, args []KernelArg) uintptr {
+	n := uintptr(len(args))
+	if n == 0 {
+		return 0
 	}
 	for i, a := range args {
 		slot := unsafe.Add(buf, 8*n+8*uintptr(i))
 		*(*uint64)(slot) = a.Bits
 		*(*uintptr)(unsafe.Add(buf, 8*uintptr(i))) = uintptr(slot)
 	}
-	params := uintptr(0)
-	if n > 0 {
-		params = uintptr(buf)
+	return uintptr(buf)
+}
+
+// CUlaunchConfig and CUlaunchAttribute as laid out by cuda.h of CUDA 12 and
+// 13 (LP64), checked with sizeof/offsetof against the 13.0 header:
+//
+//	CUlaunchConfig    { uint32 gridDimX, gridDimY, gridDimZ;      // +0 +4 +8
+//	                    uint32 blockDimX, blockDimY, blockDimZ;   // +12 +16 +20
+//	                    uint32 sharedMemBytes;                    // +24
+//	                    CUstream hStream;                         // +32
+//	                    CUlaunchAttribute *attrs;                 // +40
+//	                    uint32 numAttrs; }                        // +48, 56 bytes
+//	CUlaunchAttribute { uint32 id; char pad[4];                   // +0
+//	                    CUlaunchAttributeValue value; }           // +8 (union, 64 bytes), 72 bytes
+const (
+	launchConfigSize    = 56
+	launchAttributeSize = 72
+	launchAttrOff       = 64 // the attribute array, after the config
+	launchParamsOff     = launchAttrOff + launchAttributeSize
+
+	// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; its value is
+	// the int programmaticStreamSerializationAllowed at the union's start.
+	cuLaunchAttributeProgrammaticStreamSerialization = 6
+)
+
+// LaunchEx builds a CUlaunchConfig with its attribute array and the kernel
+// parameters in C memory and calls cuLaunchKernelEx.
+func (d *Driver) LaunchEx(fn Function, cfg LaunchConfig, args ...KernelArg) error {
+	const op = fnLaunchKernelEx
+	f, ok := fn.(*driverFunction)
+	if !ok || f == nil || f.m.d != d || f.m.h == 0 {
+		return &Error{Op: fnNames[op], Code: ErrorInvalidHandle}
 	}
-	if err := d.check(fnLaunchKernel, f.h,
-		uintptr(grid.X), uintptr(grid.Y), uintptr(grid.Z),
-		uintptr(block.X), uintptr(block.Y), uintptr(block.Z),
-		uintptr(sharedMem), sh, params, 0); err != nil {
+	sh, err := d.streamHandle(op, cfg.Stream)
+	if err != nil {
+		return err
+	}
+	if err := d.begin(op); err != nil {
+		return err
+	}
+	defer d.mu.Unlock()
+	buf, err := d.bigBuf(launchParamsOff + 16*uintptr(len(args)))
+	if err != nil {
+		return err
+	}
+	c := unsafe.Slice((*uint32)(buf), launchConfigSize/4)
+	c[0], c[1], c[2] = cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z
+	c[3], c[4], c[5] = cfg.Block.X, cfg.Block.Y, cfg.Block.Z
+	c[6] = cfg.SharedMem
+	*(*uintptr)(unsafe.Add(buf, 32)) = sh
+	if cfg.ProgrammaticSerialization {
+		attr := unsafe.Add(buf, launchAttrOff)
+		*(*uint32)(attr) = cuLaunchAttributeProgrammaticStreamSerialization
+		*(*int32)(unsafe.Add(attr, 8)) = 1
+		*(*uintptr)(unsafe.Add(buf, 40)) = uintptr(attr)
+		*(*uint32)(unsafe.Add(buf, 48)) = 1
+	}
+	params := kernelParams(unsafe.Add(buf, launchParamsOff), args)
+	if err := d.check(op, uintptr(buf), f.h, params, 0); err != nil {
 		return fmt.Errorf("cuda: launching %s: %w", f.name, err)
 	}
 	return nil

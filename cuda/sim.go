@@ -24,6 +24,9 @@ type SimConfig struct {
 	Granularity uint64
 	// Kernels are the Go references of PTX entries, by entry name.
 	Kernels map[string]KernelFunc
+	// ComputeCapability is what ComputeCapability returns, as
+	// {major, minor}; default {9, 0}, an H100 or H200.
+	ComputeCapability [2]int
 }
 
 // SimMemory gives a simulated kernel raw access to device memory.
@@ -87,6 +90,9 @@ func OpenSim(cfg SimConfig) (*Sim, error) {
 	}
 	if cfg.Granularity == 0 {
 		cfg.Granularity = 2 << 20
+	}
+	if cfg.ComputeCapability == [2]int{} {
+		cfg.ComputeCapability = [2]int{9, 0}
 	}
 	if cfg.Granularity&(cfg.Granularity-1) != 0 {
 		return nil, fmt.Errorf("cuda: OpenSim: granularity %d is not a power of two", cfg.Granularity)
@@ -554,8 +560,28 @@ func (m *simModule) Close() error {
 	return nil
 }
 
+// ComputeCapability returns SimConfig.ComputeCapability.
+func (s *Sim) ComputeCapability() (major, minor int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live("cuDeviceGetAttribute"); err != nil {
+		return 0, 0, err
+	}
+	return s.cfg.ComputeCapability[0], s.cfg.ComputeCapability[1], nil
+}
+
 func (s *Sim) Launch(fn Function, grid, block Dim3, sharedMem uint32, st Stream, args ...KernelArg) error {
-	const op = "cuLaunchKernel"
+	return s.launch("cuLaunchKernel", fn, grid, block, sharedMem, st, args)
+}
+
+// LaunchEx is Launch: kernels run one after another on the simulation, so
+// programmatic serialization changes nothing (a kernel that follows the
+// rule of Device.LaunchEx computes the same either way).
+func (s *Sim) LaunchEx(fn Function, cfg LaunchConfig, args ...KernelArg) error {
+	return s.launch("cuLaunchKernelEx", fn, cfg.Grid, cfg.Block, cfg.SharedMem, cfg.Stream, args)
+}
+
+func (s *Sim) launch(op string, fn Function, grid, block Dim3, sharedMem uint32, st Stream, args []KernelArg) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ss, err := s.stream(op, st)

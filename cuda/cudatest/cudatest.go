@@ -35,6 +35,7 @@ var Cases = []Case{
 	{"memory", caseMemory},
 	{"kernel_eager", caseKernelEager},
 	{"kernel_graph", caseKernelGraph},
+	{"launch_ex", caseLaunchEx},
 	{"capture_alloc", caseCaptureAlloc},
 	{"capture_free", caseCaptureFree},
 	{"captured_event", caseCapturedEvent},
@@ -377,6 +378,112 @@ func caseKernelGraph(dev cuda.Device) (string, error) {
 		"not run during capture %v, replay %v, fill+memset %v, %d nodes", notRun, replayOK, othersOK, len(nodes))
 	return fmt.Sprintf("capture_ran_nothing=%s nodes=%d types=%s replays=%d saxpy=%s fill+memset=%s hash=%s",
 		okStr(notRun), len(nodes), strings.Join(types, ","), replays, okStr(replayOK), okStr(othersOK), Hash(got)), c.err
+}
+
+// caseLaunchEx runs fill then saxpy twice with LaunchEx (the saxpys with
+// programmatic serialization), eagerly and captured, and requires the bytes
+// of plain Launch; the captured graph is a chain of three kernel nodes.
+func caseLaunchEx(dev cuda.Device) (string, error) {
+	var c checker
+	major, _, err := dev.ComputeCapability()
+	c.must(err, "ComputeCapability")
+	c.expect(major >= 1, "compute capability major %d", major)
+	k, err := loadKernels(dev)
+	if !c.must(err, "kernels") {
+		return "load=" + code(err), c.err
+	}
+	defer k.mod.Close()
+	buf, err := dev.Alloc(5 * 4 * kn)
+	if !c.must(err, "Alloc") {
+		return "alloc=" + code(err), c.err
+	}
+	defer dev.Free(buf)
+	xp, yPlain, yEx, yGraph, zp := buf, buf.Add(4*kn), buf.Add(8*kn), buf.Add(12*kn), buf.Add(16*kn)
+	s, err := dev.NewStream()
+	if !c.must(err, "NewStream") {
+		return "stream=" + code(err), c.err
+	}
+	defer s.Close()
+	x, y := saxpyInputs(kn)
+	c.must(dev.CopyHtoD(xp, f32bytes(x)), "CopyHtoD x")
+	for _, p := range []cuda.DevicePtr{yPlain, yEx, yGraph} {
+		c.must(dev.CopyHtoD(p, f32bytes(y)), "CopyHtoD y")
+	}
+	const a = float32(0.375)
+	cfg := func(pdl bool) cuda.LaunchConfig {
+		return cuda.LaunchConfig{Grid: grid(kn), Block: cuda.D1(block), Stream: s, ProgrammaticSerialization: pdl}
+	}
+	// Plain launches, then the same with LaunchEx.
+	c.must(dev.Launch(k.fill, grid(kn), cuda.D1(block), 0, s, cuda.Ptr(zp), cuda.U32(5), cuda.U32(kn)), "Launch fill")
+	for i := 0; i < 2; i++ {
+		c.must(dev.Launch(k.saxpy, grid(kn), cuda.D1(block), 0, s, cuda.Ptr(yPlain), cuda.Ptr(xp), cuda.F32(a), cuda.U32(kn)), "Launch saxpy")
+	}
+	seq := func(y cuda.DevicePtr) {
+		c.must(dev.LaunchEx(k.fill, cfg(false), cuda.Ptr(zp), cuda.U32(9), cuda.U32(kn)), "LaunchEx fill")
+		for i := 0; i < 2; i++ {
+			c.must(dev.LaunchEx(k.saxpy, cfg(true), cuda.Ptr(y), cuda.Ptr(xp), cuda.F32(a), cuda.U32(kn)), "LaunchEx saxpy")
+		}
+	}
+	seq(yEx)
+	c.must(s.Synchronize(), "Synchronize")
+	plain := make([]byte, 4*kn)
+	c.must(dev.CopyDtoH(plain, yPlain), "CopyDtoH plain")
+	ex := make([]byte, 4*kn)
+	c.must(dev.CopyDtoH(ex, yEx), "CopyDtoH ex")
+	want := slices.Clone(y)
+	for r := 0; r < 2; r++ {
+		for i := range want {
+			want[i] = SaxpyRef(a, x[i], want[i])
+		}
+	}
+	eagerOK := slices.Equal(plain, f32bytes(want)) && slices.Equal(ex, plain)
+	z, err := words(dev, zp, kn)
+	c.must(err, "CopyDtoH z")
+	fillOK := err == nil && allEqual(z, 9)
+
+	// Captured: three kernel nodes in a chain; one replay = the eager run.
+	if !c.must(dev.BeginCapture(s, cuda.CaptureModeGlobal), "BeginCapture") {
+		return "begin=" + code(c.err), c.err
+	}
+	seq(yGraph)
+	g, err := dev.EndCapture(s)
+	if !c.must(err, "EndCapture") {
+		return "end=" + code(err), c.err
+	}
+	defer g.Close()
+	nodes, err := g.Nodes()
+	c.must(err, "Nodes")
+	var types []string
+	chain := 0
+	for _, n := range nodes {
+		t, err := g.NodeType(n)
+		c.must(err, "NodeType")
+		types = append(types, t.String())
+		depth := 1
+		for m := n; ; depth++ {
+			deps, err := g.Dependencies(m)
+			if !c.must(err, "Dependencies") || len(deps) != 1 {
+				break
+			}
+			m = deps[0]
+		}
+		chain = max(chain, depth)
+	}
+	sort.Strings(types)
+	xg, err := g.Instantiate(0)
+	if !c.must(err, "Instantiate") {
+		return "instantiate=" + code(err), c.err
+	}
+	defer xg.Close()
+	c.must(xg.Launch(s), "Exec.Launch")
+	c.must(s.Synchronize(), "Synchronize")
+	got := make([]byte, 4*kn)
+	c.must(dev.CopyDtoH(got, yGraph), "CopyDtoH graph")
+	graphOK := slices.Equal(got, plain)
+	c.expect(eagerOK && fillOK && graphOK && len(nodes) == 3 && chain == 3,
+		"eager %v, fill %v, replay %v, %d nodes, chain %d", eagerOK, fillOK, graphOK, len(nodes), chain)
+	return fmt.Sprintf("eager_ex=plain:%s fill=%s nodes=%d types=%s chain=%d replay=plain:%s hash=%s",
+		okStr(eagerOK), okStr(fillOK), len(nodes), strings.Join(types, ","), chain, okStr(graphOK), Hash(got)), c.err
 }
 
 func caseCaptureAlloc(dev cuda.Device) (string, error) {
