@@ -8,6 +8,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -67,6 +68,9 @@ type Options struct {
 	// NoCaptureReuse turns the spillover allocator's capture-time reuse
 	// off (arena.WithCaptureReuse(false)), for comparison.
 	NoCaptureReuse bool
+	// NoPDL launches every kernel plainly, without programmatic dependent
+	// launch (see Executor.LaunchMode), for comparison.
+	NoPDL bool
 }
 
 // Executor runs one graph on one device: the arena built from the plan,
@@ -91,7 +95,9 @@ type Executor struct {
 	// and modules belong to the group (family.go, chain.go).
 	at     func(lifetime.ID) (cuda.DevicePtr, error)
 	mods   []cuda.Module
+	modPTX [][]byte // the PTX each of mods was loaded from; nil when the group loaded them
 	fns    []cuda.Function
+	pdl    []bool           // by op: launch with programmatic serialization (launchAll)
 	ptr    []cuda.DevicePtr // by tensor
 	args   [][]cuda.KernelArg
 	stream cuda.Stream
@@ -156,17 +162,28 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 		for _, m := range e.mods {
 			m.Close()
 		}
-		e.mods, e.fns = nil, nil
+		e.mods, e.modPTX, e.fns = nil, nil, nil
+	}
+	major, minor := 0, 0
+	if !keepModules && len(g.Modules) > 0 {
+		var err error
+		if major, minor, err = e.dev.ComputeCapability(); err != nil {
+			return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
+		}
 	}
 	for i, ptx := range g.Modules {
 		if keepModules {
 			break
 		}
+		// The same kernels built for the device (compute_90 with
+		// programmatic dependent launch on 9.0 and later).
+		ptx = kernels.ForDevice(ptx, major, minor)
 		m, err := e.dev.LoadModule(ptx)
 		if err != nil {
 			return fmt.Errorf("graphexec: %s: module %d: %w", g.Label(), i, err)
 		}
 		e.mods = append(e.mods, m)
+		e.modPTX = append(e.modPTX, ptx)
 	}
 	ptr := make([]cuda.DevicePtr, len(g.Tensors))
 	for i := range g.Tensors {
@@ -210,6 +227,7 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 		}
 	}
 	e.g, e.fp, e.dry, e.ptr, e.fns, e.args = g, g.Fingerprint(), d, ptr, fns, args
+	e.pdl = e.pdlOps(g)
 	e.feeds, e.feedOff, e.stride = nil, nil, 0
 	for _, t := range g.Tensors {
 		if t.feed != nil {
@@ -373,17 +391,75 @@ func (e *Executor) feed(step int) error {
 	return nil
 }
 
-// launchAll enqueues every op on the stream (or into the capture).
+// launchAll enqueues every op on the stream (or into the capture). Ops
+// marked in e.pdl go through LaunchEx with programmatic serialization, in
+// eager steps and captures alike.
 func (e *Executor) launchAll() error {
 	if e.sp != nil && e.sp.slots != nil {
 		return e.launchSpill()
 	}
 	for i, op := range e.g.Ops {
-		if err := e.dev.Launch(e.fns[i], op.Grid, op.Block, op.Shared, e.stream, e.args[i]...); err != nil {
+		var err error
+		if e.pdl[i] {
+			err = e.dev.LaunchEx(e.fns[i], cuda.LaunchConfig{Grid: op.Grid, Block: op.Block, SharedMem: op.Shared,
+				Stream: e.stream, ProgrammaticSerialization: true}, e.args[i]...)
+		} else {
+			err = e.dev.Launch(e.fns[i], op.Grid, op.Block, op.Shared, e.stream, e.args[i]...)
+		}
+		if err != nil {
 			return fmt.Errorf("graphexec: %s: op %d (%s): %w", e.g.Label(), i, op.Name, err)
 		}
 	}
 	return nil
+}
+
+// pdlOps says which ops launchAll launches with programmatic serialization
+// (programmatic dependent launch): on compute capability 9.0 and later,
+// unless Options.NoPDL, an op whose kernel waits for its predecessor
+// (kernels.PDLEntries of the PTX its module was loaded from) and whose
+// predecessor is a kernel on the same stream: every op but the first,
+// which follows the step's input copies. Graphs with spillover or side
+// streams (launchSpill) and members of families and chains launch plainly.
+func (e *Executor) pdlOps(g *Graph) []bool {
+	pdl := make([]bool, len(g.Ops))
+	if e.opt.NoPDL || e.modPTX == nil {
+		return pdl
+	}
+	entries := make([]map[string]bool, len(e.modPTX))
+	for i, ptx := range e.modPTX {
+		entries[i] = kernels.PDLEntries(ptx)
+	}
+	for i, op := range g.Ops {
+		pdl[i] = i > 0 && op.Stream == 0 && g.Ops[i-1].Stream == 0 && len(op.Wait) == 0 && entries[op.Module][op.Kernel]
+	}
+	return pdl
+}
+
+// LaunchMode says how the executor launches kernels.
+type LaunchMode struct {
+	// PDL is true when some launches use programmatic dependent launch
+	// (cuda.LaunchConfig.ProgrammaticSerialization).
+	PDL bool
+	// PDLLaunches is how many ops of a step launch that way.
+	PDLLaunches int
+	// Target is the sm_NN of the PTX the first module was loaded from
+	// (80, 90), 0 when unknown.
+	Target int
+}
+
+// LaunchMode reports how the executor launches kernels.
+func (e *Executor) LaunchMode() LaunchMode {
+	var m LaunchMode
+	for _, p := range e.pdl {
+		if p {
+			m.PDLLaunches++
+		}
+	}
+	m.PDL = m.PDLLaunches > 0
+	if len(e.modPTX) > 0 {
+		m.Target = kernels.Target(e.modPTX[0])
+	}
+	return m
 }
 
 // Eager enqueues one step kernel by kernel.

@@ -67,10 +67,27 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return x * __frcp_rn(1.f + __expf(-k2 * (x + 0.044715f * x * x * x)));
 }
 
-// Programmatic dependent launch (sm_90 builds only; the compute_80 PTX has
-// neither): a linear lets the next kernel's blocks start at once and waits
-// for the previous kernel's memory only after it has issued its weight
-// loads. Without the launch attribute both are no-ops.
+// Programmatic dependent launch (sm_90 builds only: kernels_90.ptx has the
+// instructions, the compute_80 kernels.ptx has neither): a linear lets the
+// next kernel's blocks start at once and waits for the previous kernel's
+// memory only after it has issued its weight loads. Without the launch
+// attribute both are no-ops.
+//
+// The rule, audited for every kernel here: a kernel launched with
+// programmatic serialization may run while its predecessor still runs, so
+// before griddepcontrol.wait it must neither read memory that an earlier
+// kernel writes (activations, residuals, the step's position) nor write
+// anything (the planner reuses addresses: its output may be a buffer the
+// predecessor still reads). linear reads only its weights and bias before
+// PDL_WAIT (they are written by host copies before any step) and stores
+// nothing before it; every batch-row chunk goes through PDL_WAIT before its
+// activations. embed and attention have neither instruction; the executor
+// launches only kernels that execute griddepcontrol.wait with the attribute
+// (kernels.PDLEntries), so they wait for their predecessor's completion as
+// usual. launch_dependents at linear's start is always safe: it only lets
+// the next grid be scheduled; that grid's own wait still waits for this
+// whole grid to complete and its memory to be visible (and so, by
+// induction, for every earlier kernel).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PDL_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")

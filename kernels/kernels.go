@@ -11,7 +11,9 @@
 package kernels
 
 import (
+	"bytes"
 	_ "embed"
+	"regexp"
 
 	"github.com/arenaplan/arenaplan/cuda"
 )
@@ -21,6 +23,70 @@ import (
 //
 //go:embed kernels.ptx
 var PTX []byte
+
+// PTX90 is nvcc's PTX of the same kernels.cu for compute_90 (nvcc -ptx
+// -arch=compute_90): the same entries and parameters as PTX, plus the
+// programmatic-dependent-launch instructions (griddepcontrol) that
+// kernels.cu emits for sm_90 and later. ForDevice picks it on compute
+// capability 9.0 and later.
+//
+//go:embed kernels_90.ptx
+var PTX90 []byte
+
+// ptx80 is the embedded compute_80 PTX, kept apart from PTX, which a
+// development build may replace (cmd/run --ptx).
+var ptx80 = bytes.Clone(PTX)
+
+// ForDevice returns the PTX to load in place of ptx on a device of compute
+// capability major.minor: PTX90 when ptx is the embedded compute_80 PTX and
+// the device is 9.0 or later; ptx itself otherwise (other modules, PTX
+// replaced for development, older devices).
+func ForDevice(ptx []byte, major, minor int) []byte {
+	if major >= 9 && len(PTX90) > 0 && bytes.Equal(ptx, ptx80) {
+		return PTX90
+	}
+	return ptx
+}
+
+var (
+	entryRE  = regexp.MustCompile(`(?m)^(?:\.visible\s+)?\.entry\s+([A-Za-z_$][\w$]*)\s*\(`)
+	targetRE = regexp.MustCompile(`(?m)^\.target\s+sm_(\d+)`)
+)
+
+// Target returns the sm_NN number of ptx's .target directive (80 for
+// compute_80 PTX, 90 for compute_90), or 0 when there is none.
+func Target(ptx []byte) int {
+	m := targetRE.FindSubmatch(ptx)
+	if m == nil {
+		return 0
+	}
+	n := 0
+	for _, c := range m[1] {
+		n = 10*n + int(c-'0')
+	}
+	return n
+}
+
+// PDLEntries returns the entries of ptx whose body executes
+// griddepcontrol.wait: kernels that may be launched with programmatic
+// serialization (cuda.LaunchConfig.ProgrammaticSerialization), because
+// kernels.cu has them wait for the previous kernel before they touch
+// memory it writes or reads. Empty for compute_80 PTX, which has no such
+// instruction.
+func PDLEntries(ptx []byte) map[string]bool {
+	out := map[string]bool{}
+	locs := entryRE.FindAllSubmatchIndex(ptx, -1)
+	for i, loc := range locs {
+		end := len(ptx)
+		if i+1 < len(locs) {
+			end = locs[i+1][0]
+		}
+		if bytes.Contains(ptx[loc[1]:end], []byte("griddepcontrol.wait")) {
+			out[string(ptx[loc[2]:loc[3]])] = true
+		}
+	}
+	return out
+}
 
 // Entry names of the kernels in PTX.
 const (

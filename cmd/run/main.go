@@ -65,6 +65,7 @@ type config struct {
 	profile  bool
 	sequence string
 	noReuse  bool
+	noPDL    bool
 	spillPTX string
 	shape    *graphexec.ShapeFlags
 	fs       *pflag.FlagSet
@@ -100,6 +101,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object")
 	fs.StringVar(&c.ptx, "ptx", "", "use this PTX file instead of the embedded kernels (development)")
 	fs.BoolVar(&c.noReuse, "no-capture-reuse", false, "turn the spillover allocator's capture-time reuse off (for comparison)")
+	fs.BoolVar(&c.noPDL, "no-pdl", false, "launch every kernel plainly, without programmatic dependent launch on compute capability 9.0 and later (for comparison)")
 	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
 	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
 	fs.Usage = func() {
@@ -187,6 +189,10 @@ type report struct {
 	SpillCapReuses  uint64           `json:"spill_capture_reuses"`
 	SpillReuse      bool             `json:"spill_capture_reuse"`
 	Launches        int              `json:"launches_per_step"`
+	PDL             bool             `json:"pdl"`
+	PDLLaunches     int              `json:"pdl_launches_per_step"`
+	PTXTarget       int              `json:"ptx_target"`
+	NoPDL           bool             `json:"no_pdl,omitempty"`
 	GraphNodes      int              `json:"graph_nodes"`
 	Steps           int              `json:"steps"`
 	CaptureMS       float64          `json:"capture_ms"`
@@ -203,7 +209,7 @@ type report struct {
 }
 
 func openDevice(spec string) (cuda.Device, string, error) {
-	sim := func() (cuda.Device, error) { return cuda.OpenSim(cuda.SimConfig{Kernels: simKernels()}) }
+	sim := func() (cuda.Device, error) { return cuda.OpenSim(simConfig()) }
 	switch {
 	case spec == "sim":
 		d, err := sim()
@@ -325,7 +331,7 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 		return nil, err
 	}
 	defer dev.Close()
-	opt := graphexec.Options{Plan: graphexec.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse}
+	opt := graphexec.Options{Plan: graphexec.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse, NoPDL: c.noPDL}
 	var plan *planner.Plan
 	source := "memory"
 	if f != nil {
@@ -344,6 +350,8 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 		InputBytes: e.RegionBytes("input"), OutputBytes: e.RegionBytes("output"),
 		Intermediate: e.RegionBytes("intermediate"), Launches: len(g.Ops), Steps: c.steps,
 	}
+	lm := e.LaunchMode()
+	rep.PDL, rep.PDLLaunches, rep.PTXTarget, rep.NoPDL = lm.PDL, lm.PDLLaunches, lm.Target, c.noPDL
 	for _, d := range g.Shape {
 		rep.Shape[d.Name] = d.Value
 	}
@@ -448,7 +456,7 @@ func results(e *graphexec.Executor, g *graphexec.Graph) ([][]byte, error) {
 // are the Go references, and compares every output and state tensor with
 // the device's replayed ones.
 func check(c *config, g *graphexec.Graph, p *planner.Plan, got [][]byte, rep *report) error {
-	sim, err := cuda.OpenSim(cuda.SimConfig{Kernels: simKernels()})
+	sim, err := cuda.OpenSim(simConfig())
 	if err != nil {
 		return err
 	}
@@ -517,6 +525,7 @@ func printReport(w io.Writer, r *report) {
 			bytesStr(int64(r.SpillPeak)), bytesStr(int64(r.SpillReserved)), bytesStr(int64(r.SpillCapPeak)), bytesStr(int64(r.SpillCapRes)), r.SpillCapReuses, onOff(r.SpillReuse))
 	}
 	fmt.Fprintf(tw, "launches\t%d kernels per step; captured graph of %d nodes\n", r.Launches, r.GraphNodes)
+	fmt.Fprintf(tw, "launch\t%s\n", launchStr(r))
 	fmt.Fprintf(tw, "capture\t%.3f ms (capture and instantiate)\n", r.CaptureMS)
 	fmt.Fprintf(tw, "eager\t%.1f µs/step (%d steps)\n", r.EagerUS, r.Steps)
 	fmt.Fprintf(tw, "replay\t%.1f µs/step (%.2fx eager)\n", r.ReplayUS, r.Speedup)
@@ -535,6 +544,22 @@ func onOff(b bool) string {
 		return "on"
 	}
 	return "off"
+}
+
+// launchStr says how kernels were launched: "PDL (compute_90), 63 of 64
+// kernels" or "plain (compute_80)".
+func launchStr(r *report) string {
+	target := "PTX target unknown"
+	if r.PTXTarget > 0 {
+		target = fmt.Sprintf("compute_%d", r.PTXTarget)
+	}
+	switch {
+	case r.PDL:
+		return fmt.Sprintf("PDL (%s), %d of %d kernels with programmatic serialization", target, r.PDLLaunches, r.Launches)
+	case r.NoPDL:
+		return fmt.Sprintf("plain (%s, --no-pdl)", target)
+	}
+	return fmt.Sprintf("plain (%s)", target)
 }
 
 // simKernels are the Go references of every embedded PTX module.

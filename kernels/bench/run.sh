@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run for kernel work (the device machine has nvcc and no Go):
-# compile kernels.cu to PTX ($OUT/kernels.ptx, the file to commit as
-# kernels/kernels.ptx), the ptxas resource report, the microbenchmark
+# compile kernels.cu to PTX ($OUT/kernels.ptx and $OUT/kernels_90.ptx, the
+# files to commit as kernels/kernels.ptx and kernels/kernels_90.ptx), the ptxas resource report, the microbenchmark
 # (kernels/bench/bench.cu), the executor's runs (cmd/run, built beforehand
 # on a machine with Go: CGO_ENABLED=0 go build -o .dev/run ./cmd/run, and
 # carried as .dev/run) on the embedded PTX (before) and on the new PTX
@@ -20,6 +20,9 @@ RUN=${RUN:-.dev/run}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$LOG"
 nvcc --version | tail -2 | tee -a "$LOG"
 nvcc -ptx -arch=compute_80 -O3 -o "$OUT/kernels.ptx" kernels/kernels.cu 2>&1 | tee -a "$LOG" || exit 1
+# The compute_90 build with programmatic dependent launch (commit it as
+# kernels/kernels_90.ptx; kernels/bench/pdl.sh measures it).
+nvcc -ptx -arch=compute_90 -O3 -o "$OUT/kernels_90.ptx" kernels/kernels.cu 2>&1 | tee -a "$LOG" || exit 1
 nvcc -cubin -arch=sm_90 -O3 -Xptxas -v -o /tmp/kernels.cubin kernels/kernels.cu >"$OUT/ptxas.txt" 2>&1
 grep -E "Function properties|registers|spill|Compiling entry" "$OUT/ptxas.txt" | grep -v "^$" | tee -a "$LOG"
 # VARIANTS="name:-DFLAG=1,-DFLAG2=1 ...": the kernels compiled with those
