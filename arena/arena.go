@@ -140,6 +140,13 @@ func New(dev cuda.Device, t *lifetime.Trace, p *planner.Plan, opts ...Option) (*
 	if a.resv == 0 {
 		return a, nil // an empty trace: nothing to map
 	}
+	// Refuse an arena the device cannot hold before mapping any of it:
+	// failing at the last handle would first take (and on the simulated
+	// device, touch) everything before it.
+	if free, total, err := dev.MemGetInfo(); err == nil && a.resv > free {
+		return nil, fmt.Errorf("arena: New: trace %q: %w: the arena needs %s of device memory in %d regions, %s free of %s",
+			t.Name, ErrOutOfMemory, fmtBytes(a.resv), len(a.regions), fmtBytes(free), fmtBytes(total))
+	}
 	if a.base, err = dev.AddressReserve(a.resv, gran); err != nil {
 		return nil, fmt.Errorf("arena: New: trace %q: reserving %s of addresses: %w", t.Name, fmtBytes(a.resv), err)
 	}
