@@ -129,7 +129,16 @@ func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, tim
 	d := newLeafData(p, l, p.times)
 	best, offs := r.portfolio(d, target, until)
 	at := time.Since(r.start)
-	if best > target {
+	switch {
+	case best <= target:
+	case d.k > bigLeaf:
+		// The exact search costs too much per node here; repair the
+		// greedy plan around its peak instead.
+		h := d.improve(offs, target, until, 1, func() bool { return r.ctx.Err() != nil })
+		if h < best {
+			best, at = h, time.Since(r.start)
+		}
+	default:
 		r.stats.exactLeaves++
 		best, offs, at = r.exact(d, target, best, offs, at, until)
 	}
@@ -138,6 +147,10 @@ func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, tim
 	}
 	return best, at
 }
+
+// bigLeaf is the size above which a leaf gets the improvement search
+// instead of the exact one.
+const bigLeaf = 2500
 
 // portfolioEntry is one greedy pass: the skyline (lowest offset first)
 // or a placement rule in a fixed order.

@@ -42,6 +42,7 @@ type leafData struct {
 	pairs        int64
 	secAt, secIt []int32 // items live in section s: secIt[secAt[s]:secAt[s+1]]
 	secPosAt     []int32 // the position of item j in section s is kept at secPosAt[j]+s-lo[j]
+	align1       bool    // no item needs an offset alignment
 }
 
 // maxPairs bounds the conflict lists a leaf may build (memory and time);
@@ -108,6 +109,10 @@ func newLeafData(p *problem, l *leaf, times []int64) *leafData {
 			d.secIt[fill[s]] = int32(j)
 			fill[s]++
 		}
+	}
+	d.align1 = true
+	for j := range k {
+		d.align1 = d.align1 && d.align[j] == 1
 	}
 	d.secPosAt = make([]int32, k+1)
 	for j := range k {
@@ -196,6 +201,11 @@ func (d *leafData) rankItems(order preorder, items []int32, tot []int64, rank []
 			return int64(d.adjAt[j+1] - d.adjAt[j])
 		case 'S':
 			return -d.start[j]
+		case 'L': // long-lived: half the leaf's time or more
+			if 2*(d.hi[j]-d.lo[j]) >= int32(d.nsec) {
+				return 1
+			}
+			return 0
 		}
 		return 0
 	}
@@ -291,6 +301,10 @@ func newDFS(d *leafData, capacity int64, order preorder, limit int64, stop *atom
 		}
 	}
 	s.tot = slices.Clone(d.secLoad)
+	// Along one path the undo stacks grow by the sections and conflicts of
+	// every placed item: size them once rather than by doubling.
+	s.floorUndo = make([]undo, 0, int(d.secPosAt[d.k])+d.nsec)
+	s.offUndo = make([]undo, 0, min(int64(8*d.k)+int64(len(d.adj))/4, 1<<26))
 	s.secList = slices.Clone(d.secIt)
 	s.secN = make([]int32, d.nsec)
 	s.secPos = make([]int32, d.secPosAt[d.k])
@@ -513,6 +527,14 @@ func (s *dfs) place(p *partition, c int32, lastOff int64) (status int, hatless b
 	// section can take, that section's memory is lost.
 	if ok {
 		for sec := tlo; sec < thi; sec++ {
+			// Outside c's sections, the lowest offset of a section's
+			// unplaced items is either unchanged (no raised item lives
+			// there) or at most top (a raised one does): if top fits
+			// below what is left, the check cannot fail. floor only
+			// serves to stop the scans early, so leaving it low is safe.
+			if d.align1 && (sec < lo || sec >= hi) && top+s.tot[sec] <= s.cap {
+				continue
+			}
 			m := int64(1) << 62
 			f := s.floor[sec]
 			for _, j := range s.secList[d.secAt[sec] : d.secAt[sec]+s.secN[sec]] {
