@@ -99,8 +99,8 @@ func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
 		pairs += countPairs(p, &leaves[k])
 	}
 	if pairs > maxPairs {
-		// Too many conflicts to list: the baselines are all we have.
-		return base, nil
+		// Too many conflicts to list: the skyline by range maxima.
+		return r.wide(t, base), nil
 	}
 	for k := range leaves {
 		left := len(leaves) - k
@@ -120,6 +120,47 @@ func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
 	}
 	plan.ToBest = r.bestAt
 	return plan, nil
+}
+
+// wideOrders are the skyline orders tried on traces too large for
+// conflict lists, best first on iopddl/S_1 and Y_1.
+var wideOrders = []preorder{"TAW", "AWT", "TWA"}
+
+// wide runs the range-maximum skyline in several orders on the workers
+// until the deadline and returns the best plan, base if none is better.
+func (r *anytimeRun) wide(t *lifetime.Trace, base *Plan) *Plan {
+	p := r.p
+	type res struct {
+		offs []int64
+		h    int64
+	}
+	results := make([]res, len(wideOrders))
+	var next atomic.Int32
+	var wg sync.WaitGroup
+	quit := func() bool { return time.Now().After(r.deadline) || r.ctx.Err() != nil }
+	for range min(r.opt.Workers, len(wideOrders)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(wideOrders) && !quit(); i = int(next.Add(1) - 1) {
+				offs, h := p.wideSkyline(wideOrders[i], quit)
+				results[i] = res{offs, h}
+			}
+		}()
+	}
+	r.progressLoop(&wg, func() int64 { return base.Arena / p.unit })
+	best := base
+	for _, x := range results {
+		if x.offs == nil || x.h*p.unit >= best.Arena {
+			continue
+		}
+		q := &Plan{Algo: "auto", Offsets: make([]int64, len(x.offs)), Arena: x.h * p.unit, ToBest: time.Since(r.start)}
+		for i, o := range x.offs {
+			q.Offsets[i] = o * p.unit
+		}
+		best = q
+	}
+	return best
 }
 
 // solveLeaf packs one leaf as low as it can (at best the global lower

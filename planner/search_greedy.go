@@ -2,7 +2,10 @@ package planner
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
+
+	"github.com/arenaplan/arenaplan/lifetime"
 )
 
 // Greedy placement over a leaf's conflict lists: buffers in a given order,
@@ -186,4 +189,271 @@ func (h skyHeap) down(i int) {
 		h[i], h[m] = h[m], h[i]
 		i = m
 	}
+}
+
+// wideOrder is a static order for the scalable greedy.
+type wideOrder int
+
+const (
+	bySizeOrder     wideOrder = iota // size, then lifetime (the bysize baseline's)
+	byAreaOrder                      // size × lifetime
+	byLongThenSize                   // lifetimes of half the trace or more first, then size
+	byLifetimeOrder                  // lifetime, then size
+)
+
+// wideGreedy places every buffer of a trace too large for conflict lists,
+// in the given order, each in the smallest (bestFit) or lowest (firstFit)
+// hole left by the placed buffers it overlaps in time, which the time
+// segment tree of bysize.go answers without listing conflicts. Offsets
+// are in bytes. It returns nil when quit says so.
+func wideGreedy(t *lifetime.Trace, align int64, order wideOrder, rule greedyRule, quit func() bool) ([]int64, error) {
+	n := len(t.Buffers)
+	req, err := requirements(t, align)
+	if err != nil {
+		return nil, err
+	}
+	offsets := make([]int64, n)
+	tr := newTimeTree(t)
+	span0, span1 := t.Span()
+	ids := make([]int, 0, n)
+	for i := range t.Buffers {
+		b := &t.Buffers[i]
+		if b.Fixed != lifetime.NoOffset {
+			offsets[i] = b.Fixed
+			tr.insert(b.Start, b.End, memRange{b.Fixed, b.Fixed + req[i].size})
+			continue
+		}
+		ids = append(ids, i)
+	}
+	key := func(i int) (int64, int64) {
+		b := &t.Buffers[i]
+		w := b.End - b.Start
+		switch order {
+		case byAreaOrder:
+			return req[i].size * w, w
+		case byLongThenSize:
+			long := int64(0)
+			if 2*w >= span1-span0 {
+				long = 1
+			}
+			return long, req[i].size
+		case byLifetimeOrder:
+			return w, req[i].size
+		}
+		return req[i].size, w
+	}
+	slices.SortFunc(ids, func(x, y int) int {
+		ax, bx := key(x)
+		ay, by := key(y)
+		if c := cmp.Compare(ay, ax); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(by, bx); c != 0 {
+			return c
+		}
+		if order == byLongThenSize {
+			if c := cmp.Compare(t.Buffers[y].End-t.Buffers[y].Start, t.Buffers[x].End-t.Buffers[x].Start); c != 0 {
+				return c
+			}
+		}
+		return cmp.Compare(x, y)
+	})
+	var scratch [][]memRange
+	for k, i := range ids {
+		if k&1023 == 1023 && quit != nil && quit() {
+			return nil, nil
+		}
+		b := &t.Buffers[i]
+		r := req[i]
+		scratch = tr.used(b.Start, b.End, scratch[:0])
+		var off int64
+		if rule == bestFit {
+			off = bestGap(scratch, r.size, r.align)
+		} else {
+			off = lowestGap(scratch, r.size, r.align)
+		}
+		if off > lifetime.MaxSize-r.size {
+			return nil, fmt.Errorf("buffer %d (%s): arena would exceed %d bytes", i, b.Name, lifetime.MaxSize)
+		}
+		offsets[i] = off
+		tr.insert(b.Start, b.End, memRange{off, off + r.size})
+	}
+	return offsets, nil
+}
+
+// lowestGap is bestGap's first-fit twin: the lowest aligned offset where
+// size bytes fit between the used spans (runs sorted by offset, possibly
+// overlapping one another), merged through a heap.
+func lowestGap(runs [][]memRange, size, align int64) int64 {
+	h := runs[:0]
+	for _, r := range runs {
+		if len(r) > 0 {
+			h = append(h, r)
+		}
+	}
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		siftDown(h, i)
+	}
+	var free int64
+	for len(h) > 0 {
+		u := h[0][0]
+		if h[0] = h[0][1:]; len(h[0]) == 0 {
+			h[0] = h[len(h)-1]
+			h = h[:len(h)-1]
+		}
+		siftDown(h, 0)
+		if p := lifetime.RoundUp(free, align); u.lo > free && p <= u.lo-size {
+			return p
+		}
+		free = max(free, u.hi)
+	}
+	return lifetime.RoundUp(free, align)
+}
+
+// wideSkyline is the skyline pass for problems too large for conflict
+// lists. Placed in nondecreasing offset order, the buffers already placed
+// in a section all lie below the last one's top, so a buffer's lowest
+// offset is the highest such top over its sections: a range maximum.
+// Lowest offsets only grow, so a heap with stale keys works: a popped
+// buffer whose key is out of date goes back in with the true one. Long
+// lived buffers go stale again and again (35M times for 62k buffers on
+// iopddl/Y_1), which makes it slow on the largest traces; placing them
+// early instead ruins the packing.
+// Returns offsets in units (nil if quit, or if some buffer is fixed) and
+// the height.
+func (p *problem) wideSkyline(order preorder, quit func() bool) ([]int64, int64) {
+	n := len(p.items)
+	for i := range p.items {
+		if p.items[i].fixed >= 0 {
+			return nil, 0
+		}
+	}
+	rank := p.rankAll(order)
+	floor := newChmaxTree(max(p.nsec, 1))
+	offs := make([]int64, n)
+	h := make(skyHeap, n)
+	for i := range p.items {
+		h[i] = skyEntry{0, rank[i], int32(i)}
+	}
+	h.init()
+	var top int64
+	for k := 0; len(h) > 0; k++ {
+		if k&4095 == 4095 && quit != nil && quit() {
+			return nil, 0
+		}
+		e := h.pop()
+		it := &p.items[e.j]
+		o := alignUp(floor.max(int(it.lo), int(it.hi)), it.align)
+		if o > e.off {
+			h.push(skyEntry{o, e.rank, e.j})
+			continue
+		}
+		offs[e.j] = o
+		floor.chmax(int(it.lo), int(it.hi), o+it.size)
+		top = max(top, o+it.size)
+	}
+	return offs, top
+}
+
+// rankAll ranks every item of the problem by a preorder (see rankItems).
+func (p *problem) rankAll(order preorder) []int32 {
+	load := newMaxTree(p.load)
+	type keyed struct {
+		i int32
+		k [4]int64
+	}
+	ks := make([]keyed, len(p.items))
+	for i := range p.items {
+		it := &p.items[i]
+		ks[i].i = int32(i)
+		w := p.times[it.hi] - p.times[it.lo]
+		for x := 0; x < len(order) && x < 4; x++ {
+			var v int64
+			switch order[x] {
+			case 'W':
+				v = w
+			case 'A':
+				v = w * it.size
+			case 'T':
+				v = load.max(int(it.lo), int(it.hi))
+			case 'Z':
+				v = it.size
+			case 'L':
+				if 2*(it.hi-it.lo) >= int32(p.nsec) {
+					v = 1
+				}
+			}
+			ks[i].k[x] = v
+		}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int {
+		for x := 0; x < len(order) && x < 4; x++ {
+			if c := cmp.Compare(b.k[x], a.k[x]); c != 0 {
+				return c
+			}
+		}
+		return cmp.Compare(a.i, b.i)
+	})
+	rank := make([]int32, len(p.items))
+	for r, k := range ks {
+		rank[k.i] = int32(r)
+	}
+	return rank
+}
+
+// chmaxTree is a segment tree over sections: raise a range to at least a
+// value, and read the maximum of a range.
+type chmaxTree struct {
+	n       int
+	mx, tag []int64
+}
+
+func newChmaxTree(n int) *chmaxTree {
+	return &chmaxTree{n: n, mx: make([]int64, 4*n), tag: make([]int64, 4*n)}
+}
+
+func (t *chmaxTree) chmax(lo, hi int, v int64) {
+	if lo < hi {
+		t.upd(1, 0, t.n, lo, hi, v)
+	}
+}
+
+func (t *chmaxTree) upd(node, l, r, lo, hi int, v int64) {
+	if lo <= l && r <= hi {
+		t.mx[node] = max(t.mx[node], v)
+		t.tag[node] = max(t.tag[node], v)
+		return
+	}
+	m := (l + r) / 2
+	if lo < m {
+		t.upd(2*node, l, m, lo, hi, v)
+	}
+	if hi > m {
+		t.upd(2*node+1, m, r, lo, hi, v)
+	}
+	t.mx[node] = max(t.mx[node], t.mx[2*node], t.mx[2*node+1])
+}
+
+// max returns the largest value in [lo, hi): a node's tag applies to its
+// whole range, so it bounds every query that reaches into it.
+func (t *chmaxTree) max(lo, hi int) int64 {
+	if lo >= hi {
+		return 0
+	}
+	return t.qry(1, 0, t.n, lo, hi)
+}
+
+func (t *chmaxTree) qry(node, l, r, lo, hi int) int64 {
+	if lo <= l && r <= hi {
+		return t.mx[node]
+	}
+	m := (l + r) / 2
+	res := t.tag[node]
+	if lo < m {
+		res = max(res, t.qry(2*node, l, m, lo, hi))
+	}
+	if hi > m {
+		res = max(res, t.qry(2*node+1, m, r, lo, hi))
+	}
+	return res
 }
