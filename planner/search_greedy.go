@@ -321,7 +321,7 @@ func lowestGap(runs [][]memRange, size, align int64) int64 {
 // early instead ruins the packing.
 // Returns offsets in units (nil if quit, or if some buffer is fixed) and
 // the height.
-func (p *problem) wideSkyline(order preorder, quit func() bool) ([]int64, int64) {
+func (p *problem) wideSkyline(order preorder, slack int64, quit func() bool) ([]int64, int64) {
 	n := len(p.items)
 	for i := range p.items {
 		if p.items[i].fixed >= 0 {
@@ -345,7 +345,11 @@ func (p *problem) wideSkyline(order preorder, quit func() bool) ([]int64, int64)
 		it := &p.items[e.j]
 		o := alignUp(floor.max(int(it.lo), int(it.hi)), it.align)
 		if o > e.off {
-			h.push(skyEntry{o, e.rank, e.j})
+			// Back in, slack later than its true key: a buffer
+			// placed later than the strict order would is still placed
+			// at its own lowest offset, so this costs little height and
+			// saves most of the re-evaluations of long-lived buffers.
+			h.push(skyEntry{o + slack, e.rank, e.j})
 			continue
 		}
 		offs[e.j] = o
@@ -402,58 +406,77 @@ func (p *problem) rankAll(order preorder) []int32 {
 }
 
 // chmaxTree is a segment tree over sections: raise a range to at least a
-// value, and read the maximum of a range.
+// value, and read the maximum of a range. Bottom up, without recursion:
+// tag[x] is a value raised over all of x's range, mx[x] the maximum of
+// x's range; both only grow.
 type chmaxTree struct {
-	n       int
+	n       int // leaves, a power of two
 	mx, tag []int64
 }
 
 func newChmaxTree(n int) *chmaxTree {
-	return &chmaxTree{n: n, mx: make([]int64, 4*n), tag: make([]int64, 4*n)}
+	size := 1
+	for size < n {
+		size *= 2
+	}
+	return &chmaxTree{n: size, mx: make([]int64, 2*size), tag: make([]int64, 2*size)}
 }
 
 func (t *chmaxTree) chmax(lo, hi int, v int64) {
-	if lo < hi {
-		t.upd(1, 0, t.n, lo, hi, v)
-	}
-}
-
-func (t *chmaxTree) upd(node, l, r, lo, hi int, v int64) {
-	if lo <= l && r <= hi {
-		t.mx[node] = max(t.mx[node], v)
-		t.tag[node] = max(t.tag[node], v)
+	if lo >= hi {
 		return
 	}
-	m := (l + r) / 2
-	if lo < m {
-		t.upd(2*node, l, m, lo, hi, v)
+	l, r := lo+t.n, hi+t.n
+	for l < r {
+		if l&1 == 1 {
+			t.tag[l] = max(t.tag[l], v)
+			t.mx[l] = max(t.mx[l], v)
+			l++
+		}
+		if r&1 == 1 {
+			r--
+			t.tag[r] = max(t.tag[r], v)
+			t.mx[r] = max(t.mx[r], v)
+		}
+		l >>= 1
+		r >>= 1
 	}
-	if hi > m {
-		t.upd(2*node+1, m, r, lo, hi, v)
+	// Every node above a raised one lies on the path from lo's or
+	// (hi-1)'s leaf to the root.
+	for x := (lo + t.n) >> 1; x > 0; x >>= 1 {
+		t.mx[x] = max(t.mx[x], v)
 	}
-	t.mx[node] = max(t.mx[node], t.mx[2*node], t.mx[2*node+1])
+	for x := (hi - 1 + t.n) >> 1; x > 0; x >>= 1 {
+		t.mx[x] = max(t.mx[x], v)
+	}
 }
 
-// max returns the largest value in [lo, hi): a node's tag applies to its
-// whole range, so it bounds every query that reaches into it.
+// max returns the largest value in [lo, hi): the maxima of the nodes that
+// tile the range, and the tags of their ancestors, which all lie on the
+// paths from lo's and (hi-1)'s leaves to the root.
 func (t *chmaxTree) max(lo, hi int) int64 {
 	if lo >= hi {
 		return 0
 	}
-	return t.qry(1, 0, t.n, lo, hi)
-}
-
-func (t *chmaxTree) qry(node, l, r, lo, hi int) int64 {
-	if lo <= l && r <= hi {
-		return t.mx[node]
+	var res int64
+	l, r := lo+t.n, hi+t.n
+	for l < r {
+		if l&1 == 1 {
+			res = max(res, t.mx[l])
+			l++
+		}
+		if r&1 == 1 {
+			r--
+			res = max(res, t.mx[r])
+		}
+		l >>= 1
+		r >>= 1
 	}
-	m := (l + r) / 2
-	res := t.tag[node]
-	if lo < m {
-		res = max(res, t.qry(2*node, l, m, lo, hi))
+	for x := (lo + t.n) >> 1; x > 0; x >>= 1 {
+		res = max(res, t.tag[x])
 	}
-	if hi > m {
-		res = max(res, t.qry(2*node+1, m, r, lo, hi))
+	for x := (hi - 1 + t.n) >> 1; x > 0; x >>= 1 {
+		res = max(res, t.tag[x])
 	}
 	return res
 }
