@@ -316,7 +316,7 @@ type exactJob struct {
 }
 
 // descentHeuristics are the preorders the descent sweeps with, in turn.
-var descentHeuristics = []preorder{"TWA", "WAT", "sTWA", "TAW"}
+var descentHeuristics = []preorder{"TWA", "WAT"}
 
 // descentMisses is how many capacities in a row a sweep tries below the
 // best before it moves on: solve time is far from monotone in the
@@ -525,7 +525,7 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		for w := 1; w < r.opt.Workers; w++ {
 			go func() {
 				defer wg.Done()
-				extra := &descent{heurs: []preorder{"WAT", "TWA", "TAW", "sTWA"}, base: base, stride: int64(w) + 1, floor: target}
+				extra := &descent{heurs: []preorder{"sTWA", "TWA", "TAW"}, base: base, stride: int64(w) + 1, floor: target}
 				for !done() {
 					lb := nextLB()
 					if lb != nil {
