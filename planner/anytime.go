@@ -133,7 +133,7 @@ var hugePasses = []struct {
 
 // huge plans a trace too large for conflict lists: the bestfit baseline
 // (fast, so that there is a plan whatever happens), and the hugePasses on
-// the workers until the deadline, which is earlier here: checking and
+// the workers until the deadline, then bysize if it can finish in time, which is earlier here: checking and
 // writing a plan of this size takes a while. The lowest arena wins, the
 // first in pass order among equals.
 func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
@@ -144,9 +144,25 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	var wg sync.WaitGroup
 	var stop atomic.Bool
 	quit := func() bool { return stop.Load() || time.Now().After(deadline) || r.ctx.Err() != nil }
+	var bysize []int64
 	passes := func() {
-		for i := int(next.Add(1) - 1); i < len(hugePasses) && !quit(); i = int(next.Add(1) - 1) {
+		for i := int(next.Add(1) - 1); i <= len(hugePasses) && !quit(); i = int(next.Add(1) - 1) {
+			if i == len(hugePasses) {
+				// Last, the bysize baseline, when it can finish in time
+				// (about 12 µs a buffer on the traces measured).
+				if time.Until(deadline) > time.Duration(len(t.Buffers))*12*time.Microsecond {
+					if q, err := planBySize(r.ctx, t, r.opt); err == nil {
+						bysize = q.Offsets
+					}
+				}
+				continue
+			}
 			offs, _ := p.wideSkyline(hugePasses[i].order, p.lb/hugePasses[i].slack, quit)
+			if offs != nil {
+				for k := range offs {
+					offs[k] *= p.unit
+				}
+			}
 			results[i] = offs
 		}
 	}
@@ -164,12 +180,9 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	go func() { defer wg.Done(); passes() }()
 	r.progressLoop(&wg, func() int64 { return 0 })
 	best := &Plan{Algo: "auto", Offsets: q.Offsets, Arena: ArenaSize(t, q.Offsets, r.opt.Align), ToBest: time.Since(r.start)}
-	for _, offs := range results {
+	for _, offs := range append(results, bysize) {
 		if offs == nil {
 			continue
-		}
-		for k := range offs {
-			offs[k] *= p.unit
 		}
 		if a := ArenaSize(t, offs, r.opt.Align); a < best.Arena {
 			best = &Plan{Algo: "auto", Offsets: offs, Arena: a, ToBest: time.Since(r.start)}
