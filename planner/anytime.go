@@ -87,7 +87,9 @@ func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
 		name string
 		f    Func
 	}{{"bysize", planBySize}, {"bestfit", planBestFit}} {
-		q, err := b.f(ctx, t, opt)
+		// Not cancelled with ctx: they are quick here, and a cancelled
+		// search still owes its caller a plan.
+		q, err := b.f(context.WithoutCancel(ctx), t, opt)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", b.name, err)
 		}
@@ -170,7 +172,7 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 		wg.Add(1)
 		go func() { defer wg.Done(); passes() }()
 	}
-	q, err := planBestFit(r.ctx, t, r.opt)
+	q, err := planBestFit(context.WithoutCancel(r.ctx), t, r.opt) // a plan even when cancelled
 	if err != nil {
 		stop.Store(true)
 		wg.Wait()

@@ -168,7 +168,11 @@ func TestAutoCancel(t *testing.T) {
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("cancelled search took %v", el)
 	}
-	if p.Arena <= p.LowerBound || calls == 0 {
-		t.Logf("arena %d, lower bound %d, %d progress calls", p.Arena, p.LowerBound, calls)
+	t.Logf("arena %d, lower bound %d, %d progress calls", p.Arena, p.LowerBound, calls)
+	// Cancelled before it starts: still a plan.
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	if _, err := Run(done, "auto", tr, Options{Align: 1}); err != nil {
+		t.Errorf("cancelled context: %v", err)
 	}
 }
