@@ -12,33 +12,37 @@ import (
 
 // The anytime planner ("auto"). It
 //
-//  1. splits the trace where no buffer is live across a time (or only
-//     fixed ones are) and stacks at the bottom of each part the buffers
-//     that live through all of it;
-//  2. packs each remaining leaf with a portfolio of greedy orders and
-//     placement rules, raced on Options.Workers goroutines;
-//  3. where a leaf is still above the lower bound, runs the exact search
-//     (exact.go) at capacity = lower bound under node limits that double
-//     round by round, with several preorders; interleaved with it, the
-//     same search at capacity = best − 1 descends from the best plan so
-//     far (anytime);
-//  4. stops when the lower bound is reached or the budget is spent, and
+//  1. turns the trace into sections (times between events) in units of
+//     the alignment, splits it where no free buffer is live across a
+//     time, and stacks at the bottom of each part the buffers that live
+//     through all of it (search.go);
+//  2. runs the baselines (bysize, bestfit): auto is never worse;
+//  3. packs each remaining leaf with a portfolio of greedy passes
+//     (skyline and placement rules in several orders, search_greedy.go),
+//     raced on Options.Workers goroutines;
+//  4. where a leaf is still above the lower bound: for leaves up to
+//     bigLeaf buffers, the exact search (exact.go) at capacity = lower
+//     bound under node limits that double round by round, beside a
+//     descent that asks for capacities below the best plan so far; for
+//     larger leaves, repair around the peak (improve.go);
+//  5. for traces with too many conflicting pairs to list, range-maximum
+//     skylines instead (huge);
+//  6. stops when the lower bound is reached or the budget is spent
+//     (aiming at 85% of it, leaving room for Check and output) and
 //     returns the best plan found.
 //
-// Determinism: the search stops early only when a capacity = lower bound
-// job succeeds. Those jobs form a fixed sequence (preorder × node limit),
-// each deterministic, and the plan is taken from the lowest-numbered one
-// that succeeded after every lower-numbered one has finished; so a search
-// that ends before its budget returns the same plan whatever the timing.
-// With Workers == 1 everything runs in one fixed order.
+// Determinism: every stage is deterministic on its own; the search stops
+// before its budget only when a stage reaches the lower bound, or when
+// the descent, whose sequence depends on nothing but its own results,
+// proves its best height optimal. Parallel
+// stages pick their result in a fixed order: the portfolio the first
+// pass, in portfolio order, among those that finished before one reached
+// the bound; the exact search the lowest-numbered lower-bound job that
+// succeeded, after every lower-numbered one has finished. So a search
+// that ends before its budget returns the same plan whatever the timing,
+// and with Workers == 1 everything runs in one fixed order.
 
 func init() { register("auto", anytime) }
-
-// searchStats are counters for tests and reports.
-type searchStats struct {
-	leaves, exactLeaves int
-	nodes               int64
-}
 
 type anytimeRun struct {
 	ctx      context.Context
@@ -47,7 +51,6 @@ type anytimeRun struct {
 	deadline time.Time
 	p        *problem
 	offs     []int64 // units
-	stats    searchStats
 
 	mu     sync.Mutex
 	best   int64 // best arena so far in units (max over leaves done so far)
@@ -66,7 +69,6 @@ func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
 	r.p = p
 	r.offs = make([]int64, len(p.items))
 	leaves := p.decompose(r.offs)
-	r.stats.leaves = len(leaves)
 	// Leaves are independent; the arena is the highest of them. Stacked
 	// buffers set a floor too.
 	for i := range p.items {
@@ -210,7 +212,6 @@ func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, tim
 			best, at = h, time.Since(r.start)
 		}
 	default:
-		r.stats.exactLeaves++
 		best, offs, at = r.exact(d, target, best, offs, at, until)
 	}
 	for j, i := range d.ids {
@@ -501,7 +502,9 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		st.mu.Unlock()
 		j := det.job(b, target)
 		if j == nil {
-			if b <= det.floor {
+			// A descent plan at the lower bound itself could race with a
+			// lower-bound job's: with several workers, leave that to them.
+			if b <= det.floor && (b > target || r.opt.Workers <= 1) {
 				st.mu.Lock()
 				st.proven = true
 				st.mu.Unlock()
@@ -572,7 +575,6 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		}
 		return st.best
 	})
-	r.stats.nodes += st.nodes
 	switch {
 	case st.lbWin >= 0:
 		return height(d, st.lbWinSol), st.lbWinSol, st.lbAt
