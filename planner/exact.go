@@ -400,13 +400,9 @@ func (s *dfs) remove(p *partition, j int32) {
 	p.n--
 }
 
-// restore undoes remove(p, j) when j was the last removed item.
-func (s *dfs) restore(p *partition, j int32) {
-	p.n++
-	// j sits at p.n-1 already; the swap left the order changed, which is
-	// harmless: partition order carries no meaning.
-	_ = j
-}
+// restore undoes the last remove on p: the item removed sits right
+// behind the unplaced ones.
+func (s *dfs) restore(p *partition) { p.n++ }
 
 func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 	s.nodes++
@@ -579,7 +575,7 @@ func (s *dfs) place(p *partition, c int32, lastOff int64) (status int, hatless b
 		s.minOff[s.offUndo[x].i] = s.offUndo[x].v
 	}
 	s.offUndo = s.offUndo[:offMark]
-	s.restore(p, c)
+	s.restore(p)
 	s.off[c] = -1
 	return status, hatless
 }
@@ -710,5 +706,3 @@ func (t *maxTree) qry(node, l, r, lo, hi int) int64 {
 	}
 	return res + t.lazy[node]
 }
-
-func (t *maxTree) at(i int) int64 { return t.max(i, i+1) }
