@@ -2,10 +2,7 @@ package planner
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
-
-	"github.com/arenaplan/arenaplan/lifetime"
 )
 
 // Greedy placement over a leaf's conflict lists: buffers in a given order,
@@ -189,125 +186,6 @@ func (h skyHeap) down(i int) {
 		h[i], h[m] = h[m], h[i]
 		i = m
 	}
-}
-
-// wideOrder is a static order for the scalable greedy.
-type wideOrder int
-
-const (
-	bySizeOrder     wideOrder = iota // size, then lifetime (the bysize baseline's)
-	byAreaOrder                      // size × lifetime
-	byLongThenSize                   // lifetimes of half the trace or more first, then size
-	byLifetimeOrder                  // lifetime, then size
-)
-
-// wideGreedy places every buffer of a trace too large for conflict lists,
-// in the given order, each in the smallest (bestFit) or lowest (firstFit)
-// hole left by the placed buffers it overlaps in time, which the time
-// segment tree of bysize.go answers without listing conflicts. Offsets
-// are in bytes. It returns nil when quit says so.
-func wideGreedy(t *lifetime.Trace, align int64, order wideOrder, rule greedyRule, quit func() bool) ([]int64, error) {
-	n := len(t.Buffers)
-	req, err := requirements(t, align)
-	if err != nil {
-		return nil, err
-	}
-	offsets := make([]int64, n)
-	tr := newTimeTree(t)
-	span0, span1 := t.Span()
-	ids := make([]int, 0, n)
-	for i := range t.Buffers {
-		b := &t.Buffers[i]
-		if b.Fixed != lifetime.NoOffset {
-			offsets[i] = b.Fixed
-			tr.insert(b.Start, b.End, memRange{b.Fixed, b.Fixed + req[i].size})
-			continue
-		}
-		ids = append(ids, i)
-	}
-	key := func(i int) (int64, int64) {
-		b := &t.Buffers[i]
-		w := b.End - b.Start
-		switch order {
-		case byAreaOrder:
-			return req[i].size * w, w
-		case byLongThenSize:
-			long := int64(0)
-			if 2*w >= span1-span0 {
-				long = 1
-			}
-			return long, req[i].size
-		case byLifetimeOrder:
-			return w, req[i].size
-		}
-		return req[i].size, w
-	}
-	slices.SortFunc(ids, func(x, y int) int {
-		ax, bx := key(x)
-		ay, by := key(y)
-		if c := cmp.Compare(ay, ax); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(by, bx); c != 0 {
-			return c
-		}
-		if order == byLongThenSize {
-			if c := cmp.Compare(t.Buffers[y].End-t.Buffers[y].Start, t.Buffers[x].End-t.Buffers[x].Start); c != 0 {
-				return c
-			}
-		}
-		return cmp.Compare(x, y)
-	})
-	var scratch [][]memRange
-	for k, i := range ids {
-		if k&1023 == 1023 && quit != nil && quit() {
-			return nil, nil
-		}
-		b := &t.Buffers[i]
-		r := req[i]
-		scratch = tr.used(b.Start, b.End, scratch[:0])
-		var off int64
-		if rule == bestFit {
-			off = bestGap(scratch, r.size, r.align)
-		} else {
-			off = lowestGap(scratch, r.size, r.align)
-		}
-		if off > lifetime.MaxSize-r.size {
-			return nil, fmt.Errorf("buffer %d (%s): arena would exceed %d bytes", i, b.Name, lifetime.MaxSize)
-		}
-		offsets[i] = off
-		tr.insert(b.Start, b.End, memRange{off, off + r.size})
-	}
-	return offsets, nil
-}
-
-// lowestGap is bestGap's first-fit twin: the lowest aligned offset where
-// size bytes fit between the used spans (runs sorted by offset, possibly
-// overlapping one another), merged through a heap.
-func lowestGap(runs [][]memRange, size, align int64) int64 {
-	h := runs[:0]
-	for _, r := range runs {
-		if len(r) > 0 {
-			h = append(h, r)
-		}
-	}
-	for i := len(h)/2 - 1; i >= 0; i-- {
-		siftDown(h, i)
-	}
-	var free int64
-	for len(h) > 0 {
-		u := h[0][0]
-		if h[0] = h[0][1:]; len(h[0]) == 0 {
-			h[0] = h[len(h)-1]
-			h = h[:len(h)-1]
-		}
-		siftDown(h, 0)
-		if p := lifetime.RoundUp(free, align); u.lo > free && p <= u.lo-size {
-			return p
-		}
-		free = max(free, u.hi)
-	}
-	return lifetime.RoundUp(free, align)
 }
 
 // wideSkyline is the skyline pass for problems too large for conflict
