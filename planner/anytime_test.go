@@ -176,3 +176,25 @@ func TestAutoCancel(t *testing.T) {
 		t.Errorf("cancelled context: %v", err)
 	}
 }
+
+// TestAutoPanguLowerBound: somas_tensors/pangu_2.6B (18.7k buffers) packs
+// at its lower bound; the skyline with long-lived buffers first ("LTAW")
+// reaches it, where the other greedy passes stop 0.76% above.
+func TestAutoPanguLowerBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	for _, f := range dataFiles(t, "minimalloc/related/idealloc/somas_tensors/pangu_2.6B.csv") {
+		tr, err := readTestCSV(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := Run(context.Background(), "auto", tr, Options{Budget: 10 * time.Second, Workers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !p.Optimal {
+			t.Errorf("arena %d above the lower bound %d", p.Arena, p.LowerBound)
+		}
+	}
+}
