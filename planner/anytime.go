@@ -106,13 +106,55 @@ func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
 	if base.Arena <= lbBytes {
 		return base, nil
 	}
+	// Each leaf gets an even share of the time left. A leaf that ends
+	// early (at the lower bound, or proven) leaves its time to the next
+	// ones; what is left after the last goes to a second try, from
+	// scratch, at the leaves that were cut off (a leaf that needs most
+	// of the budget may sit before ones that need none).
+	floor := r.best
+	heights := make([]int64, len(leaves))
+	var retry []int
 	for k := range leaves {
 		left := len(leaves) - k
 		until := time.Now().Add(time.Until(r.deadline) / time.Duration(left))
-		h, at := r.solveLeaf(p, &leaves[k], until)
+		h, at, done := r.solveLeaf(p, &leaves[k], until)
+		heights[k] = h
+		if !done {
+			retry = append(retry, k)
+		}
 		r.mu.Lock()
 		r.best = max(r.best, h)
 		r.bestAt = max(r.bestAt, at)
+		r.mu.Unlock()
+	}
+	if len(retry) < len(leaves) {
+		for x, k := range retry {
+			if time.Until(r.deadline) <= 0 || r.ctx.Err() != nil {
+				break
+			}
+			until := time.Now().Add(time.Until(r.deadline) / time.Duration(len(retry)-x))
+			l := &leaves[k]
+			kept := make([]int64, len(l.items))
+			for j, i := range l.items {
+				kept[j] = r.offs[i]
+			}
+			h, at, done := r.solveLeaf(p, l, until)
+			if h < heights[k] || done {
+				heights[k] = h
+				r.mu.Lock()
+				r.bestAt = max(r.bestAt, at)
+				r.mu.Unlock()
+			} else {
+				for j, i := range l.items {
+					r.offs[i] = kept[j]
+				}
+			}
+		}
+		r.mu.Lock()
+		r.best = floor
+		for _, h := range heights {
+			r.best = max(r.best, h)
+		}
 		r.mu.Unlock()
 	}
 	if r.best*p.unit >= base.Arena {
@@ -196,14 +238,18 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 }
 
 // solveLeaf packs one leaf as low as it can (at best the global lower
-// bound) before until, writes its offsets and returns its height.
-func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, time.Duration) {
+// bound) before until, writes its offsets and returns its height, and
+// whether the search ended on its own (the lower bound reached, or the
+// height proven optimal) rather than at until.
+func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, time.Duration, bool) {
 	target := p.lb
 	d := newLeafData(p, l, p.times)
 	best, offs := r.portfolio(d, target, until)
 	at := time.Since(r.start)
+	done := false
 	switch {
 	case best <= target:
+		done = true
 	case d.k > bigLeaf:
 		// The exact search costs too much per node here; repair the
 		// greedy plan around its peak instead.
@@ -212,12 +258,12 @@ func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, tim
 			best, at = h, time.Since(r.start)
 		}
 	default:
-		best, offs, at = r.exact(d, target, best, offs, at, until)
+		best, offs, at, done = r.exact(d, target, best, offs, at, until)
 	}
 	for j, i := range d.ids {
 		r.offs[i] = offs[j]
 	}
-	return best, at
+	return best, at, done || best <= target
 }
 
 // bigLeaf is the size above which a leaf gets the improvement search
@@ -428,7 +474,7 @@ const lbRounds = 4
 // on its own results, so it is deterministic) and the others the
 // lower-bound jobs, later alternating with extra descent jobs whose plans
 // count only when the budget runs out.
-func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at time.Duration, until time.Time) (int64, []int64, time.Duration) {
+func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at time.Duration, until time.Time) (int64, []int64, time.Duration, bool) {
 	st := &exactState{best: best, offs: offs, at: at, running: map[*exactJob]bool{}, lbWin: -1,
 		detBest: best, detOffs: offs, detAt: at}
 	var stopAll atomic.Bool
@@ -581,11 +627,11 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 	})
 	switch {
 	case st.lbWin >= 0:
-		return height(d, st.lbWinSol), st.lbWinSol, st.lbAt
+		return height(d, st.lbWinSol), st.lbWinSol, st.lbAt, true
 	case st.proven || r.opt.Workers <= 1:
-		return st.detBest, st.detOffs, st.detAt
+		return st.detBest, st.detOffs, st.detAt, st.proven
 	}
-	return st.best, st.offs, st.at
+	return st.best, st.offs, st.at, false
 }
 
 // height is the highest top of a leaf's offsets (at least its base).
