@@ -179,9 +179,10 @@ var hugePasses = []struct {
 
 // huge plans a trace too large for conflict lists: the bestfit baseline
 // (fast, so that there is a plan whatever happens), and the hugePasses on
-// the workers until the deadline, then bysize if it can finish in time, which is earlier here: checking and
-// writing a plan of this size takes a while. The lowest arena wins, the
-// first in pass order among equals.
+// the workers until the deadline, then bysize if it can finish in time;
+// the deadline is earlier here: checking and writing a plan of this size
+// takes a while. The lowest arena wins: bestfit's, unless a pass (in pass
+// order) or bysize is strictly lower.
 func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	p := r.p
 	deadline := r.start.Add(r.opt.Budget * 70 / 100)
@@ -212,19 +213,36 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 			results[i] = offs
 		}
 	}
+	// bestfit takes about 2.5 µs a buffer on the traces measured. Where
+	// it fits easily in the time kept after the deadline, it runs last,
+	// so that the passes have every worker from the start (on iopddl/Y_1
+	// the best pass needs most of the window); otherwise first, on one
+	// worker beside the passes, so that there is a plan in time.
+	bestfitLast := time.Duration(len(t.Buffers))*4*time.Microsecond < r.opt.Budget*15/100
 	for range r.opt.Workers - 1 {
 		wg.Add(1)
 		go func() { defer wg.Done(); passes() }()
 	}
-	q, err := planBestFit(context.WithoutCancel(r.ctx), t, r.opt) // a plan even when cancelled
-	if err != nil {
-		stop.Store(true)
-		wg.Wait()
-		return nil, fmt.Errorf("bestfit: %w", err)
+	var q *Plan
+	if !bestfitLast {
+		var err error
+		q, err = planBestFit(context.WithoutCancel(r.ctx), t, r.opt) // a plan even when cancelled
+		if err != nil {
+			stop.Store(true)
+			wg.Wait()
+			return nil, fmt.Errorf("bestfit: %w", err)
+		}
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); passes() }()
 	r.progressLoop(&wg, func() int64 { return 0 })
+	if bestfitLast {
+		var err error
+		q, err = planBestFit(context.WithoutCancel(r.ctx), t, r.opt) // a plan even when cancelled
+		if err != nil {
+			return nil, fmt.Errorf("bestfit: %w", err)
+		}
+	}
 	best := &Plan{Algo: "auto", Offsets: q.Offsets, Arena: ArenaSize(t, q.Offsets, r.opt.Align), ToBest: time.Since(r.start)}
 	for _, offs := range append(results, bysize) {
 		if offs == nil {
