@@ -94,10 +94,15 @@ func (d *leafData) skyline(rank []int32, offs []int64, stop func() bool) int64 {
 	}
 	minOff := make([]int64, d.k)
 	placed := make([]bool, d.k)
-	h := make(skyHeap, 0, 2*d.k)
+	// One entry per unplaced buffer, keyed by a lowest offset that may be
+	// out of date (too low): raising a buffer does not touch the heap; a
+	// stale entry that comes to the top is re-keyed in place. An entry
+	// whose key is current is the least (offset, rank) of all, as every
+	// true key is at least its entry's.
+	h := make(skyHeap, d.k)
 	for j := range d.k {
 		minOff[j] = alignUp(d.base, d.align[j])
-		h = append(h, skyEntry{minOff[j], rank[j], int32(j)})
+		h[j] = skyEntry{minOff[j], rank[j], int32(j)}
 	}
 	h.init()
 	top := d.base
@@ -105,11 +110,14 @@ func (d *leafData) skyline(rank []int32, offs []int64, stop func() bool) int64 {
 		if n&255 == 255 && stop != nil && stop() {
 			return -1
 		}
-		e := h.pop()
+		e := h[0]
 		j := e.j
-		if placed[j] || e.off != minOff[j] {
+		if e.off != minOff[j] {
+			h[0].off = minOff[j]
+			h.down(0)
 			continue
 		}
+		h.pop()
 		placed[j] = true
 		offs[j] = e.off
 		t := e.off + d.size[j]
@@ -117,7 +125,6 @@ func (d *leafData) skyline(rank []int32, offs []int64, stop func() bool) int64 {
 		for _, u := range d.adj[d.adjAt[j]:d.adjAt[j+1]] {
 			if !placed[u] && minOff[u] < t {
 				minOff[u] = alignUp(t, d.align[u])
-				h.push(skyEntry{minOff[u], rank[u], u})
 			}
 		}
 	}
