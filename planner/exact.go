@@ -124,9 +124,29 @@ func newLeafData(p *problem, l *leaf, times []int64) *leafData {
 			d.secLoad[s] += d.size[j]
 		}
 	}
-	// Two sweeps, one to count and one to fill, so that no list of pairs
-	// is held twice.
+	// Degrees by counting, then one sweep to fill, so that no list of
+	// pairs is held twice. Items i and j conflict when they share a
+	// section: lo[i] < hi[j] and lo[j] < hi[i]. Of the items with
+	// lo < hi[j], those that do not conflict with j are those with
+	// hi <= lo[j], and j itself is one of the rest.
 	deg := make([]int32, k+1)
+	loBelow := make([]int32, d.nsec+1)  // loBelow[s]: items with lo < s
+	hiAtMost := make([]int32, d.nsec+1) // hiAtMost[s]: items with hi <= s
+	for j := range k {
+		if d.lo[j] < d.hi[j] {
+			loBelow[d.lo[j]+1]++
+			hiAtMost[d.hi[j]]++
+		}
+	}
+	for s := range d.nsec {
+		loBelow[s+1] += loBelow[s]
+		hiAtMost[s+1] += hiAtMost[s]
+	}
+	for j := range k {
+		if d.lo[j] < d.hi[j] {
+			deg[j+1] = loBelow[d.hi[j]] - hiAtMost[d.lo[j]] - 1
+		}
+	}
 	sweep := func(emit func(a, b int32)) {
 		for s := range d.nsec {
 			live := d.secIt[d.secAt[s]:d.secAt[s+1]]
@@ -143,10 +163,6 @@ func newLeafData(p *problem, l *leaf, times []int64) *leafData {
 			}
 		}
 	}
-	sweep(func(a, b int32) {
-		deg[a+1]++
-		deg[b+1]++
-	})
 	for j := range k {
 		deg[j+1] += deg[j]
 	}
