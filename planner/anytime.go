@@ -24,9 +24,11 @@ import (
 //     bigLeaf buffers, the exact search (exact.go) at capacity = lower
 //     bound under node limits that double round by round, beside a
 //     descent that asks for capacities below the best plan so far; for
-//     larger leaves, repair around the peak (improve.go);
+//     larger leaves, repair around the peak (improve.go). Leaves share the time evenly, in order; time a leaf leaves unused
+//     goes to the later ones, and what is left after the last to a
+//     second try at the leaves that were cut off;
 //  5. for traces with too many conflicting pairs to list, range-maximum
-//     skylines instead (huge);
+//     skylines instead, beside the bestfit baseline (huge);
 //  6. stops when the lower bound is reached or the budget is spent
 //     (aiming at 85% of it, leaving room for Check and output) and
 //     returns the best plan found.
