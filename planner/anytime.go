@@ -354,7 +354,14 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time) (int6
 				offs := make([]int64, d.k)
 				rank := d.rank(e.order)
 				var h int64
-				quit := func() bool { return i > 0 && time.Now().After(until) || r.ctx.Err() != nil }
+				// A pass after one that reached target no longer counts:
+				// stop it rather than wait for it.
+				quit := func() bool {
+					mu.Lock()
+					late := i > last
+					mu.Unlock()
+					return late || i > 0 && time.Now().After(until) || r.ctx.Err() != nil
+				}
 				if e.skyline {
 					h = d.skyline(rank, offs, quit)
 				} else {
