@@ -168,39 +168,29 @@ func (s *Sim) MemGetInfo() (free, total uint64, err error) {
 }
 
 func (s *Sim) CopyHtoD(dst DevicePtr, src []byte) error {
-	const op = "cuMemcpyHtoD_v2"
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.live(op); err != nil {
-		return err
-	}
-	if len(src) == 0 {
-		return nil
-	}
-	b, err := s.bytes(dst, uint64(len(src)))
-	if err != nil {
-		return &Error{Op: op, Code: ErrorInvalidValue}
-	}
-	copy(b, src)
-	s.clock += time.Microsecond
-	return nil
+	return s.hostCopy("cuMemcpyHtoD_v2", dst, len(src), func(dev []byte) { copy(dev, src) })
 }
 
 func (s *Sim) CopyDtoH(dst []byte, src DevicePtr) error {
-	const op = "cuMemcpyDtoH_v2"
+	return s.hostCopy("cuMemcpyDtoH_v2", src, len(dst), func(dev []byte) { copy(dst, dev) })
+}
+
+// hostCopy runs a synchronous copy between host memory and the n device
+// bytes at p; do gets those bytes.
+func (s *Sim) hostCopy(op string, p DevicePtr, n int, do func(dev []byte)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.live(op); err != nil {
 		return err
 	}
-	if len(dst) == 0 {
+	if n == 0 {
 		return nil
 	}
-	b, err := s.bytes(src, uint64(len(dst)))
+	b, err := s.bytes(p, uint64(n))
 	if err != nil {
 		return &Error{Op: op, Code: ErrorInvalidValue}
 	}
-	copy(dst, b)
+	do(b)
 	s.clock += time.Microsecond
 	return nil
 }
