@@ -53,6 +53,7 @@ type anytimeRun struct {
 	deadline time.Time
 	p        *problem
 	offs     []int64 // units
+	nested   bool    // planning a peak core: no core stage
 
 	mu     sync.Mutex
 	best   int64 // best arena so far in units (max over leaves done so far)
@@ -60,7 +61,13 @@ type anytimeRun struct {
 }
 
 func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
-	r := &anytimeRun{ctx: ctx, opt: opt, start: time.Now()}
+	return anytimeIn(ctx, t, opt, false)
+}
+
+// anytimeIn is anytime; nested is set for the search of a peak core
+// (core.go), which does not look for a core of its own.
+func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool) (*Plan, error) {
+	r := &anytimeRun{ctx: ctx, opt: opt, start: time.Now(), nested: nested}
 	// Leave room for what follows the search (Run's Check, writing the
 	// plan): aim at 85% of the budget.
 	r.deadline = r.start.Add(opt.Budget * 85 / 100)
@@ -179,7 +186,8 @@ var hugePasses = []struct {
 	slack int64
 }{{"AWT", 16384}, {"TWA", 8192}, {"TAW", 65536}}
 
-// huge plans a trace too large for conflict lists: the bestfit baseline
+// huge plans a trace too large for conflict lists: the peak core first
+// (returned at once when it reaches the lower bound), then the bestfit baseline
 // (fast, so that there is a plan whatever happens), and the hugePasses on
 // the workers until the deadline, then bysize if it can finish in time;
 // the deadline is earlier here: checking and writing a plan of this size
@@ -188,6 +196,15 @@ var hugePasses = []struct {
 func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	p := r.p
 	deadline := r.start.Add(r.opt.Budget * 70 / 100)
+	// First the peak core (core.go), which reaches the lower bound on
+	// the large traces measured; the passes get what time it leaves.
+	var core *Plan
+	if !r.nested {
+		core = r.peakCore(t, deadline)
+		if core != nil && core.Arena <= p.lb*p.unit {
+			return core, nil
+		}
+	}
 	results := make([][]int64, len(hugePasses))
 	var next atomic.Int32
 	var wg sync.WaitGroup
@@ -253,6 +270,9 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 		if a := ArenaSize(t, offs, r.opt.Align); a < best.Arena {
 			best = &Plan{Algo: "auto", Offsets: offs, Arena: a, ToBest: time.Since(r.start)}
 		}
+	}
+	if core != nil && core.Arena < best.Arena {
+		best = core
 	}
 	return best, nil
 }
