@@ -24,11 +24,15 @@ import (
 //     bigLeaf buffers, the exact search (exact.go) at capacity = lower
 //     bound under node limits that double round by round, beside a
 //     descent that asks for capacities below the best plan so far; for
-//     larger leaves, repair around the peak (improve.go). Leaves share the time evenly, in order; time a leaf leaves unused
-//     goes to the later ones, and what is left after the last to a
-//     second try at the leaves that were cut off;
-//  5. for traces with too many conflicting pairs to list, range-maximum
-//     skylines instead, beside the bestfit baseline (huge);
+//     larger leaves, the peak core (core.go: the buffers around the peak
+//     packed on their own, the rest filled in around them), then repair
+//     around the peak (improve.go). Leaves share the time evenly, in
+//     order; time a leaf leaves unused goes to the later ones, and what
+//     is left after the last to a second try at the leaves that were cut
+//     off;
+//  5. for traces with too many conflicting pairs to list, the peak core
+//     of the whole trace, then range-maximum skylines beside the bestfit
+//     baseline (huge);
 //  6. stops when the lower bound is reached or the budget is spent
 //     (aiming at 85% of it, leaving room for Check and output) and
 //     returns the best plan found.
@@ -200,9 +204,18 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	// the large traces measured; the passes get what time it leaves.
 	var core *Plan
 	if !r.nested {
-		core = r.peakCore(t, deadline)
-		if core != nil && core.Arena <= p.lb*p.unit {
-			return core, nil
+		all := make([]int32, len(p.items))
+		for i := range all {
+			all[i] = int32(i)
+		}
+		if offs, _ := r.coreStage(all, 0, int32(p.nsec), 0, deadline); offs != nil {
+			for i := range offs {
+				offs[i] *= p.unit
+			}
+			core = &Plan{Algo: "auto", Offsets: offs, Arena: ArenaSize(t, offs, r.opt.Align), ToBest: time.Since(r.start)}
+			if core.Arena <= p.lb*p.unit {
+				return core, nil
+			}
 		}
 	}
 	results := make([][]int64, len(hugePasses))
@@ -284,18 +297,32 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, time.Duration, bool) {
 	target := p.lb
 	d := newLeafData(p, l, p.times)
-	best, offs := r.portfolio(d, target, until)
+	passesUntil, must := until, 1
+	if d.k > bigLeaf && !r.nested {
+		// Keep most of the time for the peak core: the later greedy
+		// passes take seconds on large leaves and rarely win there. The
+		// first two always run (LTAW alone packs pangu_2.6B).
+		passesUntil, must = time.Now().Add(time.Until(until)*2/5), 2
+	}
+	best, offs := r.portfolio(d, target, passesUntil, must)
 	at := time.Since(r.start)
 	done := false
 	switch {
 	case best <= target:
 		done = true
 	case d.k > bigLeaf:
-		// The exact search costs too much per node here; repair the
-		// greedy plan around its peak instead.
-		h := d.improve(offs, target, until, 1, func() bool { return r.ctx.Err() != nil })
-		if h < best {
-			best, at = h, time.Since(r.start)
+		// The exact search costs too much per node here: the peak core
+		// (core.go), then repair around the peak on the better plan.
+		if !r.nested {
+			if c, h := r.coreStage(l.items, l.lo, l.hi, l.base, until); c != nil && h < best {
+				best, offs, at = h, c, time.Since(r.start)
+			}
+		}
+		if best > target {
+			h := d.improve(offs, target, until, 1, func() bool { return r.ctx.Err() != nil })
+			if h < best {
+				best, at = h, time.Since(r.start)
+			}
 		}
 	default:
 		best, offs, at, done = r.exact(d, target, best, offs, at, until)
@@ -342,8 +369,9 @@ var portfolioEntries = []portfolioEntry{
 // portfolio runs the greedy passes on the workers and returns the lowest
 // height (the first in portfolio order among equals). A pass that reaches
 // target ends it: later passes are not started and do not count, so the
-// result does not depend on timing unless until passes.
-func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time) (int64, []int64) {
+// result does not depend on timing unless until passes. The first must
+// passes run to their end whatever the time.
+func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, must int) (int64, []int64) {
 	type res struct {
 		h    int64
 		offs []int64
@@ -365,7 +393,7 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time) (int6
 				mu.Lock()
 				i := next
 				next++
-				stop := i > last || (i > 0 && time.Now().After(until)) || r.ctx.Err() != nil
+				stop := i > last || (i >= must && time.Now().After(until)) || r.ctx.Err() != nil
 				mu.Unlock()
 				if stop {
 					return
@@ -380,7 +408,7 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time) (int6
 					mu.Lock()
 					late := i > last
 					mu.Unlock()
-					return late || i > 0 && time.Now().After(until) || r.ctx.Err() != nil
+					return late || i >= must && time.Now().After(until) || r.ctx.Err() != nil
 				}
 				if e.skyline {
 					h = d.skyline(rank, offs, quit)

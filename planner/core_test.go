@@ -28,7 +28,11 @@ func TestCoreKeepsEveryConflict(t *testing.T) {
 		}
 		wlo := rng.IntN(p.nsec)
 		whi := wlo + 1 + rng.IntN(p.nsec-wlo)
-		sub, core := p.core(wlo, whi)
+		all := make([]int32, len(p.items))
+		for i := range all {
+			all[i] = int32(i)
+		}
+		sub, core := p.cut(all, 0, int32(p.nsec), 0, int32(wlo), int32(whi))
 		if len(sub.Buffers) != len(core) {
 			t.Fatalf("trace %d: %d core buffers for %d items", k, len(sub.Buffers), len(core))
 		}
@@ -99,11 +103,22 @@ func TestPeakCoreValidPlans(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := &anytimeRun{ctx: context.Background(), opt: opt, start: time.Now(), p: p}
-		plan := r.peakCore(tr, time.Now().Add(time.Second))
-		if plan == nil {
+		all := make([]int32, len(p.items))
+		for i := range all {
+			all[i] = int32(i)
+		}
+		offs, h := r.coreStage(all, 0, int32(p.nsec), 0, time.Now().Add(time.Second))
+		if offs == nil {
 			t.Fatalf("trace %d: no plan", k)
 		}
-		plan.Align = opt.Align
+		plan := &Plan{Align: opt.Align, Offsets: offs}
+		for i := range offs {
+			offs[i] *= p.unit
+		}
+		plan.Arena = ArenaSize(tr, offs, opt.Align)
+		if plan.Arena != h*p.unit {
+			t.Fatalf("trace %d: height %d units of %d, arena %d", k, h, p.unit, plan.Arena)
+		}
 		if err := Check(tr, plan); err != nil {
 			t.Fatalf("trace %d (%d buffers, align %d): %v", k, len(tr.Buffers), align, err)
 		}
