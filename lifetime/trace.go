@@ -1,12 +1,13 @@
 package lifetime
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 )
 
 // ID identifies a buffer inside one trace: it is the buffer's index in
@@ -181,11 +182,11 @@ func (t *Trace) LowerBound(align int64) (peak int64, at int64) {
 		}
 	}
 	// Ends (negative deltas) sort before starts at the same time: half-open.
-	sort.Slice(evs, func(i, j int) bool {
-		if evs[i].t != evs[j].t {
-			return evs[i].t < evs[j].t
+	slices.SortFunc(evs, func(a, b ev) int {
+		if c := cmp.Compare(a.t, b.t); c != 0 {
+			return c
 		}
-		return evs[i].delta < evs[j].delta
+		return cmp.Compare(a.delta, b.delta)
 	})
 	var live int64
 	for _, e := range evs {
