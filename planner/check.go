@@ -1,8 +1,9 @@
 package planner
 
 import (
+	"cmp"
 	"fmt"
-	"sort"
+	"slices"
 
 	"github.com/google/btree"
 
@@ -36,7 +37,7 @@ func Check(t *lifetime.Trace, p *Plan) error {
 	if p.Arena < 0 || p.Arena > lifetime.MaxSize {
 		return fmt.Errorf("check: arena size %d is out of range", p.Arena)
 	}
-	var pieces []piece
+	pieces := make([]piece, 0, len(t.Buffers)) // one per buffer without gaps
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
 		off := p.Offsets[i]
@@ -69,8 +70,11 @@ type piece struct {
 
 // appendPieces splits a buffer's lifetime at its gaps.
 func appendPieces(ps []piece, i int, b *lifetime.Buffer, off, size int64) []piece {
-	gaps := append([]lifetime.Gap(nil), b.Gaps...)
-	sort.Slice(gaps, func(x, y int) bool { return gaps[x].Start < gaps[y].Start })
+	if len(b.Gaps) == 0 {
+		return append(ps, piece{i, b.Start, b.End, off, off + size})
+	}
+	gaps := slices.Clone(b.Gaps)
+	slices.SortFunc(gaps, func(x, y lifetime.Gap) int { return cmp.Compare(x.Start, y.Start) })
 	at := b.Start
 	for _, g := range gaps {
 		if g.Start > at {
@@ -98,11 +102,17 @@ func checkPieces(t *lifetime.Trace, ps []piece) error {
 		evs = append(evs, event{p.t0, false, i}, event{p.t1, true, i})
 	}
 	// At equal times, ends come first: lifetimes are half-open.
-	sort.Slice(evs, func(i, j int) bool {
-		if evs[i].time != evs[j].time {
-			return evs[i].time < evs[j].time
+	slices.SortFunc(evs, func(a, b event) int {
+		if c := cmp.Compare(a.time, b.time); c != 0 {
+			return c
 		}
-		return evs[i].end && !evs[j].end
+		switch {
+		case a.end && !b.end:
+			return -1
+		case b.end && !a.end:
+			return 1
+		}
+		return 0
 	})
 	// Live pieces keyed by (lo, index); while the check holds they are
 	// disjoint, so a new piece can only collide with its neighbours.
