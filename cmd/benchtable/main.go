@@ -134,8 +134,8 @@ func run(data string, scaling bool, only string) error {
 	}
 	if scaling {
 		fmt.Println()
-		fmt.Println("| buffers | lower bound | auto arena | ratio | budget | wall time | bestfit ratio | bestfit time | bysize ratio | bysize time |")
-		fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Println("| buffers | lower bound | auto arena | ratio | budget | wall time | of it planning | bestfit ratio | bestfit time | bysize ratio | bysize time |")
+		fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, n := range []int{1000, 10000, 100000, 1000000} {
 			tr, err := tracegen.Generate(tracegen.Options{Buffers: n, Seed: 1})
 			if err != nil {
@@ -158,8 +158,8 @@ func run(data string, scaling bool, only string) error {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("| %d | %d | %d | %.5f | %v | %.2f s | %.4f | %.2f s | %.4f | %.2f s |\n",
-				n, r.LowerBound, r.Arena, r.Ratio, budget, r.wall.Seconds(), bf.Ratio, bf.wall.Seconds(), bs.Ratio, bs.wall.Seconds())
+			fmt.Printf("| %d | %d | %d | %.5f | %v | %.2f s | %.2f s | %.4f | %.2f s | %.4f | %.2f s |\n",
+				n, r.LowerBound, r.Arena, r.Ratio, budget, r.wall.Seconds(), r.Millis/1000, bf.Ratio, bf.wall.Seconds(), bs.Ratio, bs.wall.Seconds())
 		}
 	}
 	return nil
