@@ -202,13 +202,28 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	deadline := r.start.Add(r.opt.Budget * 70 / 100)
 	// First the peak core (core.go), which reaches the lower bound on
 	// the large traces measured; the passes get what time it leaves.
+	// Progress here reports whole plans only (0 until there is one), not
+	// the floor the stacked buffers set.
+	r.mu.Lock()
+	r.best = 0
+	r.mu.Unlock()
 	var core *Plan
 	if !r.nested {
 		all := make([]int32, len(p.items))
 		for i := range all {
 			all[i] = int32(i)
 		}
-		if offs, _ := r.coreStage(all, 0, int32(p.nsec), 0, deadline); offs != nil {
+		var (
+			offs []int64
+			wg   sync.WaitGroup
+		)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			offs, _ = r.coreStage(all, 0, int32(p.nsec), 0, deadline)
+		}()
+		r.progressLoop(&wg, func() int64 { return 0 })
+		if offs != nil {
 			for i := range offs {
 				offs[i] *= p.unit
 			}
@@ -216,6 +231,9 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 			if core.Arena <= p.lb*p.unit {
 				return core, nil
 			}
+			r.mu.Lock()
+			r.best = core.Arena / p.unit
+			r.mu.Unlock()
 		}
 	}
 	results := make([][]int64, len(hugePasses))

@@ -40,7 +40,7 @@ func (p *Plan) Ratio() float64 {
 
 // Progress is reported by anytime algorithms while they search.
 type Progress struct {
-	Best, LowerBound int64
+	Best, LowerBound int64 // Best is 0 while the search has no whole plan yet
 	Elapsed          time.Duration
 }
 

@@ -335,6 +335,10 @@ func progressLine(w io.Writer, source string) func(planner.Progress) {
 		if p.Elapsed < time.Second {
 			return
 		}
+		if p.Best == 0 {
+			fmt.Fprintf(w, "\r\033[K%s: no plan yet, lower bound %d, %.1fs", source, p.LowerBound, p.Elapsed.Seconds())
+			return
+		}
 		ratio := 1.0
 		if p.LowerBound > 0 {
 			ratio = float64(p.Best) / float64(p.LowerBound)
