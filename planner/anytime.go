@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -315,32 +316,38 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, time.Duration, bool) {
 	target := p.lb
 	d := newLeafData(p, l, p.times)
-	passesUntil, must := until, 1
-	if d.k > bigLeaf && !r.nested {
-		// Keep most of the time for the peak core: the later greedy
-		// passes take seconds on large leaves and rarely win there. The
-		// first two always run (LTAW alone packs pangu_2.6B).
-		passesUntil, must = time.Now().Add(time.Until(until)*2/5), 2
+	big := d.k > bigLeaf
+	entries := portfolioEntries
+	if big && !r.nested {
+		// The first two greedy passes (LTAW alone packs pangu_2.6B), then
+		// the peak core, then the other passes, which take seconds on
+		// large leaves and rarely win there. No pass is cut short on the
+		// way except by until, so a leaf that reaches the bound gets the
+		// same plan whatever the timing.
+		entries = portfolioEntries[:2]
 	}
-	best, offs := r.portfolio(d, target, passesUntil, must)
+	best, offs := r.portfolio(d, target, until, entries, 1)
 	at := time.Since(r.start)
+	if big && !r.nested && best > target {
+		if c, h := r.coreStage(l.items, l.lo, l.hi, l.base, until); c != nil && h < best {
+			best, offs, at = h, c, time.Since(r.start)
+		}
+		if best > target && time.Now().Before(until) {
+			if h, o := r.portfolio(d, target, until, portfolioEntries[2:], 0); h < best {
+				best, offs, at = h, o, time.Since(r.start)
+			}
+		}
+	}
 	done := false
 	switch {
 	case best <= target:
 		done = true
-	case d.k > bigLeaf:
-		// The exact search costs too much per node here: the peak core
-		// (core.go), then repair around the peak on the better plan.
-		if !r.nested {
-			if c, h := r.coreStage(l.items, l.lo, l.hi, l.base, until); c != nil && h < best {
-				best, offs, at = h, c, time.Since(r.start)
-			}
-		}
-		if best > target {
-			h := d.improve(offs, target, until, 1, func() bool { return r.ctx.Err() != nil })
-			if h < best {
-				best, at = h, time.Since(r.start)
-			}
+	case big:
+		// The exact search costs too much per node here: repair the
+		// best plan around its peak.
+		h := d.improve(offs, target, until, 1, func() bool { return r.ctx.Err() != nil })
+		if h < best {
+			best, at = h, time.Since(r.start)
 		}
 	default:
 		best, offs, at, done = r.exact(d, target, best, offs, at, until)
@@ -388,13 +395,14 @@ var portfolioEntries = []portfolioEntry{
 // height (the first in portfolio order among equals). A pass that reaches
 // target ends it: later passes are not started and do not count, so the
 // result does not depend on timing unless until passes. The first must
-// passes run to their end whatever the time.
-func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, must int) (int64, []int64) {
+// passes (0 or 1) run to their end whatever the time; with must 0 and no
+// time left it returns math.MaxInt64 and no plan.
+func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, entries []portfolioEntry, must int) (int64, []int64) {
 	type res struct {
 		h    int64
 		offs []int64
 	}
-	n := len(portfolioEntries)
+	n := len(entries)
 	results := make([]res, n)
 	var (
 		mu   sync.Mutex
@@ -416,7 +424,7 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, must 
 				if stop {
 					return
 				}
-				e := portfolioEntries[i]
+				e := entries[i]
 				offs := make([]int64, d.k)
 				rank := d.rank(e.order)
 				var h int64
@@ -450,6 +458,9 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, must 
 		if results[i].offs != nil && (bi < 0 || results[i].h < results[bi].h) {
 			bi = i
 		}
+	}
+	if bi < 0 && must == 0 {
+		return math.MaxInt64, nil // out of time before any pass
 	}
 	if bi < 0 {
 		// Not even the first pass finished (cancelled): the skyline

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -133,7 +134,7 @@ func TestPeakCoreValidPlans(t *testing.T) {
 // TestAutoIopddlLowerBound: the two iopddl traces too large for conflict
 // lists (S_1: 28.5k buffers, 43M conflicting pairs; Y_1: 62k) pack at
 // their lower bound through the peak core, where every skyline pass
-// stops above it (S_1: 1.0018).
+// stops above it (S_1: 1.0018), and the same plan twice.
 func TestAutoIopddlLowerBound(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: reads and plans 90k buffers")
@@ -149,6 +150,15 @@ func TestAutoIopddlLowerBound(t *testing.T) {
 		}
 		if !p.Optimal {
 			t.Errorf("%s: arena %d is %.5f × the lower bound", filepath.Base(f), p.Arena, p.Ratio())
+			continue
+		}
+		// Ended before its budget: a second run gives the same plan.
+		q, err := Run(context.Background(), "auto", tr, Options{Align: 1, Budget: 6 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(p.Offsets, q.Offsets) {
+			t.Errorf("%s: two runs that reached the bound gave different plans", filepath.Base(f))
 		}
 	}
 }
