@@ -10,12 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/arenaplan/arenaplan/lifetime"
 )
-
-// The shared data sit beside the repository: ../shared/data from its root.
-const sharedData = "../../shared/data"
 
 var reportFlag = flag.Bool("report", false, "print arena/LB and time of the baselines on ../shared/data")
 
@@ -23,12 +18,12 @@ var reportFlag = flag.Bool("report", false, "print arena/LB and time of the base
 // CSV under minimalloc/challenging and minimalloc/related.
 func sharedTraces(tb testing.TB) []string {
 	tb.Helper()
-	if _, err := os.Stat(sharedData); err != nil {
-		tb.Skipf("shared data absent (%s): %v", sharedData, err)
+	if _, err := os.Stat(dataDir); err != nil {
+		tb.Skipf("shared data absent (%s): %v", dataDir, err)
 	}
-	files, _ := filepath.Glob(filepath.Join(sharedData, "torch", "*.csv"))
+	files, _ := filepath.Glob(filepath.Join(dataDir, "torch", "*.csv"))
 	for _, sub := range []string{"minimalloc/challenging", "minimalloc/related"} {
-		filepath.WalkDir(filepath.Join(sharedData, sub), func(p string, d fs.DirEntry, err error) error {
+		filepath.WalkDir(filepath.Join(dataDir, sub), func(p string, d fs.DirEntry, err error) error {
 			if err == nil && !d.IsDir() && strings.HasSuffix(p, ".csv") {
 				files = append(files, p)
 			}
@@ -36,18 +31,9 @@ func sharedTraces(tb testing.TB) []string {
 		})
 	}
 	if len(files) == 0 {
-		tb.Skipf("no CSV traces under %s", sharedData)
+		tb.Skipf("no CSV traces under %s", dataDir)
 	}
 	return files
-}
-
-func loadCSV(path string) (*lifetime.Trace, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return lifetime.ReadCSV(f, path)
 }
 
 // benchName is the trace's folder and file, joined by a dot so that -bench
@@ -58,7 +44,7 @@ func benchName(path string) string {
 
 func benchAlgo(b *testing.B, algo string) {
 	for _, path := range sharedTraces(b) {
-		t, err := loadCSV(path)
+		t, err := readTestCSV(path)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -84,7 +70,7 @@ func TestDataReport(t *testing.T) {
 		t.Skip("run with -report")
 	}
 	for _, path := range sharedTraces(t) {
-		tr, err := loadCSV(path)
+		tr, err := readTestCSV(path)
 		if err != nil {
 			t.Fatal(err)
 		}
