@@ -317,8 +317,9 @@ func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, tim
 	target := p.lb
 	d := newLeafData(p, l, p.times)
 	big := d.k > bigLeaf
+	core := big && !r.nested // the peak core gets a turn
 	entries := portfolioEntries
-	if big && !r.nested {
+	if core {
 		// The first two greedy passes (LTAW alone packs pangu_2.6B), then
 		// the peak core, then the other passes, which take seconds on
 		// large leaves and rarely win there. No pass is cut short on the
@@ -328,7 +329,7 @@ func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, tim
 	}
 	best, offs := r.portfolio(d, target, until, entries, 1)
 	at := time.Since(r.start)
-	if big && !r.nested && best > target {
+	if core && best > target {
 		if c, h := r.coreStage(l.items, l.lo, l.hi, l.base, until); c != nil && h < best {
 			best, offs, at = h, c, time.Since(r.start)
 		}
