@@ -6,6 +6,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -14,7 +15,9 @@ import (
 // other's outputs in place: a replay order that reads a value not yet
 // produced, or overwrites one a later stage has not read, is refused
 // before anything runs; the planned order gives the whole mlp's output.
-func TestChainOrder(t *testing.T) {
+func TestChainOrder(t *testing.T) { onDevices(t, testChainOrder) }
+
+func testChainOrder(t *testing.T, dev cuda.Device) {
 	shape := graphexec.Shape{Layers: 6, Width: 64, Batch: 2}
 	gs, err := graphexec.MLPStages(shape, 2, 4)
 	if err != nil {
@@ -31,7 +34,7 @@ func TestChainOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := graphexec.NewChain(sim(t), gs, links, cp, graphexec.Options{})
+	c, err := graphexec.NewChain(dev, gs, links, cp, graphexec.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +54,7 @@ func TestChainOrder(t *testing.T) {
 	}
 
 	// The whole mlp, eagerly, on its own arena.
-	whole, err := graphexec.New(sim(t), build(t, "mlp", shape), nil, graphexec.Options{})
+	whole, err := graphexec.New(dev, build(t, "mlp", shape), nil, graphexec.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

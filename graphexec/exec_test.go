@@ -25,6 +25,24 @@ func sim(t testing.TB) *cuda.Sim {
 	return s
 }
 
+// onDevices runs f on the simulated device and, where a CUDA driver is
+// present, on GPU 0 (opened and closed on the subtest's goroutine, as the
+// driver requires); without a driver that half is skipped with a note.
+func onDevices(t *testing.T, f func(t *testing.T, dev cuda.Device)) {
+	t.Run("sim", func(t *testing.T) { f(t, sim(t)) })
+	t.Run("cuda", func(t *testing.T) {
+		d, err := cuda.Open(0)
+		if errors.Is(err, cuda.ErrNoDriver) {
+			t.Skipf("no CUDA driver: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		f(t, d)
+	})
+}
+
 func build(t testing.TB, name string, s graphexec.Shape) *graphexec.Graph {
 	t.Helper()
 	g, err := graphexec.Build(name, s)
