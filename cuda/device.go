@@ -65,6 +65,18 @@ type Device interface {
 	CopyHtoD(dst DevicePtr, src []byte) error
 	// CopyDtoH copies len(dst) bytes from src and returns when done.
 	CopyDtoH(dst []byte, src DevicePtr) error
+	// PinnedAlloc returns size bytes of page-locked host memory
+	// (cuMemAllocHost_v2): copies between it and the device run at the
+	// bus's speed, where pageable memory goes through the driver's
+	// staging buffers. The bytes are C memory, not Go's: give them back
+	// with PinnedFree (Close frees what is left) and do not touch the
+	// slice afterwards. Not for use during a stream capture.
+	PinnedAlloc(size uint64) ([]byte, error)
+	// PinnedFree releases memory from PinnedAlloc (cuMemFreeHost); b must
+	// be the whole slice PinnedAlloc returned. Anything else, and a
+	// second free, fails with ErrorInvalidValue before reaching the
+	// driver.
+	PinnedFree(b []byte) error
 	// CopyDtoD enqueues a device-to-device copy of n bytes on s.
 	CopyDtoD(dst, src DevicePtr, n uint64, s Stream) error
 	// Memset32 enqueues setting count 32-bit words at p to value on s.

@@ -29,6 +29,8 @@ const (
 	fnMemFree
 	fnMemcpyHtoD
 	fnMemcpyDtoH
+	fnMemAllocHost
+	fnMemFreeHost
 	fnMemcpyDtoDAsync
 	fnMemsetD32Async
 	fnStreamCreate
@@ -86,6 +88,8 @@ var fnNames = [numFns]string{
 	fnMemFree:                         "cuMemFree_v2",
 	fnMemcpyHtoD:                      "cuMemcpyHtoD_v2",
 	fnMemcpyDtoH:                      "cuMemcpyDtoH_v2",
+	fnMemAllocHost:                    "cuMemAllocHost_v2",
+	fnMemFreeHost:                     "cuMemFreeHost",
 	fnMemcpyDtoDAsync:                 "cuMemcpyDtoDAsync_v2",
 	fnMemsetD32Async:                  "cuMemsetD32Async",
 	fnStreamCreate:                    "cuStreamCreate",
@@ -152,6 +156,7 @@ type Driver struct {
 	ccMajor int
 	ccMinor int
 	closed  bool
+	pinned  map[unsafe.Pointer]uint64 // PinnedAlloc memory not yet freed
 }
 
 var _ Device = (*Driver)(nil)
@@ -296,7 +301,15 @@ func (d *Driver) Close() error {
 		return &Error{Op: fnNames[fnDevicePrimaryCtxRelease], Code: ErrorInvalidContext}
 	}
 	d.closed = true
-	err := d.check(fnDevicePrimaryCtxRelease, uintptr(d.dev))
+	var errs []error
+	for p := range d.pinned {
+		if err := d.check(fnMemFreeHost, uintptr(p)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	d.pinned = nil
+	errs = append(errs, d.check(fnDevicePrimaryCtxRelease, uintptr(d.dev)))
+	err := errors.Join(errs...)
 	d.freeC()
 	runtime.UnlockOSThread()
 	return err

@@ -77,6 +77,41 @@ func (d *Driver) CopyDtoH(dst []byte, src DevicePtr) error {
 	return nil
 }
 
+func (d *Driver) PinnedAlloc(size uint64) ([]byte, error) {
+	if err := d.begin(fnMemAllocHost); err != nil {
+		return nil, err
+	}
+	defer d.mu.Unlock()
+	if size == 0 {
+		return nil, &Error{Op: fnNames[fnMemAllocHost], Code: ErrorInvalidValue}
+	}
+	if err := d.check(fnMemAllocHost, d.out(0), uintptr(size)); err != nil {
+		return nil, err
+	}
+	p := *(*unsafe.Pointer)(unsafe.Add(d.scratch, 0))
+	if d.pinned == nil {
+		d.pinned = map[unsafe.Pointer]uint64{}
+	}
+	d.pinned[p] = size
+	return unsafe.Slice((*byte)(p), size), nil
+}
+
+func (d *Driver) PinnedFree(b []byte) error {
+	if err := d.begin(fnMemFreeHost); err != nil {
+		return err
+	}
+	defer d.mu.Unlock()
+	if len(b) == 0 {
+		return &Error{Op: fnNames[fnMemFreeHost], Code: ErrorInvalidValue}
+	}
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	if n, ok := d.pinned[p]; !ok || n != uint64(len(b)) {
+		return &Error{Op: fnNames[fnMemFreeHost], Code: ErrorInvalidValue}
+	}
+	delete(d.pinned, p)
+	return d.check(fnMemFreeHost, uintptr(p))
+}
+
 func (d *Driver) CopyDtoD(dst, src DevicePtr, n uint64, s Stream) error {
 	h, err := d.streamHandle(fnMemcpyDtoDAsync, s)
 	if err != nil {

@@ -71,6 +71,7 @@ type Sim struct {
 	used       uint64
 	handles    map[MemHandle]*simPhys
 	nextHandle MemHandle
+	pinned     map[*byte]int // PinnedAlloc memory not yet freed
 
 	captures  map[*simCapture]bool // underway
 	nextCapID uint64
@@ -155,7 +156,7 @@ func (s *Sim) Close() error {
 		return &Error{Op: "cuDevicePrimaryCtxRelease_v2", Code: ErrorInvalidContext}
 	}
 	s.closed = true
-	s.regions, s.handles = nil, nil
+	s.regions, s.handles, s.pinned = nil, nil, nil
 	return nil
 }
 

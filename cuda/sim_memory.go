@@ -3,6 +3,7 @@ package cuda
 import (
 	"sort"
 	"time"
+	"unsafe"
 )
 
 // simRegion is an Alloc block or a VMM reservation at [base, base+size).
@@ -173,6 +174,51 @@ func (s *Sim) CopyHtoD(dst DevicePtr, src []byte) error {
 
 func (s *Sim) CopyDtoH(dst []byte, src DevicePtr) error {
 	return s.hostCopy("cuMemcpyDtoH_v2", src, len(dst), func(dev []byte) { copy(dst, dev) })
+}
+
+func (s *Sim) PinnedAlloc(size uint64) ([]byte, error) {
+	const op = "cuMemAllocHost_v2"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return nil, err
+	}
+	if size == 0 {
+		return nil, &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	b := make([]byte, size)
+	if s.pinned == nil {
+		s.pinned = map[*byte]int{}
+	}
+	s.pinned[unsafe.SliceData(b)] = len(b)
+	return b, nil
+}
+
+// PinnedBytes returns the bytes of PinnedAlloc memory not yet freed (for
+// tests that check nothing is left behind).
+func (s *Sim) PinnedBytes() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n uint64
+	for _, v := range s.pinned {
+		n += uint64(v)
+	}
+	return n
+}
+
+func (s *Sim) PinnedFree(b []byte) error {
+	const op = "cuMemFreeHost"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live(op); err != nil {
+		return err
+	}
+	p := unsafe.SliceData(b)
+	if n, ok := s.pinned[p]; len(b) == 0 || !ok || n != len(b) {
+		return &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	delete(s.pinned, p)
+	return nil
 }
 
 // hostCopy runs a synchronous copy between host memory and the n device

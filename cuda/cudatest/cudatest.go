@@ -33,6 +33,7 @@ type Case struct {
 // Cases are the suite, in the order Run runs them.
 var Cases = []Case{
 	{"memory", caseMemory},
+	{"pinned", casePinned},
 	{"kernel_eager", caseKernelEager},
 	{"kernel_graph", caseKernelGraph},
 	{"launch_ex", caseLaunchEx},
@@ -208,6 +209,46 @@ func caseMemory(dev cuda.Device) (string, error) {
 	c.expect(memsetOK && dtodOK && infoOK, "memset %v, dtod %v, meminfo %v", memsetOK, dtodOK, infoOK)
 	return fmt.Sprintf("memset=%s htod+dtod+dtoh=%s meminfo=%s hash=%s",
 		okStr(memsetOK), okStr(dtodOK), okStr(infoOK), Hash(all)), c.err
+}
+
+// casePinned: page-locked host memory round trip through the device, and
+// the frees that must fail (part of a buffer, a Go slice, a second free)
+// without reaching the driver.
+func casePinned(dev cuda.Device) (string, error) {
+	var c checker
+	const size = 3<<20 + 5
+	up, err := dev.PinnedAlloc(size)
+	if !c.must(err, "PinnedAlloc") {
+		return "alloc=" + code(err), c.err
+	}
+	down, err := dev.PinnedAlloc(size)
+	if !c.must(err, "PinnedAlloc") {
+		dev.PinnedFree(up)
+		return "alloc=" + code(err), c.err
+	}
+	for i := range up {
+		up[i] = byte(i*13 + 1)
+	}
+	p, err := dev.Alloc(size)
+	if !c.must(err, "Alloc") {
+		dev.PinnedFree(up)
+		dev.PinnedFree(down)
+		return "dev_alloc=" + code(err), c.err
+	}
+	defer dev.Free(p)
+	c.must(dev.CopyHtoD(p, up), "CopyHtoD")
+	c.must(dev.CopyDtoH(down, p), "CopyDtoH")
+	roundOK := slices.Equal(up, down)
+	part := code(dev.PinnedFree(up[:size/2]))
+	goSlice := code(dev.PinnedFree(make([]byte, 16)))
+	_, zeroErr := dev.PinnedAlloc(0)
+	zero := code(zeroErr)
+	c.must(dev.PinnedFree(up), "PinnedFree")
+	c.must(dev.PinnedFree(down), "PinnedFree")
+	again := code(dev.PinnedFree(up))
+	c.expect(roundOK, "pinned round trip differs")
+	return fmt.Sprintf("roundtrip=%s free_part=%s free_go=%s alloc_0=%s free_again=%s",
+		okStr(roundOK), part, goSlice, zero, again), c.err
 }
 
 // saxpyInputs returns the suite's x and y for n elements.
