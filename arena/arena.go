@@ -55,7 +55,12 @@ type region struct {
 	policy Policy
 	chunks []chunk
 	paused bool
-	backup []byte // Backup regions while paused
+	// host holds a Backup region's bytes while it is paused. Page-locked
+	// memory (pinned) stays after Resume for the next Pause, which then
+	// copies at the bus's speed without pinning again; Go memory (the
+	// fallback) is dropped.
+	host   []byte
+	pinned bool
 }
 
 // chunk is one physical handle of a region, at window offset off.
@@ -75,6 +80,11 @@ type RegionInfo struct {
 	Mapped uint64         // physical bytes mapped now: Size, or 0 while paused
 	Policy Policy
 	Paused bool
+	// Host is the host memory holding or kept for a Backup region's
+	// bytes (Hi-Lo once it has been paused, until ReleaseHost or Close),
+	// and Pinned says it is page-locked.
+	Host   uint64
+	Pinned bool
 }
 
 // New checks p against t (planner.Check: a plan is never trusted), reserves
@@ -309,6 +319,8 @@ func (a *Arena) Regions() []RegionInfo {
 			Mapped: r.mapped(),
 			Policy: r.policy,
 			Paused: r.paused,
+			Host:   uint64(len(r.host)),
+			Pinned: r.pinned,
 		}
 	}
 	return out
@@ -348,7 +360,9 @@ func (a *Arena) release() error {
 		if err := a.unmapRegion(r); err != nil && first == nil {
 			first = err
 		}
-		r.backup = nil
+		if err := a.dropHost(r); err != nil && first == nil {
+			first = err
+		}
 	}
 	if a.base != 0 {
 		if err := a.dev.AddressFree(a.base, a.resv); err != nil && first == nil {

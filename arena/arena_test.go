@@ -355,12 +355,36 @@ func testBackupAndDrop(t *testing.T, e *env, exact bool) {
 	if want[3] == nil || want[0] == nil {
 		t.Fatal("test needs a1 and w0 to share memory with no other buffer")
 	}
+	var backed uint64 // the bytes the Backup regions hold
+	for _, r := range a.Regions() {
+		if r.Policy == Backup {
+			backed += uint64(r.Hi - r.Lo)
+		}
+	}
 	for round := 0; round < 2; round++ {
 		if err := a.Pause(); err != nil {
 			t.Fatal(err)
 		}
+		// The backups are page-locked memory, pinned on the first Pause
+		// and kept for the next one.
+		if e.sim != nil && e.sim.PinnedBytes() != backed {
+			t.Errorf("round %d: %d pinned bytes while paused, want %d", round, e.sim.PinnedBytes(), backed)
+		}
 		if err := a.Resume(); err != nil {
 			t.Fatal(err)
+		}
+		if e.sim != nil && e.sim.PinnedBytes() != backed {
+			t.Errorf("round %d: %d pinned bytes kept after Resume, want %d", round, e.sim.PinnedBytes(), backed)
+		}
+		var host uint64
+		for _, r := range a.Regions() {
+			if r.Policy == Backup && (!r.Pinned && e.sim != nil || r.Host != uint64(r.Hi-r.Lo)) {
+				t.Errorf("round %d: region %v keeps %d host bytes (pinned %v), want %d pinned", round, r.Tags, r.Host, r.Pinned, r.Hi-r.Lo)
+			}
+			host += r.Host
+		}
+		if host != backed {
+			t.Errorf("round %d: regions report %d host bytes, want %d", round, host, backed)
 		}
 		for i, b := range tr.Buffers {
 			got := readBuf(t, e, a, tr, lifetime.ID(i))
@@ -374,6 +398,33 @@ func testBackupAndDrop(t *testing.T, e *env, exact bool) {
 				t.Errorf("round %d: Drop buffer %d (%s) is not zero on the simulation", round, i, b.Name)
 			}
 		}
+	}
+	if err := a.ReleaseHost(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range a.Regions() {
+		if r.Host != 0 || r.Pinned {
+			t.Errorf("region %v keeps %d host bytes after ReleaseHost", r.Tags, r.Host)
+		}
+	}
+	if e.sim != nil && e.sim.PinnedBytes() != 0 {
+		t.Errorf("%d pinned bytes left after ReleaseHost", e.sim.PinnedBytes())
+	}
+	// Closed while paused: the backups go back too.
+	if err := a.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReleaseHost(); err != nil {
+		t.Fatal(err)
+	}
+	if e.sim != nil && e.sim.PinnedBytes() != backed {
+		t.Errorf("ReleaseHost freed a paused region's backup: %d pinned bytes, want %d", e.sim.PinnedBytes(), backed)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if e.sim != nil && e.sim.PinnedBytes() != 0 {
+		t.Errorf("%d pinned bytes left after Close of a paused arena", e.sim.PinnedBytes())
 	}
 }
 

@@ -20,8 +20,11 @@
 // Pause releases a region's physical handles (the memory really goes back
 // to the driver) and keeps its addresses; Resume maps new memory there.
 // A tag's Policy says whether its bytes survive: Backup regions are copied
-// to host memory on Pause and back on Resume, Drop regions come back with
-// whatever the new memory holds. NCCL or RDMA registrations of arena
+// to page-locked host memory (cuda.Device.PinnedAlloc; Go memory when the
+// driver has none) on Pause and back on Resume; Drop regions come back
+// with whatever the new memory holds. A Backup region keeps its
+// page-locked memory from one Pause to the next (pinning costs far more
+// than the copy) until ReleaseHost or Close. NCCL or RDMA registrations of arena
 // memory must not outlive a Pause: they hold the old physical pages.
 //
 // Costs: New and Resume pay one cuMemCreate and cuMemMap per handle (1 GiB

@@ -13,7 +13,8 @@ const (
 	// replay (activations, scratch), so nothing needs saving. After Resume
 	// its bytes are whatever the new physical memory holds (usually zero).
 	Drop Policy = iota
-	// Backup copies the region to host memory on Pause and back on Resume:
+	// Backup copies the region to page-locked host memory on Pause and
+	// back on Resume:
 	// weights and state initialised once that replays read but never
 	// rewrite.
 	Backup

@@ -138,7 +138,8 @@ func quoteAll(tags []string) string {
 // every running region), so that it goes back to the driver, and keeps
 // their addresses reserved so that captured graphs stay valid. It waits
 // for the device first (cuda.Device.Synchronize), then copies Backup
-// regions to host memory, then unmaps and releases their handles.
+// regions to host memory (page-locked, kept for the next Pause; see
+// ReleaseHost), then unmaps and releases their handles.
 //
 // Errors, with nothing changed: a tag that is unknown, already paused, or
 // shares its region with a tag not named (ErrSharedRegion); a capture
@@ -161,20 +162,38 @@ func (a *Arena) Pause(tags ...string) error {
 	if err := a.dev.Synchronize(); err != nil {
 		return fmt.Errorf("arena: Pause: %w", err)
 	}
-	backups := make([][]byte, len(regs))
-	for i, r := range regs {
+	// Backups go to page-locked memory, which the copy fills at the bus's
+	// speed (55 GB/s on an H200, against 18 GB/s for warm pageable memory
+	// and 1.8 GB/s for fresh); to Go memory when the driver has none to
+	// give. A region keeps its page-locked memory from one Pause to the
+	// next: pinning 1 GiB costs ~360 ms, the copy ~20 ms.
+	var fresh []*region // host buffers made by this call, undone on error
+	undo := func() {
+		for _, r := range fresh {
+			a.dropHost(r)
+		}
+	}
+	for _, r := range regs {
 		if r.policy != Backup {
 			continue
 		}
-		b := make([]byte, r.hi-r.lo)
-		if err := a.dev.CopyDtoH(b, r.window.Add(uint64(r.lo-r.wlo))); err != nil {
-			return fmt.Errorf("arena: Pause: backing up region [%s] (%s): %w", strings.Join(r.tags, " "), fmtBytes(uint64(len(b))), err)
+		n := uint64(r.hi - r.lo)
+		if r.host == nil {
+			b, err := a.dev.PinnedAlloc(n)
+			r.host, r.pinned = b, err == nil
+			if err != nil {
+				r.host = make([]byte, n)
+			}
+			fresh = append(fresh, r)
 		}
-		backups[i] = b
+		if err := a.dev.CopyDtoH(r.host, r.window.Add(uint64(r.lo-r.wlo))); err != nil {
+			undo()
+			return fmt.Errorf("arena: Pause: backing up region [%s] (%s): %w", strings.Join(r.tags, " "), fmtBytes(n), err)
+		}
 	}
 	var errs []error
-	for i, r := range regs {
-		r.paused, r.backup = true, backups[i]
+	for _, r := range regs {
+		r.paused = true
 		if err := a.unmapRegion(r); err != nil {
 			errs = append(errs, fmt.Errorf("arena: Pause: region [%s]: %w", strings.Join(r.tags, " "), err))
 		}
@@ -206,13 +225,48 @@ func (a *Arena) Resume(tags ...string) error {
 			a.unmapRegion(r)
 			return fmt.Errorf("arena: Resume: %w", a.mapError(r, err))
 		}
-		if r.backup != nil {
-			if err := a.dev.CopyHtoD(r.window.Add(uint64(r.lo-r.wlo)), r.backup); err != nil {
+		if r.host != nil {
+			if err := a.dev.CopyHtoD(r.window.Add(uint64(r.lo-r.wlo)), r.host); err != nil {
 				a.unmapRegion(r)
 				return fmt.Errorf("arena: Resume: restoring region [%s]: %w", strings.Join(r.tags, " "), err)
 			}
 		}
-		r.paused, r.backup = false, nil
+		r.paused = false
+		if !r.pinned {
+			r.host = nil // Go memory: let the collector have it
+		}
+	}
+	return nil
+}
+
+// ReleaseHost gives back the page-locked host memory that running Backup
+// regions keep from their last Pause for the next one (the bytes of those
+// regions; see Pause). The next Pause pins afresh. Paused regions keep
+// theirs: it holds their contents.
+func (a *Arena) ReleaseHost() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return fmt.Errorf("arena: ReleaseHost: %w", ErrClosed)
+	}
+	var errs []error
+	for _, r := range a.regions {
+		if !r.paused {
+			if err := a.dropHost(r); err != nil {
+				errs = append(errs, fmt.Errorf("arena: ReleaseHost: region [%s]: %w", strings.Join(r.tags, " "), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dropHost lets go of a region's host buffer, giving page-locked memory
+// back to the driver.
+func (a *Arena) dropHost(r *region) error {
+	b, pinned := r.host, r.pinned
+	r.host, r.pinned = nil, false
+	if pinned {
+		return a.dev.PinnedFree(b)
 	}
 	return nil
 }
