@@ -2,7 +2,6 @@ package graphexec
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math"
@@ -190,26 +189,15 @@ func (c *Chain) setup(graphs []*Graph, links []ChainLink, opt Options) error {
 	if c.stream, err = c.dev.NewStream(); err != nil {
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
-	loaded := map[[32]byte]int{}
+	all, mods, ptxs, err := groupModules(c.dev, graphs)
+	c.mods = all
+	if err != nil {
+		return fmt.Errorf("graphexec: chain: %w", err)
+	}
 	for s, g := range graphs {
-		mods := make([]cuda.Module, len(g.Modules))
-		for j, ptx := range g.Modules {
-			sum := sha256.Sum256(ptx)
-			k, ok := loaded[sum]
-			if !ok {
-				m, err := c.dev.LoadModule(ptx)
-				if err != nil {
-					return fmt.Errorf("graphexec: chain: %s: module %d: %w", g.Label(), j, err)
-				}
-				k = len(c.mods)
-				c.mods = append(c.mods, m)
-				loaded[sum] = k
-			}
-			mods[j] = c.mods[k]
-		}
 		joint := cp.Stages[s].Joint
 		a := c.arena
-		e := &Executor{dev: c.dev, opt: opt, stream: c.stream, mods: mods,
+		e := &Executor{dev: c.dev, opt: opt, stream: c.stream, mods: mods[s], modPTX: ptxs[s],
 			plan: &planner.Plan{Algo: cp.Plan.Algo, Align: cp.Plan.Align, Offsets: cp.Stages[s].Offsets, Arena: cp.Plan.Arena},
 			at: func(id lifetime.ID) (cuda.DevicePtr, error) {
 				if id < 0 || int(id) >= len(joint) {

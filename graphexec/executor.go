@@ -95,7 +95,7 @@ type Executor struct {
 	// and modules belong to the group (family.go, chain.go).
 	at     func(lifetime.ID) (cuda.DevicePtr, error)
 	mods   []cuda.Module
-	modPTX [][]byte // the PTX each of mods was loaded from; nil when the group loaded them
+	modPTX [][]byte // the PTX each of mods was loaded from (which kernels may use PDL)
 	fns    []cuda.Function
 	pdl    []bool           // by op: launch with programmatic serialization (launchAll)
 	ptr    []cuda.DevicePtr // by tensor
@@ -419,7 +419,7 @@ func (e *Executor) launchAll() error {
 // (kernels.PDLEntries of the PTX its module was loaded from) and whose
 // predecessor is a kernel on the same stream: every op but the first,
 // which follows the step's input copies. Graphs with spillover or side
-// streams (launchSpill) and members of families and chains launch plainly.
+// streams (launchSpill) launch plainly.
 func (e *Executor) pdlOps(g *Graph) []bool {
 	pdl := make([]bool, len(g.Ops))
 	if e.opt.NoPDL || e.modPTX == nil {

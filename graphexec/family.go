@@ -12,6 +12,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -254,23 +255,12 @@ func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) e
 	if f.stream, err = f.dev.NewStream(); err != nil {
 		return fmt.Errorf("graphexec: family: %w", err)
 	}
-	loaded := map[[32]byte]int{}
+	all, mods, ptxs, err := groupModules(f.dev, graphs)
+	f.mods = all
+	if err != nil {
+		return fmt.Errorf("graphexec: family: %w", err)
+	}
 	for i, g := range graphs {
-		mods := make([]cuda.Module, len(g.Modules))
-		for j, ptx := range g.Modules {
-			sum := sha256.Sum256(ptx)
-			k, ok := loaded[sum]
-			if !ok {
-				m, err := f.dev.LoadModule(ptx)
-				if err != nil {
-					return fmt.Errorf("graphexec: family: %s: module %d: %w", g.Label(), j, err)
-				}
-				k = len(f.mods)
-				f.mods = append(f.mods, m)
-				loaded[sum] = k
-			}
-			mods[j] = f.mods[k]
-		}
 		ptrs := make([]cuda.DevicePtr, len(dry[i].Trace.Buffers))
 		for j := range ptrs {
 			c, delta := where(i, j)
@@ -280,7 +270,7 @@ func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) e
 			}
 			ptrs[j] = p.Add(uint64(delta))
 		}
-		e := &Executor{dev: f.dev, opt: opt, plan: fp.Members[i].Plan, stream: f.stream, mods: mods,
+		e := &Executor{dev: f.dev, opt: opt, plan: fp.Members[i].Plan, stream: f.stream, mods: mods[i], modPTX: ptxs[i],
 			at: func(id lifetime.ID) (cuda.DevicePtr, error) {
 				if id < 0 || int(id) >= len(ptrs) {
 					return 0, fmt.Errorf("graphexec: family: no buffer %d", id)
@@ -293,6 +283,40 @@ func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) e
 		}
 	}
 	return nil
+}
+
+// groupModules loads the modules of a family's or a chain's graphs, each
+// distinct one once, built for the device (kernels.ForDevice: compute_90
+// with programmatic dependent launch on 9.0 and later, as Executor.New
+// does). It returns every module loaded (the group's to close, also on
+// error) and, per graph, its modules and the PTX each was loaded from.
+func groupModules(dev cuda.Device, graphs []*Graph) (all []cuda.Module, mods [][]cuda.Module, ptxs [][][]byte, err error) {
+	major, minor, err := dev.ComputeCapability()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	loaded := map[[32]byte]int{}
+	for _, g := range graphs {
+		gm := make([]cuda.Module, len(g.Modules))
+		gp := make([][]byte, len(g.Modules))
+		for j, ptx := range g.Modules {
+			ptx = kernels.ForDevice(ptx, major, minor)
+			sum := sha256.Sum256(ptx)
+			k, ok := loaded[sum]
+			if !ok {
+				m, err := dev.LoadModule(ptx)
+				if err != nil {
+					return all, nil, nil, fmt.Errorf("%s: module %d: %w", g.Label(), j, err)
+				}
+				k = len(all)
+				all = append(all, m)
+				loaded[sum] = k
+			}
+			gm[j], gp[j] = all[k], ptx
+		}
+		mods, ptxs = append(mods, gm), append(ptxs, gp)
+	}
+	return all, mods, ptxs, nil
 }
 
 func memberKey(m planner.Member, i int) string {

@@ -122,6 +122,74 @@ func TestFamilyMixedSequence(t *testing.T) {
 	}
 }
 
+// TestFamilyPDL: on compute capability 9.0 the members of a family load
+// the compute_90 kernels and launch with programmatic serialization, like
+// a lone executor; a mixed sequence, eager and replayed, gives the bytes
+// of the same family on an 8.0 device, which launches plainly.
+func TestFamilyPDL(t *testing.T) {
+	if len(kernels.PTX90) == 0 {
+		t.Skip("kernels_90.ptx is empty")
+	}
+	gs := familyGraphs(t, familyShape, 1, 2, 4)
+	fp, members, err := graphexec.PlanFamily(context.Background(), "auto", gs, graphexec.PlanOptions{Budget: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := []int{2, 0, 1, 2, 0}
+	run := func(cc [2]int) (outs [][]byte, pdl int) {
+		s, err := cuda.OpenSim(cuda.SimConfig{Kernels: kernels.Reference(), ComputeCapability: cc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		dev := &countingDev{Device: s}
+		f, err := graphexec.NewFamily(dev, gs, members, fp, graphexec.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		for i := range gs {
+			if m := f.Member(i).LaunchMode(); m.PDL != (cc[0] >= 9) {
+				t.Errorf("cc %d.%d: member %d launch mode %+v", cc[0], cc[1], i, m)
+			}
+		}
+		if err := f.Init(); err != nil {
+			t.Fatal(err)
+		}
+		for st, m := range seq {
+			if err := f.Eager(m, st); err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, output(t, f.Member(m)))
+		}
+		if err := f.ResetState(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Capture(); err != nil {
+			t.Fatal(err)
+		}
+		for st, m := range seq {
+			if err := f.Replay(m, st); err != nil {
+				t.Fatal(err)
+			}
+			if got := output(t, f.Member(m)); !bytes.Equal(got, outs[st]) {
+				t.Fatalf("cc %d.%d step %d: replay differs from eager", cc[0], cc[1], st)
+			}
+		}
+		return outs, dev.pdl
+	}
+	plain, n80 := run([2]int{8, 0})
+	pdl, n90 := run([2]int{9, 0})
+	if n80 != 0 || n90 == 0 {
+		t.Errorf("PDL launches: %d on 8.0, %d on 9.0", n80, n90)
+	}
+	for st := range seq {
+		if !bytes.Equal(plain[st], pdl[st]) {
+			t.Fatalf("step %d: 9.0 (PDL) and 8.0 (plain) outputs differ", st)
+		}
+	}
+}
+
 // TestFamilyMemberEqualsAlone: from the initial state, each member's first
 // step gives the logits of the same workload run alone (the shared KV
 // cache's first rows are a batch's own cache).

@@ -147,7 +147,7 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 		return nil, err
 	}
 	defer dev.Close()
-	f, err := graphexec.NewFamily(dev, gs, fam.Members, fam.Plan, graphexec.Options{})
+	f, err := graphexec.NewFamily(dev, gs, fam.Members, fam.Plan, graphexec.Options{NoPDL: c.noPDL})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.planPath, err)
 	}
@@ -166,6 +166,8 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 		PlanAlgo: fp.Algo, ArenaBytes: fp.Arena, LowerBound: fp.LowerBound, MappedBytes: f.Arena().Mapped(),
 		Launches: len(g.Ops), Steps: len(seq),
 	}
+	lm := f.Member(big).LaunchMode()
+	rep.PDL, rep.PDLLaunches, rep.PTXTarget, rep.NoPDL = lm.PDL, lm.PDLLaunches, lm.Target, c.noPDL
 	for _, d := range g.Shape {
 		rep.Shape[d.Name] = d.Value
 	}
