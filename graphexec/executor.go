@@ -141,7 +141,7 @@ func (e *Executor) setup(g *Graph, p *planner.Plan) error {
 	if p.Align < g.Align {
 		return &AlignError{Workload: g.Label(), Plan: p.Align, Need: g.Align}
 	}
-	a, err := arena.New(e.dev, d.Trace, p)
+	a, err := arena.New(e.dev, d.Trace, p, pausePolicies(d.Trace)...)
 	if err != nil {
 		return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
 	}
@@ -261,6 +261,25 @@ func (e *Executor) Trace() *lifetime.Trace { return e.dry.Trace }
 
 // Arena returns the arena.
 func (e *Executor) Arena() *arena.Arena { return e.arena }
+
+// pausePolicies are the executor's arena policies for Arena().Pause: the
+// weights and the KV cache (written once, or carried from step to step)
+// are backed up; inputs, outputs and intermediates, which every step
+// writes before it reads them, are dropped. A graph captured before a
+// Pause replays after Resume and goes on from the same state.
+func pausePolicies(t *lifetime.Trace) []arena.Option {
+	has := map[string]bool{}
+	for i := range t.Buffers {
+		has[t.Buffers[i].Tag] = true
+	}
+	var opts []arena.Option
+	for _, tag := range []string{"weight", "kv"} {
+		if has[tag] {
+			opts = append(opts, arena.WithPolicy(tag, arena.Backup))
+		}
+	}
+	return opts
+}
 
 // Ptr returns t's device address.
 func (e *Executor) Ptr(t *Tensor) cuda.DevicePtr { return e.ptr[t.index] }

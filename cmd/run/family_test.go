@@ -90,6 +90,7 @@ func TestRunFamilyUsage(t *testing.T) {
 		{[]string{"--plan", path, "--batch", "2"}, "do not apply"},
 		{[]string{"--plan", path, "--check"}, "--check"},
 		{[]string{"--workload", "mlp", "--sequence", "1"}, "needs a family plan"},
+		{[]string{"--plan", path, "--pause"}, "--pause runs a single workload"},
 	} {
 		_, code, stderr := runJSON(t, tc.args...)
 		if code != 2 || !strings.Contains(stderr, tc.want) {

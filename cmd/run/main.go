@@ -66,6 +66,7 @@ type config struct {
 	sequence string
 	noReuse  bool
 	noPDL    bool
+	pause    bool
 	spillPTX string
 	shape    *graphexec.ShapeFlags
 	fs       *pflag.FlagSet
@@ -101,6 +102,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object")
 	fs.StringVar(&c.ptx, "ptx", "", "use this PTX file instead of the embedded kernels (development)")
 	fs.BoolVar(&c.noReuse, "no-capture-reuse", false, "turn the spillover allocator's capture-time reuse off (for comparison)")
+	fs.BoolVar(&c.pause, "pause", false, "also replay the sequence once more, pausing and resuming the arena twice halfway (weights and KV cache backed up, the rest dropped), and check the outputs; reports the memory returned and the times")
 	fs.BoolVar(&c.noPDL, "no-pdl", false, "launch every kernel plainly, without programmatic dependent launch on compute capability 9.0 and later (for comparison)")
 	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
 	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
@@ -156,6 +158,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case !rep.OutputsEqual:
 		return failedError{errors.New("replayed outputs differ from eager outputs")}
+	case rep.Pause != nil && !rep.Pause.OutputsEqual:
+		return failedError{errors.New("outputs after pause and resume differ from eager outputs")}
 	case rep.CheckOK != nil && !*rep.CheckOK:
 		return failedError{fmt.Errorf("outputs differ from the Go reference by %g (tolerance %g)", *rep.CheckMaxAbsDiff, *rep.CheckTolerance)}
 	}
@@ -204,6 +208,8 @@ type report struct {
 	CheckMaxAbsRef  *float64         `json:"check_max_abs_ref,omitempty"`
 	CheckTolerance  *float64         `json:"check_tolerance,omitempty"`
 	CheckOK         *bool            `json:"check_ok,omitempty"`
+	// --pause adds the pause/resume cycle.
+	Pause *PauseRun `json:"pause,omitempty"`
 	// A family plan's run adds its members and what separate arenas cost.
 	*FamilyRun
 }
@@ -317,6 +323,9 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 	if fam, err := familyFor(c); err != nil {
 		return nil, err
 	} else if fam != nil {
+		if c.pause {
+			return nil, usageError{errors.New("--pause runs a single workload, not a family plan")}
+		}
 		return executeFamily(ctx, c, fam)
 	}
 	if c.sequence != "" {
@@ -429,6 +438,11 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 	if rep.ReplayUS > 0 {
 		rep.Speedup = rep.EagerUS / rep.ReplayUS
 	}
+	if c.pause {
+		if rep.Pause, err = pauseRun(dev, e, g, c.steps, eagerOut); err != nil {
+			return nil, fmt.Errorf("--pause: %w", err)
+		}
+	}
 	if c.check {
 		if err := check(c, g, e.Plan(), replayOut, rep); err != nil {
 			return nil, err
@@ -530,6 +544,9 @@ func printReport(w io.Writer, r *report) {
 	fmt.Fprintf(tw, "eager\t%.1f µs/step (%d steps)\n", r.EagerUS, r.Steps)
 	fmt.Fprintf(tw, "replay\t%.1f µs/step (%.2fx eager)\n", r.ReplayUS, r.Speedup)
 	fmt.Fprintf(tw, "outputs\treplay equals eager bit for bit: %v\n", r.OutputsEqual)
+	if r.Pause != nil {
+		printPause(tw, r.Pause)
+	}
 	if r.CheckOK != nil {
 		fmt.Fprintf(tw, "check\tmax abs diff vs Go reference %.3g (max |ref| %.3g, tolerance %.3g): %v\n", *r.CheckMaxAbsDiff, *r.CheckMaxAbsRef, *r.CheckTolerance, *r.CheckOK)
 	}
