@@ -148,20 +148,17 @@ func PlanChain(ctx context.Context, algo string, graphs []*Graph, links []ChainL
 // A Chain is not safe for concurrent use; on the driver, call it from the
 // goroutine bound to the device.
 type Chain struct {
-	dev    cuda.Device
-	plan   *planner.ChainPlan
-	guard  *planner.ChainGuard
-	arena  *arena.Arena
-	stream cuda.Stream
-	mods   []cuda.Module
-	stages []*Executor
+	group // arena, stream, modules, and the stages' executors (execs)
+	dev   cuda.Device
+	plan  *planner.ChainPlan
+	guard *planner.ChainGuard
 }
 
 // NewChain builds the chain's arena from cp (verified against graphs and
 // links with planner.CheckChain) and one executor per stage. It uploads
 // nothing: call Init.
 func NewChain(dev cuda.Device, graphs []*Graph, links []ChainLink, cp *planner.ChainPlan, opt Options) (*Chain, error) {
-	c := &Chain{dev: dev, plan: cp}
+	c := &Chain{group: group{what: "chain"}, dev: dev, plan: cp}
 	if err := c.setup(graphs, links, opt); err != nil {
 		c.Close()
 		return nil, err
@@ -205,7 +202,7 @@ func (c *Chain) setup(graphs []*Graph, links []ChainLink, opt Options) error {
 				}
 				return a.Ptr(joint[id])
 			}}
-		c.stages = append(c.stages, e)
+		c.execs = append(c.execs, e)
 		if err := e.bind(g, dry[s], true); err != nil {
 			return fmt.Errorf("graphexec: chain: stage %d: %w", s, err)
 		}
@@ -215,11 +212,11 @@ func (c *Chain) setup(graphs []*Graph, links []ChainLink, opt Options) error {
 }
 
 // Len is the number of stages.
-func (c *Chain) Len() int { return len(c.stages) }
+func (c *Chain) Len() int { return len(c.execs) }
 
 // Stage returns stage s's executor, for Read and Stage. Its Eager and
 // Replay bypass the guard: use the chain's.
-func (c *Chain) Stage(s int) *Executor { return c.stages[s] }
+func (c *Chain) Stage(s int) *Executor { return c.execs[s] }
 
 // Plan returns the chain plan.
 func (c *Chain) Plan() *planner.ChainPlan { return c.plan }
@@ -230,7 +227,7 @@ func (c *Chain) Arena() *arena.Arena { return c.arena }
 // Init writes every stage's initial bytes (weights, state, constant
 // inputs) and forgets every produced value.
 func (c *Chain) Init() error {
-	for _, e := range c.stages {
+	for _, e := range c.execs {
 		if err := e.Init(); err != nil {
 			return err
 		}
@@ -242,7 +239,7 @@ func (c *Chain) Init() error {
 // ResetState rewrites state and constant inputs and forgets every
 // produced value: the chain starts again from its first stage.
 func (c *Chain) ResetState() error {
-	for _, e := range c.stages {
+	for _, e := range c.execs {
 		if err := e.ResetState(); err != nil {
 			return err
 		}
@@ -254,7 +251,7 @@ func (c *Chain) ResetState() error {
 // Capture captures every stage into its own graph.
 func (c *Chain) Capture() (time.Duration, error) {
 	var total time.Duration
-	for _, e := range c.stages {
+	for _, e := range c.execs {
 		d, err := e.Capture()
 		if err != nil {
 			return 0, err
@@ -274,50 +271,11 @@ func (c *Chain) run(s, step int, f func(*Executor, int) error) error {
 	if err := c.guard.Allow(s); err != nil {
 		return fmt.Errorf("graphexec: %w", err)
 	}
-	if err := f(c.stages[s], step); err != nil {
+	if err := f(c.execs[s], step); err != nil {
 		return err
 	}
 	if err := c.guard.Next(s); err != nil {
 		return fmt.Errorf("graphexec: %w", err)
-	}
-	return nil
-}
-
-// Synchronize waits for the chain's stream.
-func (c *Chain) Synchronize() error {
-	if c.stream == nil {
-		return nil
-	}
-	if err := c.stream.Synchronize(); err != nil {
-		return fmt.Errorf("graphexec: chain: %w", err)
-	}
-	return nil
-}
-
-// Close releases every stage's graph and staging memory, the modules, the
-// stream and the arena.
-func (c *Chain) Close() error {
-	var errs []error
-	errs = append(errs, c.Synchronize())
-	for _, e := range c.stages {
-		e.stream, e.mods = nil, nil // the chain's, closed below
-		errs = append(errs, e.Close())
-	}
-	c.stages = nil
-	for _, m := range c.mods {
-		errs = append(errs, m.Close())
-	}
-	c.mods = nil
-	if c.stream != nil {
-		errs = append(errs, c.stream.Close())
-		c.stream = nil
-	}
-	if c.arena != nil {
-		errs = append(errs, c.arena.Close())
-		c.arena = nil
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("graphexec: chain: close: %w", err)
 	}
 	return nil
 }

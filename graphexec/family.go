@@ -185,13 +185,10 @@ func PlanFamily(ctx context.Context, algo string, graphs []*Graph, opt PlanOptio
 // A Family is not safe for concurrent use; on the driver, call it from
 // the goroutine bound to the device.
 type Family struct {
-	dev     cuda.Device
-	plan    *planner.FamilyPlan
-	arena   *arena.Arena
-	stream  cuda.Stream
-	mods    []cuda.Module
-	members []*Executor
-	keys    [][]string
+	group // arena, stream, modules, and the members' executors (execs)
+	dev   cuda.Device
+	plan  *planner.FamilyPlan
+	keys  [][]string
 	// initial holds the initial bytes of shared state and constant inputs
 	// after Init, so that ResetState copies instead of regenerating them
 	// (a KV cache for the largest batch is gigabytes of random numbers).
@@ -204,7 +201,7 @@ type Family struct {
 // members. Modules with the same PTX are loaded once. It uploads nothing:
 // call Init.
 func NewFamily(dev cuda.Device, graphs []*Graph, members []planner.Member, plan *planner.FamilyPlan, opt Options) (*Family, error) {
-	f := &Family{dev: dev, plan: plan}
+	f := &Family{group: group{what: "family"}, dev: dev, plan: plan}
 	if err := f.setup(graphs, members, opt); err != nil {
 		f.Close()
 		return nil, err
@@ -277,7 +274,7 @@ func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) e
 				}
 				return ptrs[id], nil
 			}}
-		f.members = append(f.members, e)
+		f.execs = append(f.execs, e)
 		if err := e.bind(g, dry[i], true); err != nil {
 			return fmt.Errorf("graphexec: family: member %q: %w", members[i].Name, err)
 		}
@@ -382,13 +379,13 @@ func familyCover(members []planner.Member, fp *planner.FamilyPlan) (*lifetime.Tr
 }
 
 // Len is the number of members.
-func (f *Family) Len() int { return len(f.members) }
+func (f *Family) Len() int { return len(f.execs) }
 
 // Member returns member i's executor: its Eager, Capture, Replay, Read
 // and Stage work as an Executor's, on the family's arena and stream. Its
 // Init and ResetState write the shared tensors again, as the family's do
 // once.
-func (f *Family) Member(i int) *Executor { return f.members[i] }
+func (f *Family) Member(i int) *Executor { return f.execs[i] }
 
 // Plan returns the family plan.
 func (f *Family) Plan() *planner.FamilyPlan { return f.plan }
@@ -412,7 +409,7 @@ func (f *Family) initRoles(roles ...Role) error {
 	if f.initial == nil {
 		f.initial = map[string][]byte{}
 	}
-	for i, e := range f.members {
+	for i, e := range f.execs {
 		for _, t := range e.g.Tensors {
 			if t.init == nil || !hasRole(roles, t.Role) {
 				continue
@@ -444,7 +441,7 @@ func (f *Family) initRoles(roles ...Role) error {
 // the total capture and instantiation time.
 func (f *Family) Capture() (time.Duration, error) {
 	var total time.Duration
-	for _, e := range f.members {
+	for _, e := range f.execs {
 		d, err := e.Capture()
 		if err != nil {
 			return 0, err
@@ -456,55 +453,16 @@ func (f *Family) Capture() (time.Duration, error) {
 
 // Eager runs step of member m kernel by kernel.
 func (f *Family) Eager(m, step int) error {
-	if m < 0 || m >= len(f.members) {
-		return fmt.Errorf("graphexec: family: no member %d (have %d)", m, len(f.members))
+	if m < 0 || m >= len(f.execs) {
+		return fmt.Errorf("graphexec: family: no member %d (have %d)", m, len(f.execs))
 	}
-	return f.members[m].Eager(step)
+	return f.execs[m].Eager(step)
 }
 
 // Replay replays step of member m.
 func (f *Family) Replay(m, step int) error {
-	if m < 0 || m >= len(f.members) {
-		return fmt.Errorf("graphexec: family: no member %d (have %d)", m, len(f.members))
+	if m < 0 || m >= len(f.execs) {
+		return fmt.Errorf("graphexec: family: no member %d (have %d)", m, len(f.execs))
 	}
-	return f.members[m].Replay(step)
-}
-
-// Synchronize waits for the family's stream.
-func (f *Family) Synchronize() error {
-	if f.stream == nil {
-		return nil
-	}
-	if err := f.stream.Synchronize(); err != nil {
-		return fmt.Errorf("graphexec: family: %w", err)
-	}
-	return nil
-}
-
-// Close releases every member's graph and staging memory, the modules,
-// the stream and the arena.
-func (f *Family) Close() error {
-	var errs []error
-	errs = append(errs, f.Synchronize())
-	for _, e := range f.members {
-		e.stream, e.mods = nil, nil // the family's, closed below
-		errs = append(errs, e.Close())
-	}
-	f.members = nil
-	for _, m := range f.mods {
-		errs = append(errs, m.Close())
-	}
-	f.mods = nil
-	if f.stream != nil {
-		errs = append(errs, f.stream.Close())
-		f.stream = nil
-	}
-	if f.arena != nil {
-		errs = append(errs, f.arena.Close())
-		f.arena = nil
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("graphexec: family: close: %w", err)
-	}
-	return nil
+	return f.execs[m].Replay(step)
 }
