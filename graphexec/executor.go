@@ -141,7 +141,7 @@ func (e *Executor) setup(g *Graph, p *planner.Plan) error {
 	if p.Align < g.Align {
 		return &AlignError{Workload: g.Label(), Plan: p.Align, Need: g.Align}
 	}
-	a, err := arena.New(e.dev, d.Trace, p, pausePolicies(d.Trace)...)
+	a, err := arena.New(e.dev, d.Trace, p, pausePolicies(g, d.Trace)...)
 	if err != nil {
 		return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
 	}
@@ -264,16 +264,26 @@ func (e *Executor) Arena() *arena.Arena { return e.arena }
 
 // pausePolicies are the executor's arena policies for Arena().Pause: the
 // weights and the KV cache (written once, or carried from step to step)
-// are backed up; inputs, outputs and intermediates, which every step
-// writes before it reads them, are dropped. A graph captured before a
-// Pause replays after Resume and goes on from the same state.
-func pausePolicies(t *lifetime.Trace) []arena.Option {
+// are backed up; outputs and intermediates, which every step writes before
+// it reads them, are dropped. Inputs are dropped when every one is fed
+// each step, and backed up when some input is constant (written once by
+// Init, like mlp's x): a step reads it without writing it, so it is state
+// a Resume must bring back. A graph captured before a Pause replays after
+// Resume and goes on from the same state.
+func pausePolicies(g *Graph, t *lifetime.Trace) []arena.Option {
 	has := map[string]bool{}
 	for i := range t.Buffers {
 		has[t.Buffers[i].Tag] = true
 	}
+	backup := []string{"weight", "kv"}
+	for _, x := range g.Tensors {
+		if x.Role == Input && x.feed == nil {
+			backup = append(backup, "input")
+			break
+		}
+	}
 	var opts []arena.Option
-	for _, tag := range []string{"weight", "kv"} {
+	for _, tag := range backup {
 		if has[tag] {
 			opts = append(opts, arena.WithPolicy(tag, arena.Backup))
 		}
