@@ -98,6 +98,7 @@ type spillConfig struct {
 	limit        uint64
 	chunk        uint64
 	noReuse      bool
+	foreign      bool // WithForeignCaptures
 	freshWalk    bool // tests only: a new visited set per walk (PyTorch's first design)
 }
 
@@ -145,6 +146,21 @@ func WithChunk(n uint64) SpillOption {
 func WithCaptureReuse(on bool) SpillOption {
 	return func(c *spillConfig) error {
 		c.noReuse = !on
+		return nil
+	}
+}
+
+// WithForeignCaptures makes the allocator look at every allocation's
+// stream: an allocation on a stream that someone else is capturing (a
+// capture neither BeginCapture nor JoinCapture registered) joins that
+// capture with a new private pool, as PyTorch's allocator does for
+// torch.cuda.graph. Nothing says when the owner destroys such a graph, so
+// the pool's memory is kept until Close; the capture's end is noticed at
+// the next allocation. It costs one capture query per allocation (none on
+// the legacy default stream, handle 0).
+func WithForeignCaptures(on bool) SpillOption {
+	return func(c *spillConfig) error {
+		c.foreign = on
 		return nil
 	}
 }
@@ -294,7 +310,12 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 		return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
 	}
 	pool := s.def
-	if len(s.captures) > 0 {
+	if s.cfg.foreign && len(s.captures) > 0 {
+		if err := s.sweepJoined(); err != nil {
+			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+		}
+	}
+	if len(s.captures) > 0 || s.cfg.foreign {
 		info, err := s.dev.CaptureInfo(st)
 		if err != nil {
 			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
@@ -302,8 +323,14 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 		switch info.Status {
 		case cuda.CaptureActive:
 			c := s.captures[info.ID]
+			if c == nil && s.cfg.foreign {
+				// Kept until Close: nothing tells the allocator when the
+				// owner destroys the graph.
+				c = s.register(st, info.ID, nil)
+				c.joined, c.auto = true, true
+			}
 			if c == nil {
-				return 0, fmt.Errorf("arena: Spill.Alloc(%d): stream is capturing (capture %d) but the capture was not begun with Spill.BeginCapture", size, info.ID)
+				return 0, fmt.Errorf("arena: Spill.Alloc(%d): stream is capturing (capture %d) but the capture was not begun with Spill.BeginCapture or JoinCapture", size, info.ID)
 			}
 			pool = c.pool
 			if !s.cfg.noReuse {

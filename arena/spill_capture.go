@@ -38,6 +38,8 @@ type Capture struct {
 	pool     *Pool
 	ended    bool
 	released bool
+	joined   bool // begun by its owner (JoinCapture): ended by Ended
+	auto     bool // joined by the allocator itself (WithForeignCaptures)
 	visited  map[cuda.Stream]map[cuda.GraphNode]struct{}
 	deferred map[cuda.Stream][]*block
 	stack    []cuda.GraphNode
@@ -86,17 +88,8 @@ func (s *Spill) BeginCapture(st cuda.Stream, mode cuda.CaptureMode, pool *Pool) 
 	if s.closed {
 		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", ErrClosed)
 	}
-	if pool != nil {
-		if pool.s != s || !pool.private || !s.pools[pool] {
-			return nil, fmt.Errorf("arena: Spill.BeginCapture: %s is not a live shared pool of this allocator", pool)
-		}
-		if pool.refs <= 0 {
-			return nil, fmt.Errorf("arena: Spill.BeginCapture: %s was released", pool)
-		}
-		if pool.capturing != nil {
-			return nil, fmt.Errorf("arena: Spill.BeginCapture: %s is in use by capture %d; captures sharing a pool must run one after another",
-				pool, pool.capturing.id)
-		}
+	if err := s.checkPool("BeginCapture", pool); err != nil {
+		return nil, err
 	}
 	if err := s.dev.BeginCapture(st, mode); err != nil {
 		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", err)
@@ -109,16 +102,39 @@ func (s *Spill) BeginCapture(st cuda.Stream, mode cuda.CaptureMode, pool *Pool) 
 		}
 		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", err)
 	}
+	return s.register(st, info.ID, pool), nil
+}
+
+// checkPool checks that pool (nil: a new one) can take a capture now.
+func (s *Spill) checkPool(op string, pool *Pool) error {
+	if pool == nil {
+		return nil
+	}
+	if pool.s != s || !pool.private || !s.pools[pool] {
+		return fmt.Errorf("arena: Spill.%s: %s is not a live shared pool of this allocator", op, pool)
+	}
+	if pool.refs <= 0 {
+		return fmt.Errorf("arena: Spill.%s: %s was released", op, pool)
+	}
+	if pool.capturing != nil {
+		return fmt.Errorf("arena: Spill.%s: %s is in use by capture %d; captures sharing a pool must run one after another",
+			op, pool, pool.capturing.id)
+	}
+	return nil
+}
+
+// register records capture id on st, allocating from pool (nil: new).
+func (s *Spill) register(st cuda.Stream, id uint64, pool *Pool) *Capture {
 	if pool == nil {
 		pool = s.newPool(true)
 	}
 	pool.refs++
-	c := &Capture{s: s, id: info.ID, origin: st, pool: pool,
+	c := &Capture{s: s, id: id, origin: st, pool: pool,
 		visited:  map[cuda.Stream]map[cuda.GraphNode]struct{}{},
 		deferred: map[cuda.Stream][]*block{}}
 	pool.capturing = c
 	s.captures[c.id] = c
-	return c, nil
+	return c
 }
 
 // ID is the driver's capture id.
@@ -138,7 +154,71 @@ func (c *Capture) End() (cuda.Graph, error) {
 	if c.ended {
 		return nil, fmt.Errorf("arena: Capture.End: capture %d ended already", c.id)
 	}
+	if c.joined {
+		return nil, fmt.Errorf("arena: Capture.End: capture %d was begun by its owner, who ends it (then call Ended)", c.id)
+	}
 	g, err := s.dev.EndCapture(c.origin)
+	rerr := s.finish(c, err != nil)
+	if err != nil {
+		return nil, fmt.Errorf("arena: Capture.End: capture %d: %w", c.id, err)
+	}
+	if rerr != nil {
+		return g, fmt.Errorf("arena: Capture.End: capture %d: %w", c.id, rerr)
+	}
+	return g, nil
+}
+
+// JoinCapture registers a capture that its owner began on st (PyTorch's
+// torch.cuda.graph, say) without beginning one: from now on allocations on
+// the capture's streams come from pool, or from a new private pool when
+// pool is nil, as with BeginCapture. The owner ends the capture; call
+// Ended after that. It fails when st is not capturing or the capture is
+// known already.
+func (s *Spill) JoinCapture(st cuda.Stream, pool *Pool) (*Capture, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("arena: Spill.JoinCapture: %w", ErrClosed)
+	}
+	if err := s.checkPool("JoinCapture", pool); err != nil {
+		return nil, err
+	}
+	info, err := s.dev.CaptureInfo(st)
+	if err != nil {
+		return nil, fmt.Errorf("arena: Spill.JoinCapture: %w", err)
+	}
+	if info.Status != cuda.CaptureActive {
+		return nil, fmt.Errorf("arena: Spill.JoinCapture: the stream is not capturing (status %v)", info.Status)
+	}
+	if c := s.captures[info.ID]; c != nil {
+		return nil, fmt.Errorf("arena: Spill.JoinCapture: capture %d is known already", info.ID)
+	}
+	c := s.register(st, info.ID, pool)
+	c.joined = true
+	return c, nil
+}
+
+// Ended says that the owner of a joined capture has ended it (or that it
+// failed: then the capture's reference to its pool is dropped at once, as
+// End does). Blocks still deferred for it are freed into its pool.
+func (c *Capture) Ended(failed bool) error {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !c.joined {
+		return fmt.Errorf("arena: Capture.Ended: capture %d was begun with BeginCapture: call End", c.id)
+	}
+	if c.ended {
+		return fmt.Errorf("arena: Capture.Ended: capture %d ended already", c.id)
+	}
+	if err := s.finish(c, failed); err != nil {
+		return fmt.Errorf("arena: Capture.Ended: capture %d: %w", c.id, err)
+	}
+	return nil
+}
+
+// finish is the allocator's side of a capture's end.
+func (s *Spill) finish(c *Capture, failed bool) error {
 	c.ended = true
 	delete(s.captures, c.id)
 	c.pool.capturing = nil
@@ -149,19 +229,35 @@ func (c *Capture) End() (cuda.Graph, error) {
 		}
 	}
 	c.deferred, c.visited = nil, nil
-	var rerr error
-	if len(s.captures) == 0 {
-		rerr = s.flushUntilNone()
-	}
-	if err != nil {
+	if failed {
 		c.released = true
 		c.pool.refs--
-		return nil, fmt.Errorf("arena: Capture.End: capture %d: %w", c.id, err)
 	}
-	if rerr != nil {
-		return g, fmt.Errorf("arena: Capture.End: capture %d: %w", c.id, rerr)
+	if len(s.captures) == 0 {
+		return s.flushUntilNone()
 	}
-	return g, nil
+	return nil
+}
+
+// sweepJoined finishes the captures that joinForeign joined and whose
+// owners have ended them (their stream no longer captures with that id).
+func (s *Spill) sweepJoined() error {
+	for _, c := range s.captures {
+		if !c.auto {
+			continue
+		}
+		info, err := s.dev.CaptureInfo(c.origin)
+		if err != nil {
+			return err
+		}
+		if info.Status == cuda.CaptureActive && info.ID == c.id {
+			continue
+		}
+		if err := s.finish(c, info.Status == cuda.CaptureInvalidated && info.ID == c.id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Release says the capture's graph and every exec made from it are

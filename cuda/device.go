@@ -84,6 +84,10 @@ type Device interface {
 
 	// NewStream creates a non-blocking stream.
 	NewStream() (Stream, error)
+	// Foreign returns the Stream for a CUstream handle that another part
+	// of the process made (cudaStream_t is the same handle), 0 being the
+	// legacy default stream; see Driver.Foreign.
+	Foreign(h uintptr) (Stream, error)
 	// NewEvent creates an event; timing says whether it records time.
 	NewEvent(timing bool) (Event, error)
 	// ElapsedTime returns the time between two completed, timed events.
@@ -154,6 +158,8 @@ type LaunchConfig struct {
 
 // Stream is an ordered queue of device work (CUstream).
 type Stream interface {
+	// Handle is the CUstream (0: the legacy default stream).
+	Handle() uintptr
 	// Synchronize waits until all work on the stream has finished.
 	Synchronize() error
 	// WaitEvent makes later work on the stream wait for e's last record.

@@ -24,6 +24,7 @@ const (
 	fnDevicePrimaryCtxRelease
 	fnCtxSetCurrent
 	fnCtxSynchronize
+	fnCtxGetCurrent
 	fnMemGetInfo
 	fnMemAlloc
 	fnMemFree
@@ -83,6 +84,7 @@ var fnNames = [numFns]string{
 	fnDevicePrimaryCtxRelease:         "cuDevicePrimaryCtxRelease_v2",
 	fnCtxSetCurrent:                   "cuCtxSetCurrent",
 	fnCtxSynchronize:                  "cuCtxSynchronize",
+	fnCtxGetCurrent:                   "cuCtxGetCurrent",
 	fnMemGetInfo:                      "cuMemGetInfo_v2",
 	fnMemAlloc:                        "cuMemAlloc_v2",
 	fnMemFree:                         "cuMemFree_v2",
@@ -157,6 +159,8 @@ type Driver struct {
 	ccMinor int
 	closed  bool
 	pinned  map[unsafe.Pointer]uint64 // PinnedAlloc memory not yet freed
+	foreign map[uintptr]*driverStream  // Foreign streams by handle
+	guest   bool                      // OpenGuest: the host program owns the threads
 }
 
 var _ Device = (*Driver)(nil)

@@ -131,8 +131,9 @@ func (d *Driver) Memset32(p DevicePtr, value uint32, count uint64, s Stream) err
 // ---- streams and events ----
 
 type driverStream struct {
-	d *Driver
-	h uintptr
+	d       *Driver
+	h       uintptr
+	foreign bool // made by another program (Foreign): not ours to destroy
 }
 
 type driverEvent struct {
@@ -142,7 +143,7 @@ type driverEvent struct {
 
 func (d *Driver) streamHandle(f int, s Stream) (uintptr, error) {
 	ds, ok := s.(*driverStream)
-	if !ok || ds == nil || ds.d != d || ds.h == 0 {
+	if !ok || ds == nil || ds.d != d || (ds.h == 0 && !ds.foreign) {
 		return 0, &Error{Op: fnNames[f], Code: ErrorInvalidHandle}
 	}
 	return ds.h, nil
@@ -193,6 +194,9 @@ func (s *driverStream) Close() error {
 	h, err := s.d.streamHandle(fnStreamDestroy, s)
 	if err != nil {
 		return err
+	}
+	if s.foreign {
+		return &Error{Op: fnNames[fnStreamDestroy], Code: ErrorNotPermitted} // a foreign stream belongs to the program that made it
 	}
 	if err := s.d.locked(fnStreamDestroy, h); err != nil {
 		return err
@@ -475,6 +479,12 @@ func (d *Driver) CaptureInfo(s Stream) (CaptureInfo, error) {
 	h, err := d.streamHandle(fnStreamGetCaptureInfo, s)
 	if err != nil {
 		return CaptureInfo{}, err
+	}
+	if h == 0 {
+		// The legacy default stream is never captured, and asking about it
+		// while another stream captures in global mode would invalidate
+		// that capture.
+		return CaptureInfo{Status: CaptureNone}, nil
 	}
 	if err := d.begin(fnStreamGetCaptureInfo); err != nil {
 		return CaptureInfo{}, err

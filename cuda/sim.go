@@ -73,6 +73,9 @@ type Sim struct {
 	nextHandle MemHandle
 	pinned     map[*byte]int // PinnedAlloc memory not yet freed
 
+	byHandle   map[uintptr]*simStream // streams by Handle
+	nextStream uintptr
+
 	captures  map[*simCapture]bool // underway
 	nextCapID uint64
 	nextNode  GraphNode
@@ -187,6 +190,8 @@ func (s *Sim) unsafeDuringCapture(op string) error {
 
 type simStream struct {
 	sim      *Sim
+	handle   uintptr
+	foreign  bool // Foreign: not ours to destroy
 	closed   bool
 	capture  *simCapture
 	frontier []*simNode
@@ -198,7 +203,13 @@ func (s *Sim) NewStream() (Stream, error) {
 	if err := s.live("cuStreamCreate"); err != nil {
 		return nil, err
 	}
-	return &simStream{sim: s}, nil
+	s.nextStream++
+	st := &simStream{sim: s, handle: 0x5000_0000 + s.nextStream*0x100}
+	if s.byHandle == nil {
+		s.byHandle = map[uintptr]*simStream{}
+	}
+	s.byHandle[st.handle] = st
+	return st, nil
 }
 
 func (s *Sim) stream(op string, st Stream) (*simStream, error) {
@@ -270,10 +281,14 @@ func (st *simStream) Close() error {
 	if _, err := s.stream("cuStreamDestroy_v2", st); err != nil {
 		return err
 	}
+	if st.foreign {
+		return &Error{Op: "cuStreamDestroy_v2", Code: ErrorNotPermitted}
+	}
 	if st.capture != nil {
 		return &Error{Op: "cuStreamDestroy_v2", Code: ErrorIllegalState}
 	}
 	st.closed = true
+	delete(s.byHandle, st.handle)
 	return nil
 }
 

@@ -48,6 +48,9 @@ func (s *Sim) BeginCapture(st Stream, mode CaptureMode) error {
 	if ss.capture != nil {
 		return &Error{Op: op, Code: ErrorIllegalState}
 	}
+	if ss.foreign && ss.handle == 0 {
+		return &Error{Op: op, Code: ErrorStreamCaptureUnsupported} // the legacy stream
+	}
 	if mode < CaptureModeGlobal || mode > CaptureModeRelaxed {
 		return &Error{Op: op, Code: ErrorInvalidValue}
 	}
