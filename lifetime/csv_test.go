@@ -258,6 +258,7 @@ func FuzzReadCSV(f *testing.F) {
 	if data, err := os.ReadFile("../testdata/bert_base_infer.csv"); err == nil {
 		f.Add(data)
 	}
+	f.Add(gapsCSV(200)) // hostile_test.go: one buffer with many gaps
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := ReadCSV(bytes.NewReader(data), "f")
 		if err != nil {

@@ -22,19 +22,44 @@ import (
 
 // pickleDict is a Python dict. Items are kept in insertion order and not
 // deduplicated, so that SETITEMS stays O(1); lookups scan from the end so
-// that a later assignment of the same key wins, as in Python.
+// that a later assignment of the same key wins, as in Python. A dict with
+// many keys gets an index of its string keys at its first lookup, so that
+// a big dict looked up through many memo references costs its size once,
+// not once per lookup.
 type pickleDict struct {
 	keys, vals []any
+	index      map[string]int // string key -> last position; built lazily
+	indexed    int            // len(keys) when index was built
 }
+
+// pickleDictScan is the size up to which a lookup scans instead of
+// building an index (snapshot dicts have about 10 keys).
+const pickleDictScan = 32
 
 // get returns the value of a string key.
 func (d *pickleDict) get(key string) (any, bool) {
-	for i := len(d.keys) - 1; i >= 0; i-- {
-		if k, ok := d.keys[i].(string); ok && k == key {
-			return d.vals[i], true
+	if len(d.keys) <= pickleDictScan {
+		for i := len(d.keys) - 1; i >= 0; i-- {
+			if k, ok := d.keys[i].(string); ok && k == key {
+				return d.vals[i], true
+			}
 		}
+		return nil, false
 	}
-	return nil, false
+	if d.index == nil || d.indexed != len(d.keys) {
+		d.index = make(map[string]int, len(d.keys))
+		for i, k := range d.keys {
+			if s, ok := k.(string); ok {
+				d.index[s] = i
+			}
+		}
+		d.indexed = len(d.keys)
+	}
+	i, ok := d.index[key]
+	if !ok {
+		return nil, false
+	}
+	return d.vals[i], true
 }
 
 // pickleList is a Python list; a pointer because APPEND(S) mutates a list

@@ -110,14 +110,43 @@ func ReadTorchSnapshot(r io.Reader, name string) ([]*Trace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("torch: %w", err)
 	}
-	traces, err := torchTraces(v, name)
+	traces, err := torchTraces(v, name, len(data))
 	if err != nil {
 		return nil, fmt.Errorf("torch: %w", err)
 	}
 	return traces, nil
 }
 
-func torchTraces(v any, name string) ([]*Trace, error) {
+// torchBudget counts the list items the converter walks (events, segments,
+// blocks) against the size of the input, one item per minTorchItemBytes.
+// A list the file spells out costs several input bytes per item: a real
+// snapshot spends 64 to 134 bytes per event (../shared/data/torch), and no
+// valid event dict can be written in fewer than 6 bytes (an alloc or free
+// one, with its address and size, in fewer than 15). Only a list referenced
+// again through the pickle memo yields items the file did not pay for: one
+// 67 KB pickle can name a 32768-item list 1024 times, 33 M events that cost
+// 11.5 GB. Walking more items than the budget allows is refused, so that
+// converting a snapshot costs time and memory proportional to its size.
+type torchBudget struct {
+	left, size int
+}
+
+// minTorchItemBytes is the input bytes each walked list item costs.
+const minTorchItemBytes = 8
+
+func newTorchBudget(size int) *torchBudget {
+	return &torchBudget{left: size / minTorchItemBytes, size: size}
+}
+
+func (b *torchBudget) spend(n int, what string) error {
+	if b.left -= n; b.left < 0 {
+		return fmt.Errorf("%s: more list items than a snapshot of %d bytes can hold (one per %d bytes): lists repeated through pickle memo references", what, b.size, minTorchItemBytes)
+	}
+	return nil
+}
+
+func torchTraces(v any, name string, size int) ([]*Trace, error) {
+	budget := newTorchBudget(size)
 	top, ok := v.(*pickleDict)
 	if !ok {
 		return nil, fmt.Errorf("snapshot is a %s, not a dict", pickleTypeName(v))
@@ -138,7 +167,7 @@ func torchTraces(v any, name string) ([]*Trace, error) {
 	segv, hasSegs := top.get("segments")
 	if hasSegs {
 		var err error
-		if segs, err = torchSegments(segv); err != nil {
+		if segs, err = torchSegments(segv, budget); err != nil {
 			return nil, err
 		}
 	}
@@ -157,6 +186,9 @@ func torchTraces(v any, name string) ([]*Trace, error) {
 		if len(l.items) == 0 {
 			continue
 		}
+		if err := budget.spend(len(l.items), fmt.Sprintf("device_traces[%d]", dev)); err != nil {
+			return nil, err
+		}
 		evs, err := conv.eventList(l, dev)
 		if err != nil {
 			return nil, err
@@ -166,13 +198,19 @@ func torchTraces(v any, name string) ([]*Trace, error) {
 	if len(devs) == 0 {
 		return nil, errors.New("snapshot has no trace events (was recording enabled during the step?)")
 	}
+	// Each device reads only its own segments, so that many devices times
+	// many segments does not cost their product.
+	byDev := map[int64][]torchSegment{}
+	for _, sg := range segs {
+		byDev[sg.device] = append(byDev[sg.device], sg)
+	}
 	traces := make([]*Trace, 0, len(devs))
 	for _, d := range devs {
 		n := name
 		if len(devs) > 1 {
 			n = fmt.Sprintf("%s[cuda:%d]", name, d.dev)
 		}
-		t, err := torchTrace(n, d.dev, d.events, segs, hasSegs)
+		t, err := torchTrace(n, d.dev, d.events, byDev[int64(d.dev)], hasSegs)
 		if err != nil {
 			return nil, err
 		}
@@ -271,10 +309,13 @@ func torchInt(d *pickleDict, key string, required bool) (int64, error) {
 	return 0, fmt.Errorf("field %q is a %s, not an int", key, pickleTypeName(v))
 }
 
-func torchSegments(v any) ([]torchSegment, error) {
+func torchSegments(v any, budget *torchBudget) ([]torchSegment, error) {
 	l, ok := v.(*pickleList)
 	if !ok {
 		return nil, fmt.Errorf("segments is a %s, not a list", pickleTypeName(v))
+	}
+	if err := budget.spend(len(l.items), "segments"); err != nil {
+		return nil, err
 	}
 	segs := make([]torchSegment, 0, len(l.items))
 	nblocks := 0
@@ -301,6 +342,9 @@ func torchSegments(v any) ([]torchSegment, error) {
 			}
 			if nblocks += len(bl.items); nblocks > maxTorchBlocks {
 				return nil, fmt.Errorf("more than %d blocks in segments", maxTorchBlocks)
+			}
+			if err := budget.spend(len(bl.items), fmt.Sprintf("segments[%d].blocks", i)); err != nil {
+				return nil, err
 			}
 			s.blocks = make([]torchBlock, len(bl.items))
 			for j, bv := range bl.items {
@@ -330,7 +374,8 @@ func torchSegments(v any) ([]torchSegment, error) {
 	return segs, nil
 }
 
-// torchTrace replays one device's events into a trace and its TorchStats.
+// torchTrace replays one device's events into a trace and its TorchStats;
+// segs are the segments of that device.
 func torchTrace(name string, dev int, evs []torchEvent, segs []torchSegment, hasSegs bool) (*Trace, error) {
 	t := &Trace{Name: name}
 	var (
