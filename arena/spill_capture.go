@@ -398,3 +398,18 @@ func allIn(ns []cuda.GraphNode, set map[cuda.GraphNode]struct{}) bool {
 	}
 	return true
 }
+
+// Mapped returns the physical bytes mapped in the pool's segments: what
+// the graphs captured into it hold, used or cached.
+func (p *Pool) Mapped() uint64 {
+	s := p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n uint64
+	for seg := range s.segments {
+		if seg.pool == p {
+			n += seg.size
+		}
+	}
+	return n
+}

@@ -1,0 +1,390 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+
+	"github.com/arenaplan/arenaplan/arena"
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// Config says how a Bridge opens its devices.
+type Config struct {
+	// Open opens device ordinal. Nil: the CUDA driver as a guest of the
+	// host program (cuda.OpenGuest), or the simulation when Sim is set.
+	Open func(ordinal int) (cuda.Device, error)
+	// Sim opens simulated devices (ARENAPLAN_DEVICE=sim).
+	Sim bool
+	// SimMemory is each simulated device's memory (default 16 GiB).
+	SimMemory uint64
+	// SpillAddressSpace is the virtual address space each device's spill
+	// allocator reserves (default: the device's total memory).
+	SpillAddressSpace uint64
+}
+
+// ConfigFromEnv reads ARENAPLAN_DEVICE ("sim" or "cuda", default cuda),
+// ARENAPLAN_SIM_MEMORY and ARENAPLAN_SPILL_ADDRESS_SPACE (bytes).
+func ConfigFromEnv() (Config, error) {
+	var c Config
+	switch v := os.Getenv("ARENAPLAN_DEVICE"); v {
+	case "", "cuda":
+	case "sim":
+		c.Sim = true
+	default:
+		return c, fmt.Errorf("bridge: ARENAPLAN_DEVICE=%q: want sim or cuda", v)
+	}
+	for _, e := range []struct {
+		name string
+		dst  *uint64
+	}{{"ARENAPLAN_SIM_MEMORY", &c.SimMemory}, {"ARENAPLAN_SPILL_ADDRESS_SPACE", &c.SpillAddressSpace}} {
+		if v := os.Getenv(e.name); v != "" {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil || n == 0 {
+				return c, fmt.Errorf("bridge: %s=%q: want a positive number of bytes", e.name, v)
+			}
+			*e.dst = n
+		}
+	}
+	return c, nil
+}
+
+// Bridge is the process's allocator: one device state per device ordinal,
+// opened on first use.
+type Bridge struct {
+	cfg Config
+
+	mu      sync.Mutex
+	devices map[int]*Device
+	steps   map[int]*Step
+	nextID  int
+	closed  bool
+}
+
+// New returns a Bridge; devices open on first use.
+func New(cfg Config) *Bridge {
+	return &Bridge{cfg: cfg, devices: map[int]*Device{}, steps: map[int]*Step{}}
+}
+
+// ErrClosed is returned by every call after Close.
+var ErrClosed = errors.New("bridge: closed")
+
+// Device is one device's memory: its spill allocator, its zero-byte
+// tokens and the steps planned on it.
+type Device struct {
+	b       *Bridge
+	ordinal int
+	dev     cuda.Device
+	spill   *arena.Spill
+	zero    *zeroTokens
+
+	mu      sync.Mutex
+	active  map[uintptr]*Step       // steps recording or serving, by stream handle
+	planned map[cuda.DevicePtr]slot // live planned buffers by address
+	st      DeviceStats
+}
+
+// slot is a live planned buffer.
+type slot struct {
+	step *Step
+	k    int
+}
+
+// DeviceStats are a device's counters (PyTorch's own statistics are off
+// while a plugged allocator is installed; these replace them).
+type DeviceStats struct {
+	Allocs, Frees     uint64 // every call
+	ZeroAllocs        uint64 // 0-byte requests
+	Planned           uint64 // allocations served from a step's plan
+	Spilled           uint64 // allocations served by the spill allocator
+	Divergences       uint64 // step allocations the plan could not serve
+	PlannedLive       int    // planned buffers live now
+	ArenaBytes        uint64 // planned arenas, sum of sizes
+	ArenaMapped       uint64 // physical bytes the arenas map now
+	Spill             arena.SpillStats
+}
+
+// device returns the state of ordinal, opening it on first use.
+func (b *Bridge) device(ordinal int) (*Device, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, ErrClosed
+	}
+	if d := b.devices[ordinal]; d != nil {
+		return d, nil
+	}
+	if ordinal < 0 {
+		return nil, fmt.Errorf("bridge: device %d: negative ordinal", ordinal)
+	}
+	dev, err := b.open(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: opening device %d: %w", ordinal, err)
+	}
+	d, err := newDevice(b, ordinal, dev)
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("bridge: device %d: %w", ordinal, err)
+	}
+	b.devices[ordinal] = d
+	return d, nil
+}
+
+func (b *Bridge) open(ordinal int) (cuda.Device, error) {
+	switch {
+	case b.cfg.Open != nil:
+		return b.cfg.Open(ordinal)
+	case b.cfg.Sim:
+		return cuda.OpenSim(cuda.SimConfig{Name: fmt.Sprintf("sim:%d", ordinal), TotalMemory: b.cfg.SimMemory})
+	}
+	return cuda.OpenGuest(ordinal)
+}
+
+func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
+	restore, err := makeCurrent(dev)
+	if err != nil {
+		return nil, err
+	}
+	defer restore()
+	space := b.cfg.SpillAddressSpace
+	if space == 0 {
+		_, total, err := dev.MemGetInfo()
+		if err != nil {
+			return nil, err
+		}
+		space = total
+	}
+	spill, err := arena.NewSpill(dev, arena.WithAddressSpace(space), arena.WithForeignCaptures(true))
+	if err != nil {
+		return nil, err
+	}
+	zero, err := newZeroTokens(dev)
+	if err != nil {
+		spill.Close()
+		return nil, err
+	}
+	return &Device{b: b, ordinal: ordinal, dev: dev, spill: spill, zero: zero,
+		active: map[uintptr]*Step{}, planned: map[cuda.DevicePtr]slot{}}, nil
+}
+
+// makeCurrent makes dev's context current on the calling thread where the
+// device needs that (the driver as a guest of PyTorch), and returns what
+// undoes it.
+func makeCurrent(dev cuda.Device) (func(), error) {
+	if g, ok := dev.(interface{ MakeCurrent() (func(), error) }); ok {
+		return g.MakeCurrent()
+	}
+	return func() {}, nil
+}
+
+// Alloc serves one allocation of size bytes on the given device, for use on
+// stream (a CUstream handle, 0 for the legacy default stream).
+func (b *Bridge) Alloc(size uint64, ordinal int, stream uintptr) (cuda.DevicePtr, error) {
+	d, err := b.device(ordinal)
+	if err != nil {
+		return 0, err
+	}
+	return d.alloc(size, stream)
+}
+
+// Free gives back the allocation at p. size and stream are what the
+// allocation was made with (PyTorch passes them back); they are checked
+// against nothing the bridge relies on.
+func (b *Bridge) Free(p cuda.DevicePtr, ordinal int) error {
+	d, err := b.device(ordinal)
+	if err != nil {
+		return err
+	}
+	return d.free(p)
+}
+
+// RecordStream says that work on stream uses the allocation at p
+// (Tensor.record_stream).
+func (b *Bridge) RecordStream(p cuda.DevicePtr, ordinal int, stream uintptr) error {
+	d, err := b.device(ordinal)
+	if err != nil {
+		return err
+	}
+	return d.recordStream(p, stream)
+}
+
+// EmptyCache gives the spill allocators' unused memory back to the driver
+// (torch.cuda.empty_cache). Devices never used are left alone.
+func (b *Bridge) EmptyCache() error {
+	b.mu.Lock()
+	devs := make([]*Device, 0, len(b.devices))
+	for _, d := range b.devices {
+		devs = append(devs, d)
+	}
+	b.mu.Unlock()
+	var errs []error
+	for _, d := range devs {
+		restore, err := makeCurrent(d.dev)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := d.spill.EmptyCache(); err != nil && !errors.Is(err, arena.ErrCapturing) {
+			errs = append(errs, fmt.Errorf("bridge: device %d: %w", d.ordinal, err))
+		}
+		restore()
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns device ordinal's counters.
+func (b *Bridge) Stats(ordinal int) (DeviceStats, error) {
+	d, err := b.device(ordinal)
+	if err != nil {
+		return DeviceStats{}, err
+	}
+	b.mu.Lock()
+	var steps []*Step
+	for _, s := range b.steps {
+		if s.d == d {
+			steps = append(steps, s)
+		}
+	}
+	b.mu.Unlock()
+	d.mu.Lock()
+	st := d.st
+	st.PlannedLive = len(d.planned)
+	for _, s := range steps {
+		if s.ar != nil {
+			st.ArenaBytes += uint64(s.ar.Size())
+			st.ArenaMapped += s.ar.Mapped()
+		}
+	}
+	d.mu.Unlock()
+	st.Spill = d.spill.Stats()
+	return st, nil
+}
+
+// Close closes every step and device. PyTorch never calls it (the process
+// just exits); tests and Go programs do.
+func (b *Bridge) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	steps := make([]*Step, 0, len(b.steps))
+	for _, s := range b.steps {
+		steps = append(steps, s)
+	}
+	b.mu.Unlock()
+	var errs []error
+	for _, s := range steps {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	b.mu.Lock()
+	b.closed = true
+	devs := b.devices
+	b.devices = nil
+	b.mu.Unlock()
+	for _, d := range devs {
+		errs = append(errs, d.zero.close(), d.spill.Close(), d.dev.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Device) alloc(size uint64, stream uintptr) (cuda.DevicePtr, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Allocs++
+	if size == 0 {
+		d.st.ZeroAllocs++
+		return d.zero.take()
+	}
+	if s := d.active[stream]; s != nil {
+		return s.alloc(size)
+	}
+	return d.spillAllocLocked(size, stream)
+}
+
+// spillAllocLocked serves size bytes from the spill allocator; d.mu is
+// held.
+func (d *Device) spillAllocLocked(size uint64, stream uintptr) (cuda.DevicePtr, error) {
+	st, err := d.dev.Foreign(stream)
+	if err != nil {
+		return 0, fmt.Errorf("bridge: device %d: stream %#x: %w", d.ordinal, stream, err)
+	}
+	p, err := d.spill.Alloc(size, st)
+	if err != nil {
+		return 0, d.oom(size, err)
+	}
+	d.st.Spilled++
+	return p, nil
+}
+
+// oom adds what the device holds to an allocation failure; d.mu is held.
+func (d *Device) oom(size uint64, err error) error {
+	var arenas uint64
+	d.b.mu.Lock()
+	for _, s := range d.b.steps {
+		if s.d == d && s.ar != nil {
+			arenas += uint64(s.ar.Size())
+		}
+	}
+	d.b.mu.Unlock()
+	sp := d.spill.Stats()
+	return fmt.Errorf("bridge: device %d: allocating %d bytes (planned arenas %s, spill %s mapped, %s in use): %w",
+		d.ordinal, size, fmtBytes(arenas), fmtBytes(sp.Mapped), fmtBytes(sp.InUse), err)
+}
+
+func (d *Device) free(p cuda.DevicePtr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Frees++
+	if d.zero.owns(p) {
+		return d.zero.give(p)
+	}
+	if sl, ok := d.planned[p]; ok {
+		delete(d.planned, p)
+		sl.step.freePlanned(sl.k)
+		return nil
+	}
+	for _, s := range d.active {
+		s.freeRecorded(p)
+	}
+	if err := d.spill.Free(p); err != nil {
+		return fmt.Errorf("bridge: device %d: %w", d.ordinal, err)
+	}
+	return nil
+}
+
+func (d *Device) recordStream(p cuda.DevicePtr, stream uintptr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.zero.owns(p) {
+		return nil
+	}
+	if sl, ok := d.planned[p]; ok {
+		sl.step.usedElsewhere(sl.k)
+		return nil
+	}
+	for _, s := range d.active {
+		s.recordStreamRecorded(p)
+	}
+	st, err := d.dev.Foreign(stream)
+	if err != nil {
+		return err
+	}
+	return d.spill.RecordStream(p, st)
+}
+
+func fmtBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,48 @@
+// Package bridge is arenaplan's memory behind PyTorch's allocator hook: the
+// logic of the shared library that torch.cuda.memory.change_current_allocator
+// loads (cmd/libarenaplan holds its exported C functions and nothing else).
+// It is ordinary Go with no cgo, so everything here runs and is tested on the
+// simulated device.
+//
+// A Bridge serves every allocation of the process, per device:
+//
+//   - Spill (arena.Spill) serves what no step plan covers: weights, inputs,
+//     KV caches, cuBLAS workspaces, and everything before a step is planned.
+//     It grows by VMM mapping, so it works inside a CUDA graph capture, and
+//     a capture that PyTorch begins gets a private pool of its own
+//     (arena.WithForeignCaptures), as PyTorch's own allocator does.
+//   - Zero-byte requests get distinct addresses from a reserved range that
+//     is never mapped (PyTorch aborts when two live allocations share one).
+//   - A Step records one step of a model (the allocations made on its stream
+//     between Begin and End: sizes, order, frees, record_stream), plans them
+//     at the lower bound (planner "auto", proved by planner.Check) into one
+//     arena.Arena, and then serves later runs of that step from the plan.
+//
+// # Serving a plan
+//
+// While a step serves on stream S, the k-th allocation on S gets the k-th
+// buffer's planned address when its size equals the recorded one and no live
+// buffer of the arena overlaps the planned range (an ordered set of live
+// ranges: one lookup). Anything else spills to the spillover allocator and
+// counts as a divergence; with Strict it is an error instead. So an address
+// is never wrong and two live allocations never share memory, whatever the
+// program does (frees later than recorded, tensors kept across steps, other
+// threads). Allocations on other streams are not the step's and take no
+// slot. Frees of planned buffers are bookkeeping. Buffers alive at the end
+// of the step are its outputs: they keep their addresses, and the next run
+// of the step (a graph replay) overwrites them.
+//
+// A buffer that record_stream marks as used on another stream keeps its
+// range to the end of the step: in the recorded trace its lifetime is
+// extended to the step's end, and while serving its range stays taken
+// until the step ends.
+//
+// # Concurrency and errors
+//
+// A Bridge is safe for concurrent use (PyTorch calls its allocator from
+// several threads, outside its own lock). Nothing here panics on bad input;
+// errors wrap their context and keep *cuda.Error causes.
+//
+// It is not a PyTorch binding: it knows nothing about tensors or Python;
+// and it is not an allocator of its own: the memory is arena's.
+package bridge

@@ -1,0 +1,549 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/btree"
+
+	"github.com/arenaplan/arenaplan/arena"
+	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/plans"
+)
+
+// Step is one step of a program (a model's forward, a decode step, a
+// training step) whose allocations are recorded once, planned into an
+// arena, and served from it on every later run. See the package
+// documentation for the rules of serving.
+//
+// A Step's methods are safe for concurrent use with the Bridge's
+// allocation calls; call them from one goroutine at a time.
+type Step struct {
+	b    *Bridge
+	d    *Device
+	id   int
+	name string
+
+	// All below is guarded by d.mu.
+	state  stepState
+	stream uintptr
+	run    runLog // the run underway (recording or serving)
+	strict bool
+
+	trace  *lifetime.Trace // recorded, or loaded with the plan
+	plan   *planner.Plan
+	loaded string // the plan file it came from, if any
+	ar     *arena.Arena
+	addrs  []cuda.DevicePtr
+	need   []uint64 // planned range length per buffer
+	live   *btree.BTreeG[span]
+	isLive []bool
+	held   []int // freed slots that another stream used: taken until End
+
+	capture  *arena.Capture // the capture of the run underway, if joined
+	pool     *arena.Pool    // private pool of the serving captures' spills
+	captures []*arena.Capture
+
+	runs, served, divergences uint64
+	firstDivergence           string
+	closing                   bool
+}
+
+type stepState int
+
+const (
+	stepIdle stepState = iota
+	stepRecording
+	stepServing
+	stepClosed
+)
+
+func (s stepState) String() string {
+	return [...]string{"idle", "recording", "serving", "closed"}[s]
+}
+
+// span is a live planned range [lo, hi) of device addresses.
+type span struct{ lo, hi uint64 }
+
+func lessSpan(a, b span) bool { return a.lo < b.lo }
+
+// runLog is what one run of the step did, in the order it did it: every
+// allocation on the step's stream, when it was freed, and whether another
+// stream used it. Time advances by one per event.
+type runLog struct {
+	now   int64
+	sizes []int64
+	start []int64
+	end   []int64 // -1 while live
+	other []bool  // record_stream on another stream
+	ids   map[cuda.DevicePtr]int
+}
+
+func (r *runLog) reset() {
+	*r = runLog{ids: map[cuda.DevicePtr]int{}}
+}
+
+func (r *runLog) alloc(p cuda.DevicePtr, size uint64) {
+	r.ids[p] = len(r.sizes)
+	r.sizes = append(r.sizes, int64(size))
+	r.start = append(r.start, r.now)
+	r.end = append(r.end, -1)
+	r.other = append(r.other, false)
+	r.now++
+}
+
+func (r *runLog) free(p cuda.DevicePtr) {
+	if i, ok := r.ids[p]; ok {
+		delete(r.ids, p)
+		r.end[i] = r.now + 1 // live through the free's tick
+		r.now++
+	}
+}
+
+// trace is the run as a lifetime.Trace: buffers never freed, or used on
+// another stream, live to the end.
+func (r *runLog) trace(name string) *lifetime.Trace {
+	t := &lifetime.Trace{Name: name, Buffers: make([]lifetime.Buffer, len(r.sizes))}
+	for i := range r.sizes {
+		end := r.end[i]
+		if end < 0 || r.other[i] {
+			end = r.now + 1
+		}
+		t.Buffers[i] = lifetime.Buffer{ID: lifetime.ID(i), Name: "t" + strconv.Itoa(i), Size: r.sizes[i],
+			Start: r.start[i], End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}
+	}
+	return t
+}
+
+// NewStep makes an empty step on device ordinal.
+func (b *Bridge) NewStep(ordinal int, name string) (*Step, error) {
+	d, err := b.device(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.nextID++
+	s := &Step{b: b, d: d, id: b.nextID, name: name}
+	b.steps[s.id] = s
+	return s, nil
+}
+
+// Step returns the step with the given ID.
+func (b *Bridge) Step(id int) (*Step, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.steps[id]
+	if s == nil {
+		return nil, fmt.Errorf("bridge: no step %d (never made, or closed)", id)
+	}
+	return s, nil
+}
+
+// ID is the step's handle for the C ABI.
+func (s *Step) ID() int { return s.id }
+
+func (s *Step) errorf(format string, args ...any) error {
+	return fmt.Errorf("bridge: step %d (%s): %s", s.id, s.name, fmt.Sprintf(format, args...))
+}
+
+// begin makes s the active step on stream.
+func (s *Step) begin(stream uintptr, state stepState) error {
+	d := s.d
+	if s.state != stepIdle {
+		return s.errorf("is %s already", s.state)
+	}
+	if o := d.active[stream]; o != nil {
+		return s.errorf("stream %#x is taken by step %d (%s)", stream, o.id, o.name)
+	}
+	d.active[stream] = s
+	s.state, s.stream = state, stream
+	s.run.reset()
+	return nil
+}
+
+// Record starts recording a run of the step on stream: allocations on it
+// are served by the spill allocator and logged until End.
+func (s *Step) Record(stream uintptr) error {
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	if s.closing {
+		return s.errorf("closed")
+	}
+	if s.plan != nil {
+		return s.errorf("has a plan already; make a new step to record again")
+	}
+	return s.begin(stream, stepRecording)
+}
+
+// Serve starts a run of the step on stream served from its plan. With
+// strict, an allocation the plan cannot serve fails instead of spilling.
+func (s *Step) Serve(stream uintptr, strict bool) error {
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	if s.closing {
+		return s.errorf("closed")
+	}
+	if s.ar == nil {
+		return s.errorf("has no plan: record and Plan, or Load, first")
+	}
+	if err := s.begin(stream, stepServing); err != nil {
+		return err
+	}
+	s.strict = strict
+	return nil
+}
+
+// JoinCapture says that the step's stream is being captured now by its
+// owner (PyTorch's torch.cuda.graph): spilled allocations of this run go
+// to a private pool. A recording run's pool is given back at End (that
+// graph is never replayed); a serving run's pool lives as long as the
+// step.
+func (s *Step) JoinCapture() error {
+	d := s.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.state != stepRecording && s.state != stepServing {
+		return s.errorf("JoinCapture while %s", s.state)
+	}
+	if s.capture != nil {
+		return s.errorf("JoinCapture twice in one run")
+	}
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	st, err := d.dev.Foreign(s.stream)
+	if err != nil {
+		return err
+	}
+	var pool *arena.Pool
+	if s.state == stepServing {
+		if s.pool == nil {
+			if s.pool, err = d.spill.NewSharedPool(); err != nil {
+				return err
+			}
+		}
+		pool = s.pool
+	}
+	c, err := d.spill.JoinCapture(st, pool)
+	if err != nil {
+		return fmt.Errorf("bridge: step %d (%s): %w", s.id, s.name, err)
+	}
+	s.capture = c
+	return nil
+}
+
+// End ends the run underway. failed says the run's capture failed (then
+// its spill pool is dropped). After a recording, the step holds its trace;
+// after serving a loaded plan, the run must have made the plan's
+// allocations: if not, the plan is refused (an error saying what differs)
+// and the step has no plan any more.
+func (s *Step) End(failed bool) error {
+	d := s.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.state != stepRecording && s.state != stepServing {
+		return s.errorf("End while %s", s.state)
+	}
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	delete(d.active, s.stream)
+	state := s.state
+	s.state = stepIdle
+	var errs []error
+	if c := s.capture; c != nil {
+		s.capture = nil
+		errs = append(errs, c.Ended(failed))
+		if state == stepRecording && !failed {
+			errs = append(errs, c.Release())
+		} else if !failed {
+			s.captures = append(s.captures, c)
+		}
+	}
+	run := s.run.trace(s.name)
+	s.run.reset()
+	switch state {
+	case stepRecording:
+		if failed {
+			break
+		}
+		if len(run.Buffers) == 0 {
+			errs = append(errs, s.errorf("recorded no allocation on stream %#x", s.stream))
+			break
+		}
+		s.trace = run
+	case stepServing:
+		s.runs++
+		for _, k := range s.held {
+			s.release(k)
+		}
+		s.held = s.held[:0]
+		if s.loaded != "" && !failed {
+			if err := sameSteps(s.trace, run); err != nil {
+				errs = append(errs, s.errorf("plan %s was made for another step: %v", s.loaded, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sameSteps says how run differs from the plan's trace, or nil.
+func sameSteps(plan, run *lifetime.Trace) error {
+	for i := range min(len(plan.Buffers), len(run.Buffers)) {
+		p, r := &plan.Buffers[i], &run.Buffers[i]
+		switch {
+		case p.Size != r.Size:
+			return fmt.Errorf("allocation %d is %d bytes in the plan, %d in this step", i, p.Size, r.Size)
+		case p.Start != r.Start || p.End != r.End:
+			return fmt.Errorf("allocation %d lives [%d, %d) in the plan, [%d, %d) in this step", i, p.Start, p.End, r.Start, r.End)
+		}
+	}
+	if len(plan.Buffers) != len(run.Buffers) {
+		return fmt.Errorf("the plan has %d allocations, this step made %d", len(plan.Buffers), len(run.Buffers))
+	}
+	return nil
+}
+
+// Plan plans the recorded run at the lower bound ("auto" within budget;
+// 0 means planner.DefaultBudget), checks the plan and maps its arena.
+func (s *Step) Plan(budget time.Duration) error {
+	s.d.mu.Lock()
+	t := s.trace
+	ok := s.state == stepIdle && s.plan == nil && !s.closing
+	s.d.mu.Unlock()
+	if !ok || t == nil {
+		return s.errorf("Plan needs a finished recording and no plan yet")
+	}
+	p, err := planner.Run(context.Background(), "auto", t, planner.Options{Budget: budget})
+	if err != nil {
+		return fmt.Errorf("bridge: step %d (%s): planning: %w", s.id, s.name, err)
+	}
+	return s.install(t, p, "")
+}
+
+// Load takes a plan from a plan file (plans.Load verifies it) instead of
+// recording one. The first run served from it must make the allocations
+// the plan was made for, or End refuses the plan.
+func (s *Step) Load(path string) error {
+	f, err := plans.Load(path)
+	if err != nil {
+		return fmt.Errorf("bridge: step %d (%s): %w", s.id, s.name, err)
+	}
+	s.d.mu.Lock()
+	ok := s.state == stepIdle && s.plan == nil && !s.closing
+	s.d.mu.Unlock()
+	if !ok {
+		return s.errorf("Load needs an idle step without a plan")
+	}
+	return s.install(f.Trace, f.Plan, path)
+}
+
+// Save writes the step's trace and plan to path.
+func (s *Step) Save(path string) error {
+	s.d.mu.Lock()
+	t, p := s.trace, s.plan
+	s.d.mu.Unlock()
+	if p == nil {
+		return s.errorf("has no plan to save")
+	}
+	f := &plans.File{Trace: t, Plan: p, Workload: &plans.Workload{Name: "torch-step"}}
+	if err := plans.Save(path, f); err != nil {
+		return fmt.Errorf("bridge: step %d (%s): %w", s.id, s.name, err)
+	}
+	return nil
+}
+
+// install maps the arena for plan p of trace t.
+func (s *Step) install(t *lifetime.Trace, p *planner.Plan, from string) error {
+	d := s.d
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	a, err := arena.New(d.dev, t, p)
+	if err != nil {
+		return fmt.Errorf("bridge: step %d (%s): arena of %s for %d buffers: %w", s.id, s.name, fmtBytes(uint64(p.Arena)), len(t.Buffers), err)
+	}
+	addrs := make([]cuda.DevicePtr, len(t.Buffers))
+	need := make([]uint64, len(t.Buffers))
+	for i := range t.Buffers {
+		if addrs[i], err = a.Ptr(lifetime.ID(i)); err != nil {
+			a.Close()
+			return err
+		}
+		n, _ := planner.Need(&t.Buffers[i], p.Align)
+		need[i] = uint64(n)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s.trace, s.plan, s.loaded, s.ar, s.addrs, s.need = t, p, from, a, addrs, need
+	s.live = btree.NewG[span](16, lessSpan)
+	s.isLive = make([]bool, len(t.Buffers))
+	return nil
+}
+
+// alloc serves an allocation on the step's stream; d.mu is held.
+func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
+	d := s.d
+	if s.state == stepRecording {
+		p, err := d.spillAllocLocked(size, s.stream)
+		if err != nil {
+			return 0, err
+		}
+		s.run.alloc(p, size)
+		return p, nil
+	}
+	k := len(s.run.sizes)
+	if k < len(s.addrs) && uint64(s.trace.Buffers[k].Size) == size && !s.isLive[k] && !s.overlaps(k) {
+		p := s.addrs[k]
+		s.live.ReplaceOrInsert(span{uint64(p), uint64(p) + s.need[k]})
+		s.isLive[k] = true
+		d.planned[p] = slot{s, k}
+		d.st.Planned++
+		s.served++
+		s.run.alloc(p, size)
+		return p, nil
+	}
+	why := s.divergence(k, size)
+	d.st.Divergences++
+	s.divergences++
+	if s.firstDivergence == "" {
+		s.firstDivergence = why
+	}
+	if s.strict {
+		s.run.alloc(0, size) // keep the count: the next allocation is k+1
+		delete(s.run.ids, 0)
+		return 0, s.errorf("strict: %s", why)
+	}
+	p, err := d.spillAllocLocked(size, s.stream)
+	if err != nil {
+		return 0, err
+	}
+	s.run.alloc(p, size)
+	return p, nil
+}
+
+func (s *Step) divergence(k int, size uint64) string {
+	switch {
+	case k >= len(s.addrs):
+		return fmt.Sprintf("allocation %d (%d bytes) is beyond the plan's %d", k, size, len(s.addrs))
+	case uint64(s.trace.Buffers[k].Size) != size:
+		return fmt.Sprintf("allocation %d is %d bytes, the plan has %d", k, size, s.trace.Buffers[k].Size)
+	}
+	return fmt.Sprintf("allocation %d: its planned range is still taken (a buffer freed later than recorded, or kept from an earlier run)", k)
+}
+
+// overlaps says whether a live planned buffer overlaps buffer k's range.
+// Live ranges never overlap each other, so only the last one starting
+// below k's end can.
+func (s *Step) overlaps(k int) bool {
+	lo := uint64(s.addrs[k])
+	hi := lo + s.need[k]
+	hit := false
+	s.live.DescendLessOrEqual(span{lo: hi - 1}, func(o span) bool {
+		hit = o.hi > lo
+		return false
+	})
+	return hit
+}
+
+// freePlanned: planned buffer k was freed; d.mu is held.
+func (s *Step) freePlanned(k int) {
+	p := s.addrs[k]
+	if s.state == stepServing {
+		if i, ok := s.run.ids[p]; ok && s.run.other[i] {
+			s.run.free(p)
+			s.held = append(s.held, k)
+			return
+		}
+		s.run.free(p)
+	}
+	s.release(k)
+}
+
+// release takes buffer k out of the live set.
+func (s *Step) release(k int) {
+	p := uint64(s.addrs[k])
+	s.live.Delete(span{lo: p})
+	s.isLive[k] = false
+	if s.closing && s.live.Len() == 0 {
+		s.closeArena()
+	}
+}
+
+// freeRecorded logs the free of p if this run allocated it; d.mu is held.
+func (s *Step) freeRecorded(p cuda.DevicePtr) { s.run.free(p) }
+
+// usedElsewhere: planned buffer k is used on another stream.
+func (s *Step) usedElsewhere(k int) {
+	if s.state == stepServing {
+		if i, ok := s.run.ids[s.addrs[k]]; ok {
+			s.run.other[i] = true
+		}
+	}
+}
+
+// recordStreamRecorded marks p, if this run allocated it, as used on
+// another stream; d.mu is held.
+func (s *Step) recordStreamRecorded(p cuda.DevicePtr) {
+	if i, ok := s.run.ids[p]; ok {
+		s.run.other[i] = true
+	}
+}
+
+// Close gives the step's memory back: its capture pools at once (destroy
+// the graphs captured through it first), its arena once no planned buffer
+// is live any more (outputs a program still holds keep it).
+func (s *Step) Close() error {
+	d := s.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.closing {
+		return s.errorf("closed already")
+	}
+	if s.state == stepRecording || s.state == stepServing {
+		return s.errorf("Close while %s: End the run first", s.state)
+	}
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	s.closing = true
+	var errs []error
+	for _, c := range s.captures {
+		errs = append(errs, c.Release())
+	}
+	s.captures = nil
+	if s.pool != nil {
+		errs = append(errs, s.pool.Release())
+		s.pool = nil
+	}
+	if s.live == nil || s.live.Len() == 0 {
+		errs = append(errs, s.closeArena())
+	}
+	s.b.mu.Lock()
+	delete(s.b.steps, s.id)
+	s.b.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+func (s *Step) closeArena() error {
+	if s.ar == nil {
+		return nil
+	}
+	err := s.ar.Close()
+	s.ar, s.addrs = nil, nil
+	return err
+}
