@@ -1,12 +1,13 @@
 package lifetime
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/arenaplan/arenaplan/internal/regfile"
 )
 
 // MaxFileSize bounds every trace file and stream the importers read
@@ -18,16 +19,24 @@ const MaxFileSize = 1 << 30
 // "json", or "" to pick it from the extension (.csv; .pickle or .pkl;
 // .json). A CSV or JSON file holds one trace, a PyTorch snapshot one per
 // device. Each trace is named after the file's base name. Errors name the
-// file.
+// file. The path must name a regular file (it is checked before it is
+// opened, so a FIFO or a device is refused instead of blocking or reading
+// without end) of at most MaxFileSize bytes.
 func Load(path, format string) ([]*Trace, error) {
-	ts, err := load(path, format)
+	return LoadContext(context.Background(), path, format)
+}
+
+// LoadContext is Load that stops reading, with ctx's error, once ctx is
+// done.
+func LoadContext(ctx context.Context, path, format string) ([]*Trace, error) {
+	ts, err := load(ctx, path, format)
 	if err != nil {
 		return nil, fmt.Errorf("lifetime: %s: %w", path, err)
 	}
 	return ts, nil
 }
 
-func load(path, format string) ([]*Trace, error) {
+func load(ctx context.Context, path, format string) ([]*Trace, error) {
 	if format == "" {
 		switch strings.ToLower(filepath.Ext(path)) {
 		case ".csv":
@@ -45,21 +54,12 @@ func load(path, format string) ([]*Trace, error) {
 	default:
 		return nil, fmt.Errorf("unknown format %q (want csv, torch or json)", format)
 	}
-	f, err := os.Open(path)
+	fh, _, err := regfile.Open(path, MaxFileSize)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if fi.IsDir() {
-		return nil, errors.New("is a directory")
-	}
-	if fi.Size() > MaxFileSize {
-		return nil, fmt.Errorf("%d bytes is larger than the limit of %d", fi.Size(), MaxFileSize)
-	}
+	defer fh.Close()
+	f := regfile.Reader(ctx, fh)
 	name := filepath.Base(path)
 	switch format {
 	case "csv":
@@ -75,7 +75,11 @@ func load(path, format string) ([]*Trace, error) {
 		}
 		return []*Trace{t}, nil
 	default:
-		return ReadTorchSnapshot(f, name)
+		ts, err := ReadTorchSnapshot(f, name)
+		if err == nil {
+			err = ctx.Err() // decoding itself does not look at ctx
+		}
+		return ts, err
 	}
 }
 

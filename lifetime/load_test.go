@@ -2,6 +2,8 @@ package lifetime
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -96,9 +98,10 @@ func TestLoad(t *testing.T) {
 	}{
 		{txtPath, "", `lifetime: ` + txtPath + `: cannot tell the format from the extension ".txt"`},
 		{csvPath, "xml", `lifetime: ` + csvPath + `: unknown format "xml"`},
-		{filepath.Join(dir, "none.csv"), "", "lifetime: " + filepath.Join(dir, "none.csv") + ": open "},
-		{dirPath, "csv", "lifetime: " + dirPath + ": is a directory"},
-		{big, "", "lifetime: " + big + ": 1073741825 bytes is larger than the limit of 1073741824"},
+		{filepath.Join(dir, "none.csv"), "", "lifetime: " + filepath.Join(dir, "none.csv") + ": stat "},
+		{dirPath, "csv", "lifetime: " + dirPath + ": not a regular file: is a directory"},
+		{big, "", "lifetime: " + big + ": file too large: 1073741825 bytes exceeds the limit of 1073741824"},
+		{"/dev/zero", "csv", "lifetime: /dev/zero: not a regular file: Dc"},
 		{csvPath, "json", "lifetime: " + csvPath + ": json: invalid character"},
 		{csvPath, "torch", "lifetime: " + csvPath + ": torch: pickle: not a pickle"},
 		{jsonPath, "csv", "lifetime: " + jsonPath + ": csv: line 1: unknown column"},
@@ -106,6 +109,25 @@ func TestLoad(t *testing.T) {
 		_, err := Load(c.path, c.format)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Load(%s, %q) = %v, want %q", c.path, c.format, err, c.want)
+		}
+	}
+}
+
+// TestLoadFIFO: a FIFO with no writer is refused, not opened (os.Open
+// would block forever), and a done context stops a load.
+func TestLoadFIFO(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "x.csv")
+	if err := mkfifo(fifo); err != nil {
+		t.Skip("no FIFOs here:", err)
+	}
+	if _, err := Load(fifo, ""); err == nil || !strings.Contains(err.Error(), "not a regular file: p") {
+		t.Errorf("Load(FIFO) = %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, p := range []string{"testdata/torch_small.pickle", "../testdata/bert_base_infer.csv"} {
+		if _, err := LoadContext(ctx, p, ""); !errors.Is(err, context.Canceled) {
+			t.Errorf("LoadContext(%s) with a cancelled context = %v", p, err)
 		}
 	}
 }
