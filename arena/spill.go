@@ -741,3 +741,10 @@ func (s *Spill) Close() error {
 	}
 	return nil
 }
+
+// Owns says whether p is a live allocation of this allocator.
+func (s *Spill) Owns(p cuda.DevicePtr) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.live[p] != nil
+}

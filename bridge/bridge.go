@@ -388,3 +388,33 @@ func fmtBytes(n uint64) string {
 	}
 	return fmt.Sprintf("%d B", n)
 }
+
+// RecordStreamAny is RecordStream for callers that do not know the device
+// (PyTorch's record_stream hook passes only the pointer and the stream).
+func (b *Bridge) RecordStreamAny(p cuda.DevicePtr, stream uintptr) error {
+	b.mu.Lock()
+	devs := make([]*Device, 0, len(b.devices))
+	for _, d := range b.devices {
+		devs = append(devs, d)
+	}
+	b.mu.Unlock()
+	for _, d := range devs {
+		if d.owns(p) {
+			return d.recordStream(p, stream)
+		}
+	}
+	return fmt.Errorf("bridge: record_stream of %#x: not an allocation of this allocator", uint64(p))
+}
+
+// owns says whether p is a live allocation of this device.
+func (d *Device) owns(p cuda.DevicePtr) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.zero.owns(p) {
+		return true
+	}
+	if _, ok := d.planned[p]; ok {
+		return true
+	}
+	return d.spill.Owns(p)
+}

@@ -1,0 +1,244 @@
+// abi_check loads libarenaplan.so with dlopen, as PyTorch does, and calls
+// its exported C ABI: the allocator pair (concurrently from several
+// threads), 0-byte requests, a step recorded, planned and served twice at
+// the same addresses, errors as strings, and the cost of alloc + free.
+//
+//   cc -O2 -o abi_check abi_check.c -ldl -lpthread
+//   ARENAPLAN_DEVICE=sim ./abi_check ./libarenaplan.so      # no GPU needed
+//   ./abi_check ./libarenaplan.so bench                      # on a GPU: timing only
+//
+// Exits 0 when every check passes; prints one line per check.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef void *(*alloc_fn)(size_t, int, void *);
+typedef void (*free_fn)(void *, size_t, int, void *);
+typedef char *(*step_new_fn)(int, const char *, int *);
+typedef char *(*step_stream_fn)(int, void *);
+typedef char *(*step_serve_fn)(int, void *, int);
+typedef char *(*step_int_fn)(int, int);
+typedef char *(*step_plan_fn)(int, double);
+typedef char *(*step_id_fn)(int);
+typedef char *(*step_report_fn)(int, char **);
+typedef void (*free_string_fn)(char *);
+typedef char *(*last_error_fn)(void);
+
+static alloc_fn ap_alloc;
+static free_fn ap_free;
+static free_string_fn ap_free_string;
+static int failures;
+
+#define CHECK(cond, ...)                                 \
+  do {                                                   \
+    if (!(cond)) {                                       \
+      failures++;                                        \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);        \
+      printf(__VA_ARGS__);                               \
+      printf("\n");                                      \
+    }                                                    \
+  } while (0)
+
+static void *sym(void *lib, const char *name) {
+  void *p = dlsym(lib, name);
+  if (!p) {
+    fprintf(stderr, "abi_check: %s missing: %s\n", name, dlerror());
+    exit(2);
+  }
+  return p;
+}
+
+// ok checks that a control call returned no error.
+static int ok(char *err, const char *what) {
+  if (err) {
+    printf("FAIL %s: %s\n", what, err);
+    ap_free_string(err);
+    failures++;
+    return 0;
+  }
+  return 1;
+}
+
+// step_run makes a model-like step's allocations on stream and writes
+// their addresses to out (n of them); the output stays live and is
+// returned.
+#define LAYERS 10
+#define STEP_ALLOCS (2 * LAYERS + 1)
+static void *step_run(void *stream, void **out) {
+  void *acts[LAYERS];
+  int n = 0, live0 = 0;
+  for (int i = 0; i < LAYERS; i++) {
+    acts[i] = ap_alloc(4096 + 1000 * i, 0, stream);
+    out[n++] = acts[i];
+    void *ws = ap_alloc(65536, 0, stream);
+    out[n++] = ws;
+    void *z = ap_alloc(0, 0, stream);
+    ap_free(ws, 65536, 0, stream);
+    ap_free(z, 0, 0, stream);
+    if (i - live0 >= 2) {
+      ap_free(acts[live0], 4096 + 1000 * live0, 0, stream);
+      live0++;
+    }
+  }
+  void *o = ap_alloc(8192, 0, stream);
+  out[n++] = o;
+  for (int i = live0; i < LAYERS; i++) ap_free(acts[i], 4096 + 1000 * i, 0, stream);
+  return o;
+}
+
+struct worker {
+  int id;
+  int errors;
+};
+
+static void *work(void *arg) {
+  struct worker *w = arg;
+  void *stream = (void *)(uintptr_t)(0x1000 + w->id);
+  void *live[8] = {0};
+  for (int i = 0; i < 20000; i++) {
+    size_t size = 256 * (1 + (i * 7 + w->id) % 13);
+    void *p = ap_alloc(size, 0, stream);
+    if (!p) w->errors++;
+    int slot = i % 8;
+    if (live[slot]) ap_free(live[slot], 0, 0, stream);
+    live[slot] = p;
+  }
+  for (int i = 0; i < 8; i++)
+    if (live[i]) ap_free(live[i], 0, 0, stream);
+  return NULL;
+}
+
+static double now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+// bench prints the median and p99 of alloc + free of size bytes on stream,
+// timed per pair after a warm-up.
+static void bench(size_t size, void *stream, const char *what) {
+  enum { N = 200000 };
+  static double t[N];
+  for (int i = 0; i < 1000; i++) ap_free(ap_alloc(size, 0, stream), size, 0, stream);
+  for (int i = 0; i < N; i++) {
+    double t0 = now_ns();
+    void *p = ap_alloc(size, 0, stream);
+    ap_free(p, size, 0, stream);
+    t[i] = now_ns() - t0;
+  }
+  qsort(t, N, sizeof t[0], cmp_double);
+  printf("bench alloc+free %zu B on %s: median %.0f ns, p99 %.0f ns (%d pairs)\n", size, what, t[N / 2],
+         t[N * 99 / 100], N);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: abi_check LIBRARY.so [bench]\n");
+    return 2;
+  }
+  void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    fprintf(stderr, "abi_check: %s\n", dlerror());
+    return 2;
+  }
+  ap_alloc = (alloc_fn)sym(lib, "arenaplan_torch_alloc");
+  ap_free = (free_fn)sym(lib, "arenaplan_torch_free");
+  ap_free_string = (free_string_fn)sym(lib, "arenaplan_free_string");
+  step_new_fn step_new = (step_new_fn)sym(lib, "arenaplan_step_new");
+  step_stream_fn step_record = (step_stream_fn)sym(lib, "arenaplan_step_record");
+  step_serve_fn step_serve = (step_serve_fn)sym(lib, "arenaplan_step_serve");
+  step_int_fn step_end = (step_int_fn)sym(lib, "arenaplan_step_end");
+  step_plan_fn step_plan = (step_plan_fn)sym(lib, "arenaplan_step_plan");
+  step_id_fn step_close = (step_id_fn)sym(lib, "arenaplan_step_close");
+  step_report_fn step_report = (step_report_fn)sym(lib, "arenaplan_step_report");
+  last_error_fn last_error = (last_error_fn)sym(lib, "arenaplan_last_error");
+
+  if (argc > 2 && strcmp(argv[2], "bench") == 0) {
+    bench(4096, NULL, "the legacy stream");
+    bench(4096, (void *)(uintptr_t)0x1, "stream handle 0x1");
+    return 0;
+  }
+
+  // Plain allocations: distinct, 256-byte aligned, NULL on failure with a reason.
+  void *a = ap_alloc(1000, 0, NULL), *b = ap_alloc(1000, 0, NULL);
+  CHECK(a && b && a != b, "two live allocations: %p %p", a, b);
+  CHECK(((uintptr_t)a & 255) == 0 && ((uintptr_t)b & 255) == 0, "alignment: %p %p", a, b);
+  ap_free(a, 1000, 0, NULL);
+  ap_free(b, 1000, 0, NULL);
+  void *huge = ap_alloc((size_t)1 << 50, 0, NULL);
+  char *why = last_error();
+  CHECK(huge == NULL && why && strstr(why, "allocating"), "1 PiB: %p, last error %s", huge, why ? why : "(none)");
+  if (why) printf("ok   out of memory says: %s\n", why), ap_free_string(why);
+
+  // 0-byte requests: distinct non-NULL addresses while live.
+  void *z[100];
+  int zdup = 0;
+  for (int i = 0; i < 100; i++) {
+    z[i] = ap_alloc(0, 0, NULL);
+    for (int j = 0; j < i; j++) zdup += z[i] == z[j];
+  }
+  CHECK(z[0] != NULL && zdup == 0, "100 live 0-byte allocations: %d duplicates", zdup);
+  for (int i = 0; i < 100; i++) ap_free(z[i], 0, 0, NULL);
+  if (!zdup) printf("ok   0-byte requests: 100 distinct addresses\n");
+
+  // A step: record, plan, serve twice at the same addresses.
+  void *stream = (void *)(uintptr_t)0x77;
+  int id = -1;
+  void *rec[STEP_ALLOCS], *run1[STEP_ALLOCS], *run2[STEP_ALLOCS];
+  if (ok(step_new(0, "abi", &id), "step_new") && ok(step_record(id, stream), "record")) {
+    void *o = step_run(stream, rec);
+    ok(step_end(id, 0), "end recording");
+    ap_free(o, 8192, 0, stream);
+    ok(step_plan(id, 1.0), "plan");
+    for (int r = 0; r < 2; r++) {
+      ok(step_serve(id, stream, 1), "serve");
+      o = step_run(stream, r ? run2 : run1);
+      ok(step_end(id, 0), "end serving");
+      ap_free(o, 8192, 0, stream);
+    }
+    int same = memcmp(run1, run2, sizeof run1) == 0;
+    CHECK(same, "two served runs got different addresses");
+    char *js = NULL;
+    ok(step_report(id, &js), "report");
+    CHECK(js && strstr(js, "\"divergences\":0") && strstr(js, "\"runs\":2"), "report: %s", js ? js : "(none)");
+    if (same && js) printf("ok   step served twice at the same addresses: %s\n", js);
+    if (js) ap_free_string(js);
+    ok(step_close(id), "close");
+  }
+  char *e = step_serve(9999, stream, 0);
+  CHECK(e && strstr(e, "no step 9999"), "serve of an unknown step: %s", e ? e : "(no error)");
+  if (e) printf("ok   unknown step refused: %s\n", e), ap_free_string(e);
+
+  // Concurrent callers.
+  pthread_t th[4];
+  struct worker w[4];
+  for (int i = 0; i < 4; i++) {
+    w[i] = (struct worker){.id = i};
+    pthread_create(&th[i], NULL, work, &w[i]);
+  }
+  int errs = 0;
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    errs += w[i].errors;
+  }
+  CHECK(errs == 0, "%d failed allocations from 4 threads", errs);
+  if (!errs) printf("ok   4 threads x 20000 alloc/free\n");
+
+  bench(4096, NULL, "the legacy stream (simulated device)");
+  if (failures) {
+    printf("%d checks failed\n", failures);
+    return 1;
+  }
+  printf("all ABI checks passed\n");
+  return 0;
+}

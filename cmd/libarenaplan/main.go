@@ -1,0 +1,275 @@
+// Command libarenaplan is the shared library PyTorch loads as its CUDA
+// allocator (torch.cuda.memory.CUDAPluggableAllocator): the exported C
+// functions over package bridge, and nothing else. It is the project's only
+// cgo; build it with
+//
+//	CGO_ENABLED=1 go build -buildmode=c-shared -o libarenaplan.so ./cmd/libarenaplan
+//
+// which also writes libarenaplan.h with the prototypes. The allocator pair
+// has PyTorch's ABI:
+//
+//	void *arenaplan_torch_alloc(size_t size, int device, cudaStream_t stream);
+//	void  arenaplan_torch_free(void *ptr, size_t size, int device, cudaStream_t stream);
+//
+// The control functions return NULL on success or an error message that
+// the caller frees with arenaplan_free_string. No Go panic crosses the C
+// boundary: each export recovers and reports it as an error. With
+// ARENAPLAN_DEVICE=sim in the environment the library runs on the
+// simulated device (for tests without a GPU).
+package main
+
+/*
+#include <stdlib.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/arenaplan/arenaplan/bridge"
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+func main() {}
+
+var (
+	once    sync.Once
+	lib     *bridge.Bridge
+	libErr  error
+	errMu   sync.Mutex
+	lastErr string
+)
+
+func get() (*bridge.Bridge, error) {
+	once.Do(func() {
+		cfg, err := bridge.ConfigFromEnv()
+		if err != nil {
+			libErr = err
+			return
+		}
+		lib = bridge.New(cfg)
+	})
+	return lib, libErr
+}
+
+func setLast(err error) {
+	errMu.Lock()
+	lastErr = err.Error()
+	errMu.Unlock()
+}
+
+// guard turns a panic into an error; use as defer guard(&err).
+func guard(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("arenaplan: internal error (a bug; please report it): %v", r)
+	}
+}
+
+func cerr(err error) *C.char {
+	if err == nil {
+		return nil
+	}
+	return C.CString(err.Error())
+}
+
+//export arenaplan_torch_alloc
+func arenaplan_torch_alloc(size C.size_t, device C.int, stream unsafe.Pointer) (ptr unsafe.Pointer) {
+	var err error
+	defer func() {
+		guard(&err)
+		if err != nil {
+			setLast(err)
+			ptr = nil
+		}
+	}()
+	b, err := get()
+	if err != nil {
+		return nil
+	}
+	var p cuda.DevicePtr
+	p, err = b.Alloc(uint64(size), int(device), uintptr(stream))
+	if err != nil {
+		return nil
+	}
+	// A device address, never dereferenced by Go.
+	return *(*unsafe.Pointer)(unsafe.Pointer(&p))
+}
+
+//export arenaplan_torch_free
+func arenaplan_torch_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) {
+	var err error
+	defer func() {
+		guard(&err)
+		if err != nil {
+			setLast(err)
+			fmt.Fprintln(os.Stderr, "arenaplan:", err)
+		}
+	}()
+	b, err := get()
+	if err != nil {
+		return
+	}
+	err = b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
+}
+
+//export arenaplan_torch_record_stream
+func arenaplan_torch_record_stream(ptr unsafe.Pointer, stream unsafe.Pointer) {
+	var err error
+	defer func() {
+		guard(&err)
+		if err != nil {
+			setLast(err)
+		}
+	}()
+	b, err := get()
+	if err != nil {
+		return
+	}
+	err = b.RecordStreamAny(cuda.DevicePtr(uintptr(ptr)), uintptr(stream))
+}
+
+//export arenaplan_torch_empty_cache
+func arenaplan_torch_empty_cache() {
+	var err error
+	defer func() {
+		guard(&err)
+		if err != nil {
+			setLast(err)
+		}
+	}()
+	b, err := get()
+	if err != nil {
+		return
+	}
+	err = b.EmptyCache()
+}
+
+// arenaplan_last_error returns the last failure of an allocator call (they
+// cannot return one), or NULL; free it with arenaplan_free_string.
+//
+//export arenaplan_last_error
+func arenaplan_last_error() *C.char {
+	errMu.Lock()
+	defer errMu.Unlock()
+	if lastErr == "" {
+		return nil
+	}
+	return C.CString(lastErr)
+}
+
+//export arenaplan_free_string
+func arenaplan_free_string(s *C.char) { C.free(unsafe.Pointer(s)) }
+
+//export arenaplan_step_new
+func arenaplan_step_new(device C.int, name *C.char, id *C.int) (e *C.char) {
+	var err error
+	defer func() { guard(&err); e = cerr(err) }()
+	b, err := get()
+	if err != nil {
+		return
+	}
+	s, err := b.NewStep(int(device), C.GoString(name))
+	if err == nil {
+		*id = C.int(s.ID())
+	}
+	return
+}
+
+// step runs f on step id.
+func step(id C.int, f func(*bridge.Step) error) (e *C.char) {
+	var err error
+	defer func() { guard(&err); e = cerr(err) }()
+	b, err := get()
+	if err != nil {
+		return
+	}
+	s, err := b.Step(int(id))
+	if err != nil {
+		return
+	}
+	err = f(s)
+	return
+}
+
+//export arenaplan_step_record
+func arenaplan_step_record(id C.int, stream unsafe.Pointer) *C.char {
+	return step(id, func(s *bridge.Step) error { return s.Record(uintptr(stream)) })
+}
+
+//export arenaplan_step_serve
+func arenaplan_step_serve(id C.int, stream unsafe.Pointer, strict C.int) *C.char {
+	return step(id, func(s *bridge.Step) error { return s.Serve(uintptr(stream), strict != 0) })
+}
+
+//export arenaplan_step_join_capture
+func arenaplan_step_join_capture(id C.int) *C.char {
+	return step(id, func(s *bridge.Step) error { return s.JoinCapture() })
+}
+
+//export arenaplan_step_end
+func arenaplan_step_end(id C.int, failed C.int) *C.char {
+	return step(id, func(s *bridge.Step) error { return s.End(failed != 0) })
+}
+
+//export arenaplan_step_plan
+func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
+	return step(id, func(s *bridge.Step) error {
+		return s.Plan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+	})
+}
+
+//export arenaplan_step_save
+func arenaplan_step_save(id C.int, path *C.char) *C.char {
+	return step(id, func(s *bridge.Step) error { return s.Save(C.GoString(path)) })
+}
+
+//export arenaplan_step_load
+func arenaplan_step_load(id C.int, path *C.char) *C.char {
+	return step(id, func(s *bridge.Step) error { return s.Load(C.GoString(path)) })
+}
+
+//export arenaplan_step_close
+func arenaplan_step_close(id C.int) *C.char {
+	return step(id, func(s *bridge.Step) error { return s.Close() })
+}
+
+// arenaplan_step_report sets *out to the step's report as JSON (free it
+// with arenaplan_free_string).
+//
+//export arenaplan_step_report
+func arenaplan_step_report(id C.int, out **C.char) *C.char {
+	return step(id, func(s *bridge.Step) error {
+		js, err := json.Marshal(s.Report())
+		if err == nil {
+			*out = C.CString(string(js))
+		}
+		return err
+	})
+}
+
+// arenaplan_stats sets *out to device's counters as JSON.
+//
+//export arenaplan_stats
+func arenaplan_stats(device C.int, out **C.char) (e *C.char) {
+	var err error
+	defer func() { guard(&err); e = cerr(err) }()
+	b, err := get()
+	if err != nil {
+		return
+	}
+	st, err := b.Stats(int(device))
+	if err != nil {
+		return
+	}
+	js, err := json.Marshal(st)
+	if err == nil {
+		*out = C.CString(string(js))
+	}
+	return
+}
