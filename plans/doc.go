@@ -42,13 +42,33 @@
 //	12     4     flags (0; reserved)
 //	16     8     compressed payload length C (the file is exactly 64+C bytes)
 //	24     8     uncompressed payload length U (at most MaxPayload, and at
-//	             most 32768*C: no zstd frame expands more than that)
+//	             most max(64*C, 1 MiB))
 //	32     32    SHA-256 of header bytes [0, 32) followed by the C payload bytes
 //	64     C     payload: one zstd frame, window at most 8 MiB
 //
-// Decompression streams, so memory follows the bytes the frame really
-// yields (a header that lies about U costs nothing); a real zstd bomb can
-// still expand to U <= MaxPayload bytes before the payload is parsed.
+// # What a file may cost
+//
+// The bounds come from the largest real plans. The largest we know, the
+// 1M-buffer scaling trace of BENCHMARKS.md, is a payload of 24 MB (24
+// bytes a buffer; the traces of ../shared/data take 19 to 23) in a file of
+// 8.3 MB; MaxPayload is 64 MiB, 2.6 times that. Real plans compress 1.7
+// (MiniMalloc's challenging traces) to 4.8 times (IREE's mobilebert), and
+// a built-in workload of 65536 identical layers, the most regular plan we
+// make, 19 times; a file may declare at most 64 times its compressed
+// bytes (and always 1 MiB), so a zstd bomb is refused from its header
+// before anything is decompressed: the 114 KB file declaring
+// 1 GiB, or any file declaring more than MaxPayload. A payload within the
+// bounds is decompressed once, into one buffer of exactly U bytes (peak
+// memory U plus the decoder's block buffers, not the 3.4 to 6 times U of
+// a growing buffer), and a frame that yields more than U stops there.
+// Parsing then bounds the buffers, gaps, shared buffers and members a
+// file may hold by its compressed size, one per compressed byte and at
+// least 65536 (real plans hold 0.12 to 0.62), since each costs a few
+// hundred bytes of memory and verification: minimal buffers all alike
+// compress to almost nothing. So decoding a file costs time and memory
+// proportional to its size: about a second and 300 MB for the 8 MB file
+// of a million buffers. LoadAny and DecodeAny decompress a file once
+// whatever its version, for readers that take either.
 //
 // The uncompressed payload is a sequence of sections, each a kind byte, a
 // uvarint body length and the body, in increasing kind order, ended by the

@@ -1,6 +1,7 @@
 package plans
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -91,7 +92,7 @@ func SaveFamily(path string, f *Family) error {
 // LoadFamily reads and decodes the plan file at path, of either version
 // (see DecodeFamily); every error names the file.
 func LoadFamily(path string) (*Family, error) {
-	data, err := readBounded(path)
+	data, err := readBounded(context.Background(), path)
 	if err != nil {
 		return nil, err
 	}
@@ -112,18 +113,14 @@ func decodeFamilySafe(data []byte) (f *Family, err error) {
 }
 
 func decodeFamily(data []byte) (*Family, error) {
-	raw, version, err := open(data)
+	f, fam, err := decodeAny(data)
 	if err != nil {
 		return nil, err
 	}
-	if version == Version {
-		one, err := decodeVerified(raw)
-		if err != nil {
-			return nil, err
-		}
-		return familyOfOne(one), nil
+	if f != nil {
+		return familyOfOne(f), nil
 	}
-	return decodeFamilyVerified(raw)
+	return fam, nil
 }
 
 // familyOfOne is a single plan as a family of one member.
@@ -149,8 +146,8 @@ func familyOfOne(f *File) *Family {
 }
 
 // decodeFamilyVerified decodes a version 2 payload and verifies it.
-func decodeFamilyVerified(raw []byte) (*Family, error) {
-	f, fps, err := parseFamily(raw)
+func decodeFamilyVerified(raw []byte, budget *itemBudget) (*Family, error) {
+	f, fps, err := parseFamily(raw, budget)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
@@ -159,7 +156,7 @@ func decodeFamilyVerified(raw []byte) (*Family, error) {
 	}
 	for i, m := range f.Members {
 		if got := m.Trace.Fingerprint(); got != fps[i] {
-			return nil, fmt.Errorf("%w: member %q: trace fingerprint %x does not match the stored %x", ErrInvalid, m.Name, got[:8], fps[i][:8])
+			return nil, fmt.Errorf("%w: member %q: trace fingerprint %x does not match the stored %x", ErrInvalid, m.Name, got, fps[i])
 		}
 	}
 	return f, nil
@@ -240,8 +237,8 @@ func encodeFamilyPayload(f *Family) []byte {
 
 // parseFamily parses a version 2 payload into a Family and each member's
 // stored trace fingerprint. It checks structure only.
-func parseFamily(raw []byte) (*Family, [][32]byte, error) {
-	r := &reader{b: raw}
+func parseFamily(raw []byte, budget *itemBudget) (*Family, [][32]byte, error) {
+	r := &reader{b: raw, budget: budget}
 	section := func(want byte) *reader {
 		if k := r.byte(); r.err == nil && k != want {
 			r.fail("section kind %d, want %d", k, want)
@@ -252,7 +249,7 @@ func parseFamily(raw []byte) (*Family, [][32]byte, error) {
 		if r.err != nil {
 			return nil
 		}
-		return &reader{b: body, base: start}
+		return &reader{b: body, base: start, budget: budget}
 	}
 	s := section(kindFamily)
 	if r.err != nil {
@@ -266,6 +263,7 @@ func parseFamily(raw []byte) (*Family, [][32]byte, error) {
 	fp.SeparateArenas = s.int64()
 	fp.Elapsed = time.Duration(s.int64())
 	ns := s.count("shared buffers", minSharedBytes)
+	s.spend(ns, "shared buffers")
 	if s.err == nil && ns > 0 {
 		fp.Shared = make([]planner.SharedBuffer, ns)
 		for i := range fp.Shared {
@@ -290,6 +288,9 @@ func parseFamily(raw []byte) (*Family, [][32]byte, error) {
 		r.fail("%d members cannot fit in the %d bytes left", nm, r.left())
 		return nil, nil, r.err
 	}
+	if r.spend(int(nm), "members"); r.err != nil {
+		return nil, nil, r.err
+	}
 	f := &Family{Plan: fp, Members: make([]planner.Member, nm)}
 	fp.Members = make([]planner.MemberPlan, nm)
 	fps := make([][32]byte, nm)
@@ -305,7 +306,7 @@ func parseFamily(raw []byte) (*Family, [][32]byte, error) {
 		if s.err != nil {
 			return nil, nil, fmt.Errorf("member %d: %w", i, s.err)
 		}
-		one, keys, fprint, err := parseSections(s.b[s.off:], s.base+s.off, true)
+		one, keys, fprint, err := parseSections(s.b[s.off:], s.base+s.off, true, budget)
 		if err != nil {
 			return nil, nil, fmt.Errorf("member %d (%q): %w", i, name, err)
 		}

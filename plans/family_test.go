@@ -376,7 +376,7 @@ func FuzzDecodeFamily(f *testing.F) {
 		} else {
 			checkFamilyAccepted(t, got)
 		}
-		got, err := decodeFamilyVerified(data)
+		got, err := decodeFamilyVerified(data, nil)
 		if err != nil {
 			if !isSentinel(err) {
 				t.Fatalf("payload: error wraps no sentinel: %v", err)

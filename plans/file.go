@@ -1,10 +1,13 @@
 package plans
 
 import (
+	"context"
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/arenaplan/arenaplan/internal/regfile"
 )
 
 // Save encodes f and writes it to path atomically: it writes a temporary
@@ -51,10 +54,11 @@ func writeAtomic(path string, data []byte) error {
 	return nil
 }
 
-// Load reads and decodes the plan file at path. It refuses files larger
-// than MaxFile before reading them; every error names the file.
+// Load reads and decodes the plan file at path. It refuses what is not a
+// regular file (before opening it: a FIFO does not block) and files
+// larger than MaxFile before reading them; every error names the file.
 func Load(path string) (*File, error) {
-	data, err := readBounded(path)
+	data, err := readBounded(context.Background(), path)
 	if err != nil {
 		return nil, err
 	}
@@ -65,27 +69,42 @@ func Load(path string) (*File, error) {
 	return f, nil
 }
 
+// LoadAny reads the plan file at path and decodes it once, whatever its
+// version: a version 1 file gives its File and a nil Family, a version 2
+// file its Family and a nil File. It stops reading with ctx's error once
+// ctx is done. Errors are Load's.
+func LoadAny(ctx context.Context, path string) (*File, *Family, error) {
+	data, err := readBounded(ctx, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	f, fam, err := DecodeAny(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("plans: %s: %w", path, err)
+	}
+	return f, fam, nil
+}
+
+// DecodeAny is LoadAny for bytes in memory, without the file name.
+func DecodeAny(data []byte) (f *File, fam *Family, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f, fam, err = nil, nil, fmt.Errorf("%w: internal error while decoding: %v", ErrCorrupt, r)
+		}
+	}()
+	return decodeAny(data)
+}
+
 // readBounded reads a regular file of at most MaxFile bytes; its errors
 // name the file.
-func readBounded(path string) ([]byte, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("plans: %w", err)
-	}
-	defer fh.Close()
-	st, err := fh.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("plans: %w", err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("plans: %s: %w: not a regular file", path, ErrNotPlan)
-	}
-	if st.Size() > MaxFile {
-		return nil, fmt.Errorf("plans: %s: %w: %d bytes exceeds %d", path, ErrTooLarge, st.Size(), MaxFile)
-	}
-	// The file may grow after Stat: read at most one byte past the limit.
-	data, err := io.ReadAll(io.LimitReader(fh, MaxFile+1))
-	if err != nil {
+func readBounded(ctx context.Context, path string) ([]byte, error) {
+	data, err := regfile.Read(ctx, path, MaxFile)
+	switch {
+	case errors.Is(err, regfile.ErrNotRegular):
+		return nil, fmt.Errorf("plans: %s: %w: %w", path, ErrNotPlan, err)
+	case errors.Is(err, regfile.ErrTooLarge):
+		return nil, fmt.Errorf("plans: %s: %w: %w", path, ErrTooLarge, err)
+	case err != nil:
 		return nil, fmt.Errorf("plans: %s: %w", path, err)
 	}
 	return data, nil

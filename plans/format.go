@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
@@ -29,18 +28,28 @@ const FamilyVersion = 2
 // HeaderLen is the length of a version 1 header.
 const HeaderLen = 64
 
-// MaxFile bounds a plan file's size (Load and Decode refuse larger ones).
-const MaxFile = 1 << 30
+// MaxPayload bounds the declared uncompressed payload: 64 MiB, 2.6 times
+// the largest real plan we know (the 1M-buffer scaling trace of
+// BENCHMARKS.md: 24 MB of payload, 24 bytes a buffer), room for about
+// 2.7 M buffers. See the package comment.
+const MaxPayload = 64 << 20
 
-// MaxPayload bounds the declared uncompressed payload.
-const MaxPayload = 1 << 32
+// MaxFile bounds a plan file's size (Load and Decode refuse larger ones):
+// the payload bound and the header. Real plans compress 1.7 to 19 times,
+// so a file this large already holds more than MaxPayload would allow.
+const MaxFile = MaxPayload + HeaderLen
 
-// maxRatio bounds how much one compressed byte can expand: every zstd
-// block costs at least 4 bytes (a 3-byte header and one RLE byte) and
-// yields at most 128 KiB, so no valid frame of C bytes exceeds 32768*C.
-// It lets Decode refuse a small file that claims a huge payload before
-// the decompressor preallocates it.
-const maxRatio = 32768
+// maxRatio bounds how much a file may claim its payload expands: the most
+// compressible real plan (a built-in workload of 65536 identical layers)
+// expands 19 times, the traces of ../shared/data 1.7 to 4.8 times. A
+// payload of at most max(maxRatio*C, minPayloadBound) is accepted, so a
+// small file cannot make the reader decompress, parse and verify much more
+// than its own size, whatever its frame really yields.
+const maxRatio = 64
+
+// minPayloadBound lets small files of very regular plans expand more
+// than maxRatio: a payload this small costs nothing to decode.
+const minPayloadBound = 1 << 20
 
 // maxWindow is the zstd window this package writes and the largest it
 // reads, so decompression needs at most this much history besides the
@@ -194,28 +203,44 @@ func decodeSafe(data []byte) (f *File, err error) {
 
 // decode is decodeSafe without the recover; the fuzzer calls it.
 func decode(data []byte) (*File, error) {
-	raw, version, err := open(data)
+	raw, version, budget, err := open(data)
 	if err != nil {
 		return nil, err
 	}
 	if version != Version {
 		return nil, fmt.Errorf("%w: %d holds a family of plans: read it with DecodeFamily or LoadFamily", ErrVersion, version)
 	}
-	return decodeVerified(raw)
+	return decodeVerified(raw, budget)
+}
+
+// decodeAny decompresses data once and decodes it by its version: a
+// version 1 file into a File, a version 2 file into a Family.
+func decodeAny(data []byte) (*File, *Family, error) {
+	raw, version, budget, err := open(data)
+	if err != nil {
+		return nil, nil, err
+	}
+	if version == Version {
+		f, err := decodeVerified(raw, budget)
+		return f, nil, err
+	}
+	fam, err := decodeFamilyVerified(raw, budget)
+	return nil, fam, err
 }
 
 // open checks the header and the checksum and decompresses the payload;
-// it returns the payload and the format version (Version or FamilyVersion).
-func open(data []byte) ([]byte, uint16, error) {
+// it returns the payload, the format version (Version or FamilyVersion)
+// and the item budget the compressed size allows.
+func open(data []byte) ([]byte, uint16, *itemBudget, error) {
 	n := min(len(data), len(Magic))
 	if !bytes.Equal(data[:n], []byte(Magic)[:n]) {
-		return nil, 0, fmt.Errorf("%w: bad magic %q", ErrNotPlan, data[:n])
+		return nil, 0, nil, fmt.Errorf("%w: bad magic %q", ErrNotPlan, data[:n])
 	}
 	if len(data) > MaxFile {
-		return nil, 0, fmt.Errorf("%w: %d bytes exceeds %d", ErrTooLarge, len(data), MaxFile)
+		return nil, 0, nil, fmt.Errorf("%w: %d bytes exceeds %d", ErrTooLarge, len(data), MaxFile)
 	}
 	if len(data) < HeaderLen {
-		return nil, 0, fmt.Errorf("%w: truncated header: %d of %d bytes", ErrCorrupt, len(data), HeaderLen)
+		return nil, 0, nil, fmt.Errorf("%w: truncated header: %d of %d bytes", ErrCorrupt, len(data), HeaderLen)
 	}
 	h := header{
 		version:      binary.LittleEndian.Uint16(data[8:]),
@@ -227,49 +252,69 @@ func open(data []byte) ([]byte, uint16, error) {
 	copy(h.sum[:], data[32:HeaderLen])
 	switch {
 	case h.version != Version && h.version != FamilyVersion:
-		return nil, 0, fmt.Errorf("%w: %d (this reader knows %d and %d)", ErrVersion, h.version, Version, FamilyVersion)
+		return nil, 0, nil, fmt.Errorf("%w: %d (this reader knows %d and %d)", ErrVersion, h.version, Version, FamilyVersion)
 	case h.headerLen != HeaderLen:
-		return nil, 0, fmt.Errorf("%w: header length %d, want %d", ErrCorrupt, h.headerLen, HeaderLen)
+		return nil, 0, nil, fmt.Errorf("%w: header length %d, want %d", ErrCorrupt, h.headerLen, HeaderLen)
 	case h.flags != 0:
-		return nil, 0, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, h.flags)
+		return nil, 0, nil, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, h.flags)
 	case h.compressed != uint64(len(data)-HeaderLen):
-		return nil, 0, fmt.Errorf("%w: header declares %d payload bytes, file has %d (truncated or trailing data)",
+		return nil, 0, nil, fmt.Errorf("%w: header declares %d payload bytes, file has %d (truncated or trailing data)",
 			ErrCorrupt, h.compressed, len(data)-HeaderLen)
 	case h.uncompressed > MaxPayload:
-		return nil, 0, fmt.Errorf("%w: declared payload of %d bytes exceeds %d", ErrTooLarge, h.uncompressed, uint64(MaxPayload))
-	case h.uncompressed > maxRatio*h.compressed:
-		return nil, 0, fmt.Errorf("%w: %d compressed bytes cannot hold a payload of %d bytes", ErrCorrupt, h.compressed, h.uncompressed)
+		return nil, 0, nil, fmt.Errorf("%w: declared payload of %d bytes exceeds %d", ErrTooLarge, h.uncompressed, uint64(MaxPayload))
+	case h.uncompressed > payloadBound(h.compressed):
+		return nil, 0, nil, fmt.Errorf("%w: %d compressed bytes declare a payload of %d bytes, more than the %d this format allows them (%d times, at least %d)",
+			ErrTooLarge, h.compressed, h.uncompressed, payloadBound(h.compressed), maxRatio, minPayloadBound)
 	}
 	payload := data[HeaderLen:]
 	if sum := checksum(data[:32], payload); sum != h.sum {
-		return nil, 0, fmt.Errorf("%w: stored %x, computed %x", ErrChecksum, h.sum[:8], sum[:8])
+		return nil, 0, nil, fmt.Errorf("%w: stored %x, computed %x", ErrChecksum, h.sum, sum)
 	}
-	// Stream the frame so that memory follows the bytes actually produced,
-	// not what the header or the frame claims; the window is bounded and
-	// the output stops one byte past the declared length.
-	dec, err := zstd.NewReader(bytes.NewReader(payload),
+	raw, err := decompress(payload, h.uncompressed)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	return raw, h.version, newItemBudget(h.compressed), nil
+}
+
+// payloadBound is the largest payload c compressed bytes may declare.
+func payloadBound(c uint64) uint64 {
+	if c > MaxPayload/maxRatio {
+		return MaxPayload
+	}
+	return max(maxRatio*c, minPayloadBound)
+}
+
+// decompress decodes one zstd frame of exactly size bytes into one buffer
+// of that size, allocated once: peak memory is the payload plus the
+// decoder's block buffers (its window is the output itself), and a frame
+// that yields more than size bytes stops there.
+func decompress(payload []byte, size uint64) ([]byte, error) {
+	dec, err := zstd.NewReader(nil,
 		zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderLowmem(true),
 		zstd.WithDecoderMaxWindow(maxWindow),
-		zstd.WithDecoderMaxMemory(max(h.uncompressed, zstd.MinWindowSize)))
+		// The decoder refuses a window above this bound, and the smallest
+		// window is 1 KiB: a frame may yield up to that much more than
+		// size, which the length check below refuses.
+		zstd.WithDecoderMaxMemory(max(size, zstd.MinWindowSize)))
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}
 	defer dec.Close()
-	out := bytes.NewBuffer(make([]byte, 0, min(h.uncompressed, 8*h.compressed+4096)))
-	if _, err := io.Copy(out, io.LimitReader(dec, int64(h.uncompressed)+1)); err != nil {
-		return nil, 0, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
+	raw, err := dec.DecodeAll(payload, make([]byte, 0, size))
+	if err != nil {
+		return nil, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}
-	raw := out.Bytes()
-	if uint64(len(raw)) != h.uncompressed {
-		return nil, 0, fmt.Errorf("%w: payload is %d bytes, header declares %d", ErrCorrupt, len(raw), h.uncompressed)
+	if uint64(len(raw)) != size {
+		return nil, fmt.Errorf("%w: payload is %d bytes, header declares %d", ErrCorrupt, len(raw), size)
 	}
-	return raw, h.version, nil
+	return raw, nil
 }
 
 // decodeVerified decodes a payload and verifies what it holds.
-func decodeVerified(raw []byte) (*File, error) {
-	f, fp, err := decodePayload(raw)
+func decodeVerified(raw []byte, budget *itemBudget) (*File, error) {
+	f, fp, err := decodePayload(raw, budget)
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +322,7 @@ func decodeVerified(raw []byte) (*File, error) {
 		return nil, err
 	}
 	if got := f.Trace.Fingerprint(); got != fp {
-		return nil, fmt.Errorf("%w: trace fingerprint %x does not match the stored %x", ErrInvalid, got[:8], fp[:8])
+		return nil, fmt.Errorf("%w: trace fingerprint %x does not match the stored %x", ErrInvalid, got, fp)
 	}
 	return f, nil
 }

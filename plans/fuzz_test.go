@@ -56,6 +56,12 @@ func TestWriteFuzzSeeds(t *testing.T) {
 // Check accepts and that survives a round trip unchanged; an accepted
 // payload must be the one canonical encoding of what it decoded to.
 func FuzzDecode(f *testing.F) {
+	// Small hostile files (hostile_test.go): a zstd bomb, a buffers bomb,
+	// a range past 2^63, many gaps.
+	f.Add(zstdBomb(4 << 20))
+	f.Add(buffersBomb(70000, 2<<10))
+	f.Add(farOffsetFile(f))
+	f.Add(gapsFile(f, 200))
 	for _, data := range fuzzSeeds(f) {
 		f.Add(data)
 	}
@@ -67,7 +73,7 @@ func FuzzDecode(f *testing.F) {
 		} else {
 			checkAccepted(t, got)
 		}
-		got, err := decodeVerified(data)
+		got, err := decodeVerified(data, nil)
 		if err != nil {
 			if !isSentinel(err) {
 				t.Fatalf("payload: error wraps no sentinel: %v", err)

@@ -155,10 +155,46 @@ func encodeSections(f *File, keys []string) []byte {
 // reader consumes fields; the first error sticks and later reads return
 // zero values, so decoding code checks r.err once per record.
 type reader struct {
-	b    []byte
-	off  int
-	base int // offset of b inside the payload, for messages
-	err  error
+	b      []byte
+	off    int
+	base   int // offset of b inside the payload, for messages
+	err    error
+	budget *itemBudget // nil: unbounded
+}
+
+// itemBudget bounds the buffers, gaps, shared buffers and members a file
+// may decode into by the size of its compressed payload (itemsPerByte
+// per compressed byte, at least minItems). Each costs a few hundred bytes of
+// memory and verification time, and very regular payloads compress
+// nearly to nothing, so without this a file could hold a payload within
+// the ratio bound whose items cost far more than the file's size says.
+type itemBudget struct {
+	left       int64
+	compressed uint64
+}
+
+// Real plans hold 0.12 (traces of ../shared/data, the 1M-buffer scaling
+// trace) to 0.62 (a built-in workload of 65536 identical layers) items
+// per compressed byte; a file may hold one item per byte, and at least
+// minItems.
+const (
+	itemsPerByte = 1
+	minItems     = 1 << 16
+)
+
+func newItemBudget(compressed uint64) *itemBudget {
+	return &itemBudget{left: max(int64(min(compressed, MaxFile))*itemsPerByte, minItems), compressed: compressed}
+}
+
+// spend takes n items from the budget, failing the read when it runs out.
+func (r *reader) spend(n int, what string) {
+	if r.err != nil || r.budget == nil {
+		return
+	}
+	if r.budget.left -= int64(n); r.budget.left < 0 {
+		r.fail("%d %s exceed what a file of %d compressed bytes may hold (%d items a byte, at least %d)",
+			n, what, r.budget.compressed, itemsPerByte, minItems)
+	}
 }
 
 func (r *reader) fail(format string, args ...any) {
@@ -261,26 +297,26 @@ func (r *reader) count(what string, min int) int {
 
 // decodePayload parses a payload into a File and the stored trace
 // fingerprint. It checks structure only; decodeVerified checks meaning.
-func decodePayload(raw []byte) (*File, [32]byte, error) {
-	f, fp, err := parsePayload(raw)
+func decodePayload(raw []byte, budget *itemBudget) (*File, [32]byte, error) {
+	f, fp, err := parsePayload(raw, budget)
 	if err != nil {
 		return nil, fp, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	return f, fp, nil
 }
 
-func parsePayload(raw []byte) (*File, [32]byte, error) {
-	f, _, fp, err := parseSections(raw, 0, false)
+func parsePayload(raw []byte, budget *itemBudget) (*File, [32]byte, error) {
+	f, _, fp, err := parseSections(raw, 0, false, budget)
 	return f, fp, err
 }
 
 // parseSections parses a version 1 payload or, with member set, a family
 // member's (which may end with a keys section). base is raw's offset in
 // the whole payload, for messages.
-func parseSections(raw []byte, base int, member bool) (*File, []string, [32]byte, error) {
+func parseSections(raw []byte, base int, member bool, budget *itemBudget) (*File, []string, [32]byte, error) {
 	var fp [32]byte
 	var keys []string
-	r := &reader{b: raw, base: base}
+	r := &reader{b: raw, base: base, budget: budget}
 	t := &lifetime.Trace{}
 	p := &planner.Plan{}
 	f := &File{Trace: t, Plan: p}
@@ -318,7 +354,7 @@ func parseSections(raw []byte, base int, member bool) (*File, []string, [32]byte
 		if r.err != nil {
 			return nil, nil, fp, r.err
 		}
-		s := &reader{b: body, base: start}
+		s := &reader{b: body, base: start, budget: budget}
 		switch kind {
 		case kindMeta:
 			fp = s.fingerprint()
@@ -390,6 +426,7 @@ func parseSections(raw []byte, base int, member bool) (*File, []string, [32]byte
 
 func decodeBuffers(s *reader, t *lifetime.Trace, p *planner.Plan) {
 	n := s.count("buffers", minBufferBytes)
+	s.spend(n, "buffers")
 	if s.err != nil || n == 0 {
 		return
 	}
@@ -402,15 +439,16 @@ func decodeBuffers(s *reader, t *lifetime.Trace, p *planner.Plan) {
 		b.Name = s.str()
 		b.Size = s.int64()
 		b.Align = s.int64()
-		b.Start = prev + s.varint()
+		b.Start = s.add(prev, s.varint(), "start")
 		prev = b.Start
-		b.End = b.Start + s.int64()
+		b.End = s.add(b.Start, s.int64(), "end")
 		b.Stream = s.varint()
 		b.Tag = s.str()
 		b.Fixed = s.varint()
 		b.Hint = s.varint()
 		p.Offsets[i] = s.int64()
 		ng := s.count("gaps", minGapBytes)
+		s.spend(ng, "gaps")
 		if s.err != nil {
 			s.err = fmt.Errorf("buffer %d: %w", i, s.err)
 			return
@@ -419,8 +457,8 @@ func decodeBuffers(s *reader, t *lifetime.Trace, p *planner.Plan) {
 			b.Gaps = make([]lifetime.Gap, ng)
 			for j := range b.Gaps {
 				g := &b.Gaps[j]
-				g.Start = b.Start + s.int64()
-				g.End = g.Start + s.int64()
+				g.Start = s.add(b.Start, s.int64(), "gap start")
+				g.End = s.add(g.Start, s.int64(), "gap end")
 				g.HasWindow = s.bool()
 				if g.HasWindow {
 					g.Lo = s.int64()
@@ -433,6 +471,16 @@ func decodeBuffers(s *reader, t *lifetime.Trace, p *planner.Plan) {
 			return
 		}
 	}
+}
+
+// add returns a+d, failing the read when the sum leaves int64, so that an
+// error names the values the file holds instead of a wrapped range.
+func (r *reader) add(a, d int64, what string) int64 {
+	sum := a + d
+	if r.err == nil && (d > 0 && sum < a || d < 0 && sum > a) {
+		r.fail("%s %d%+d is outside the 64-bit range", what, a, d)
+	}
+	return sum
 }
 
 func decodeWorkload(s *reader) *Workload {
