@@ -55,11 +55,20 @@ func Check(t *lifetime.Trace, p *Plan) error {
 		case b.Fixed != lifetime.NoOffset && off != b.Fixed:
 			return fmt.Errorf("check: buffer %d (%s) is fixed at %d but placed at %d", i, b.Name, b.Fixed, off)
 		case off > p.Arena-size:
-			return fmt.Errorf("check: buffer %d (%s) [%d, %d) ends beyond the arena of %d bytes", i, b.Name, off, off+size, p.Arena)
+			return fmt.Errorf("check: buffer %d (%s) %s ends beyond the arena of %d bytes", i, b.Name, byteRange(off, size), p.Arena)
 		}
 		pieces = appendPieces(pieces, i, b, off, size)
 	}
 	return checkPieces(t, pieces)
+}
+
+// byteRange prints the byte range [off, off+size) exactly, also where the end
+// does not fit in an int64 (a plan file may hold any offset).
+func byteRange(off, size int64) string {
+	if off >= 0 && size >= 0 {
+		return fmt.Sprintf("[%d, %d)", off, uint64(off)+uint64(size))
+	}
+	return fmt.Sprintf("[%d, %d%+d)", off, off, size)
 }
 
 // piece is a rectangle a buffer occupies: time [t0, t1) × memory [lo, hi).

@@ -355,7 +355,7 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 		case s.Offset < top:
 			return fmt.Errorf("check family: shared key %q at %d overlaps or precedes the shared buffer ending at %d", s.Key, s.Offset, top)
 		case s.Offset > fp.Arena-s.Size:
-			return fmt.Errorf("check family: shared key %q [%d, %d) ends beyond the arena of %d bytes", s.Key, s.Offset, s.Offset+s.Size, fp.Arena)
+			return fmt.Errorf("check family: shared key %q %s ends beyond the arena of %d bytes", s.Key, byteRange(s.Offset, s.Size), fp.Arena)
 		}
 		if _, dup := byKey[s.Key]; dup {
 			return fmt.Errorf("check family: shared key %q is listed twice", s.Key)
@@ -459,8 +459,8 @@ func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]Shar
 		// shared contents outlive every member's replay.
 		j := sort.Search(len(shared), func(j int) bool { return shared[j].Offset+shared[j].Size > off })
 		if j < len(shared) && shared[j].Offset < off+size {
-			return fmt.Errorf("buffer %d (%s) [%d, %d) overlaps shared key %q [%d, %d)",
-				i, b.Name, off, off+size, shared[j].Key, shared[j].Offset, shared[j].Offset+shared[j].Size)
+			return fmt.Errorf("buffer %d (%s) %s overlaps shared key %q %s",
+				i, b.Name, byteRange(off, size), shared[j].Key, byteRange(shared[j].Offset, shared[j].Size))
 		}
 	}
 	return nil
