@@ -26,10 +26,16 @@ type Config struct {
 }
 
 // ConfigFromEnv reads ARENAPLAN_DEVICE ("sim" or "cuda", default cuda),
-// ARENAPLAN_SIM_MEMORY and ARENAPLAN_SPILL_ADDRESS_SPACE (bytes).
-func ConfigFromEnv() (Config, error) {
+// ARENAPLAN_SIM_MEMORY and ARENAPLAN_SPILL_ADDRESS_SPACE (bytes) with
+// getenv (nil: os.Getenv). A Go shared library must pass C's getenv: its
+// os.Getenv sees the environment the process started with, not what the
+// host program set since.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
 	var c Config
-	switch v := os.Getenv("ARENAPLAN_DEVICE"); v {
+	switch v := getenv("ARENAPLAN_DEVICE"); v {
 	case "", "cuda":
 	case "sim":
 		c.Sim = true
@@ -40,7 +46,7 @@ func ConfigFromEnv() (Config, error) {
 		name string
 		dst  *uint64
 	}{{"ARENAPLAN_SIM_MEMORY", &c.SimMemory}, {"ARENAPLAN_SPILL_ADDRESS_SPACE", &c.SpillAddressSpace}} {
-		if v := os.Getenv(e.name); v != "" {
+		if v := getenv(e.name); v != "" {
 			n, err := strconv.ParseUint(v, 10, 64)
 			if err != nil || n == 0 {
 				return c, fmt.Errorf("bridge: %s=%q: want a positive number of bytes", e.name, v)

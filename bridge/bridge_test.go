@@ -436,7 +436,7 @@ func TestConfigFromEnv(t *testing.T) {
 	}{{"sim", "", true}, {"", "", true}, {"cuda", "123", true}, {"gpu", "", false}, {"sim", "-1", false}, {"sim", "x", false}} {
 		t.Setenv("ARENAPLAN_DEVICE", c.dev)
 		t.Setenv("ARENAPLAN_SIM_MEMORY", c.mem)
-		_, err := ConfigFromEnv()
+		_, err := ConfigFromEnv(nil)
 		if (err == nil) != c.ok {
 			t.Errorf("ARENAPLAN_DEVICE=%q ARENAPLAN_SIM_MEMORY=%q: err %v", c.dev, c.mem, err)
 		}

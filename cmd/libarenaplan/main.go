@@ -48,7 +48,7 @@ var (
 
 func get() (*bridge.Bridge, error) {
 	once.Do(func() {
-		cfg, err := bridge.ConfigFromEnv()
+		cfg, err := bridge.ConfigFromEnv(cgetenv)
 		if err != nil {
 			libErr = err
 			return
@@ -56,6 +56,17 @@ func get() (*bridge.Bridge, error) {
 		lib = bridge.New(cfg)
 	})
 	return lib, libErr
+}
+
+// cgetenv is C's getenv: it sees what the host program set after start.
+func cgetenv(name string) string {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	v := C.getenv(cs)
+	if v == nil {
+		return ""
+	}
+	return C.GoString(v)
 }
 
 func setLast(err error) {

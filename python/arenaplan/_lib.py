@@ -1,0 +1,135 @@
+"""ctypes binding of libarenaplan.so (no torch needed; tests use it on the
+simulated device with ARENAPLAN_DEVICE=sim)."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from typing import Optional
+
+_c_char_pp = ctypes.POINTER(ctypes.c_char_p)
+
+
+class ArenaplanError(RuntimeError):
+    """An error the library reported (device memory, a bad plan, misuse)."""
+
+
+class PlanMismatchError(ArenaplanError, ValueError):
+    """A plan file made for another step."""
+
+
+def default_path() -> str:
+    """The library: $ARENAPLAN_LIB, else the one installed with this package."""
+    env = os.environ.get("ARENAPLAN_LIB")
+    if env:
+        return os.path.realpath(env)
+    return os.path.realpath(os.path.join(os.path.dirname(__file__), "_lib", "libarenaplan.so"))
+
+
+class Library:
+    """The exported C functions of one loaded libarenaplan.so.
+
+    Load it once per process, from one path: a second copy of a Go shared
+    library in one process is fatal, and dlopen of the same file returns
+    the same handle.
+    """
+
+    def __init__(self, path: Optional[str] = None):
+        self.path = os.path.realpath(path or default_path())
+        if not os.path.exists(self.path):
+            raise ArenaplanError(
+                f"arenaplan: {self.path} not found: install the package with "
+                "`python3 -m pip install --no-build-isolation ./python` (needs Go), or set ARENAPLAN_LIB")
+        lib = ctypes.CDLL(self.path)
+        self._lib = lib
+        vp, ci, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p
+        err = ctypes.c_void_p  # a char* we must free, so not c_char_p
+        sig = {
+            "arenaplan_torch_alloc": (vp, [ctypes.c_size_t, ci, vp]),
+            "arenaplan_torch_free": (None, [vp, ctypes.c_size_t, ci, vp]),
+            "arenaplan_last_error": (err, []),
+            "arenaplan_free_string": (None, [vp]),
+            "arenaplan_step_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
+            "arenaplan_step_record": (err, [ci, vp]),
+            "arenaplan_step_serve": (err, [ci, vp, ci]),
+            "arenaplan_step_join_capture": (err, [ci]),
+            "arenaplan_step_end": (err, [ci, ci]),
+            "arenaplan_step_plan": (err, [ci, ctypes.c_double]),
+            "arenaplan_step_save": (err, [ci, ctypes.c_char_p]),
+            "arenaplan_step_load": (err, [ci, ctypes.c_char_p]),
+            "arenaplan_step_close": (err, [ci]),
+            "arenaplan_step_report": (err, [ci, ctypes.POINTER(cp)]),
+            "arenaplan_stats": (err, [ci, ctypes.POINTER(cp)]),
+        }
+        for name, (res, args) in sig.items():
+            f = getattr(lib, name)
+            f.restype, f.argtypes = res, args
+
+    def address(self, name: str) -> int:
+        """The C address of an exported function (for PyTorch's hooks)."""
+        return ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value
+
+    def _take(self, p) -> Optional[str]:
+        if not p:
+            return None
+        s = ctypes.string_at(p).decode("utf-8", "replace")
+        self._lib.arenaplan_free_string(p)
+        return s
+
+    def check(self, p, mismatch: bool = False) -> None:
+        msg = self._take(p)
+        if msg is not None:
+            if mismatch and "another step" in msg:
+                raise PlanMismatchError(msg)
+            raise ArenaplanError(msg)
+
+    def last_error(self) -> Optional[str]:
+        """The last failure of an allocator call, or None."""
+        return self._take(self._lib.arenaplan_last_error())
+
+    # The allocator pair, for tests without torch.
+    def alloc(self, size: int, device: int = 0, stream: int = 0) -> int:
+        return self._lib.arenaplan_torch_alloc(size, device, stream) or 0
+
+    def free(self, ptr: int, size: int = 0, device: int = 0, stream: int = 0) -> None:
+        self._lib.arenaplan_torch_free(ptr, size, device, stream)
+
+    # Steps.
+    def step_new(self, device: int, name: str) -> int:
+        i = ctypes.c_int(-1)
+        self.check(self._lib.arenaplan_step_new(device, name.encode(), ctypes.byref(i)))
+        return i.value
+
+    def step_record(self, sid: int, stream: int) -> None:
+        self.check(self._lib.arenaplan_step_record(sid, stream))
+
+    def step_serve(self, sid: int, stream: int, strict: bool) -> None:
+        self.check(self._lib.arenaplan_step_serve(sid, stream, int(strict)))
+
+    def step_join_capture(self, sid: int) -> None:
+        self.check(self._lib.arenaplan_step_join_capture(sid))
+
+    def step_end(self, sid: int, failed: bool = False) -> None:
+        self.check(self._lib.arenaplan_step_end(sid, int(failed)), mismatch=True)
+
+    def step_plan(self, sid: int, budget_s: float) -> None:
+        self.check(self._lib.arenaplan_step_plan(sid, budget_s))
+
+    def step_save(self, sid: int, path: str) -> None:
+        self.check(self._lib.arenaplan_step_save(sid, os.fsencode(path)))
+
+    def step_load(self, sid: int, path: str) -> None:
+        self.check(self._lib.arenaplan_step_load(sid, os.fsencode(path)))
+
+    def step_close(self, sid: int) -> None:
+        self.check(self._lib.arenaplan_step_close(sid))
+
+    def step_report(self, sid: int) -> dict:
+        out = ctypes.c_void_p()
+        self.check(self._lib.arenaplan_step_report(sid, ctypes.byref(out)))
+        return json.loads(self._take(out))
+
+    def stats(self, device: int = 0) -> dict:
+        out = ctypes.c_void_p()
+        self.check(self._lib.arenaplan_stats(device, ctypes.byref(out)))
+        return json.loads(self._take(out))

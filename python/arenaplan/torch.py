@@ -1,0 +1,283 @@
+"""arenaplan for PyTorch: a model's step on a planned arena, captured once,
+replayed forever.
+
+::
+
+    import arenaplan.torch as ap
+    ap.install()                                  # before anything touches CUDA
+    step = ap.graph(lambda: model(x))             # warm-up, recording capture, plan, real capture
+    print(step.report())                          # arena vs lower bound, spill held, divergences
+    out = step.replay()                           # forever, same addresses
+    step.save("decode.plan")                      # offline plans
+    step2 = ap.graph(fn, plan="decode.plan")      # a plan for another step is refused
+
+    eager = ap.eager(lambda: model(x))            # repeated eager steps, same addresses every time
+    out = eager()
+
+How it works: :func:`install` makes ``libarenaplan.so`` PyTorch's CUDA
+allocator (``torch.cuda.memory.change_current_allocator``), so it sees every
+tensor. Everything outside a planned step (weights, inputs, KV caches,
+cuBLAS workspaces) goes to its spillover caching allocator. :func:`graph`
+records the step's allocations under a throwaway capture (a capture's
+allocation sequence can differ from an eager one), plans them at the lower
+bound (the peak of live bytes) with a checked plan, and captures the step
+again with every allocation at its planned address inside one arena.
+
+What a plugged allocator switches off in PyTorch (PyTorch's rule, not
+ours): ``torch.cuda.memory_allocated``/``memory_stats``/``max_memory_*``,
+memory snapshots, ``torch.cuda.MemPool``, ``torch.compile(mode=
+"reduce-overhead")`` (CUDA graph trees), ``cudnn.benchmark``'s cache query,
+CUDA IPC (``share_memory_``); out of memory is a plain ``RuntimeError``.
+Use :func:`stats` and :meth:`Graph.report` instead.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+from ._lib import ArenaplanError, Library, PlanMismatchError
+
+__all__ = ["install", "installed", "graph", "eager", "Graph", "EagerStep", "stats",
+           "ArenaplanError", "PlanMismatchError"]
+
+_lib: Optional[Library] = None
+
+
+def install(library: Optional[str] = None) -> None:
+    """Make arenaplan PyTorch's CUDA allocator for every device.
+
+    Call once, before anything initialises CUDA (PyTorch refuses to swap
+    an initialised allocator). Also installs the ``record_stream`` and
+    ``empty_cache`` hooks. Costs one dlopen.
+    """
+    global _lib
+    if _lib is not None:
+        return
+    if torch.cuda.is_initialized():
+        raise ArenaplanError("arenaplan.torch.install() must run before CUDA is initialised "
+                             "(before the first CUDA tensor, torch.cuda.* call or model.cuda())")
+    lib = Library(library)
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(lib.path, "arenaplan_torch_alloc", "arenaplan_torch_free")
+    hooks = alloc._allocator
+    if hasattr(hooks, "set_record_stream_fn"):
+        hooks.set_record_stream_fn(lib.address("arenaplan_torch_record_stream"))
+    if hasattr(hooks, "set_reset_fn"):
+        hooks.set_reset_fn(lib.address("arenaplan_torch_empty_cache"))
+    torch.cuda.memory.change_current_allocator(alloc)
+    _lib = lib
+
+
+def installed() -> bool:
+    """Whether :func:`install` ran in this process."""
+    return _lib is not None
+
+
+def _need() -> Library:
+    if _lib is None:
+        raise ArenaplanError("arenaplan.torch.install() was not called")
+    return _lib
+
+
+def _raise_oom(e: RuntimeError):
+    why = _lib.last_error() if _lib is not None else None
+    if why:
+        raise ArenaplanError(f"{e}; arenaplan: {why}") from e
+    raise e
+
+
+def stats(device: Optional[int] = None) -> dict:
+    """The allocator's counters for a device (PyTorch's memory stats are
+    off while a plugged allocator is installed): allocations served from
+    plans and by the spillover allocator, divergences, arena bytes, and the
+    spillover allocator's mapped / in-use / cached bytes."""
+    dev = torch.cuda.current_device() if device is None else device
+    return _need().stats(dev)
+
+
+class Graph:
+    """A step captured once on a planned arena; :meth:`replay` runs it.
+
+    Its outputs (what the step returned) live at fixed addresses in the
+    arena: every replay overwrites them, as with ``torch.cuda.graph``.
+    Clone what must survive the next replay. Inputs are whatever tensors
+    the step read during capture: copy new data into them before replay.
+    """
+
+    def __init__(self, lib: Library, sid: int, cuda_graph: "torch.cuda.CUDAGraph", outputs: Any,
+                 stream: "torch.cuda.Stream", capture_ms: float, record_ms: float, plan_ms: float):
+        self._lib, self._sid, self._graph = lib, sid, cuda_graph
+        self.outputs = outputs
+        self.stream = stream
+        self.capture_ms, self.record_ms, self.plan_ms = capture_ms, record_ms, plan_ms
+
+    def replay(self) -> Any:
+        """Replay the captured step on the current stream; returns its
+        outputs (the same tensors every time). Costs one graph launch."""
+        self._graph.replay()
+        return self.outputs
+
+    def report(self) -> dict:
+        """The plan against the lower bound and the memory the graph holds:
+        ``arena`` (planned bytes), ``lower_bound``, ``ratio``, ``spill_held``
+        (allocations the plan did not serve during capture), ``divergences``
+        and the first one's reason, plus capture timings in ms. PyTorch's
+        own pool for the same step can only be measured without arenaplan
+        installed (another process): see bench/torch_bridge.py."""
+        r = self._lib.step_report(self._sid)
+        r.update(capture_ms=self.capture_ms, record_ms=self.record_ms, plan_build_ms=self.plan_ms,
+                 graph_bytes=r["arena_mapped"] + r["spill_held"])
+        return r
+
+    def save(self, path: str) -> None:
+        """Write the step's checked plan to a plan file (zstd, checksummed)."""
+        self._lib.step_save(self._sid, path)
+
+    def close(self) -> None:
+        """Destroy the CUDA graph and give its memory back (the arena once
+        the outputs are freed)."""
+        if self._graph is not None:
+            self._graph.reset()
+            self._graph = None
+            self.outputs = None
+            self._lib.step_close(self._sid)
+
+
+def _warm_up(fn: Callable[[], Any], stream: "torch.cuda.Stream", n: int) -> None:
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream):
+        for _ in range(n):
+            out = fn()
+            del out
+    torch.cuda.current_stream(stream.device).wait_stream(stream)
+    torch.cuda.synchronize(stream.device)
+
+
+def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream",
+             g: "torch.cuda.CUDAGraph") -> Any:
+    """One capture of fn on stream with the step joined; End(failed) always."""
+    failed = True
+    try:
+        with torch.cuda.graph(g, stream=stream):
+            lib.step_join_capture(sid)
+            out = fn()
+        failed = False
+    except RuntimeError as e:
+        try:
+            lib.step_end(sid, True)
+        finally:
+            _raise_oom(e)
+    finally:
+        if not failed:
+            lib.step_end(sid, False)
+    return out
+
+
+def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3, strict: bool = False,
+          budget: float = 1.0, name: Optional[str] = None, device: Optional[int] = None) -> Graph:
+    """Capture ``fn()`` (no arguments; close over static inputs) into a CUDA
+    graph whose every intermediate tensor has a planned address.
+
+    Steps: ``warmup`` eager runs on the capture stream (cuBLAS workspaces,
+    lazy state), one recording capture (thrown away), planning at the lower
+    bound within ``budget`` seconds (or ``plan``: a plan file, verified on
+    load and refused with :class:`PlanMismatchError` if the step differs),
+    then the real capture. With ``strict`` an allocation the plan cannot
+    serve raises instead of spilling. Call outside any capture; costs a
+    few captures' time (milliseconds to a second for large models).
+    """
+    lib = _need()
+    dev = torch.cuda.current_device() if device is None else device
+    stream = torch.cuda.Stream(device=dev)
+    _warm_up(fn, stream, warmup)
+    sid = lib.step_new(dev, name or getattr(fn, "__name__", "step"))
+    h = stream.cuda_stream
+    try:
+        t0 = time.perf_counter()
+        if plan is None:
+            lib.step_record(sid, h)
+            g0 = torch.cuda.CUDAGraph()
+            out0 = _capture(lib, sid, fn, stream, g0)
+            del out0
+            g0.reset()
+            del g0
+            t1 = time.perf_counter()
+            lib.step_plan(sid, budget)
+        else:
+            t1 = time.perf_counter()
+            lib.step_load(sid, plan)
+        t2 = time.perf_counter()
+        lib.step_serve(sid, h, strict)
+        g = torch.cuda.CUDAGraph()
+        out = _capture(lib, sid, fn, stream, g)
+        torch.cuda.synchronize(dev)
+        t3 = time.perf_counter()
+    except BaseException:
+        try:
+            lib.step_close(sid)
+        except ArenaplanError:
+            pass
+        raise
+    return Graph(lib, sid, g, out, stream, capture_ms=(t3 - t0) * 1e3, record_ms=(t1 - t0) * 1e3,
+                 plan_ms=(t2 - t1) * 1e3)
+
+
+class EagerStep:
+    """A step run eagerly whose tensors get the same addresses every run,
+    without a graph (see :func:`eager`)."""
+
+    def __init__(self, lib: Library, fn: Callable[..., Any], warmup: int, strict: bool, budget: float,
+                 name: str, device: int):
+        self._lib, self._fn = lib, fn
+        self._warmup, self._strict, self._budget = warmup, strict, budget
+        self._sid = lib.step_new(device, name)
+        self._planned = False
+
+    def __call__(self, *args, **kwargs) -> Any:
+        if self._warmup > 0:
+            self._warmup -= 1
+            return self._fn(*args, **kwargs)
+        h = torch.cuda.current_stream().cuda_stream
+        if self._planned:
+            self._lib.step_serve(self._sid, h, self._strict)
+        else:
+            self._lib.step_record(self._sid, h)
+        failed = True
+        try:
+            out = self._fn(*args, **kwargs)
+            failed = False
+        except RuntimeError as e:
+            self._lib.step_end(self._sid, True)
+            _raise_oom(e)
+        finally:
+            if not failed:
+                self._lib.step_end(self._sid, False)
+        if not self._planned:
+            self._lib.step_plan(self._sid, self._budget)
+            self._planned = True
+        return out
+
+    def report(self) -> dict:
+        """As :meth:`Graph.report`: arena, lower bound, runs, divergences.
+        Outputs kept alive across runs (say, last step's logits) make the
+        next run's allocations at those addresses spill and count as
+        divergences: drop them before the next call to stay on the plan."""
+        return self._lib.step_report(self._sid)
+
+    def save(self, path: str) -> None:
+        self._lib.step_save(self._sid, path)
+
+    def close(self) -> None:
+        self._lib.step_close(self._sid)
+
+
+def eager(fn: Callable[..., Any], *, warmup: int = 1, strict: bool = False, budget: float = 1.0,
+          name: Optional[str] = None, device: Optional[int] = None) -> EagerStep:
+    """Wrap ``fn`` so that repeated eager calls get the same addresses: the
+    first ``warmup`` calls run plainly (eager sequences repeat exactly after
+    the first step), the next is recorded and planned, and every later call
+    is served from the plan on the current stream."""
+    lib = _need()
+    dev = torch.cuda.current_device() if device is None else device
+    return EagerStep(lib, fn, warmup, strict, budget, name or getattr(fn, "__name__", "step"), dev)

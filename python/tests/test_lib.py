@@ -1,0 +1,115 @@
+"""The Python binding over libarenaplan.so on the simulated device (no GPU,
+no torch). Run from the repository root after building the library:
+
+    ARENAPLAN_LIB=build/libarenaplan.so python3 -m unittest discover -s python/tests
+"""
+import os
+import sys
+import tempfile
+import unittest
+
+os.environ["ARENAPLAN_DEVICE"] = "sim"  # read once, when the library loads
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from arenaplan._lib import ArenaplanError, Library, PlanMismatchError  # noqa: E402
+
+LIB = Library()
+
+
+def run_step(stream, layers=6, extra=0):
+    """A model-like step: activations freed two layers later, a workspace
+    and a 0-byte request per layer, one output kept. Returns (addresses,
+    output)."""
+    addrs, acts = [], []
+    for i in range(layers):
+        size = 4096 + 1000 * i + (extra if i == 3 else 0)
+        a = LIB.alloc(size, 0, stream)
+        acts.append(a)
+        ws = LIB.alloc(65536, 0, stream)
+        z = LIB.alloc(0, 0, stream)
+        addrs += [a, ws]
+        LIB.free(ws, 65536, 0, stream)
+        LIB.free(z, 0, 0, stream)
+        if len(acts) > 2:
+            LIB.free(acts.pop(0))
+    out = LIB.alloc(8192, 0, stream)
+    addrs.append(out)
+    for a in acts:
+        LIB.free(a)
+    return addrs, out
+
+
+def planned_step(stream):
+    sid = LIB.step_new(0, "py")
+    LIB.step_record(sid, stream)
+    _, out = run_step(stream)
+    LIB.step_end(sid)
+    LIB.free(out)
+    LIB.step_plan(sid, 1.0)
+    return sid
+
+
+class LibraryTest(unittest.TestCase):
+    def test_alloc_free_and_zero_bytes(self):
+        a, b = LIB.alloc(1000), LIB.alloc(1000)
+        self.assertTrue(a and b and a != b and a % 256 == 0)
+        zs = [LIB.alloc(0) for _ in range(50)]
+        self.assertEqual(len(set(zs)), 50)
+        self.assertNotIn(0, zs)
+        for p in [a, b] + zs:
+            LIB.free(p)
+
+    def test_out_of_memory_says_why(self):
+        self.assertEqual(LIB.alloc(1 << 50), 0)
+        self.assertIn("allocating 1125899906842624 bytes", LIB.last_error())
+
+    def test_serve_same_addresses(self):
+        stream = 0x201
+        sid = planned_step(stream)
+        runs = []
+        for _ in range(3):
+            LIB.step_serve(sid, stream, True)
+            addrs, out = run_step(stream)
+            LIB.step_end(sid)
+            LIB.free(out)
+            runs.append(addrs)
+        self.assertEqual(runs[0], runs[1])
+        self.assertEqual(runs[1], runs[2])
+        r = LIB.step_report(sid)
+        self.assertEqual((r["runs"], r["divergences"], r["arena"]), (3, 0, r["lower_bound"]))
+        LIB.step_close(sid)
+
+    def test_plan_for_another_step_refused(self):
+        stream = 0x202
+        sid = planned_step(stream)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "s.plan")
+            LIB.step_save(sid, path)
+            other = LIB.step_new(0, "other")
+            LIB.step_load(other, path)
+            LIB.step_serve(other, stream, False)
+            _, out = run_step(stream, layers=7)
+            with self.assertRaises(PlanMismatchError) as cm:
+                LIB.step_end(other)
+            self.assertIn("another step", str(cm.exception))
+            LIB.free(out)
+            with self.assertRaises(ArenaplanError):
+                LIB.step_load(LIB.step_new(0, "x"), os.path.join(d, "missing.plan"))
+        LIB.step_close(sid)
+
+    def test_errors_are_exceptions(self):
+        with self.assertRaises(ArenaplanError) as cm:
+            LIB.step_serve(424242, 0, False)
+        self.assertIn("no step 424242", str(cm.exception))
+        sid = LIB.step_new(0, "empty")
+        with self.assertRaises(ArenaplanError):
+            LIB.step_serve(sid, 0x203, False)  # no plan yet
+
+    def test_stats(self):
+        st = LIB.stats(0)
+        self.assertGreater(st["Allocs"], 0)
+        self.assertIn("Spill", st)
+
+
+if __name__ == "__main__":
+    unittest.main()
