@@ -7,7 +7,9 @@
 //	plan inspect FILE.plan
 //
 // Exit status: 0 on success, 1 on bad input or failure (one line on
-// stderr), 2 on bad usage.
+// stderr), 2 on bad usage, 130 when interrupted: the first Ctrl-C stops
+// reading, decoding, validating or planning at once, a second one exits
+// whatever the command is doing.
 package main
 
 import (
@@ -17,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,13 +26,14 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/internal/interrupt"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := interrupt.Notify(os.Stderr, "plan")
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, isTerminal(os.Stdout))
 	stop()
 	os.Exit(code)
@@ -63,7 +65,7 @@ type config struct {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool) int {
-	err := dispatch(ctx, args, stdout, stderr, tty)
+	err := interrupt.Run(ctx, func() error { return dispatch(ctx, args, stdout, stderr, tty) })
 	if err == nil {
 		return 0
 	}
@@ -71,6 +73,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 		return 0
 	}
 	fmt.Fprintf(stderr, "plan: %v\n", err)
+	if errors.Is(err, interrupt.ErrInterrupted) {
+		return interrupt.ExitCode
+	}
 	var ue usageError
 	if errors.As(err, &ue) {
 		return 2
@@ -80,7 +85,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool) error {
 	if len(args) > 0 && args[0] == "inspect" {
-		return inspect(args[1:], stdout, stderr)
+		return inspect(ctx, args[1:], stdout, stderr)
 	}
 	var c config
 	fs := pflag.NewFlagSet("plan", pflag.ContinueOnError)
@@ -142,7 +147,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	var traces []*lifetime.Trace
 	var sources []string
 	for _, p := range paths {
-		ts, err := lifetime.Load(p, c.format)
+		ts, err := lifetime.LoadContext(ctx, p, c.format)
 		if err != nil {
 			return err
 		}
@@ -432,7 +437,7 @@ func writeFile(path string, write func(io.Writer) error) error {
 	return f.Close()
 }
 
-func inspect(args []string, stdout, stderr io.Writer) error {
+func inspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := pflag.NewFlagSet("plan inspect", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the whole plan as JSON (every buffer and its offset)")
@@ -445,12 +450,13 @@ func inspect(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() != 1 {
 		return usageError{errors.New("usage: plan inspect [--json] FILE.plan")}
 	}
-	if fam, err := plans.LoadFamily(fs.Arg(0)); err == nil && len(fam.Members) > 1 {
-		return inspectFamily(fs.Arg(0), fam, *asJSON, stdout)
-	}
-	f, err := plans.Load(fs.Arg(0))
+	// One read and one decompression, whatever the file's version.
+	f, fam, err := plans.LoadAny(ctx, fs.Arg(0))
 	if err != nil {
 		return err
+	}
+	if fam != nil {
+		return inspectFamily(fs.Arg(0), fam, *asJSON, stdout)
 	}
 	if *asJSON {
 		return plans.WriteJSON(stdout, f)

@@ -35,20 +35,22 @@ type FamilyRun struct {
 	MixedOutputsEqual bool `json:"mixed_outputs_equal"`
 }
 
-// familyFor reads a family plan file: nil when the file holds a single
-// plan (a family of one), which the single-workload path runs.
-func familyFor(c *config) (*plans.Family, error) {
+// planFor reads the --plan file once, whatever its version: a family of
+// two or more members comes back as a Family, a single plan (or a family
+// of one) as a File; both nil without --plan.
+func planFor(ctx context.Context, c *config) (*plans.File, *plans.Family, error) {
 	if c.planPath == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
-	fam, err := plans.LoadFamily(c.planPath)
+	f, fam, err := plans.LoadAny(ctx, c.planPath)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if len(fam.Members) < 2 {
-		return nil, nil
+	if fam != nil && len(fam.Members) < 2 {
+		m := fam.Members[0]
+		return &plans.File{Trace: m.Trace, Plan: fam.Plan.Members[0].Plan, Workload: fam.Workload(0)}, nil, nil
 	}
-	return fam, nil
+	return f, fam, nil
 }
 
 // familyGraphs builds every member's workload from the file's names and

@@ -10,7 +10,9 @@
 //
 // Exit status: 0 on success, 1 on failure (also when replayed outputs
 // differ from eager ones, or --check finds a difference beyond tolerance),
-// 2 on bad usage.
+// 2 on bad usage, 130 when interrupted: the first Ctrl-C ends the run at
+// once (the device is released by the process's exit), a second one exits
+// whatever it is doing.
 package main
 
 import (
@@ -24,7 +26,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -34,13 +35,15 @@ import (
 
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/internal/interrupt"
+	"github.com/arenaplan/arenaplan/internal/regfile"
 	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := interrupt.Notify(os.Stderr, "run")
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -73,11 +76,14 @@ type config struct {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := dispatch(ctx, args, stdout, stderr)
+	err := interrupt.Run(ctx, func() error { return dispatch(ctx, args, stdout, stderr) })
 	if err == nil || errors.Is(err, pflag.ErrHelp) {
 		return 0
 	}
 	fmt.Fprintf(stderr, "run: %v\n", err)
+	if errors.Is(err, interrupt.ErrInterrupted) {
+		return interrupt.ExitCode
+	}
 	var ue usageError
 	if errors.As(err, &ue) {
 		return 2
@@ -129,14 +135,14 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError{fmt.Errorf("--budget %v: must be positive", c.budget)}
 	}
 	if c.ptx != "" {
-		data, err := os.ReadFile(c.ptx)
+		data, err := readPTX(ctx, "--ptx", c.ptx)
 		if err != nil {
 			return err
 		}
 		kernels.PTX = data
 	}
 	if c.spillPTX != "" {
-		data, err := os.ReadFile(c.spillPTX)
+		data, err := readPTX(ctx, "--spill-ptx", c.spillPTX)
 		if err != nil {
 			return err
 		}
@@ -164,6 +170,19 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return failedError{fmt.Errorf("outputs differ from the Go reference by %g (tolerance %g)", *rep.CheckMaxAbsDiff, *rep.CheckTolerance)}
 	}
 	return nil
+}
+
+// maxPTX bounds a PTX file given with --ptx or --spill-ptx: the embedded
+// modules are 0.1 MB, so 64 MiB is generous, and a file is checked for
+// being a regular file before it is opened (no FIFO hang, no /dev/zero).
+const maxPTX = 64 << 20
+
+func readPTX(ctx context.Context, flag, path string) ([]byte, error) {
+	data, err := regfile.Read(ctx, path, maxPTX)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	return data, nil
 }
 
 // report is one run's result; its JSON keys are a stable interface.
@@ -248,15 +267,10 @@ func openDevice(spec string) (cuda.Device, string, error) {
 // workloadFor decides the workload and shape: the plan file's, with any
 // explicitly given --workload and shape flags taking precedence (a plan
 // that does not fit them is then refused by fingerprint).
-func workloadFor(c *config) (*graphexec.Graph, *plans.File, error) {
+func workloadFor(c *config, f *plans.File) (*graphexec.Graph, *plans.File, error) {
 	name := c.workload
 	shape := c.shape.Shape()
-	var f *plans.File
-	if c.planPath != "" {
-		var err error
-		if f, err = plans.Load(c.planPath); err != nil {
-			return nil, nil, err
-		}
+	if f != nil {
 		if f.Workload == nil {
 			return nil, nil, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
 		}
@@ -320,9 +334,11 @@ func planLabel(w *plans.Workload) string {
 }
 
 func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) {
-	if fam, err := familyFor(c); err != nil {
+	file, fam, err := planFor(ctx, c)
+	if err != nil {
 		return nil, err
-	} else if fam != nil {
+	}
+	if fam != nil {
 		if c.pause {
 			return nil, usageError{errors.New("--pause runs a single workload, not a family plan")}
 		}
@@ -331,7 +347,7 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 	if c.sequence != "" {
 		return nil, usageError{errors.New("--sequence needs a family plan (plan --batch-sizes)")}
 	}
-	g, f, err := workloadFor(c)
+	g, f, err := workloadFor(c, file)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,46 @@
+//go:build unix
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/arenaplan/arenaplan/internal/interrupt"
+)
+
+// TestNotRegularFiles: a FIFO with no writer and a device are refused by
+// name as --plan, --ptx and --spill-ptx, before anything opens them.
+func TestNotRegularFiles(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "x.plan")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skip("mkfifo:", err)
+	}
+	for _, args := range [][]string{
+		{"--plan", fifo},
+		{"--plan", "/dev/zero"},
+		{"--workload", "mlp", "--ptx", fifo},
+		{"--workload", "mlp", "--ptx", "/dev/zero"},
+		{"--workload", "mlp", "--spill-ptx", "/dev/zero"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), append(args, "--device", "sim"), &out, &errb); code != 1 || !strings.Contains(errb.String(), "not a regular file") {
+			t.Errorf("run %v: exit %d: %s", args, code, errb.String())
+		}
+	}
+}
+
+// TestInterrupted: a run whose context is cancelled (Ctrl-C) ends with
+// status 130.
+func TestInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errb bytes.Buffer
+	if code := run(ctx, []string{"--workload", "mlp", "--device", "sim"}, &out, &errb); code != interrupt.ExitCode || !strings.Contains(errb.String(), "interrupted") {
+		t.Errorf("exit %d: %s", code, errb.String())
+	}
+}
