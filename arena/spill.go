@@ -68,6 +68,20 @@ type Spill struct {
 	events    []cuda.Event
 
 	st SpillStats
+
+	hinted   bool // ForeignCaptures was called: trust its count
+	foreignN int
+}
+
+// ForeignCaptures tells the allocator how many captures that it did not
+// begin are underway in the process, as their owner counts them (PyTorch's
+// CUDAGraph.capture_begin and capture_end, as PyTorch's own allocator
+// learns of captures). From the first call on, WithForeignCaptures skips
+// its per-allocation capture query while the count is 0.
+func (s *Spill) ForeignCaptures(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hinted, s.foreignN = true, max(n, 0)
 }
 
 // SpillStats are the allocator's counters. Mapped = InUse + Cached, and
@@ -306,8 +320,11 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	if size == 0 || size > s.cfg.addressSpace {
 		return 0, fmt.Errorf("arena: Spill.Alloc(%d): size must be in [1, %d] (the address space)", size, s.cfg.addressSpace)
 	}
-	if err := s.processPending(); err != nil {
-		return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+	if len(s.captures) == 0 {
+		// Event queries are among the calls a global-mode capture forbids.
+		if err := s.processPending(); err != nil {
+			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+		}
 	}
 	pool := s.def
 	if s.cfg.foreign && len(s.captures) > 0 {
@@ -315,7 +332,7 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
 		}
 	}
-	if len(s.captures) > 0 || s.cfg.foreign {
+	if len(s.captures) > 0 || (s.cfg.foreign && (!s.hinted || s.foreignN > 0)) {
 		info, err := s.dev.CaptureInfo(st)
 		if err != nil {
 			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)

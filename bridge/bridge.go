@@ -62,16 +62,33 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 type Bridge struct {
 	cfg Config
 
-	mu      sync.Mutex
-	devices map[int]*Device
-	steps   map[int]*Step
-	nextID  int
-	closed  bool
+	mu       sync.Mutex
+	devices  map[int]*Device
+	steps    map[int]*Step
+	nextID   int
+	closed   bool
+	captures int // CapturesUnderway's count; -1 until it is called
 }
 
 // New returns a Bridge; devices open on first use.
 func New(cfg Config) *Bridge {
-	return &Bridge{cfg: cfg, devices: map[int]*Device{}, steps: map[int]*Step{}}
+	return &Bridge{cfg: cfg, devices: map[int]*Device{}, steps: map[int]*Step{}, captures: -1}
+}
+
+// CapturesUnderway says how many CUDA graph captures are underway in the
+// process now, as the host counts them (the Python package wraps
+// torch.cuda.CUDAGraph.capture_begin and capture_end). Until the first
+// call every allocation on a stream other than the legacy one asks the
+// driver whether its stream is capturing; afterwards only while the count
+// is above 0. A capture begun behind the host's back is then not seen: its
+// allocations come from the default pool, as with PyTorch's own allocator.
+func (b *Bridge) CapturesUnderway(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.captures = max(n, 0)
+	for _, d := range b.devices {
+		d.spill.ForeignCaptures(b.captures)
+	}
 }
 
 // ErrClosed is returned by every call after Close.
@@ -88,6 +105,7 @@ type Device struct {
 
 	mu      sync.Mutex
 	active  map[uintptr]*Step       // steps recording or serving, by stream handle
+	streams map[uintptr]cuda.Stream // dev.Foreign's answers, cached
 	planned map[cuda.DevicePtr]slot // live planned buffers by address
 	st      DeviceStats
 }
@@ -134,6 +152,9 @@ func (b *Bridge) device(ordinal int) (*Device, error) {
 		dev.Close()
 		return nil, fmt.Errorf("bridge: device %d: %w", ordinal, err)
 	}
+	if b.captures >= 0 {
+		d.spill.ForeignCaptures(b.captures)
+	}
 	b.devices[ordinal] = d
 	return d, nil
 }
@@ -172,7 +193,7 @@ func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
 		return nil, err
 	}
 	return &Device{b: b, ordinal: ordinal, dev: dev, spill: spill, zero: zero,
-		active: map[uintptr]*Step{}, planned: map[cuda.DevicePtr]slot{}}, nil
+		active: map[uintptr]*Step{}, planned: map[cuda.DevicePtr]slot{}, streams: map[uintptr]cuda.Stream{}}, nil
 }
 
 // makeCurrent makes dev's context current on the calling thread where the
@@ -315,9 +336,9 @@ func (d *Device) alloc(size uint64, stream uintptr) (cuda.DevicePtr, error) {
 // spillAllocLocked serves size bytes from the spill allocator; d.mu is
 // held.
 func (d *Device) spillAllocLocked(size uint64, stream uintptr) (cuda.DevicePtr, error) {
-	st, err := d.dev.Foreign(stream)
+	st, err := d.stream(stream)
 	if err != nil {
-		return 0, fmt.Errorf("bridge: device %d: stream %#x: %w", d.ordinal, stream, err)
+		return 0, err
 	}
 	p, err := d.spill.Alloc(size, st)
 	if err != nil {
@@ -376,11 +397,24 @@ func (d *Device) recordStream(p cuda.DevicePtr, stream uintptr) error {
 	for _, s := range d.active {
 		s.recordStreamRecorded(p)
 	}
-	st, err := d.dev.Foreign(stream)
+	st, err := d.stream(stream)
 	if err != nil {
 		return err
 	}
 	return d.spill.RecordStream(p, st)
+}
+
+// stream returns the Stream for a handle; d.mu is held.
+func (d *Device) stream(h uintptr) (cuda.Stream, error) {
+	if st, ok := d.streams[h]; ok {
+		return st, nil
+	}
+	st, err := d.dev.Foreign(h)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: device %d: stream %#x: %w", d.ordinal, h, err)
+	}
+	d.streams[h] = st
+	return st, nil
 }
 
 func fmtBytes(n uint64) string {

@@ -443,3 +443,72 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 }
 
+
+// TestResync: a run that lacks one recorded allocation (a workspace made
+// lazily during the recording) falls back into step after it: no
+// divergence, every later allocation at its planned address.
+func TestResync(t *testing.T) {
+	b := newTestBridge(t)
+	p := &program{t: t, b: b, stream: 0x77, layers: 6}
+	s, _ := b.NewStep(0, "lazy")
+	if err := s.Record(p.stream); err != nil {
+		t.Fatal(err)
+	}
+	ws := mustAlloc(t, b, 32<<20, p.stream) // the lazy workspace, never freed
+	out := p.run()
+	s.End(false)
+	p.free(out)
+	if err := s.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := s.Serve(p.stream, true); err != nil {
+			t.Fatal(err)
+		}
+		p.free(p.run())
+		if err := s.End(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := s.Report(); r.Divergences != 0 || r.Served != 2*13 {
+		t.Fatalf("report %+v: want 26 served, 0 divergences", r)
+	}
+	b.Free(ws, 0)
+}
+
+// TestCapturesUnderway: once the host counts captures, a capture it
+// announced joins a private pool; with the count at 0 no capture query is
+// made (a capture behind the host's back then uses the default pool, as
+// with PyTorch's own allocator).
+func TestCapturesUnderway(t *testing.T) {
+	b := newTestBridge(t)
+	d, err := b.device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := d.dev.NewStream()
+	defer st.Close()
+	freed := mustAlloc(t, b, 4096, st.Handle())
+	b.Free(freed, 0)
+	capture := func() cuda.DevicePtr {
+		if err := d.dev.BeginCapture(st, cuda.CaptureModeGlobal); err != nil {
+			t.Fatal(err)
+		}
+		p := mustAlloc(t, b, 4096, st.Handle())
+		b.Free(p, 0)
+		g, err := d.dev.EndCapture(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Close()
+		return p
+	}
+	b.CapturesUnderway(1)
+	if p := capture(); p == freed {
+		t.Fatal("an announced capture got a block of the default pool")
+	}
+	b.CapturesUnderway(0)
+	if p := capture(); p != freed {
+		t.Fatalf("with no capture announced the allocator still asked the driver: got %#x, want the default pool's %#x", uint64(p), uint64(freed))
+	}
+}

@@ -32,6 +32,7 @@ type Step struct {
 	// All below is guarded by d.mu.
 	state  stepState
 	stream uintptr
+	cursor int    // the next planned buffer while serving
 	run    runLog // the run underway (recording or serving)
 	strict bool
 
@@ -162,7 +163,7 @@ func (s *Step) begin(stream uintptr, state stepState) error {
 		return s.errorf("stream %#x is taken by step %d (%s)", stream, o.id, o.name)
 	}
 	d.active[stream] = s
-	s.state, s.stream = state, stream
+	s.state, s.stream, s.cursor = state, stream, 0
 	s.run.reset()
 	return nil
 }
@@ -404,25 +405,26 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 		s.run.alloc(p, size)
 		return p, nil
 	}
-	k := len(s.run.sizes)
-	if k < len(s.addrs) && uint64(s.trace.Buffers[k].Size) == size && !s.isLive[k] && !s.overlaps(k) {
+	n := len(s.run.sizes)
+	if k, ok := s.match(size); ok {
 		p := s.addrs[k]
 		s.live.ReplaceOrInsert(span{uint64(p), uint64(p) + s.need[k]})
 		s.isLive[k] = true
+		s.cursor = k + 1
 		d.planned[p] = slot{s, k}
 		d.st.Planned++
 		s.served++
 		s.run.alloc(p, size)
 		return p, nil
 	}
-	why := s.divergence(k, size)
+	why := s.divergence(n, size)
 	d.st.Divergences++
 	s.divergences++
 	if s.firstDivergence == "" {
 		s.firstDivergence = why
 	}
 	if s.strict {
-		s.run.alloc(0, size) // keep the count: the next allocation is k+1
+		s.run.alloc(0, size) // keep the count: the next allocation is n+1
 		delete(s.run.ids, 0)
 		return 0, s.errorf("strict: %s", why)
 	}
@@ -434,14 +436,32 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 	return p, nil
 }
 
-func (s *Step) divergence(k int, size uint64) string {
+// lookahead is how many planned buffers past the cursor an allocation may
+// skip to find its own: a run that lacks a recorded allocation (a lazily
+// made workspace, say) falls back into step after it.
+const lookahead = 8
+
+// match finds the planned buffer for an allocation of size: the one at the
+// cursor, or the first of the next few with that size; it must be free and
+// its range clear of every live buffer.
+func (s *Step) match(size uint64) (int, bool) {
+	for k := s.cursor; k < len(s.addrs) && k <= s.cursor+lookahead; k++ {
+		if uint64(s.trace.Buffers[k].Size) == size && !s.isLive[k] && !s.overlaps(k) {
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+func (s *Step) divergence(n int, size uint64) string {
+	k := s.cursor
 	switch {
 	case k >= len(s.addrs):
-		return fmt.Sprintf("allocation %d (%d bytes) is beyond the plan's %d", k, size, len(s.addrs))
+		return fmt.Sprintf("allocation %d (%d bytes) is beyond the plan's %d", n, size, len(s.addrs))
 	case uint64(s.trace.Buffers[k].Size) != size:
-		return fmt.Sprintf("allocation %d is %d bytes, the plan has %d", k, size, s.trace.Buffers[k].Size)
+		return fmt.Sprintf("allocation %d is %d bytes, the plan has %d next", n, size, s.trace.Buffers[k].Size)
 	}
-	return fmt.Sprintf("allocation %d: its planned range is still taken (a buffer freed later than recorded, or kept from an earlier run)", k)
+	return fmt.Sprintf("allocation %d: its planned range is still taken (a buffer freed later than recorded, or kept from an earlier run)", n)
 }
 
 // overlaps says whether a live planned buffer overlaps buffer k's range.

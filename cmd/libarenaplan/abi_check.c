@@ -164,8 +164,16 @@ int main(int argc, char **argv) {
   last_error_fn last_error = (last_error_fn)sym(lib, "arenaplan_last_error");
 
   if (argc > 2 && strcmp(argv[2], "bench") == 0) {
+    // On a GPU: the first allocation opens the device and makes its
+    // primary context current on this thread; then a real stream.
+    ap_free(ap_alloc(256, 0, NULL), 256, 0, NULL);
+    void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    int (*stream_create)(void **, unsigned) = cu ? (int (*)(void **, unsigned))dlsym(cu, "cuStreamCreate") : NULL;
+    void *st = NULL;
     bench(4096, NULL, "the legacy stream");
-    bench(4096, (void *)(uintptr_t)0x1, "stream handle 0x1");
+    if (stream_create && stream_create(&st, 1) == 0)
+      bench(4096, st, "a created stream (capture query per allocation)");
+    bench(1 << 20, NULL, "the legacy stream");
     return 0;
   }
 

@@ -161,6 +161,25 @@ func arenaplan_torch_empty_cache() {
 	err = b.EmptyCache()
 }
 
+// arenaplan_captures_underway tells the library how many graph captures
+// are underway (see bridge.Bridge.CapturesUnderway).
+//
+//export arenaplan_captures_underway
+func arenaplan_captures_underway(n C.int) {
+	var err error
+	defer func() {
+		guard(&err)
+		if err != nil {
+			setLast(err)
+		}
+	}()
+	b, err := get()
+	if err != nil {
+		return
+	}
+	b.CapturesUnderway(int(n))
+}
+
 // arenaplan_last_error returns the last failure of an allocator call (they
 // cannot return one), or NULL; free it with arenaplan_free_string.
 //

@@ -48,6 +48,7 @@ class Library:
             "arenaplan_torch_alloc": (vp, [ctypes.c_size_t, ci, vp]),
             "arenaplan_torch_free": (None, [vp, ctypes.c_size_t, ci, vp]),
             "arenaplan_last_error": (err, []),
+            "arenaplan_captures_underway": (None, [ci]),
             "arenaplan_free_string": (None, [vp]),
             "arenaplan_step_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
             "arenaplan_step_record": (err, [ci, vp]),
@@ -86,6 +87,11 @@ class Library:
     def last_error(self) -> Optional[str]:
         """The last failure of an allocator call, or None."""
         return self._take(self._lib.arenaplan_last_error())
+
+    def captures_underway(self, n: int) -> None:
+        """Tell the library how many graph captures are underway (from then
+        on it asks the driver about capture only while n > 0)."""
+        self._lib.arenaplan_captures_underway(n)
 
     # The allocator pair, for tests without torch.
     def alloc(self, size: int, device: int = 0, stream: int = 0) -> int:

@@ -66,7 +66,42 @@ def install(library: Optional[str] = None) -> None:
     if hasattr(hooks, "set_reset_fn"):
         hooks.set_reset_fn(lib.address("arenaplan_torch_empty_cache"))
     torch.cuda.memory.change_current_allocator(alloc)
+    _count_captures(lib)
     _lib = lib
+
+
+_captures = 0
+
+
+def _count_captures(lib: Library) -> None:
+    """Wrap CUDAGraph.capture_begin/capture_end (torch.cuda.graph and
+    make_graphed_callables go through them) so that the library knows when
+    captures are underway, as PyTorch's own allocator does: outside them it
+    skips a driver query per allocation."""
+    cls = torch.cuda.CUDAGraph
+    begin, end = cls.capture_begin, cls.capture_end
+
+    def capture_begin(self, *args, **kwargs):
+        global _captures
+        _captures += 1
+        lib.captures_underway(_captures)
+        try:
+            return begin(self, *args, **kwargs)
+        except BaseException:
+            _captures -= 1
+            lib.captures_underway(_captures)
+            raise
+
+    def capture_end(self, *args, **kwargs):
+        global _captures
+        try:
+            return end(self, *args, **kwargs)
+        finally:
+            _captures -= 1
+            lib.captures_underway(_captures)
+
+    cls.capture_begin, cls.capture_end = capture_begin, capture_end
+    lib.captures_underway(0)
 
 
 def installed() -> bool:

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""arenaplan's PyTorch bridge against PyTorch's own allocator, one model a
+process (the allocator is process-wide).
+
+    python3 bench/torch_bridge.py --mode torch --model gpt2-decode-b1   # PyTorch's default allocator
+    python3 bench/torch_bridge.py --mode ours  --model gpt2-decode-b1   # arenaplan installed
+
+Each prints one JSON line: graph memory (PyTorch: memory_reserved growth
+across the capture, cache emptied first; ours: arena mapped + spill held
+for the graph), the step's lower bound (ours: from the recorded capture),
+capture time, replay and eager step time (CUDA events, mean of --iters),
+whether the replay equals an eager step bit for bit, and divergences.
+Models have random weights; nothing is downloaded.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+MODELS = ["gpt2-decode-b1", "gpt2-decode-b8", "llama-decode", "bert", "resnet50", "gpt2-train"]
+
+
+def build(name, torch, dev):
+    """Returns (step function taking no arguments, state dict for training
+    models or None). Inputs are static tensors the step closes over."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    if name.startswith("gpt2-decode") or name == "llama-decode":
+        from transformers import GPT2Config, LlamaConfig
+        if name == "llama-decode":  # Llama-3.2-1B's shapes, 4 of its 16 layers
+            c = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                            num_hidden_layers=4, vocab_size=128256)
+            W, H, KV, L, V, I, B, T, dt = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.num_hidden_layers, c.vocab_size, c.intermediate_size, 8, 1024, torch.bfloat16
+            llama = True
+        else:
+            c = GPT2Config()
+            W, H, L, V, B, T, dt = c.n_embd, c.n_head, c.n_layer, c.vocab_size, (1 if name.endswith("b1") else 8), 1024, torch.float16
+            KV, I, llama = H, 4 * W, False
+        hd = W // H
+        m = DecodeStep(nn, F, torch, W, H, KV, L, V, I, B, T, llama).to(dev, dt).eval()
+        tok = torch.randint(0, V, (B, 1), device=dev)
+        pos = torch.tensor([T * 7 // 8], device=dev)
+
+        def step():
+            with torch.no_grad():
+                return m(tok, pos)
+        return step, None
+    if name == "bert":
+        from transformers import BertConfig, BertModel
+        m = BertModel(BertConfig()).to(dev).eval()
+        ids = torch.randint(0, 30522, (32, 128), device=dev)
+
+        def step():
+            with torch.no_grad():
+                return m(input_ids=ids).last_hidden_state
+        return step, None
+    if name == "resnet50":
+        import torchvision
+        m = torchvision.models.resnet50().to(dev, torch.float16).eval()
+        x = torch.randn(64, 3, 224, 224, device=dev, dtype=torch.float16)
+
+        def step():
+            with torch.no_grad():
+                return m(x)
+        return step, None
+    if name == "gpt2-train":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        m = GPT2LMHeadModel(GPT2Config()).to(dev).train()
+        m.config.use_cache = False
+        ids = torch.randint(0, 50257, (8, 128), device=dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, capturable=True)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = m(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step, (m, opt)
+    raise SystemExit(f"unknown model {name}")
+
+
+class DecodeStep:
+    """A decode step with a static KV cache [L, B, KV, T, hd]: the token's
+    K/V are written at pos with index_copy_, attention runs over the whole
+    cache with a mask t <= pos (static shapes). GPT-2 (LayerNorm, GELU MLP,
+    learned positions) or Llama (RMSNorm, rotary, GQA, SwiGLU)."""
+
+    def __new__(cls, nn, F, torch, W, H, KV, L, V, I, B, T, llama):
+        hd = W // H
+
+        class Layer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.n1 = nn.RMSNorm(W) if llama else nn.LayerNorm(W)
+                self.n2 = nn.RMSNorm(W) if llama else nn.LayerNorm(W)
+                self.qkv = nn.Linear(W, (H + 2 * KV) * hd, bias=not llama)
+                self.o = nn.Linear(W, W, bias=not llama)
+                if llama:
+                    self.gu = nn.Linear(W, 2 * I, bias=False)
+                    self.down = nn.Linear(I, W, bias=False)
+                else:
+                    self.fc = nn.Linear(W, I)
+                    self.proj = nn.Linear(I, W)
+                self.register_buffer("k", torch.randn(B, KV, T, hd) * 0.5)
+                self.register_buffer("v", torch.randn(B, KV, T, hd) * 0.5)
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(V, W)
+                self.pe = None if llama else nn.Embedding(T, W)
+                self.layers = nn.ModuleList(Layer() for _ in range(L))
+                self.nf = nn.RMSNorm(W) if llama else nn.LayerNorm(W)
+                self.head = nn.Linear(W, V, bias=False)
+                inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2).float() / hd))
+                self.register_buffer("inv", inv)
+                self.register_buffer("ar", torch.arange(T))
+
+            def rope(self, x, pos):
+                f = pos.float()[:, None] * self.inv[None, :]
+                cos, sin = f.cos().to(x.dtype), f.sin().to(x.dtype)
+                x1, x2 = x[..., ::2], x[..., 1::2]
+                return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+
+            def forward(self, tok, pos):
+                x = self.emb(tok)
+                if self.pe is not None:
+                    x = x + self.pe(pos)
+                mask = (self.ar <= pos).view(1, 1, 1, T)
+                for l in self.layers:
+                    h = l.n1(x)
+                    q, k, v = l.qkv(h).split([H * hd, KV * hd, KV * hd], -1)
+                    q = q.view(B, 1, H, hd).transpose(1, 2)
+                    k = k.view(B, 1, KV, hd).transpose(1, 2)
+                    v = v.view(B, 1, KV, hd).transpose(1, 2)
+                    if llama:
+                        q, k = self.rope(q, pos), self.rope(k, pos)
+                    l.k.index_copy_(2, pos, k)
+                    l.v.index_copy_(2, pos, v)
+                    a = F.scaled_dot_product_attention(q, l.k, l.v, attn_mask=mask, enable_gqa=KV != H)
+                    x = x + l.o(a.transpose(1, 2).reshape(B, 1, W))
+                    h = l.n2(x)
+                    if llama:
+                        g, u = l.gu(h).chunk(2, -1)
+                        x = x + l.down(F.silu(g) * u)
+                    else:
+                        x = x + l.proj(F.gelu(l.fc(h), approximate="tanh"))
+                return self.head(self.nf(x))
+        return M()
+
+
+def timed(torch, fn, iters, blocks=5):
+    """Mean µs per call over the fastest of `blocks` blocks of `iters` calls
+    (CUDA events): eager steps are CPU-bound and noisy."""
+    best = float("inf")
+    for _ in range(blocks):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(iters):
+            fn()
+        e.record()
+        e.synchronize()
+        best = min(best, s.elapsed_time(e) * 1000 / iters)
+    return best
+
+
+def snapshot(torch, state):
+    m, opt = state
+    ps = [p.detach().clone() for p in m.parameters()]
+    os_ = [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state[p].items()} for p in m.parameters()]
+    return ps, os_
+
+
+def restore(torch, state, snap):
+    m, opt = state
+    ps, os_ = snap
+    with torch.no_grad():
+        for p, s, o in zip(m.parameters(), ps, os_):
+            p.copy_(s)
+            for k, v in o.items():
+                if torch.is_tensor(v):
+                    opt.state[p][k].copy_(v)
+
+
+def same(torch, a, b):
+    return bool(torch.equal(a, b))
+
+
+def main():
+    ap_ = argparse.ArgumentParser()
+    ap_.add_argument("--mode", choices=["torch", "ours"], required=True)
+    ap_.add_argument("--model", choices=MODELS, required=True)
+    ap_.add_argument("--iters", type=int, default=50)
+    ap_.add_argument("--quick", action="store_true", help="few iterations (for compute-sanitizer)")
+    args = ap_.parse_args()
+    iters = 3 if args.quick else args.iters
+    if args.mode == "ours":
+        import arenaplan.torch as ap
+        ap.install()
+    import torch
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    step, state = build(args.model, torch, dev)
+    r = {"model": args.model, "mode": args.mode, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__}
+    # Warm up on a side stream (lazy state, cuBLAS workspaces), as the docs ask.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    r["eager_us"] = timed(torch, step, iters)
+    snap = snapshot(torch, state) if state else None
+    if snap:
+        restore(torch, state, snap)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    if args.mode == "torch":
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = step()
+        torch.cuda.synchronize()
+        r["capture_ms"] = (time.perf_counter() - t0) * 1e3
+        r["graph_bytes"] = torch.cuda.memory_reserved() - before
+        replay, cs = g.replay, s
+    else:
+        gs = ap.graph(step)
+        rep = gs.report()
+        r["capture_ms"] = rep["capture_ms"]  # recording capture + plan + capture, warm-up excluded
+        r.update({k: rep[k] for k in ("lower_bound", "arena", "ratio", "optimal", "arena_mapped", "spill_held",
+                                      "graph_bytes", "buffers", "divergences", "first_divergence", "record_ms",
+                                      "plan_build_ms", "plan_ms") if k in rep})
+        out = gs.outputs
+        replay, cs = gs.replay, gs.stream
+    # The eager reference runs on the capture stream (same cuBLAS handle
+    # and workspace as the graph), from the same state.
+    if snap:
+        restore(torch, state, snap)
+    cs.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(cs):
+        ref = step().clone()
+    torch.cuda.synchronize()
+    ref_params = [p.detach().clone() for p in state[0].parameters()][:4] if state else None
+    if snap:
+        restore(torch, state, snap)
+    torch.cuda.synchronize()
+    replay()
+    torch.cuda.synchronize()
+    r["replay_equal"] = same(torch, out, ref)
+    if state:
+        r["replay_equal"] = r["replay_equal"] and all(
+            same(torch, a, b) for a, b in zip([p.detach() for p in state[0].parameters()][:4], ref_params))
+    if not r["replay_equal"]:
+        r["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
+    r["replay_us"] = timed(torch, replay, iters)
+    if args.mode == "ours":
+        r["divergences_after"] = gs.report()["divergences"]
+        st = ap.stats()
+        r["spill_mapped"] = st["Spill"]["Mapped"]
+        if args.model == "gpt2-decode-b1":
+            # Eager mode: the same addresses every run, without a graph.
+            e = ap.eager(step, warmup=1)
+            ptrs = []
+            for _ in range(5):
+                o = e()
+                ptrs.append(o.data_ptr())
+                del o
+            er = e.report()
+            r["eager_mode_same_addresses"] = len(set(ptrs[2:])) == 1
+            r["eager_mode_divergences"] = er["divergences"]
+            r["eager_mode_runs"] = er["runs"]
+    print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()

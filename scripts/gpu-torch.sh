@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The PyTorch bridge on a GPU: every model of bench/torch_bridge.py with
+# PyTorch's own allocator and with arenaplan's (one process each), the
+# allocator's alloc+free cost from C, and compute-sanitizer on the GPT-2
+# case. Builds no Go: first, on a machine with Go and gcc,
+#
+#   scripts/build-torch-bridge.sh          # writes .dev/torch/{libarenaplan.so,abi_check}
+#
+# carry .dev/torch to the GPU machine and run scripts/gpu-torch.sh [models|sanitizer|all].
+# Logs and JSON go to $OUT (default /tmp/gpu-torch); a table last.
+set -u
+OUT=${OUT:-/tmp/gpu-torch}
+WHAT=${1:-all}
+mkdir -p "$OUT"
+export ARENAPLAN_LIB=${ARENAPLAN_LIB:-$PWD/.dev/torch/libarenaplan.so}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ "$WHAT" != sanitizer ]; then
+	echo "== alloc+free from C" | tee -a "$OUT/log.txt"
+	.dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
+	for m in gpt2-decode-b1 gpt2-decode-b8 llama-decode bert resnet50 gpt2-train; do
+		for mode in torch ours; do
+			echo "== $mode $m" | tee -a "$OUT/log.txt"
+			timeout 300 python3 bench/torch_bridge.py --mode $mode --model $m >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" ||
+				echo "FAILED $mode $m ($?)" | tee -a "$OUT/log.txt"
+		done
+	done
+fi
+if [ "$WHAT" != models ]; then
+	echo "== compute-sanitizer memcheck: ours gpt2-decode-b1" | tee -a "$OUT/log.txt"
+	timeout 280 compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/torch_bridge.py --mode ours --model gpt2-decode-b1 --quick >"$OUT/sanitizer.txt" 2>&1
+	echo "memcheck rc=$?" | tee -a "$OUT/log.txt"
+	grep -E 'ERROR SUMMARY|LEAK SUMMARY|^\{' "$OUT/sanitizer.txt" | tail -3 | tee -a "$OUT/log.txt"
+fi
+[ -f "$OUT/results.jsonl" ] && python3 - "$OUT/results.jsonl" <<'PY' | tee "$OUT/summary.txt"
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if line.startswith("{"):
+        r = json.loads(line)
+        rows.setdefault(r["model"], {})[r["mode"]] = r
+M = 2**20
+print(f"{'model':15} {'LB MB':>7} {'arena/LB':>8} {'torch pool MB':>13} {'ours MB':>8} {'ours/torch':>10} {'capture ms t/o':>15} {'replay us t/o':>15} {'eager us t/o':>15} {'equal t/o':>9} {'div':>3}")
+for m, d in rows.items():
+    t, o = d.get("torch", {}), d.get("ours", {})
+    lb = o.get("lower_bound", 0)
+    ratio = o.get("arena", 0) / lb if lb else float("nan")
+    tp, op = t.get("graph_bytes", float("nan")), o.get("graph_bytes", float("nan"))
+    print(f"{m:15} {lb/1e6:7.1f} {ratio:8.4f} {tp/1e6:13.1f} {op/1e6:8.1f} {op/tp if tp else float('nan'):10.3f} "
+          f"{t.get('capture_ms', 0):7.0f}/{o.get('capture_ms', 0):<7.0f} {t.get('replay_us', 0):7.0f}/{o.get('replay_us', 0):<7.0f} "
+          f"{t.get('eager_us', 0):7.0f}/{o.get('eager_us', 0):<7.0f} {str(t.get('replay_equal'))[0]}/{str(o.get('replay_equal'))[0]:7} {o.get('divergences', '-')}")
+PY
+exit 0
