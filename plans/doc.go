@@ -66,9 +66,8 @@
 // least 65536 (real plans hold 0.12 to 0.62), since each costs a few
 // hundred bytes of memory and verification: minimal buffers all alike
 // compress to almost nothing. So decoding a file costs time and memory
-// proportional to its size: about a second and 300 MB for the 8 MB file
-// of a million buffers. LoadAny and DecodeAny decompress a file once
-// whatever its version, for readers that take either.
+// proportional to its compressed size. LoadAny and DecodeAny decompress a
+// file once whatever its version, for readers that take either.
 //
 // The uncompressed payload is a sequence of sections, each a kind byte, a
 // uvarint body length and the body, in increasing kind order, ended by the
