@@ -262,6 +262,24 @@ def main():
     if not r["replay_equal"]:
         r["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
     r["replay_us"] = timed(torch, replay, iters)
+    # Is the eager step itself repeatable bit for bit (same stream, same
+    # state)? Where it is not, replay == eager cannot be asked of anyone.
+    if snap:
+        restore(torch, state, snap)
+    with torch.cuda.stream(cs):
+        again = step().clone()
+    torch.cuda.synchronize()
+    r["eager_repeatable"] = same(torch, again, ref)
+    if args.mode == "ours" and args.model.startswith(("gpt2-decode", "llama")):
+        # The same step captured with plain torch.cuda.graph under arenaplan
+        # (its memory from a spill private pool): separates what the arena
+        # costs at replay from what the spill's weights cost.
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2, stream=cs):
+            out2 = step()
+        torch.cuda.synchronize()
+        r["replay_plain_graph_us"] = timed(torch, g2.replay, iters)
+        r["replay_us_again"] = timed(torch, replay, iters)
     if args.mode == "ours":
         r["divergences_after"] = gs.report()["divergences"]
         st = ap.stats()

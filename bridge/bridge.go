@@ -23,10 +23,14 @@ type Config struct {
 	// SpillAddressSpace is the virtual address space each device's spill
 	// allocator reserves (default: the device's total memory).
 	SpillAddressSpace uint64
+	// SpillChunk is the unit the spill allocator grows by (default the
+	// device's VMM granularity, 2 MiB).
+	SpillChunk uint64
 }
 
 // ConfigFromEnv reads ARENAPLAN_DEVICE ("sim" or "cuda", default cuda),
-// ARENAPLAN_SIM_MEMORY and ARENAPLAN_SPILL_ADDRESS_SPACE (bytes) with
+// ARENAPLAN_SIM_MEMORY, ARENAPLAN_SPILL_ADDRESS_SPACE and
+// ARENAPLAN_SPILL_CHUNK (bytes) with
 // getenv (nil: os.Getenv). A Go shared library must pass C's getenv: its
 // os.Getenv sees the environment the process started with, not what the
 // host program set since.
@@ -45,7 +49,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	for _, e := range []struct {
 		name string
 		dst  *uint64
-	}{{"ARENAPLAN_SIM_MEMORY", &c.SimMemory}, {"ARENAPLAN_SPILL_ADDRESS_SPACE", &c.SpillAddressSpace}} {
+	}{{"ARENAPLAN_SIM_MEMORY", &c.SimMemory}, {"ARENAPLAN_SPILL_ADDRESS_SPACE", &c.SpillAddressSpace},
+		{"ARENAPLAN_SPILL_CHUNK", &c.SpillChunk}} {
 		if v := getenv(e.name); v != "" {
 			n, err := strconv.ParseUint(v, 10, 64)
 			if err != nil || n == 0 {
@@ -183,7 +188,11 @@ func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
 		}
 		space = total
 	}
-	spill, err := arena.NewSpill(dev, arena.WithAddressSpace(space), arena.WithForeignCaptures(true))
+	opts := []arena.SpillOption{arena.WithAddressSpace(space), arena.WithForeignCaptures(true)}
+	if b.cfg.SpillChunk != 0 {
+		opts = append(opts, arena.WithChunk(b.cfg.SpillChunk))
+	}
+	spill, err := arena.NewSpill(dev, opts...)
 	if err != nil {
 		return nil, err
 	}
