@@ -113,6 +113,7 @@ type spillConfig struct {
 	chunk        uint64
 	noReuse      bool
 	foreign      bool // WithForeignCaptures
+	plain        bool // WithPlainSegments
 	freshWalk    bool // tests only: a new visited set per walk (PyTorch's first design)
 }
 
@@ -179,6 +180,20 @@ func WithForeignCaptures(on bool) SpillOption {
 	}
 }
 
+// WithPlainSegments makes the allocator grow with cuMemAlloc while no
+// capture can be underway (VMM mapping still serves growth inside
+// captures). Plain device memory was measured faster to read than
+// VMM-mapped memory for latency-bound steps (see BENCHMARKS.md), at the
+// price of memory that cannot be paused at a fixed address. With
+// WithForeignCaptures it applies only once ForeignCaptures has been told
+// that none is underway.
+func WithPlainSegments(on bool) SpillOption {
+	return func(c *spillConfig) error {
+		c.plain = on
+		return nil
+	}
+}
+
 // MinBlock is the rounding of every request and the smallest block split
 // off.
 const MinBlock = 512
@@ -212,6 +227,7 @@ type segment struct {
 	addr   cuda.DevicePtr
 	size   uint64
 	h      cuda.MemHandle
+	plain  bool // from cuMemAlloc (WithPlainSegments), not mapped
 	pool   *Pool
 	stream cuda.Stream
 	first  *block
@@ -462,6 +478,16 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, err
 	if s.st.Mapped+size > s.cfg.limit {
 		return nil, fmt.Errorf("%w: a new %s segment would pass the limit: %s", ErrOutOfMemory, fmtBytes(size), state())
 	}
+	if s.plainNow() {
+		addr, err := s.dev.Alloc(size)
+		if err != nil {
+			if errors.Is(err, cuda.ErrorOutOfMemory) {
+				return nil, fmt.Errorf("%w: device has no %s for a new segment: %s: %w", ErrOutOfMemory, fmtBytes(size), state(), err)
+			}
+			return nil, fmt.Errorf("allocating a %s segment: %w", fmtBytes(size), err)
+		}
+		return s.addSegment(&segment{addr: addr, size: size, plain: true, pool: pool, stream: st}), nil
+	}
 	off, ok := s.takeVA(size)
 	if !ok {
 		return nil, fmt.Errorf("%w: no %s run of free reserved addresses left: %s", ErrOutOfMemory, fmtBytes(size), state())
@@ -487,14 +513,25 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, err
 		s.dev.MemRelease(h)
 		return fail(err)
 	}
-	seg := &segment{addr: addr, size: size, h: h, pool: pool, stream: st}
-	seg.first = &block{addr: uint64(addr), size: size, seg: seg, state: stFree}
+	return s.addSegment(&segment{addr: addr, size: size, h: h, pool: pool, stream: st}), nil
+}
+
+// plainNow says whether a new segment may come from cuMemAlloc: plain
+// segments are asked for, and no capture can be underway (cuMemAlloc
+// invalidates a global-mode capture).
+func (s *Spill) plainNow() bool {
+	return s.cfg.plain && len(s.captures) == 0 && (!s.cfg.foreign || (s.hinted && s.foreignN == 0))
+}
+
+func (s *Spill) addSegment(seg *segment) *block {
+	size := seg.size
+	seg.first = &block{addr: uint64(seg.addr), size: size, seg: seg, state: stFree}
 	s.segments[seg] = true
 	s.st.Mapped += size
 	s.st.Segments++
 	s.st.Grows++
 	s.st.PeakMapped = max(s.st.PeakMapped, s.st.Mapped)
-	return seg.first, nil
+	return seg.first
 }
 
 // takeVA takes the lowest free run of size bytes of the reservation.
@@ -691,9 +728,13 @@ func (s *Spill) trim(all bool) uint64 {
 		if whole {
 			seg.pool.tree(seg.stream).Delete(b)
 		}
-		s.dev.MemUnmap(seg.addr, seg.size)
-		s.dev.MemRelease(seg.h)
-		s.putVA(uint64(seg.addr-s.base), seg.size)
+		if seg.plain {
+			s.dev.Free(seg.addr)
+		} else {
+			s.dev.MemUnmap(seg.addr, seg.size)
+			s.dev.MemRelease(seg.h)
+			s.putVA(uint64(seg.addr-s.base), seg.size)
+		}
 		delete(s.segments, seg)
 		s.st.Mapped -= seg.size
 		s.st.Segments--

@@ -145,3 +145,48 @@ func TestSpillJoinCapture(t *testing.T) {
 		t.Fatalf("after Release and EmptyCache %d bytes stay mapped", st.Mapped)
 	}
 }
+
+// TestSpillPlainSegments: with WithPlainSegments the allocator grows with
+// cuMemAlloc outside captures and by VMM mapping inside them (cuMemAlloc
+// would invalidate the capture), and gives both kinds back.
+func TestSpillPlainSegments(t *testing.T) {
+	e := newSimEnv(t, 1<<30)
+	s, err := NewSpill(e.dev, WithAddressSpace(256<<20), WithPlainSegments(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := e.stream(t)
+	free0 := e.free(t)
+	p, err := s.Alloc(3<<20, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.BeginCapture(st, cuda.CaptureModeGlobal, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := s.Alloc(3<<20, st)
+	if err != nil {
+		t.Fatalf("growth inside a capture: %v", err)
+	}
+	g, err := c.End()
+	if err != nil {
+		t.Fatalf("the capture was invalidated: %v", err)
+	}
+	g.Close()
+	c.Release()
+	if p >= s.base && p < s.base.Add(256<<20) {
+		t.Errorf("outside a capture the segment came from the VMM reservation (%#x)", uint64(p))
+	}
+	if q < s.base || q >= s.base.Add(256<<20) {
+		t.Errorf("inside a capture the segment did not come from the VMM reservation (%#x)", uint64(q))
+	}
+	s.Free(p)
+	s.Free(q)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if e.free(t) != free0 {
+		t.Fatalf("after Close %d bytes are still allocated", free0-e.free(t))
+	}
+}

@@ -26,6 +26,9 @@ type Config struct {
 	// SpillChunk is the unit the spill allocator grows by (default the
 	// device's VMM granularity, 2 MiB).
 	SpillChunk uint64
+	// SpillPlain grows the spill allocator with cuMemAlloc outside
+	// captures (arena.WithPlainSegments; ARENAPLAN_SPILL_PLAIN=1).
+	SpillPlain bool
 }
 
 // ConfigFromEnv reads ARENAPLAN_DEVICE ("sim" or "cuda", default cuda),
@@ -45,6 +48,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		c.Sim = true
 	default:
 		return c, fmt.Errorf("bridge: ARENAPLAN_DEVICE=%q: want sim or cuda", v)
+	}
+	switch v := getenv("ARENAPLAN_SPILL_PLAIN"); v {
+	case "", "0":
+	case "1":
+		c.SpillPlain = true
+	default:
+		return c, fmt.Errorf("bridge: ARENAPLAN_SPILL_PLAIN=%q: want 0 or 1", v)
 	}
 	for _, e := range []struct {
 		name string
@@ -189,6 +199,9 @@ func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
 		space = total
 	}
 	opts := []arena.SpillOption{arena.WithAddressSpace(space), arena.WithForeignCaptures(true)}
+	if b.cfg.SpillPlain {
+		opts = append(opts, arena.WithPlainSegments(true))
+	}
 	if b.cfg.SpillChunk != 0 {
 		opts = append(opts, arena.WithChunk(b.cfg.SpillChunk))
 	}

@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 export ARENAPLAN_LIB=${ARENAPLAN_LIB:-$PWD/.dev/torch/libarenaplan.so}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-if [ "$WHAT" != sanitizer ] && [ "$WHAT" != chunk ]; then
+if [ "$WHAT" = all ] || [ "$WHAT" = models ]; then
 	echo "== alloc+free from C" | tee -a "$OUT/log.txt"
 	.dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
 	for m in gpt2-decode-b1 gpt2-decode-b8 llama-decode bert resnet50 gpt2-train; do
@@ -26,6 +26,14 @@ if [ "$WHAT" != sanitizer ] && [ "$WHAT" != chunk ]; then
 		done
 	done
 fi
+if [ "$WHAT" = plain ]; then
+	for m in gpt2-decode-b1 gpt2-decode-b8 llama-decode; do
+		echo "== ours $m with ARENAPLAN_SPILL_PLAIN=1" | tee -a "$OUT/log.txt"
+		ARENAPLAN_SPILL_PLAIN=1 timeout 300 python3 bench/torch_bridge.py --mode ours --model $m >>"$OUT/plain.jsonl" 2>>"$OUT/log.txt" ||
+			echo "FAILED plain $m ($?)" | tee -a "$OUT/log.txt"
+		timeout 300 python3 bench/torch_bridge.py --mode torch --model $m >>"$OUT/plain.jsonl" 2>>"$OUT/log.txt"
+	done
+fi
 if [ "$WHAT" = chunk ]; then
 	for m in gpt2-decode-b1 llama-decode; do
 		echo "== ours $m with ARENAPLAN_SPILL_CHUNK=1 GiB" | tee -a "$OUT/log.txt"
@@ -33,7 +41,7 @@ if [ "$WHAT" = chunk ]; then
 			echo "FAILED chunk $m ($?)" | tee -a "$OUT/log.txt"
 	done
 fi
-if [ "$WHAT" != models ] && [ "$WHAT" != chunk ]; then
+if [ "$WHAT" = all ] || [ "$WHAT" = sanitizer ]; then
 	echo "== compute-sanitizer memcheck: ours gpt2-decode-b1" | tee -a "$OUT/log.txt"
 	timeout 280 compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/torch_bridge.py --mode ours --model gpt2-decode-b1 --quick >"$OUT/sanitizer.txt" 2>&1
 	echo "memcheck rc=$?" | tee -a "$OUT/log.txt"
