@@ -16,8 +16,16 @@ type SimConfig struct {
 	// Name is what Name returns; default "sim".
 	Name string
 	// TotalMemory is the device memory MemGetInfo reports and Alloc and
-	// MemCreate draw from; default 16 GiB. Host memory is used only for
-	// bytes actually allocated.
+	// MemCreate draw from; default 16 GiB. The simulation's device memory
+	// is host memory, as pinned memory is: PinnedAlloc fails with
+	// ErrorOutOfMemory where device and pinned memory together would
+	// pass TotalMemory. (Device allocations count device memory only,
+	// as MemGetInfo does, as on the driver: pinning first and then
+	// allocating up to MemGetInfo's free can still pass it.) Host memory
+	// is used only for bytes allocated, mapped, held by an unmapped
+	// handle, or pinned (HostBytes): untouched pages of reserved or
+	// mapped memory cost nothing, and on Linux freed memory goes back
+	// to the system at once.
 	TotalMemory uint64
 	// Granularity is the VMM granularity; default 2 MiB, as on an H100 or
 	// H200.
@@ -66,12 +74,14 @@ type Sim struct {
 	kernels map[string]KernelFunc
 	closed  bool
 
-	nextAddr   uint64
-	regions    []*simRegion // sorted by base
-	used       uint64
-	handles    map[MemHandle]*simPhys
-	nextHandle MemHandle
-	pinned     map[*byte]int // PinnedAlloc memory not yet freed
+	nextAddr    uint64
+	regions     []*simRegion // sorted by base
+	used        uint64
+	handles     map[MemHandle]*simPhys
+	nextHandle  MemHandle
+	pinned      map[*byte][]byte // PinnedAlloc memory not yet freed
+	host        uint64           // host bytes held (HostBytes)
+	pinnedBytes uint64           // PinnedAlloc bytes not yet freed
 
 	byHandle   map[uintptr]*simStream // streams by Handle
 	nextStream uintptr
@@ -159,7 +169,25 @@ func (s *Sim) Close() error {
 		return &Error{Op: "cuDevicePrimaryCtxRelease_v2", Code: ErrorInvalidContext}
 	}
 	s.closed = true
+	// Everything goes back: the driver frees a context's memory, pinned
+	// memory included, when the context goes.
+	for _, r := range s.regions {
+		if r.reserved {
+			hostUnmap(r.data)
+		} else {
+			hostFree(r.data)
+		}
+		r.data, r.maps = nil, nil
+	}
+	for _, h := range s.handles {
+		hostFree(h.data)
+		h.data = nil
+	}
+	for _, b := range s.pinned {
+		hostFree(b)
+	}
 	s.regions, s.handles, s.pinned = nil, nil, nil
+	s.used, s.host, s.pinnedBytes = 0, 0, 0
 	return nil
 }
 

@@ -10,8 +10,9 @@ import (
 type simRegion struct {
 	base, size uint64
 	reserved   bool
-	data       []byte       // Alloc: the block; reservation: backing, grown to the last mapped byte
+	data       []byte       // Alloc: the block (hostAlloc); reservation: backing (hostGrow), nil or up to the last mapped or parked byte at least, zero outside those
 	maps       []simMapping // reservation only, sorted by off
+	parked     []*simPhys   // reservation only: unmapped handles whose bytes stay in data
 }
 
 type simMapping struct {
@@ -20,14 +21,22 @@ type simMapping struct {
 	access    bool
 }
 
-// simPhys is physical memory from MemCreate. While unmapped its bytes live
-// in data (nil means zeros); while mapped they live in the reservation.
+// simPhys is physical memory from MemCreate. While mapped its bytes live
+// in the reservation's backing. Unmapped, they stay parked there, where
+// they were mapped (no copy: unmapping is mostly followed by a release),
+// until a mapping needs that place or the addresses are freed; then they
+// move to data (hostAlloc). Neither parked nor data: zeros, which take no
+// host memory.
 type simPhys struct {
 	id       MemHandle
 	size     uint64
 	data     []byte
 	mapped   bool
 	released bool
+
+	home    *simRegion // parked in home.data[homeOff : homeOff+parkLen]
+	homeOff uint64
+	parkLen uint64
 }
 
 const simAllocAlign = 256
@@ -134,9 +143,14 @@ func (s *Sim) Alloc(size uint64) (DevicePtr, error) {
 	if s.used+rounded > s.cfg.TotalMemory {
 		return 0, &Error{Op: op, Code: ErrorOutOfMemory}
 	}
-	r := &simRegion{base: s.place(rounded, simAllocAlign), size: size, data: make([]byte, size)}
+	data, err := hostAlloc(size)
+	if err != nil {
+		return 0, &Error{Op: op, Code: ErrorOutOfMemory}
+	}
+	r := &simRegion{base: s.place(rounded, simAllocAlign), size: size, data: data}
 	s.insert(r)
 	s.used += rounded
+	s.host += size
 	return DevicePtr(r.base), nil
 }
 
@@ -156,9 +170,14 @@ func (s *Sim) Free(p DevicePtr) error {
 	}
 	s.remove(r)
 	s.used -= alignUp(r.size, simAllocAlign)
+	s.host -= r.size
+	hostFree(r.data)
+	r.data = nil
 	return nil
 }
 
+// MemGetInfo reports device memory, as the driver does: pinned memory is
+// not in it (see SimConfig.TotalMemory).
 func (s *Sim) MemGetInfo() (free, total uint64, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -169,11 +188,11 @@ func (s *Sim) MemGetInfo() (free, total uint64, err error) {
 }
 
 func (s *Sim) CopyHtoD(dst DevicePtr, src []byte) error {
-	return s.hostCopy("cuMemcpyHtoD_v2", dst, len(src), func(dev []byte) { copy(dev, src) })
+	return s.hostCopy("cuMemcpyHtoD_v2", dst, len(src), func(dev []byte) { copyChunked(dev, src) })
 }
 
 func (s *Sim) CopyDtoH(dst []byte, src DevicePtr) error {
-	return s.hostCopy("cuMemcpyDtoH_v2", src, len(dst), func(dev []byte) { copy(dst, dev) })
+	return s.hostCopy("cuMemcpyDtoH_v2", src, len(dst), func(dev []byte) { copyChunked(dst, dev) })
 }
 
 func (s *Sim) PinnedAlloc(size uint64) ([]byte, error) {
@@ -186,11 +205,21 @@ func (s *Sim) PinnedAlloc(size uint64) ([]byte, error) {
 	if size == 0 {
 		return nil, &Error{Op: op, Code: ErrorInvalidValue}
 	}
-	b := make([]byte, size)
-	if s.pinned == nil {
-		s.pinned = map[*byte]int{}
+	// Pinned memory is host memory the process really uses, as is the
+	// simulated device's: pinning stays within one limit for both.
+	if s.used+s.pinnedBytes > s.cfg.TotalMemory || size > s.cfg.TotalMemory-s.used-s.pinnedBytes {
+		return nil, &Error{Op: op, Code: ErrorOutOfMemory}
 	}
-	s.pinned[unsafe.SliceData(b)] = len(b)
+	b, err := hostAlloc(size)
+	if err != nil {
+		return nil, &Error{Op: op, Code: ErrorOutOfMemory}
+	}
+	if s.pinned == nil {
+		s.pinned = map[*byte][]byte{}
+	}
+	s.pinned[unsafe.SliceData(b)] = b
+	s.pinnedBytes += size
+	s.host += size
 	return b, nil
 }
 
@@ -200,8 +229,8 @@ func (s *Sim) PinnedBytes() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var n uint64
-	for _, v := range s.pinned {
-		n += uint64(v)
+	for _, b := range s.pinned {
+		n += uint64(len(b))
 	}
 	return n
 }
@@ -214,10 +243,14 @@ func (s *Sim) PinnedFree(b []byte) error {
 		return err
 	}
 	p := unsafe.SliceData(b)
-	if n, ok := s.pinned[p]; len(b) == 0 || !ok || n != len(b) {
+	whole, ok := s.pinned[p]
+	if len(b) == 0 || !ok || len(whole) != len(b) {
 		return &Error{Op: op, Code: ErrorInvalidValue}
 	}
 	delete(s.pinned, p)
+	s.pinnedBytes -= uint64(len(whole))
+	s.host -= uint64(len(whole))
+	hostFree(whole)
 	return nil
 }
 
@@ -283,7 +316,14 @@ func (s *Sim) AddressFree(p DevicePtr, size uint64) error {
 	if r == nil || !r.reserved || r.base != uint64(p) || r.size != size || len(r.maps) > 0 {
 		return &Error{Op: op, Code: ErrorInvalidValue}
 	}
+	for len(r.parked) > 0 {
+		if err := s.evict(r.parked[0]); err != nil {
+			return &Error{Op: op, Code: ErrorOutOfMemory}
+		}
+	}
 	s.remove(r)
+	hostUnmap(r.data)
+	r.data = nil
 	return nil
 }
 
@@ -325,10 +365,58 @@ func (s *Sim) MemRelease(id MemHandle) error {
 	return nil
 }
 
+// unpark forgets where h's bytes were parked.
+func (s *Sim) unpark(h *simPhys) {
+	r := h.home
+	for i, x := range r.parked {
+		if x == h {
+			r.parked = append(r.parked[:i], r.parked[i+1:]...)
+			break
+		}
+	}
+	h.home, h.homeOff, h.parkLen = nil, 0, 0
+	s.trimBacking(r)
+}
+
+// dropParked gives back the parked bytes of h.
+func (s *Sim) dropParked(h *simPhys) {
+	hostDiscard(h.home.data[h.homeOff : h.homeOff+h.parkLen])
+	s.host -= h.parkLen
+	s.unpark(h)
+}
+
+// evict moves the parked bytes of h into memory of its own.
+func (s *Sim) evict(h *simPhys) error {
+	data, err := hostAlloc(h.parkLen)
+	if err != nil {
+		return err
+	}
+	copyChunked(data, h.home.data[h.homeOff:h.homeOff+h.parkLen])
+	s.host += h.parkLen
+	s.dropParked(h)
+	h.data = data
+	return nil
+}
+
+// trimBacking gives back the backing of a reservation with nothing in it.
+func (s *Sim) trimBacking(r *simRegion) {
+	if len(r.maps) == 0 && len(r.parked) == 0 && r.data != nil {
+		hostUnmap(r.data)
+		r.data = nil
+	}
+}
+
 func (s *Sim) dropPhys(h *simPhys) {
+	if h.home != nil {
+		s.dropParked(h)
+	}
 	delete(s.handles, h.id)
 	s.used -= h.size
-	h.data = nil
+	if h.data != nil {
+		s.host -= uint64(len(h.data))
+		hostFree(h.data)
+		h.data = nil
+	}
 }
 
 // reservation returns the reservation holding [p, p+size) and the offset.
@@ -363,22 +451,51 @@ func (s *Sim) MemMap(p DevicePtr, size uint64, id MemHandle) error {
 			return &Error{Op: op, Code: ErrorInvalidValue}
 		}
 	}
+	// Parked bytes where h goes move out first (unless they are h's own,
+	// in place).
+	for i := 0; i < len(r.parked); {
+		q := r.parked[i]
+		inPlace := q == h && q.homeOff == off && q.parkLen == size
+		if inPlace || q.homeOff >= off+size || off >= q.homeOff+q.parkLen {
+			i++
+			continue
+		}
+		if err := s.evict(q); err != nil {
+			return &Error{Op: op, Code: ErrorOutOfMemory}
+		}
+	}
 	if need := off + size; uint64(len(r.data)) < need {
-		grown := make([]byte, need)
-		copy(grown, r.data)
+		// Grow the backing (a quarter at least, within the
+		// reservation) without copying it: hostGrow remaps.
+		n := uint64(len(r.data))
+		grown, err := hostGrow(r.data, min(max(need, n+n/4), r.size))
+		if err != nil {
+			return &Error{Op: op, Code: ErrorOutOfMemory}
+		}
 		r.data = grown
 	}
-	dst := r.data[off : off+size]
-	if h.data != nil {
-		copy(dst, h.data)
-	} else {
-		clear(dst)
-	}
-	h.data, h.mapped = nil, true
+	// The mapping goes in first: the backing stays while it is there.
 	i := sort.Search(len(r.maps), func(i int) bool { return r.maps[i].off > off })
 	r.maps = append(r.maps, simMapping{})
 	copy(r.maps[i+1:], r.maps[i:])
 	r.maps[i] = simMapping{off: off, size: size, h: h}
+	// Outside mappings and parked bytes the backing is zero: a handle
+	// without bytes maps as it is, touching nothing.
+	switch dst := r.data[off : off+size]; {
+	case h.home == r && h.homeOff == off && h.parkLen == size:
+		s.host -= size
+		s.unpark(h) // its bytes are already there
+	case h.home != nil:
+		copyChunked(dst, h.home.data[h.homeOff:h.homeOff+h.parkLen])
+		s.dropParked(h)
+	case h.data != nil:
+		copyChunked(dst, h.data)
+		s.host -= uint64(len(h.data))
+		hostFree(h.data)
+		h.data = nil
+	}
+	h.mapped = true
+	s.host += size
 	return nil
 }
 
@@ -413,7 +530,7 @@ func (s *Sim) MemUnmap(p DevicePtr, size uint64) error {
 	if !ok || !s.granular(size) || !r.covered(off, size, false) {
 		return &Error{Op: op, Code: ErrorInvalidValue}
 	}
-	var keep []simMapping
+	var keep, gone []simMapping
 	for _, m := range r.maps {
 		if m.off+m.size <= off || m.off >= off+size {
 			keep = append(keep, m)
@@ -422,20 +539,51 @@ func (s *Sim) MemUnmap(p DevicePtr, size uint64) error {
 		if m.off < off || m.off+m.size > off+size {
 			return &Error{Op: op, Code: ErrorInvalidValue} // would split a mapping
 		}
-	}
-	for _, m := range r.maps {
-		if m.off+m.size <= off || m.off >= off+size {
-			continue
-		}
-		src := r.data[m.off : m.off+m.size]
-		m.h.mapped = false
-		if m.h.released {
-			s.dropPhys(m.h)
-		} else {
-			m.h.data = append([]byte(nil), src...)
-		}
-		clear(src)
+		gone = append(gone, m)
 	}
 	r.maps = keep
+	for _, m := range gone {
+		m.h.mapped = false
+		if m.h.released {
+			hostDiscard(r.data[m.off : m.off+m.size])
+			s.host -= m.size
+			s.dropPhys(m.h)
+			continue
+		}
+		// Parked: the bytes stay where they are, still host memory.
+		m.h.home, m.h.homeOff, m.h.parkLen = r, m.off, m.size
+		r.parked = append(r.parked, m.h)
+	}
+	s.trimBacking(r)
 	return nil
+}
+
+// hostChunk bounds one copy or clear of simulated memory: a long memmove
+// cannot be preempted, and would hold up the runtime (a collection, a
+// Ctrl-C handler) for as long as it runs.
+const hostChunk = 4 << 20
+
+func copyChunked(dst, src []byte) {
+	n := min(len(dst), len(src))
+	for i := 0; i < n; i += hostChunk {
+		j := min(i+hostChunk, n)
+		copy(dst[i:j], src[i:j])
+	}
+}
+
+func clearChunked(b []byte) {
+	for i := 0; i < len(b); i += hostChunk {
+		clear(b[i:min(i+hostChunk, len(b))])
+	}
+}
+
+// HostBytes returns the host memory the simulated device holds for what
+// it simulates: allocations, mapped physical memory, the bytes of
+// unmapped handles not yet released, pinned memory. Reserved addresses
+// and physical memory never written cost nothing. (For tests that check
+// the simulation's memory stays bounded by what it maps.)
+func (s *Sim) HostBytes() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.host
 }
