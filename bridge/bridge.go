@@ -134,15 +134,15 @@ type slot struct {
 // DeviceStats are a device's counters (PyTorch's own statistics are off
 // while a plugged allocator is installed; these replace them).
 type DeviceStats struct {
-	Allocs, Frees     uint64 // every call
-	ZeroAllocs        uint64 // 0-byte requests
-	Planned           uint64 // allocations served from a step's plan
-	Spilled           uint64 // allocations served by the spill allocator
-	Divergences       uint64 // step allocations the plan could not serve
-	PlannedLive       int    // planned buffers live now
-	ArenaBytes        uint64 // planned arenas, sum of sizes
-	ArenaMapped       uint64 // physical bytes the arenas map now
-	Spill             arena.SpillStats
+	Allocs, Frees uint64 // every call
+	ZeroAllocs    uint64 // 0-byte requests
+	Planned       uint64 // allocations served from a step's plan
+	Spilled       uint64 // allocations served by the spill allocator
+	Divergences   uint64 // step allocations the plan could not serve
+	PlannedLive   int    // planned buffers live now
+	ArenaBytes    uint64 // planned arenas, sum of sizes
+	ArenaMapped   uint64 // physical bytes the arenas map now
+	Spill         arena.SpillStats
 }
 
 // device returns the state of ordinal, opening it on first use.
@@ -262,14 +262,8 @@ func (b *Bridge) RecordStream(p cuda.DevicePtr, ordinal int, stream uintptr) err
 // EmptyCache gives the spill allocators' unused memory back to the driver
 // (torch.cuda.empty_cache). Devices never used are left alone.
 func (b *Bridge) EmptyCache() error {
-	b.mu.Lock()
-	devs := make([]*Device, 0, len(b.devices))
-	for _, d := range b.devices {
-		devs = append(devs, d)
-	}
-	b.mu.Unlock()
 	var errs []error
-	for _, d := range devs {
+	for _, d := range b.deviceList() {
 		restore, err := makeCurrent(d.dev)
 		if err != nil {
 			errs = append(errs, err)
@@ -289,23 +283,10 @@ func (b *Bridge) Stats(ordinal int) (DeviceStats, error) {
 	if err != nil {
 		return DeviceStats{}, err
 	}
-	b.mu.Lock()
-	var steps []*Step
-	for _, s := range b.steps {
-		if s.d == d {
-			steps = append(steps, s)
-		}
-	}
-	b.mu.Unlock()
 	d.mu.Lock()
 	st := d.st
 	st.PlannedLive = len(d.planned)
-	for _, s := range steps {
-		if s.ar != nil {
-			st.ArenaBytes += uint64(s.ar.Size())
-			st.ArenaMapped += s.ar.Mapped()
-		}
-	}
+	st.ArenaBytes, st.ArenaMapped = d.arenas()
 	d.mu.Unlock()
 	st.Spill = d.spill.Stats()
 	return st, nil
@@ -315,17 +296,13 @@ func (b *Bridge) Stats(ordinal int) (DeviceStats, error) {
 // just exits); tests and Go programs do.
 func (b *Bridge) Close() error {
 	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
 		return ErrClosed
 	}
-	steps := make([]*Step, 0, len(b.steps))
-	for _, s := range b.steps {
-		steps = append(steps, s)
-	}
-	b.mu.Unlock()
 	var errs []error
-	for _, s := range steps {
+	for _, s := range b.stepsOf(nil) {
 		if err := s.Close(); err != nil {
 			errs = append(errs, err)
 		}
@@ -370,16 +347,45 @@ func (d *Device) spillAllocLocked(size uint64, stream uintptr) (cuda.DevicePtr, 
 	return p, nil
 }
 
-// oom adds what the device holds to an allocation failure; d.mu is held.
-func (d *Device) oom(size uint64, err error) error {
-	var arenas uint64
-	d.b.mu.Lock()
-	for _, s := range d.b.steps {
-		if s.d == d && s.ar != nil {
-			arenas += uint64(s.ar.Size())
+// deviceList returns the devices opened so far.
+func (b *Bridge) deviceList() []*Device {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	devs := make([]*Device, 0, len(b.devices))
+	for _, d := range b.devices {
+		devs = append(devs, d)
+	}
+	return devs
+}
+
+// stepsOf returns the open steps of device d (nil: of every device).
+func (b *Bridge) stepsOf(d *Device) []*Step {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var steps []*Step
+	for _, s := range b.steps {
+		if d == nil || s.d == d {
+			steps = append(steps, s)
 		}
 	}
-	d.b.mu.Unlock()
+	return steps
+}
+
+// arenas returns the planned bytes and the mapped bytes of the device's
+// open steps' arenas; d.mu is held.
+func (d *Device) arenas() (planned, mapped uint64) {
+	for _, s := range d.b.stepsOf(d) {
+		if s.ar != nil {
+			planned += uint64(s.ar.Size())
+			mapped += s.ar.Mapped()
+		}
+	}
+	return planned, mapped
+}
+
+// oom adds what the device holds to an allocation failure; d.mu is held.
+func (d *Device) oom(size uint64, err error) error {
+	arenas, _ := d.arenas()
 	sp := d.spill.Stats()
 	return fmt.Errorf("bridge: device %d: allocating %d bytes (planned arenas %s, spill %s mapped, %s in use): %w",
 		d.ordinal, size, fmtBytes(arenas), fmtBytes(sp.Mapped), fmtBytes(sp.InUse), err)
@@ -454,13 +460,7 @@ func fmtBytes(n uint64) string {
 // RecordStreamAny is RecordStream for callers that do not know the device
 // (PyTorch's record_stream hook passes only the pointer and the stream).
 func (b *Bridge) RecordStreamAny(p cuda.DevicePtr, stream uintptr) error {
-	b.mu.Lock()
-	devs := make([]*Device, 0, len(b.devices))
-	for _, d := range b.devices {
-		devs = append(devs, d)
-	}
-	b.mu.Unlock()
-	for _, d := range devs {
+	for _, d := range b.deviceList() {
 		if d.owns(p) {
 			return d.recordStream(p, stream)
 		}

@@ -443,7 +443,6 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 }
 
-
 // TestResync: a run that lacks one recorded allocation (a workspace made
 // lazily during the recording) falls back into step after it: no
 // divergence, every later allocation at its planned address.

@@ -2,20 +2,19 @@ package bridge
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/arenaplan/arenaplan/cuda"
 )
 
 // zeroTokens hands out distinct addresses for 0-byte requests from a range
 // of virtual addresses that is reserved and never mapped: PyTorch needs a
-// distinct address per live allocation, never the bytes behind it.
+// distinct address per live allocation, never the bytes behind it. Its
+// owner's lock (Device.mu) guards it.
 type zeroTokens struct {
 	dev  cuda.Device
 	base cuda.DevicePtr
 	size uint64
 
-	mu   sync.Mutex
 	next uint64           // first never-used token
 	free []cuda.DevicePtr // given back
 	live map[cuda.DevicePtr]bool
@@ -39,8 +38,6 @@ func (z *zeroTokens) owns(p cuda.DevicePtr) bool {
 }
 
 func (z *zeroTokens) take() (cuda.DevicePtr, error) {
-	z.mu.Lock()
-	defer z.mu.Unlock()
 	var p cuda.DevicePtr
 	switch {
 	case len(z.free) > 0:
@@ -56,8 +53,6 @@ func (z *zeroTokens) take() (cuda.DevicePtr, error) {
 }
 
 func (z *zeroTokens) give(p cuda.DevicePtr) error {
-	z.mu.Lock()
-	defer z.mu.Unlock()
 	if !z.live[p] {
 		return fmt.Errorf("bridge: free of 0-byte allocation %#x: not live", uint64(p))
 	}

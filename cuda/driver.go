@@ -159,7 +159,7 @@ type Driver struct {
 	ccMinor int
 	closed  bool
 	pinned  map[unsafe.Pointer]uint64 // PinnedAlloc memory not yet freed
-	foreign map[uintptr]*driverStream  // Foreign streams by handle
+	foreign map[uintptr]*driverStream // Foreign streams by handle
 	guest   bool                      // OpenGuest: the host program owns the threads
 }
 

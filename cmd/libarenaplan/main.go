@@ -112,53 +112,45 @@ func arenaplan_torch_alloc(size C.size_t, device C.int, stream unsafe.Pointer) (
 	return *(*unsafe.Pointer)(unsafe.Pointer(&p))
 }
 
-//export arenaplan_torch_free
-func arenaplan_torch_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) {
+// quietly runs f for an export that cannot return an error: a failure, or
+// a panic, becomes the last error (arenaplan_last_error).
+func quietly(f func(*bridge.Bridge) error) {
 	var err error
 	defer func() {
 		guard(&err)
 		if err != nil {
 			setLast(err)
-			fmt.Fprintln(os.Stderr, "arenaplan:", err)
 		}
 	}()
 	b, err := get()
 	if err != nil {
 		return
 	}
-	err = b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
+	err = f(b)
+}
+
+//export arenaplan_torch_free
+func arenaplan_torch_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) {
+	quietly(func(b *bridge.Bridge) error {
+		err := b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
+		if err != nil {
+			// PyTorch will not see it: say it where a person will.
+			fmt.Fprintln(os.Stderr, "arenaplan:", err)
+		}
+		return err
+	})
 }
 
 //export arenaplan_torch_record_stream
 func arenaplan_torch_record_stream(ptr unsafe.Pointer, stream unsafe.Pointer) {
-	var err error
-	defer func() {
-		guard(&err)
-		if err != nil {
-			setLast(err)
-		}
-	}()
-	b, err := get()
-	if err != nil {
-		return
-	}
-	err = b.RecordStreamAny(cuda.DevicePtr(uintptr(ptr)), uintptr(stream))
+	quietly(func(b *bridge.Bridge) error {
+		return b.RecordStreamAny(cuda.DevicePtr(uintptr(ptr)), uintptr(stream))
+	})
 }
 
 //export arenaplan_torch_empty_cache
 func arenaplan_torch_empty_cache() {
-	var err error
-	defer func() {
-		guard(&err)
-		if err != nil {
-			setLast(err)
-		}
-	}()
-	b, err := get()
-	if err != nil {
-		return
-	}
-	err = b.EmptyCache()
+	quietly(func(b *bridge.Bridge) error { return b.EmptyCache() })
 }
 
 // arenaplan_captures_underway tells the library how many graph captures
@@ -166,18 +158,7 @@ func arenaplan_torch_empty_cache() {
 //
 //export arenaplan_captures_underway
 func arenaplan_captures_underway(n C.int) {
-	var err error
-	defer func() {
-		guard(&err)
-		if err != nil {
-			setLast(err)
-		}
-	}()
-	b, err := get()
-	if err != nil {
-		return
-	}
-	b.CapturesUnderway(int(n))
+	quietly(func(b *bridge.Bridge) error { b.CapturesUnderway(int(n)); return nil })
 }
 
 // arenaplan_last_error returns the last failure of an allocator call (they
