@@ -64,6 +64,8 @@ type Spill struct {
 	captures  map[uint64]*Capture // underway, by capture id
 	nextPool  uint64
 	untilNone []*block // freed during a capture; wait until none is underway
+	spare     []*block // recycled block structs (newBlock)
+	key       block    // the best-fit search's pivot, reused
 	pending   []*block // wait for events on other streams
 	events    []cuda.Event
 
@@ -105,6 +107,10 @@ type SpillStats struct {
 	// marker walk; NodesVisited what the walk cost in graph nodes.
 	CaptureReuses uint64
 	NodesVisited  uint64
+	// Paused is the bytes of segments whose physical memory PausePools
+	// released (not in Mapped); Backup the host bytes kept for them.
+	Paused uint64
+	Backup uint64
 }
 
 type spillConfig struct {
@@ -228,6 +234,9 @@ type segment struct {
 	size   uint64
 	h      cuda.MemHandle
 	plain  bool // from cuMemAlloc (WithPlainSegments), not mapped
+	paused bool // its physical memory is released (PausePools); h is stale
+	host   []byte
+	pinned bool // host is page-locked (kept from one pause to the next)
 	pool   *Pool
 	stream cuda.Stream
 	first  *block
@@ -246,6 +255,13 @@ type Pool struct {
 	refs      int      // the owner's reference plus one per graph
 	capturing *Capture // the capture routing to it now, if any
 	free      map[cuda.Stream]*btree.BTreeG[*block]
+	region    string // a region pool's name (NewRegionPool)
+	backup    bool   // a region pool's contents survive PausePools
+	paused    bool
+	// lastSt and lastT cache the latest lookup in free (trees are never
+	// removed): a map keyed by an interface costs more than the best fit.
+	lastSt cuda.Stream
+	lastT  *btree.BTreeG[*block]
 }
 
 func lessBlock(a, b *block) bool {
@@ -312,12 +328,38 @@ func (s *Spill) newPool(private bool) *Pool {
 }
 
 func (p *Pool) tree(st cuda.Stream) *btree.BTreeG[*block] {
+	if p.lastT != nil && p.lastSt == st {
+		return p.lastT
+	}
 	t := p.free[st]
 	if t == nil {
 		t = btree.NewG[*block](16, lessBlock)
 		p.free[st] = t
 	}
+	p.lastSt, p.lastT = st, t
 	return t
+}
+
+// maxSpare bounds the recycled block structs a Spill keeps.
+const maxSpare = 4096
+
+// newBlock returns a zeroed block, recycled where one is spare: the
+// allocator's hot path then allocates nothing on the Go heap.
+func (s *Spill) newBlock() *block {
+	if n := len(s.spare); n > 0 {
+		b := s.spare[n-1]
+		s.spare = s.spare[:n-1]
+		return b
+	}
+	return &block{}
+}
+
+// recycle keeps b, which nothing references any more, for newBlock.
+func (s *Spill) recycle(b *block) {
+	if len(s.spare) < maxSpare {
+		*b = block{}
+		s.spare = append(s.spare, b)
+	}
 }
 
 // Alloc returns size bytes of device memory for use on stream st, 256-byte
@@ -327,6 +369,12 @@ func (p *Pool) tree(st cuda.Stream) *btree.BTreeG[*block] {
 func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.alloc(nil, size, st)
+}
+
+// alloc serves Alloc (in == nil: the default pool or the capture's) and
+// AllocIn (a region pool); s.mu is held.
+func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	if s.closed {
 		return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, ErrClosed)
 	}
@@ -343,6 +391,10 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 		}
 	}
 	pool := s.def
+	if in != nil {
+		pool = in
+		goto serve
+	}
 	if s.cfg.foreign && len(s.captures) > 0 {
 		if err := s.sweepJoined(); err != nil {
 			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
@@ -376,6 +428,10 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 				&cuda.Error{Op: "cuStreamGetCaptureInfo_v3", Code: cuda.ErrorStreamCaptureInvalidated})
 		}
 	}
+serve:
+	if pool.paused {
+		return 0, fmt.Errorf("arena: Spill.Alloc(%d) in %s: %w", size, pool, ErrPaused)
+	}
 	rsize := roundUp(size, MinBlock)
 	b := s.bestFit(pool, st, rsize)
 	if b == nil {
@@ -399,18 +455,19 @@ func (p *Pool) String() string {
 	if !p.private {
 		return "the default pool"
 	}
+	if p.region != "" {
+		return fmt.Sprintf("region pool %q", p.region)
+	}
 	return fmt.Sprintf("private pool %d", p.id)
 }
 
 // bestFit removes and returns the smallest free block of (pool, st) that
 // holds rsize bytes.
 func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64) *block {
-	t := pool.free[st]
-	if t == nil {
-		return nil
-	}
+	t := pool.tree(st)
 	var found *block
-	t.AscendGreaterOrEqual(&block{size: rsize}, func(b *block) bool {
+	s.key = block{size: rsize}
+	t.AscendGreaterOrEqual(&s.key, func(b *block) bool {
 		found = b
 		return false
 	})
@@ -425,7 +482,8 @@ func (s *Spill) split(b *block, rsize uint64) {
 	if b.size-rsize < MinBlock {
 		return
 	}
-	rest := &block{addr: b.addr + rsize, size: b.size - rsize, seg: b.seg, prev: b, next: b.next, state: stFree}
+	rest := s.newBlock()
+	*rest = block{addr: b.addr + rsize, size: b.size - rsize, seg: b.seg, prev: b, next: b.next, state: stFree}
 	if b.next != nil {
 		b.next.prev = rest
 	}
@@ -445,6 +503,7 @@ func (s *Spill) release(b *block) {
 		if b.next != nil {
 			b.next.prev = p
 		}
+		s.recycle(b)
 		b = p
 	}
 	if n := b.next; n != nil && n.state == stFree {
@@ -454,6 +513,7 @@ func (s *Spill) release(b *block) {
 		if n.next != nil {
 			n.next.prev = b
 		}
+		s.recycle(n)
 	}
 	t.ReplaceOrInsert(b)
 }
@@ -478,7 +538,7 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, err
 	if s.st.Mapped+size > s.cfg.limit {
 		return nil, fmt.Errorf("%w: a new %s segment would pass the limit: %s", ErrOutOfMemory, fmtBytes(size), state())
 	}
-	if s.plainNow() {
+	if s.plainNow() && pool.region == "" {
 		addr, err := s.dev.Alloc(size)
 		if err != nil {
 			if errors.Is(err, cuda.ErrorOutOfMemory) {
@@ -722,15 +782,27 @@ func (s *Spill) trim(all bool) uint64 {
 	for _, seg := range segs {
 		b := seg.first
 		whole := b.next == nil && b.state == stFree
-		if !all && (!whole || (seg.pool.private && seg.pool.refs > 0)) {
+		kept := seg.pool.private && seg.pool.refs > 0 && seg.pool.region == ""
+		if !all && (!whole || kept || seg.paused) {
 			continue
 		}
 		if whole {
 			seg.pool.tree(seg.stream).Delete(b)
 		}
-		if seg.plain {
+		if seg.host != nil {
+			s.dropHost(seg)
+		}
+		switch {
+		case seg.paused:
+			// Nothing is mapped: only the addresses go back.
+			s.putVA(uint64(seg.addr-s.base), seg.size)
+			delete(s.segments, seg)
+			s.st.Paused -= seg.size
+			s.st.Segments--
+			continue
+		case seg.plain:
 			s.dev.Free(seg.addr)
-		} else {
+		default:
 			s.dev.MemUnmap(seg.addr, seg.size)
 			s.dev.MemRelease(seg.h)
 			s.putVA(uint64(seg.addr-s.base), seg.size)
@@ -742,7 +814,7 @@ func (s *Spill) trim(all bool) uint64 {
 		freed += seg.size
 	}
 	for p := range s.pools {
-		if p.private && p.refs == 0 && p.capturing == nil && !s.poolHasSegments(p) {
+		if p.private && p.region == "" && p.refs == 0 && p.capturing == nil && !s.poolHasSegments(p) {
 			delete(s.pools, p)
 		}
 	}

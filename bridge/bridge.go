@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
@@ -83,6 +84,10 @@ type Bridge struct {
 	nextID   int
 	closed   bool
 	captures int // CapturesUnderway's count; -1 until it is called
+
+	// opened holds the devices of ordinals below len(open), read
+	// without b.mu: every allocation looks its device up.
+	opened [16]atomic.Pointer[Device]
 }
 
 // New returns a Bridge; devices open on first use.
@@ -147,6 +152,11 @@ type DeviceStats struct {
 
 // device returns the state of ordinal, opening it on first use.
 func (b *Bridge) device(ordinal int) (*Device, error) {
+	if ordinal >= 0 && ordinal < len(b.opened) {
+		if d := b.opened[ordinal].Load(); d != nil {
+			return d, nil
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -171,6 +181,9 @@ func (b *Bridge) device(ordinal int) (*Device, error) {
 		d.spill.ForeignCaptures(b.captures)
 	}
 	b.devices[ordinal] = d
+	if ordinal < len(b.opened) {
+		b.opened[ordinal].Store(d)
+	}
 	return d, nil
 }
 
@@ -311,6 +324,9 @@ func (b *Bridge) Close() error {
 	b.closed = true
 	devs := b.devices
 	b.devices = nil
+	for i := range b.opened {
+		b.opened[i].Store(nil)
+	}
 	b.mu.Unlock()
 	for _, d := range devs {
 		errs = append(errs, d.zero.close(), d.spill.Close(), d.dev.Close())
@@ -326,8 +342,10 @@ func (d *Device) alloc(size uint64, stream uintptr) (cuda.DevicePtr, error) {
 		d.st.ZeroAllocs++
 		return d.zero.take()
 	}
-	if s := d.active[stream]; s != nil {
-		return s.alloc(size)
+	if len(d.active) > 0 {
+		if s := d.active[stream]; s != nil {
+			return s.alloc(size)
+		}
 	}
 	return d.spillAllocLocked(size, stream)
 }

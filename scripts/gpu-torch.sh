@@ -34,6 +34,33 @@ if [ "$WHAT" = plain ]; then
 		timeout 300 python3 bench/torch_bridge.py --mode torch --model $m >>"$OUT/plain.jsonl" 2>>"$OUT/log.txt"
 	done
 fi
+if [ "$WHAT" = diag ]; then
+	# Replay cost, taken apart: one plain torch.cuda.graph capture per
+	# allocator configuration (see bench/torch_replay_diag.py).
+	echo "== alloc+free from C" | tee -a "$OUT/log.txt"
+	.dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
+	for m in gpt2-decode-b1 llama-decode; do
+		for cfg in "torch" "ours planned"; do
+			set -- $cfg
+			echo "== diag $m $cfg" | tee -a "$OUT/log.txt"
+			env=(); flags=()
+			[ "${2:-}" = expandable ] && env=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+			[ "${2:-}" = plain ] && env=(ARENAPLAN_SPILL_PLAIN=1)
+			[ "${2:-}" = planned ] && flags=(--planned)
+			env "${env[@]}" timeout 200 python3 bench/torch_replay_diag.py --mode $1 --model $m --tag "$cfg" "${flags[@]}" \
+				>>"$OUT/diag.jsonl" 2>>"$OUT/log.txt" || echo "FAILED diag $m $cfg" | tee -a "$OUT/log.txt"
+		done
+	done
+	python3 - "$OUT/diag.jsonl" <<'PY' | tee "$OUT/diag-summary.txt"
+import json, sys
+for line in open(sys.argv[1]):
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    for name, m in r["runs"].items():
+        print(f"{r['model']:15} {r['tag']:16} {name:28} replay {m['replay_us']:7.1f} us  busy {m['busy_us']:7.1f}  span {m['span_us']:7.1f}  gaps in/between {m['gap_inside_us']:6.1f}/{m['gap_between_replays_us']:6.1f}  ops {m['ops']:4.0f}")
+PY
+fi
 if [ "$WHAT" = chunk ]; then
 	for m in gpt2-decode-b1 llama-decode; do
 		echo "== ours $m with ARENAPLAN_SPILL_CHUNK=1 GiB" | tee -a "$OUT/log.txt"

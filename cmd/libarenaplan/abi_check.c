@@ -171,9 +171,30 @@ int main(int argc, char **argv) {
     int (*stream_create)(void **, unsigned) = cu ? (int (*)(void **, unsigned))dlsym(cu, "cuStreamCreate") : NULL;
     void *st = NULL;
     bench(4096, NULL, "the legacy stream");
-    if (stream_create && stream_create(&st, 1) == 0)
+    if (stream_create && stream_create(&st, 1) == 0) {
       bench(4096, st, "a created stream (capture query per allocation)");
+      // What arenaplan.torch does: it reports PyTorch's capture count, so
+      // no allocation outside a capture asks the driver.
+      void (*captures)(int) = (void (*)(int))sym(lib, "arenaplan_captures_underway");
+      captures(0);
+      bench(4096, st, "a created stream (host reports 0 captures)");
+    }
     bench(1 << 20, NULL, "the legacy stream");
+    // The floor under every export: one call from C into Go that does
+    // almost nothing (a store under a lock).
+    {
+      enum { N = 200000 };
+      static double t[N];
+      void (*captures)(int) = (void (*)(int))sym(lib, "arenaplan_captures_underway");
+      for (int i = 0; i < N; i++) {
+        double t0 = now_ns();
+        captures(0);
+        t[i] = now_ns() - t0;
+      }
+      qsort(t, N, sizeof t[0], cmp_double);
+      printf("bench one near-empty call into Go (arenaplan_captures_underway): median %.0f ns, p99 %.0f ns\n", t[N / 2],
+             t[N * 99 / 100]);
+    }
     return 0;
   }
 

@@ -1,0 +1,225 @@
+package arena
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// Region pools: memory a program sets apart by purpose (weights, a KV
+// cache, a graph's pool) so that it can give the physical memory back
+// while idle and take it again at the same addresses, as
+// torch_memory_saver does for PyTorch. Alloc never picks a region pool;
+// AllocIn does.
+
+// NewRegionPool returns a pool of its own for allocations made with
+// AllocIn, named name in errors. backup says whether PausePools keeps its
+// contents (in page-locked host memory, kept from one pause to the next)
+// or drops them. Its segments are always mapped (never cuMemAlloc), so
+// that they can be paused.
+func (s *Spill) NewRegionPool(name string, backup bool) (*Pool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("arena: Spill.NewRegionPool(%q): %w", name, ErrClosed)
+	}
+	if name == "" {
+		return nil, errors.New("arena: Spill.NewRegionPool: empty name")
+	}
+	p := s.newPool(true)
+	p.region, p.backup, p.refs = name, backup, 1
+	return p, nil
+}
+
+// AllocIn serves size bytes for use on st from pool, a region pool or the
+// pool of a step's graphs (NewSharedPool), whatever the stream's capture
+// status. It fails with ErrPaused while the pool is paused.
+func (s *Spill) AllocIn(pool *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if pool == nil {
+		return 0, fmt.Errorf("arena: Spill.AllocIn(%d): nil pool", size)
+	}
+	if err := s.checkPool("AllocIn", pool); err != nil {
+		return 0, err
+	}
+	return s.alloc(pool, size, st)
+}
+
+// Paused says whether PausePools released the pool's memory.
+func (p *Pool) Paused() bool {
+	p.s.mu.Lock()
+	defer p.s.mu.Unlock()
+	return p.paused
+}
+
+// poolSegments returns pool's segments in address order; s.mu is held.
+func (s *Spill) poolSegments(p *Pool) []*segment {
+	var segs []*segment
+	for seg := range s.segments {
+		if seg.pool == p {
+			segs = append(segs, seg)
+		}
+	}
+	sort.Slice(segs, func(i, j int) bool { return segs[i].addr < segs[j].addr })
+	return segs
+}
+
+// PausePools releases the physical memory of pools (region pools, or the
+// private pools of graphs) and keeps their addresses reserved, so that
+// their tensors and the graphs that read them stay valid across
+// ResumePools. It waits for the device first, copies the segments of
+// backup pools to host memory, then unmaps and releases them. While a
+// pool is paused, allocating from it fails (ErrPaused); freeing its blocks
+// is bookkeeping only (no memory is touched or released twice).
+//
+// Errors, with nothing changed: a pool already paused (ErrPaused), the
+// default pool or a pool a capture routes to, plain segments, a closed
+// allocator. A driver error while unmapping leaves the pool paused.
+func (s *Spill) PausePools(pools ...*Pool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("arena: PausePools: %w", ErrClosed)
+	}
+	for _, p := range pools {
+		if p == nil {
+			return fmt.Errorf("arena: PausePools: nil pool")
+		}
+		if err := s.checkPool("PausePools", p); err != nil {
+			return err
+		}
+		switch {
+		case !p.private:
+			return fmt.Errorf("arena: PausePools: %s cannot pause (its segments serve everything else)", p)
+		case p.paused:
+			return fmt.Errorf("arena: PausePools: %s: %w", p, ErrPaused)
+		case p.capturing != nil:
+			return fmt.Errorf("arena: PausePools: %s: %w", p, ErrCapturing)
+		}
+		for _, seg := range s.poolSegments(p) {
+			if seg.plain {
+				return fmt.Errorf("arena: PausePools: %s holds a cuMemAlloc segment, which cannot be paused", p)
+			}
+		}
+	}
+	if err := s.dev.Synchronize(); err != nil {
+		return fmt.Errorf("arena: PausePools: %w", err)
+	}
+	for _, p := range pools {
+		if !p.backup {
+			continue
+		}
+		for _, seg := range s.poolSegments(p) {
+			if seg.host == nil {
+				b, err := s.dev.PinnedAlloc(seg.size)
+				seg.host, seg.pinned = b, err == nil
+				if err != nil {
+					seg.host = make([]byte, seg.size)
+				}
+				s.st.Backup += seg.size
+			}
+			if err := s.dev.CopyDtoH(seg.host, seg.addr); err != nil {
+				return fmt.Errorf("arena: PausePools: backing up %s (%s at %#x): %w", p, fmtBytes(seg.size), uint64(seg.addr), err)
+			}
+		}
+	}
+	var errs []error
+	for _, p := range pools {
+		p.paused = true
+		for _, seg := range s.poolSegments(p) {
+			seg.paused = true
+			s.st.Mapped -= seg.size
+			s.st.Paused += seg.size
+			if err := s.dev.MemUnmap(seg.addr, seg.size); err != nil {
+				errs = append(errs, fmt.Errorf("arena: PausePools: %s: %w", p, err))
+			}
+			if err := s.dev.MemRelease(seg.h); err != nil {
+				errs = append(errs, fmt.Errorf("arena: PausePools: %s: %w", p, err))
+			}
+			seg.h = 0
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ResumePools maps new physical memory for paused pools at their old
+// addresses and restores the contents of backup pools; other pools hold
+// whatever the new memory holds. Errors: a pool not paused
+// (ErrNotPaused); device memory exhausted (ErrOutOfMemory), which leaves
+// the segments not yet mapped paused (call again when memory is free).
+func (s *Spill) ResumePools(pools ...*Pool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("arena: ResumePools: %w", ErrClosed)
+	}
+	for _, p := range pools {
+		if p == nil {
+			return fmt.Errorf("arena: ResumePools: nil pool")
+		}
+		if err := s.checkPool("ResumePools", p); err != nil {
+			return err
+		}
+		if !p.paused {
+			return fmt.Errorf("arena: ResumePools: %s: %w", p, ErrNotPaused)
+		}
+	}
+	for _, p := range pools {
+		for _, seg := range s.poolSegments(p) {
+			if !seg.paused {
+				continue // mapped by an earlier call that stopped half way
+			}
+			if err := s.remap(seg); err != nil {
+				return fmt.Errorf("arena: ResumePools: %s: %w", p, err)
+			}
+		}
+		p.paused = false
+	}
+	return nil
+}
+
+// remap maps new memory under a paused segment and restores its backup.
+func (s *Spill) remap(seg *segment) error {
+	h, err := s.dev.MemCreate(seg.size)
+	if err != nil {
+		if errors.Is(err, cuda.ErrorOutOfMemory) {
+			return fmt.Errorf("%w: no %s for a segment: %w", ErrOutOfMemory, fmtBytes(seg.size), err)
+		}
+		return err
+	}
+	if err := s.dev.MemMap(seg.addr, seg.size, h); err != nil {
+		s.dev.MemRelease(h)
+		return err
+	}
+	if err := s.dev.MemSetAccess(seg.addr, seg.size); err != nil {
+		s.dev.MemUnmap(seg.addr, seg.size)
+		s.dev.MemRelease(h)
+		return err
+	}
+	if seg.host != nil {
+		if err := s.dev.CopyHtoD(seg.addr, seg.host); err != nil {
+			s.dev.MemUnmap(seg.addr, seg.size)
+			s.dev.MemRelease(h)
+			return fmt.Errorf("restoring %s at %#x: %w", fmtBytes(seg.size), uint64(seg.addr), err)
+		}
+		if !seg.pinned {
+			s.dropHost(seg) // Go memory: let the collector have it
+		}
+	}
+	seg.h, seg.paused = h, false
+	s.st.Paused -= seg.size
+	s.st.Mapped += seg.size
+	return nil
+}
+
+// dropHost lets go of a segment's backup.
+func (s *Spill) dropHost(seg *segment) {
+	if seg.pinned {
+		s.dev.PinnedFree(seg.host)
+	}
+	s.st.Backup -= seg.size
+	seg.host, seg.pinned = nil, false
+}

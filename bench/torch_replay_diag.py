@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Why does a graph replay cost what it costs? One model, one allocator,
+one process: a plain ``torch.cuda.graph`` capture of the step, its replay
+time, per-kernel GPU time over
+profiled replays (torch.profiler / CUPTI), and the alignment of the
+pointers the step reads.
+
+    python3 bench/torch_replay_diag.py --mode torch --model gpt2-decode-b1
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 bench/torch_replay_diag.py --mode torch ...
+    python3 bench/torch_replay_diag.py --mode ours --model gpt2-decode-b1 [--planned]
+
+Prints one JSON line. Compare runs: same kernels at the same durations but a
+longer replay means gaps (graph topology, launch); slower kernels mean the
+memory the kernels touch.
+"""
+import argparse
+import collections
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+import torch_bridge as tb  # noqa: E402
+
+
+def main():
+    a = argparse.ArgumentParser()
+    a.add_argument("--mode", choices=["torch", "ours"], required=True)
+    a.add_argument("--model", choices=tb.MODELS, required=True)
+    a.add_argument("--planned", action="store_true", help="ours: capture with ap.graph (planned arena) instead of torch.cuda.graph")
+    a.add_argument("--iters", type=int, default=200)
+    a.add_argument("--tag", default="")
+    args = a.parse_args()
+    if args.mode == "ours":
+        import arenaplan.torch as ap
+        ap.install()
+    import torch
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    step, _ = tb.build(args.model, torch, dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    r = {"model": args.model, "mode": args.mode, "planned": args.planned, "tag": args.tag,
+         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+         "spill_plain": os.environ.get("ARENAPLAN_SPILL_PLAIN", "")}
+    from torch.profiler import ProfilerActivity, profile
+
+    def measure(replay, n=20):
+        """Replay time, then n profiled replays: GPU busy time, span, and
+        where the idle gaps fall (summed by the op that follows them)."""
+        for _ in range(20):
+            replay()
+        torch.cuda.synchronize()
+        m = {"replay_us": tb.timed(torch, replay, args.iters, blocks=7)}
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                replay()
+            torch.cuda.synchronize()
+        ev = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda x: x[0])
+        per = collections.defaultdict(lambda: [0, 0.0])
+        gaps = collections.defaultdict(float)
+        ops = len(ev) // n if ev else 0
+        first_gap = 0.0
+        for i, (t0, t1, name) in enumerate(ev):
+            per[name][0] += 1
+            per[name][1] += t1 - t0
+            if i:
+                g = max(0.0, t0 - ev[i - 1][1])
+                if ops and i % ops == 0:
+                    first_gap += g
+                else:
+                    gaps[name[:70]] += g
+        m["ops"] = len(ev) / n
+        m["busy_us"] = sum(t1 - t0 for t0, t1, _ in ev) / n
+        m["span_us"] = (ev[-1][1] - ev[0][0]) / n if ev else 0
+        m["gap_between_replays_us"] = first_gap / max(1, n - 1)
+        m["gap_inside_us"] = sum(gaps.values()) / n
+        m["top_gaps"] = [[k, round(v / n, 2)] for k, v in sorted(gaps.items(), key=lambda kv: -kv[1])[:8]]
+        m["top"] = [[k[:90], v[0] // n, round(v[1] / n, 2)] for k, v in sorted(per.items(), key=lambda kv: -kv[1][1])[:12]]
+        return m
+
+    def plain(stream):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            out = step()
+        torch.cuda.synchronize()
+        g._keep = out
+        return g
+
+    runs = {}
+    ga = plain(s)
+    runs["plain"] = measure(ga.replay)
+    if args.planned:
+        # One process, in order: does ap.graph's graph replay slower, or
+        # does the process replay every graph slower after ap.graph?
+        gs = ap.graph(step)
+        runs["planned"] = measure(gs.replay)
+        runs["plain again"] = measure(ga.replay)
+        runs["plain on the step's stream"] = measure(plain(gs.stream).replay)
+    r["runs"] = runs
+    r.update({k: runs["plain"][k] for k in ("replay_us",)})
+    # Alignment of the parameters and buffers the step reads.
+    ptrs = []
+    import gc
+    for o in gc.get_objects():
+        try:
+            if torch.is_tensor(o) and o.is_cuda:
+                ptrs.append(o.data_ptr())
+        except Exception:
+            pass
+    r["tensors"] = len(ptrs)
+    for k in (16, 128, 256, 512, 4096, 2 << 20):
+        r[f"aligned_{k}"] = sum(1 for p in ptrs if p % k == 0)
+    print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()
