@@ -81,6 +81,7 @@ type Bridge struct {
 	mu       sync.Mutex
 	devices  map[int]*Device
 	steps    map[int]*Step
+	families map[int]*Family
 	nextID   int
 	closed   bool
 	captures int // CapturesUnderway's count; -1 until it is called
@@ -92,7 +93,7 @@ type Bridge struct {
 
 // New returns a Bridge; devices open on first use.
 func New(cfg Config) *Bridge {
-	return &Bridge{cfg: cfg, devices: map[int]*Device{}, steps: map[int]*Step{}, captures: -1}
+	return &Bridge{cfg: cfg, devices: map[int]*Device{}, steps: map[int]*Step{}, families: map[int]*Family{}, captures: -1}
 }
 
 // CapturesUnderway says how many CUDA graph captures are underway in the
@@ -315,6 +316,17 @@ func (b *Bridge) Close() error {
 		return ErrClosed
 	}
 	var errs []error
+	b.mu.Lock()
+	fams := make([]*Family, 0, len(b.families))
+	for _, f := range b.families {
+		fams = append(fams, f)
+	}
+	b.mu.Unlock()
+	for _, f := range fams {
+		if err := f.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, s := range b.stepsOf(nil) {
 		if err := s.Close(); err != nil {
 			errs = append(errs, err)
@@ -392,8 +404,10 @@ func (b *Bridge) stepsOf(d *Device) []*Step {
 // arenas returns the planned bytes and the mapped bytes of the device's
 // open steps' arenas; d.mu is held.
 func (d *Device) arenas() (planned, mapped uint64) {
+	seen := map[*arena.Arena]bool{}
 	for _, s := range d.b.stepsOf(d) {
-		if s.ar != nil {
+		if s.ar != nil && !seen[s.ar] {
+			seen[s.ar] = true
 			planned += uint64(s.ar.Size())
 			mapped += s.ar.Mapped()
 		}

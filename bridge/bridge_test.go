@@ -25,6 +25,7 @@ type program struct {
 	stream uintptr
 	layers int
 	extra  uint64 // added to layer 3's activation size (a divergent step)
+	scale  uint64 // multiplies every size (a batch size); 0 means 1
 	// addrs collects every address the step got, in order.
 	addrs []cuda.DevicePtr
 }
@@ -51,12 +52,13 @@ func (p *program) run() cuda.DevicePtr {
 	p.addrs = nil
 	var acts []cuda.DevicePtr
 	for i := range p.layers {
-		size := uint64(4096 + 1000*i)
+		k := max(p.scale, 1)
+		size := uint64(4096+1000*i) * k
 		if i == 3 {
 			size += p.extra
 		}
 		acts = append(acts, p.alloc(size))
-		ws := p.alloc(65536)
+		ws := p.alloc(65536 * k)
 		zero := p.alloc(0)
 		p.free(ws)
 		p.free(zero)
@@ -65,7 +67,7 @@ func (p *program) run() cuda.DevicePtr {
 			acts = acts[1:]
 		}
 	}
-	out := p.alloc(8192)
+	out := p.alloc(8192 * max(p.scale, 1))
 	for _, a := range acts {
 		p.free(a)
 	}

@@ -53,6 +53,8 @@ type Step struct {
 	runs, served, divergences uint64
 	firstDivergence           string
 	closing                   bool
+
+	fam *Family // the family whose arena it shares, if any
 }
 
 type stepState int
@@ -325,6 +327,9 @@ func (s *Step) Plan(budget time.Duration) error {
 	if !ok || t == nil {
 		return s.errorf("Plan needs a finished recording and no plan yet")
 	}
+	if s.fam != nil {
+		return s.errorf("is a member of family %d: plan the family", s.fam.id)
+	}
 	p, err := planner.Run(context.Background(), "auto", t, planner.Options{Budget: budget})
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): planning: %w", s.id, s.name, err)
@@ -336,6 +341,9 @@ func (s *Step) Plan(budget time.Duration) error {
 // recording one. The first run served from it must make the allocations
 // the plan was made for, or End refuses the plan.
 func (s *Step) Load(path string) error {
+	if s.fam != nil {
+		return s.errorf("is a member of family %d: load the family's plan", s.fam.id)
+	}
 	f, err := plans.Load(path)
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): %w", s.id, s.name, err)
@@ -388,10 +396,15 @@ func (s *Step) install(t *lifetime.Trace, p *planner.Plan, from string) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	s.setPlan(t, p, from, a, addrs, need)
+	return nil
+}
+
+// setPlan gives the step its plan and addresses; d.mu is held.
+func (s *Step) setPlan(t *lifetime.Trace, p *planner.Plan, from string, a *arena.Arena, addrs []cuda.DevicePtr, need []uint64) {
 	s.trace, s.plan, s.loaded, s.ar, s.addrs, s.need = t, p, from, a, addrs, need
 	s.live = btree.NewG[span](16, lessSpan)
 	s.isLive = make([]bool, len(t.Buffers))
-	return nil
 }
 
 // alloc serves an allocation on the step's stream; d.mu is held.
@@ -562,6 +575,10 @@ func (s *Step) Close() error {
 func (s *Step) closeArena() error {
 	if s.ar == nil {
 		return nil
+	}
+	if s.fam != nil {
+		s.ar, s.addrs = nil, nil
+		return s.fam.maybeCloseArena()
 	}
 	err := s.ar.Close()
 	s.ar, s.addrs = nil, nil

@@ -1,0 +1,328 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/arenaplan/arenaplan/arena"
+	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/plans"
+)
+
+// Family is several steps (one model's decode step at batch sizes 1, 2, 4,
+// ..., say) planned jointly into one arena (planner.PlanFamily): the
+// arena is as large as the largest member needs, and the smaller members
+// cost nothing more. Members replay one at a time, never concurrently:
+// their buffers overlap by design, so a member's outputs are overwritten
+// by the next run of any member. Tensors the members share (weights,
+// static inputs at the largest size, a KV cache) are made outside the
+// steps and served by the spill allocator, at the same addresses for
+// every member.
+//
+// Each member is a Step: Record and End it (inside a capture for graphs),
+// then Plan the family (or Load a family plan file), then Serve each
+// member. A Family's methods are safe for concurrent use with the
+// Bridge's allocation calls; call them from one goroutine at a time.
+type Family struct {
+	b    *Bridge
+	d    *Device
+	id   int
+	name string
+
+	// Guarded by d.mu.
+	members []*Step
+	plan    *planner.FamilyPlan
+	ar      *arena.Arena
+	loaded  string
+	closing bool
+}
+
+// NewFamily makes an empty family on device ordinal.
+func (b *Bridge) NewFamily(ordinal int, name string) (*Family, error) {
+	d, err := b.device(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.nextID++
+	f := &Family{b: b, d: d, id: b.nextID, name: name}
+	b.families[f.id] = f
+	return f, nil
+}
+
+// Family returns the family with the given ID.
+func (b *Bridge) Family(id int) (*Family, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f := b.families[id]
+	if f == nil {
+		return nil, fmt.Errorf("bridge: no family %d (never made, or closed)", id)
+	}
+	return f, nil
+}
+
+// ID is the family's handle for the C ABI.
+func (f *Family) ID() int { return f.id }
+
+func (f *Family) errorf(format string, args ...any) error {
+	return fmt.Errorf("bridge: family %d (%s): %s", f.id, f.name, fmt.Sprintf(format, args...))
+}
+
+// NewMember adds a member step; members are planned in the order they
+// were added.
+func (f *Family) NewMember(name string) (*Step, error) {
+	f.d.mu.Lock()
+	bad := f.plan != nil || f.closing
+	f.d.mu.Unlock()
+	if bad {
+		return nil, f.errorf("NewMember after Plan, Load or Close")
+	}
+	s, err := f.b.NewStep(f.d.ordinal, name)
+	if err != nil {
+		return nil, err
+	}
+	f.d.mu.Lock()
+	defer f.d.mu.Unlock()
+	s.fam = f
+	f.members = append(f.members, s)
+	return s, nil
+}
+
+// Members returns the member steps in order.
+func (f *Family) Members() []*Step {
+	f.d.mu.Lock()
+	defer f.d.mu.Unlock()
+	return append([]*Step(nil), f.members...)
+}
+
+// Plan plans the members' recorded runs into one arena ("auto" within
+// budget for each member; 0 means planner.DefaultBudget), checks the
+// family plan (planner.CheckFamily) and maps the arena.
+func (f *Family) Plan(budget time.Duration) error {
+	members, err := f.recorded()
+	if err != nil {
+		return err
+	}
+	fp, err := planner.PlanFamily(context.Background(), "auto", members, planner.Options{Budget: budget})
+	if err != nil {
+		return fmt.Errorf("bridge: family %d (%s): planning: %w", f.id, f.name, err)
+	}
+	return f.install(members, fp, "")
+}
+
+// recorded returns the members as planner members, each with its trace.
+func (f *Family) recorded() ([]planner.Member, error) {
+	f.d.mu.Lock()
+	defer f.d.mu.Unlock()
+	if f.plan != nil || f.closing {
+		return nil, f.errorf("Plan after Plan, Load or Close")
+	}
+	if len(f.members) == 0 {
+		return nil, f.errorf("has no members")
+	}
+	ms := make([]planner.Member, len(f.members))
+	for i, s := range f.members {
+		if s.state != stepIdle || s.trace == nil {
+			return nil, f.errorf("member %q has no finished recording", s.name)
+		}
+		ms[i] = planner.Member{Name: s.name, Trace: s.trace}
+	}
+	return ms, nil
+}
+
+// Save writes the family's members and plan to a family plan file.
+func (f *Family) Save(path string) error {
+	f.d.mu.Lock()
+	fp := f.plan
+	ms := make([]planner.Member, len(f.members))
+	for i, s := range f.members {
+		ms[i] = planner.Member{Name: s.name, Trace: s.trace}
+	}
+	f.d.mu.Unlock()
+	if fp == nil {
+		return f.errorf("has no plan to save")
+	}
+	if err := plans.SaveFamily(path, &plans.Family{Members: ms, Plan: fp}); err != nil {
+		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
+	}
+	return nil
+}
+
+// Load takes a family plan from a file (plans.LoadFamily verifies it)
+// instead of recording: the family must have as many members as the file,
+// none recorded, named alike. Each member's first run served from it must
+// make the allocations its plan was made for, or that member's End
+// refuses the plan.
+func (f *Family) Load(path string) error {
+	ff, err := plans.LoadFamily(path)
+	if err != nil {
+		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
+	}
+	f.d.mu.Lock()
+	n := len(f.members)
+	var names []string
+	for _, s := range f.members {
+		names = append(names, s.name)
+		if s.trace != nil {
+			f.d.mu.Unlock()
+			return f.errorf("Load: member %q has a recording already", s.name)
+		}
+	}
+	f.d.mu.Unlock()
+	if n != len(ff.Members) {
+		return f.errorf("plan %s was made for another family: it has %d members, this family %d", path, len(ff.Members), n)
+	}
+	for i, m := range ff.Members {
+		if shares(m.Keys) {
+			return f.errorf("plan %s shares buffers between members by key, which a PyTorch family never does", path)
+		}
+		if m.Name != names[i] {
+			return f.errorf("plan %s was made for another family: member %d is %q there, %q here", path, i, m.Name, names[i])
+		}
+	}
+	return f.install(ff.Members, ff.Plan, path)
+}
+
+func shares(keys []string) bool {
+	for _, k := range keys {
+		if k != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// install maps one arena for family plan fp and gives each member its
+// addresses in it.
+func (f *Family) install(ms []planner.Member, fp *planner.FamilyPlan, from string) error {
+	if err := planner.CheckFamily(ms, fp); err != nil {
+		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
+	}
+	d := f.d
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	// One buffer covers the arena: members' offsets are relative to it.
+	cover := &lifetime.Trace{Name: f.name, Buffers: []lifetime.Buffer{{Name: "family", Size: max(fp.Arena, 1), Start: 0, End: 1,
+		Tag: "graphs", Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}}}
+	cp := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: max(fp.Arena, 1), Offsets: []int64{0}}
+	a, err := arena.New(d.dev, cover, cp)
+	if err != nil {
+		return fmt.Errorf("bridge: family %d (%s): arena of %s: %w", f.id, f.name, fmtBytes(uint64(fp.Arena)), err)
+	}
+	base, err := a.Ptr(0)
+	if err != nil {
+		a.Close()
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if f.plan != nil || f.closing {
+		a.Close()
+		return f.errorf("planned twice")
+	}
+	for i, s := range f.members {
+		mp := fp.Members[i].Plan
+		t := ms[i].Trace
+		addrs := make([]cuda.DevicePtr, len(t.Buffers))
+		need := make([]uint64, len(t.Buffers))
+		for j := range t.Buffers {
+			addrs[j] = base.Add(uint64(mp.Offsets[j]))
+			n, _ := planner.Need(&t.Buffers[j], mp.Align)
+			need[j] = uint64(n)
+		}
+		s.setPlan(t, mp, from, a, addrs, need)
+	}
+	f.plan, f.ar, f.loaded = fp, a, from
+	return nil
+}
+
+// Report describes the family plan: the arena against the largest
+// member's lower bound and each member's own figures.
+type FamilyReport struct {
+	Name       string   `json:"name"`
+	Members    []Report `json:"members"`
+	Arena      int64    `json:"arena"`
+	LowerBound int64    `json:"lower_bound"` // the largest member's
+	Ratio      float64  `json:"ratio"`
+	ArenaMap   uint64   `json:"arena_mapped"`
+	PlanFile   string   `json:"plan_file,omitempty"`
+}
+
+// Report returns the family's report.
+func (f *Family) Report() FamilyReport {
+	ms := f.Members()
+	r := FamilyReport{Name: f.name}
+	for _, s := range ms {
+		mr := s.Report()
+		r.Members = append(r.Members, mr)
+		r.LowerBound = max(r.LowerBound, mr.LowerBound)
+	}
+	f.d.mu.Lock()
+	defer f.d.mu.Unlock()
+	if f.plan != nil {
+		r.Arena = f.plan.Arena
+	}
+	if f.ar != nil {
+		r.ArenaMap = f.ar.Mapped()
+	}
+	if r.LowerBound > 0 {
+		r.Ratio = float64(r.Arena) / float64(r.LowerBound)
+	}
+	r.PlanFile = f.loaded
+	return r
+}
+
+// Close closes every member (see Step.Close) and gives the arena back once
+// no member's planned buffer is live any more.
+func (f *Family) Close() error {
+	var errs []error
+	f.d.mu.Lock()
+	if f.closing {
+		f.d.mu.Unlock()
+		return f.errorf("closed already")
+	}
+	f.closing = true
+	var open []*Step
+	for _, s := range f.members {
+		if !s.closing {
+			open = append(open, s)
+		}
+	}
+	f.d.mu.Unlock()
+	for _, s := range open {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	f.d.mu.Lock()
+	errs = append(errs, f.maybeCloseArena())
+	f.d.mu.Unlock()
+	f.b.mu.Lock()
+	delete(f.b.families, f.id)
+	f.b.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// maybeCloseArena closes the arena once the family is closing and no
+// member holds its share any more; d.mu is held.
+func (f *Family) maybeCloseArena() error {
+	if !f.closing || f.ar == nil {
+		return nil
+	}
+	for _, s := range f.members {
+		if s.ar != nil {
+			return nil
+		}
+	}
+	err := f.ar.Close()
+	f.ar = nil
+	return err
+}

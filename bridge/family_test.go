@@ -1,0 +1,172 @@
+package bridge
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// recordFamily records one member per scale (largest first, as engines
+// capture) and plans the family.
+func recordFamily(t *testing.T, b *Bridge, scales []uint64) (*Family, []*program) {
+	t.Helper()
+	f, err := b.NewFamily(0, "decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps []*program
+	for _, k := range scales {
+		p := &program{t: t, b: b, stream: 0x77, layers: 6, scale: k}
+		s, err := f.NewMember("bs" + string(rune('0'+k)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Record(p.stream); err != nil {
+			t.Fatal(err)
+		}
+		out := p.run()
+		if err := s.End(false); err != nil {
+			t.Fatal(err)
+		}
+		p.free(out)
+		ps = append(ps, p)
+	}
+	return f, ps
+}
+
+// TestFamilySharesOneArena: members planned jointly share one arena as
+// large as the largest member's lower bound; each replays at its own
+// addresses every time, in any order, inside that arena.
+func TestFamilySharesOneArena(t *testing.T) {
+	b := newTestBridge(t)
+	scales := []uint64{8, 4, 2, 1}
+	f, ps := recordFamily(t, b, scales)
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	r := f.Report()
+	var sum int64
+	for _, m := range r.Members {
+		sum += m.LowerBound
+	}
+	if r.Arena < r.LowerBound || r.Arena >= sum {
+		t.Fatalf("family arena %d: want at least the largest member's bound %d and below the members' sum %d", r.Arena, r.LowerBound, sum)
+	}
+	st, _ := b.Stats(0)
+	if st.ArenaBytes != uint64(r.Arena) {
+		t.Fatalf("stats count %d arena bytes, want the one shared arena's %d", st.ArenaBytes, r.Arena)
+	}
+	members := f.Members()
+	first := make([][]cuda.DevicePtr, len(members))
+	base, hi := ^uint64(0), uint64(0)
+	for _, order := range [][]int{{0, 1, 2, 3}, {3, 1, 0, 2}, {2, 2, 0, 3}} {
+		for _, i := range order {
+			s, p := members[i], ps[i]
+			if err := s.Serve(p.stream, true); err != nil {
+				t.Fatal(err)
+			}
+			out := p.run()
+			if err := s.End(false); err != nil {
+				t.Fatal(err)
+			}
+			p.free(out)
+			if first[i] == nil {
+				first[i] = append([]cuda.DevicePtr(nil), p.addrs...)
+			}
+			for j, a := range p.addrs {
+				if b.devices[0].zero.owns(a) {
+					continue
+				}
+				if a != first[i][j] {
+					t.Fatalf("member %d allocation %d at %#x, first run had %#x", i, j, uint64(a), uint64(first[i][j]))
+				}
+				base, hi = min(base, uint64(a)), max(hi, uint64(a))
+			}
+		}
+	}
+	if hi-base >= uint64(r.Arena) {
+		t.Fatalf("members' addresses span %d bytes, beyond the %d-byte arena", hi-base, r.Arena)
+	}
+	for _, m := range f.Report().Members {
+		if m.Divergences != 0 {
+			t.Fatalf("member %s: %d divergences (%s)", m.Name, m.Divergences, m.FirstDivergence)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := b.Stats(0); st.ArenaBytes != 0 {
+		t.Fatalf("after Close the device still counts %d arena bytes", st.ArenaBytes)
+	}
+}
+
+// TestFamilyPlanFile: a family plan round-trips through a file and serves
+// the same addresses; a file made for other members is refused.
+func TestFamilyPlanFile(t *testing.T) {
+	b := newTestBridge(t)
+	f, _ := recordFamily(t, b, []uint64{4, 2, 1})
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "decode.plan")
+	if err := f.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	want := f.Report().Arena
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	g, err := b.NewFamily(0, "decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ss []*Step
+	for _, k := range []uint64{4, 2, 1} {
+		s, err := g.NewMember("bs" + string(rune('0'+k)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss = append(ss, s)
+	}
+	if err := g.Load(path); err != nil {
+		t.Fatal(err)
+	}
+	if got := g.Report().Arena; got != want {
+		t.Fatalf("loaded arena %d, saved %d", got, want)
+	}
+	p := &program{t: t, b: b, stream: 0x77, layers: 6, scale: 2}
+	if err := ss[1].Serve(p.stream, true); err != nil {
+		t.Fatal(err)
+	}
+	out := p.run()
+	if err := ss[1].End(false); err != nil {
+		t.Fatalf("the member the plan was made for was refused: %v", err)
+	}
+	p.free(out)
+	// Member 0 runs a different step (scale 3): its End refuses the plan.
+	q := &program{t: t, b: b, stream: 0x77, layers: 6, scale: 3}
+	if err := ss[0].Serve(q.stream, false); err != nil {
+		t.Fatal(err)
+	}
+	out = q.run()
+	if err := ss[0].End(false); err == nil || !strings.Contains(err.Error(), "another step") {
+		t.Fatalf("a run unlike the plan: End said %v, want a refusal naming the difference", err)
+	}
+	q.free(out)
+	g.Close()
+
+	// Another family shape: refused at load.
+	h, _ := b.NewFamily(0, "decode")
+	for _, n := range []string{"bs4", "bs2"} {
+		if _, err := h.NewMember(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.Load(path); err == nil || !strings.Contains(err.Error(), "another family") {
+		t.Fatalf("a plan for 3 members loaded into 2: %v", err)
+	}
+	h.Close()
+}
