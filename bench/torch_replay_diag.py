@@ -30,6 +30,9 @@ def main():
     a.add_argument("--mode", choices=["torch", "ours"], required=True)
     a.add_argument("--model", choices=tb.MODELS, required=True)
     a.add_argument("--planned", action="store_true", help="ours: capture with ap.graph (planned arena) instead of torch.cuda.graph")
+    a.add_argument("--stages", action="store_true", help="ours: the plain graph's replay after each stage of ap.graph, done by hand")
+    a.add_argument("--graphs", action="store_true", help="the plain graph's replay as more graphs are captured")
+    a.add_argument("--keep", action="store_true", help="as --graphs, with graphs captured but not instantiated first")
     a.add_argument("--iters", type=int, default=200)
     a.add_argument("--tag", default="")
     args = a.parse_args()
@@ -59,6 +62,19 @@ def main():
             replay()
         torch.cuda.synchronize()
         m = {"replay_us": tb.timed(torch, replay, args.iters, blocks=7)}
+        # Host side: what one launch costs the calling thread, and whether
+        # some thread of the process burns CPU while Python sleeps.
+        import time as _t
+        torch.cuda.synchronize()
+        t0 = _t.perf_counter()
+        for _ in range(50):
+            replay()
+        m["launch_host_us"] = (_t.perf_counter() - t0) / 50 * 1e6
+        torch.cuda.synchronize()
+        c0, w0 = _t.process_time(), _t.perf_counter()
+        _t.sleep(0.5)
+        m["idle_cpu_pct"] = 100 * (_t.process_time() - c0) / (_t.perf_counter() - w0)
+        m["threads"] = int(next(l for l in open("/proc/self/status") if l.startswith("Threads:")).split()[1])
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(n):
                 replay()
@@ -87,8 +103,8 @@ def main():
         m["top"] = [[k[:90], v[0] // n, round(v[1] / n, 2)] for k, v in sorted(per.items(), key=lambda kv: -kv[1][1])[:12]]
         return m
 
-    def plain(stream):
-        g = torch.cuda.CUDAGraph()
+    def plain(stream, keep=False):
+        g = torch.cuda.CUDAGraph(keep_graph=True) if keep else torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=stream):
             out = step()
         torch.cuda.synchronize()
@@ -105,6 +121,88 @@ def main():
         runs["planned"] = measure(gs.replay)
         runs["plain again"] = measure(ga.replay)
         runs["plain on the step's stream"] = measure(plain(gs.stream).replay)
+    if args.graphs:
+        # Does the count of instantiated graphs change a graph's replay,
+        # whatever the allocator?
+        s2 = torch.cuda.Stream()
+        s2.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s2):
+            step()
+        torch.cuda.synchronize()
+        gb = plain(s2)
+        runs["after a 2nd graph (kept), other stream"] = measure(ga.replay)
+        gc = plain(s2)
+        runs["after a 3rd graph (kept)"] = measure(ga.replay)
+        gb.reset()
+        gc.reset()
+        torch.cuda.synchronize()
+        runs["after destroying both"] = measure(ga.replay)
+        gd = plain(s)
+        runs["after a 2nd graph on the same stream"] = measure(ga.replay)
+    if args.keep:
+        # The same with graphs captured but never instantiated
+        # (CUDAGraph(keep_graph=True), no instantiate()).
+        s2 = torch.cuda.Stream()
+        s2.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s2):
+            step()
+        torch.cuda.synchronize()
+        kept = [plain(s2, keep=True) for _ in range(4)]
+        runs["after 4 captures never instantiated"] = measure(ga.replay)
+        gb = plain(s2)
+        runs["then a 2nd instantiated graph"] = measure(ga.replay)
+        gc = plain(s2)
+        runs["then a 3rd instantiated graph"] = measure(ga.replay)
+    if args.stages:
+        import arenaplan.torch as apt
+        lib = apt._need()
+        st2 = torch.cuda.Stream()
+        apt._warm_up(step, st2, 3)
+        runs["after warm-up on a new stream"] = measure(ga.replay)
+        big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+        runs["after a 1 GiB spill allocation"] = measure(ga.replay)
+        del big
+        sid = lib.step_new(0, "diag")
+        lib.step_record(sid, st2.cuda_stream)
+        g0 = torch.cuda.CUDAGraph()
+        o = apt._capture(lib, sid, step, st2, g0)
+        del o
+        g0.reset()
+        runs["after the recording capture"] = measure(ga.replay)
+        lib.step_plan(sid, 1.0)
+        runs["after planning (arena mapped)"] = measure(ga.replay)
+        gp = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gp, stream=st2):
+            op = step()
+        torch.cuda.synchronize()
+        runs["after a plain capture on that stream"] = measure(ga.replay)
+        sid2 = lib.step_new(0, "diag2")
+        lib.step_record(sid2, st2.cuda_stream)
+        g2 = torch.cuda.CUDAGraph()
+        o2 = apt._capture(lib, sid2, step, st2, g2)
+        del o2
+        g2.reset()
+        lib.step_plan(sid2, 1.0)
+        lib.step_close(sid2)
+        torch.cuda.synchronize()
+        runs["after a 2nd recording, plan, close"] = measure(ga.replay)
+        lib.step_serve(sid, st2.cuda_stream, False)
+        o3 = step()  # an eager run served from the plan, no capture
+        del o3
+        lib.step_end(sid, False)
+        torch.cuda.synchronize()
+        runs["after an eager served run"] = measure(ga.replay)
+        lib.step_serve(sid, st2.cuda_stream, False)
+        g1 = torch.cuda.CUDAGraph()
+        o1 = apt._capture(lib, sid, step, st2, g1)
+        torch.cuda.synchronize()
+        runs["after the serving capture"] = measure(ga.replay)
+        runs["the served graph"] = measure(g1.replay)
+        del o1
+        g1.reset()
+        lib.step_close(sid)
+        torch.cuda.synchronize()
+        runs["after closing the step"] = measure(ga.replay)
     r["runs"] = runs
     r.update({k: runs["plain"][k] for k in ("replay_us",)})
     # Alignment of the parameters and buffers the step reads.

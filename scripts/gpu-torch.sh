@@ -39,14 +39,17 @@ if [ "$WHAT" = diag ]; then
 	# allocator configuration (see bench/torch_replay_diag.py).
 	echo "== alloc+free from C" | tee -a "$OUT/log.txt"
 	.dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
-	for m in gpt2-decode-b1 llama-decode; do
-		for cfg in "torch" "ours planned"; do
+	for m in gpt2-decode-b1; do
+		for cfg in "torch keep" "ours keep"; do
 			set -- $cfg
 			echo "== diag $m $cfg" | tee -a "$OUT/log.txt"
 			env=(); flags=()
 			[ "${2:-}" = expandable ] && env=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
 			[ "${2:-}" = plain ] && env=(ARENAPLAN_SPILL_PLAIN=1)
 			[ "${2:-}" = planned ] && flags=(--planned)
+			[ "${2:-}" = stages ] && flags=(--stages)
+			[ "${2:-}" = graphs ] && flags=(--graphs)
+			[ "${2:-}" = keep ] && flags=(--keep)
 			env "${env[@]}" timeout 200 python3 bench/torch_replay_diag.py --mode $1 --model $m --tag "$cfg" "${flags[@]}" \
 				>>"$OUT/diag.jsonl" 2>>"$OUT/log.txt" || echo "FAILED diag $m $cfg" | tee -a "$OUT/log.txt"
 		done
@@ -58,7 +61,7 @@ for line in open(sys.argv[1]):
         continue
     r = json.loads(line)
     for name, m in r["runs"].items():
-        print(f"{r['model']:15} {r['tag']:16} {name:28} replay {m['replay_us']:7.1f} us  busy {m['busy_us']:7.1f}  span {m['span_us']:7.1f}  gaps in/between {m['gap_inside_us']:6.1f}/{m['gap_between_replays_us']:6.1f}  ops {m['ops']:4.0f}")
+        print(f"{r['model']:15} {r['tag']:16} {name:28} replay {m['replay_us']:7.1f} us  busy {m['busy_us']:7.1f}  span {m['span_us']:7.1f}  gaps in/between {m['gap_inside_us']:6.1f}/{m['gap_between_replays_us']:6.1f}  ops {m['ops']:4.0f}  launch {m.get('launch_host_us', 0):6.1f} us  idle cpu {m.get('idle_cpu_pct', 0):5.1f}%  threads {m.get('threads', 0)}")
 PY
 fi
 if [ "$WHAT" = chunk ]; then
