@@ -223,3 +223,19 @@ func (s *Spill) dropHost(seg *segment) {
 	s.st.Backup -= seg.size
 	seg.host, seg.pinned = nil, false
 }
+
+// GraphPools returns the private pools that hold graphs' memory now:
+// those of NewSharedPool and of captures (joined or begun here) that map
+// segments, region pools excepted.
+func (s *Spill) GraphPools() []*Pool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Pool
+	for p := range s.pools {
+		if p.private && p.region == "" && p.refs > 0 && s.poolHasSegments(p) {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}

@@ -30,6 +30,10 @@ type Config struct {
 	// SpillPlain grows the spill allocator with cuMemAlloc outside
 	// captures (arena.WithPlainSegments; ARENAPLAN_SPILL_PLAIN=1).
 	SpillPlain bool
+	// ThreadID names the calling thread for regions (BeginRegion); nil:
+	// the operating system's thread id (gettid on Linux), which the host
+	// program knows too (Python's threading.get_native_id).
+	ThreadID func() int
 }
 
 // ConfigFromEnv reads ARENAPLAN_DEVICE ("sim" or "cuda", default cuda),
@@ -86,6 +90,8 @@ type Bridge struct {
 	closed   bool
 	captures int // CapturesUnderway's count; -1 until it is called
 
+	regionsOpen atomic.Int32 // threads inside a region, on any device
+
 	// opened holds the devices of ordinals below len(open), read
 	// without b.mu: every allocation looks its device up.
 	opened [16]atomic.Pointer[Device]
@@ -129,6 +135,10 @@ type Device struct {
 	streams map[uintptr]cuda.Stream // dev.Foreign's answers, cached
 	planned map[cuda.DevicePtr]slot // live planned buffers by address
 	st      DeviceStats
+
+	regions      map[string]*region // by tag (BeginRegion)
+	threadRegion map[int]*region    // the region each thread is in
+	graphs       *graphsPause       // non-nil while the graphs are paused
 }
 
 // slot is a live planned buffer.
@@ -149,6 +159,13 @@ type DeviceStats struct {
 	ArenaBytes    uint64 // planned arenas, sum of sizes
 	ArenaMapped   uint64 // physical bytes the arenas map now
 	Spill         arena.SpillStats
+}
+
+func (b *Bridge) threadID() int {
+	if b.cfg.ThreadID != nil {
+		return b.cfg.ThreadID()
+	}
+	return gettid()
 }
 
 // device returns the state of ordinal, opening it on first use.
@@ -229,7 +246,8 @@ func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
 		return nil, err
 	}
 	return &Device{b: b, ordinal: ordinal, dev: dev, spill: spill, zero: zero,
-		active: map[uintptr]*Step{}, planned: map[cuda.DevicePtr]slot{}, streams: map[uintptr]cuda.Stream{}}, nil
+		active: map[uintptr]*Step{}, planned: map[cuda.DevicePtr]slot{}, streams: map[uintptr]cuda.Stream{},
+		regions: map[string]*region{}, threadRegion: map[int]*region{}}, nil
 }
 
 // makeCurrent makes dev's context current on the calling thread where the
@@ -357,6 +375,11 @@ func (d *Device) alloc(size uint64, stream uintptr) (cuda.DevicePtr, error) {
 	if len(d.active) > 0 {
 		if s := d.active[stream]; s != nil {
 			return s.alloc(size)
+		}
+	}
+	if d.b.regionsOpen.Load() > 0 && len(d.threadRegion) > 0 {
+		if r := d.threadRegion[d.b.threadID()]; r != nil {
+			return d.regionAlloc(r, size, stream)
 		}
 	}
 	return d.spillAllocLocked(size, stream)

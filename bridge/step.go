@@ -195,6 +195,9 @@ func (s *Step) Serve(stream uintptr, strict bool) error {
 	if s.ar == nil {
 		return s.errorf("has no plan: record and Plan, or Load, first")
 	}
+	if s.d.graphs != nil {
+		return s.errorf("the graphs' memory is paused: Resume it first")
+	}
 	if err := s.begin(stream, stepServing); err != nil {
 		return err
 	}

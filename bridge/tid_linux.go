@@ -1,0 +1,5 @@
+package bridge
+
+import "syscall"
+
+func gettid() int { return syscall.Gettid() }
