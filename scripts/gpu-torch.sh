@@ -19,12 +19,44 @@ if [ "$WHAT" = all ] || [ "$WHAT" = models ]; then
 	echo "== alloc+free from C" | tee -a "$OUT/log.txt"
 	.dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
 	for m in gpt2-decode-b1 gpt2-decode-b8 llama-decode bert resnet50 gpt2-train; do
-		for mode in torch ours; do
+		mkdir -p /tmp/gpu-torch-plans
+		for mode in torch ours ours-plan; do
 			echo "== $mode $m" | tee -a "$OUT/log.txt"
-			timeout 300 python3 bench/torch_bridge.py --mode $mode --model $m >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" ||
+			case $mode in
+			torch) args=(--mode torch) ;;
+			ours) args=(--mode ours --save-plan /tmp/gpu-torch-plans/$m.plan) ;;
+			ours-plan) args=(--mode ours --plan /tmp/gpu-torch-plans/$m.plan) ;;
+			esac
+			timeout 300 python3 bench/torch_bridge.py "${args[@]}" --model $m >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" ||
 				echo "FAILED $mode $m ($?)" | tee -a "$OUT/log.txt"
 		done
 	done
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = family ]; then
+	for mode in torch ours; do
+		echo "== family and sleep: $mode" | tee -a "$OUT/log.txt"
+		timeout 400 python3 bench/torch_family_sleep.py --mode $mode >>"$OUT/family.jsonl" 2>>"$OUT/log.txt" ||
+			echo "FAILED family $mode ($?)" | tee -a "$OUT/log.txt"
+	done
+	python3 - "$OUT/family.jsonl" <<'PY' | tee "$OUT/family-summary.txt"
+import json, sys
+M = 2**20
+for line in open(sys.argv[1]):
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    caps = r["capture_ms"]
+    print(f"{r['mode']:6} graphs {r['graph_bytes']/M:8.1f} MiB  device {r['device_bytes_for_graphs']/M:8.1f} MiB  "
+          f"LB(largest) {r.get('lower_bound', 0)/M:8.1f} MiB  ratio {r.get('ratio', 0):.4f}  max added/size {r['max_added_bytes']/M:6.2f} MiB  "
+          f"capture ms max {max(caps.values()):6.1f} (plan {r.get('plan_ms', 0):.1f})  mixed equal {r['mixed_equal']}/40 bad {r['mixed_bad_sizes']}  div {r.get('divergences', '-')}")
+    print("       curve MiB: " + " ".join(f"{b}:{v/M:.1f}" for b, v in r["curve"]))
+    print("       replay us: " + " ".join(f"{b}:{v}" for b, v in r["replay_us"].items()))
+    sl = r.get("sleep")
+    if sl:
+        print(f"       sleep: {sl['cycles']} cycles, returned >= {sl['returned_fraction_min']:.4f} of paused; backup GiB/s first {sl['backup_GiBps_first']:.1f}, later min/median {sl['backup_GiBps_min_later']:.1f}/{sl['backup_GiBps_median_later']:.1f}; "
+              f"restore first {sl['restore_GiBps_first']:.1f}, later min/median {sl['restore_GiBps_min_later']:.1f}/{sl['restore_GiBps_median_later']:.1f}; wake {sl['wake_s_median']*1e3:.0f} ms; "
+              f"replays equal in checked cycles {sl['checked_cycles_all_equal']}; device free after {[x/M for x in sl['device_free_after_range']]} MiB; rss {[x/M for x in sl['rss_range']]} MiB; backup {[x/M for x in sl['backup_bytes_range']]} MiB")
+PY
 fi
 if [ "$WHAT" = plain ]; then
 	for m in gpt2-decode-b1 gpt2-decode-b8 llama-decode; do
@@ -86,7 +118,7 @@ for line in open(sys.argv[1]):
         r = json.loads(line)
         rows.setdefault(r["model"], {})[r["mode"]] = r
 M = 2**20
-print(f"{'model':15} {'LB MB':>7} {'arena/LB':>8} {'torch pool MB':>13} {'ours MB':>8} {'ours/torch':>10} {'capture ms t/o':>15} {'replay us t/o':>15} {'eager us t/o':>15} {'equal t/o':>9} {'div':>3}")
+print(f"{'model':15} {'LB MB':>7} {'arena/LB':>8} {'torch pool MB':>13} {'ours MB':>8} {'ours/torch':>10} {'capture ms t/o':>15} {'replay us t/o':>15} {'eager us t/o':>15} {'equal t/o':>9} {'div':>3}  {'replay us: torch 3 captures / ours from a plan file':>20}")
 for m, d in rows.items():
     t, o = d.get("torch", {}), d.get("ours", {})
     lb = o.get("lower_bound", 0)
@@ -94,6 +126,7 @@ for m, d in rows.items():
     tp, op = t.get("graph_bytes", float("nan")), o.get("graph_bytes", float("nan"))
     print(f"{m:15} {lb/1e6:7.1f} {ratio:8.4f} {tp/1e6:13.1f} {op/1e6:8.1f} {op/tp if tp else float('nan'):10.3f} "
           f"{t.get('capture_ms', 0):7.0f}/{o.get('capture_ms', 0):<7.0f} {t.get('replay_us', 0):7.0f}/{o.get('replay_us', 0):<7.0f} "
-          f"{t.get('eager_us', 0):7.0f}/{o.get('eager_us', 0):<7.0f} {str(t.get('replay_equal'))[0]}/{str(o.get('replay_equal'))[0]:7} {o.get('divergences', '-')}")
+          f"{t.get('eager_us', 0):7.0f}/{o.get('eager_us', 0):<7.0f} {str(t.get('replay_equal'))[0]}/{str(o.get('replay_equal'))[0]:7} {o.get('divergences', '-'):3}"
+          f"  {t.get('replay_us_after_3_captures', 0):7.0f} / {d.get('ours-plan', {}).get('replay_us', 0):<7.0f} (div {d.get('ours-plan', {}).get('divergences', '-')})")
 PY
 exit 0

@@ -28,6 +28,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -283,4 +284,123 @@ func arenaplan_stats(device C.int, out **C.char) (e *C.char) {
 		*out = C.CString(string(js))
 	}
 	return
+}
+
+// bridgeCall runs f on the bridge and returns its error as a C string.
+func bridgeCall(f func(*bridge.Bridge) error) (e *C.char) {
+	var err error
+	defer func() { guard(&err); e = cerr(err) }()
+	b, err := get()
+	if err != nil {
+		return
+	}
+	err = f(b)
+	return
+}
+
+// family runs f on family id.
+func family(id C.int, f func(*bridge.Family) error) *C.char {
+	return bridgeCall(func(b *bridge.Bridge) error {
+		fam, err := b.Family(int(id))
+		if err != nil {
+			return err
+		}
+		return f(fam)
+	})
+}
+
+// arenaplan_family_new makes a family of steps planned into one arena.
+//
+//export arenaplan_family_new
+func arenaplan_family_new(device C.int, name *C.char, id *C.int) *C.char {
+	return bridgeCall(func(b *bridge.Bridge) error {
+		f, err := b.NewFamily(int(device), C.GoString(name))
+		if err == nil {
+			*id = C.int(f.ID())
+		}
+		return err
+	})
+}
+
+// arenaplan_family_member adds a member step; *sid is its step id.
+//
+//export arenaplan_family_member
+func arenaplan_family_member(id C.int, name *C.char, sid *C.int) *C.char {
+	return family(id, func(f *bridge.Family) error {
+		s, err := f.NewMember(C.GoString(name))
+		if err == nil {
+			*sid = C.int(s.ID())
+		}
+		return err
+	})
+}
+
+//export arenaplan_family_plan
+func arenaplan_family_plan(id C.int, budgetSeconds C.double) *C.char {
+	return family(id, func(f *bridge.Family) error {
+		return f.Plan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+	})
+}
+
+//export arenaplan_family_save
+func arenaplan_family_save(id C.int, path *C.char) *C.char {
+	return family(id, func(f *bridge.Family) error { return f.Save(C.GoString(path)) })
+}
+
+//export arenaplan_family_load
+func arenaplan_family_load(id C.int, path *C.char) *C.char {
+	return family(id, func(f *bridge.Family) error { return f.Load(C.GoString(path)) })
+}
+
+//export arenaplan_family_close
+func arenaplan_family_close(id C.int) *C.char {
+	return family(id, func(f *bridge.Family) error { return f.Close() })
+}
+
+// arenaplan_family_report sets *out to the family's report as JSON.
+//
+//export arenaplan_family_report
+func arenaplan_family_report(id C.int, out **C.char) *C.char {
+	return family(id, func(f *bridge.Family) error {
+		js, err := json.Marshal(f.Report())
+		if err == nil {
+			*out = C.CString(string(js))
+		}
+		return err
+	})
+}
+
+// arenaplan_region_begin routes thread's allocations on device (thread:
+// the OS thread id, Python's threading.get_native_id()) to region tag.
+//
+//export arenaplan_region_begin
+func arenaplan_region_begin(device C.int, thread C.long, tag *C.char, backup C.int) *C.char {
+	return bridgeCall(func(b *bridge.Bridge) error {
+		return b.BeginRegion(int(device), int(thread), C.GoString(tag), backup != 0)
+	})
+}
+
+//export arenaplan_region_end
+func arenaplan_region_end(device C.int, thread C.long) *C.char {
+	return bridgeCall(func(b *bridge.Bridge) error { return b.EndRegion(int(device), int(thread)) })
+}
+
+// arenaplan_pause releases the memory of the regions named in tags (comma
+// separated; "graphs" for the graphs; empty: everything) on device.
+//
+//export arenaplan_pause
+func arenaplan_pause(device C.int, tags *C.char) *C.char {
+	return bridgeCall(func(b *bridge.Bridge) error { return b.Pause(int(device), splitTags(C.GoString(tags))...) })
+}
+
+//export arenaplan_resume
+func arenaplan_resume(device C.int, tags *C.char) *C.char {
+	return bridgeCall(func(b *bridge.Bridge) error { return b.Resume(int(device), splitTags(C.GoString(tags))...) })
+}
+
+func splitTags(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }

@@ -61,6 +61,17 @@ class Library:
             "arenaplan_step_close": (err, [ci]),
             "arenaplan_step_report": (err, [ci, ctypes.POINTER(cp)]),
             "arenaplan_stats": (err, [ci, ctypes.POINTER(cp)]),
+            "arenaplan_family_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
+            "arenaplan_family_member": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
+            "arenaplan_family_plan": (err, [ci, ctypes.c_double]),
+            "arenaplan_family_save": (err, [ci, ctypes.c_char_p]),
+            "arenaplan_family_load": (err, [ci, ctypes.c_char_p]),
+            "arenaplan_family_close": (err, [ci]),
+            "arenaplan_family_report": (err, [ci, ctypes.POINTER(cp)]),
+            "arenaplan_region_begin": (err, [ci, ctypes.c_long, ctypes.c_char_p, ci]),
+            "arenaplan_region_end": (err, [ci, ctypes.c_long]),
+            "arenaplan_pause": (err, [ci, ctypes.c_char_p]),
+            "arenaplan_resume": (err, [ci, ctypes.c_char_p]),
         }
         for name, (res, args) in sig.items():
             f = getattr(lib, name)
@@ -80,7 +91,7 @@ class Library:
     def check(self, p, mismatch: bool = False) -> None:
         msg = self._take(p)
         if msg is not None:
-            if mismatch and "another step" in msg:
+            if mismatch and ("another step" in msg or "another family" in msg):
                 raise PlanMismatchError(msg)
             raise ArenaplanError(msg)
 
@@ -139,3 +150,44 @@ class Library:
         out = ctypes.c_void_p()
         self.check(self._lib.arenaplan_stats(device, ctypes.byref(out)))
         return json.loads(self._take(out))
+
+    # Families.
+    def family_new(self, device: int, name: str) -> int:
+        i = ctypes.c_int(-1)
+        self.check(self._lib.arenaplan_family_new(device, name.encode(), ctypes.byref(i)))
+        return i.value
+
+    def family_member(self, fid: int, name: str) -> int:
+        i = ctypes.c_int(-1)
+        self.check(self._lib.arenaplan_family_member(fid, name.encode(), ctypes.byref(i)))
+        return i.value
+
+    def family_plan(self, fid: int, budget_s: float) -> None:
+        self.check(self._lib.arenaplan_family_plan(fid, budget_s))
+
+    def family_save(self, fid: int, path: str) -> None:
+        self.check(self._lib.arenaplan_family_save(fid, os.fsencode(path)))
+
+    def family_load(self, fid: int, path: str) -> None:
+        self.check(self._lib.arenaplan_family_load(fid, os.fsencode(path)), mismatch=True)
+
+    def family_close(self, fid: int) -> None:
+        self.check(self._lib.arenaplan_family_close(fid))
+
+    def family_report(self, fid: int) -> dict:
+        out = ctypes.c_void_p()
+        self.check(self._lib.arenaplan_family_report(fid, ctypes.byref(out)))
+        return json.loads(self._take(out))
+
+    # Sleep and wake.
+    def region_begin(self, device: int, thread: int, tag: str, backup: bool) -> None:
+        self.check(self._lib.arenaplan_region_begin(device, thread, tag.encode(), int(backup)))
+
+    def region_end(self, device: int, thread: int) -> None:
+        self.check(self._lib.arenaplan_region_end(device, thread))
+
+    def pause(self, device: int, tags) -> None:
+        self.check(self._lib.arenaplan_pause(device, ",".join(tags).encode()))
+
+    def resume(self, device: int, tags) -> None:
+        self.check(self._lib.arenaplan_resume(device, ",".join(tags).encode()))

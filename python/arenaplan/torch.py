@@ -32,15 +32,17 @@ Use :func:`stats` and :meth:`Graph.report` instead.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 
 from ._lib import ArenaplanError, Library, PlanMismatchError
 
-__all__ = ["install", "installed", "graph", "eager", "Graph", "EagerStep", "stats",
-           "ArenaplanError", "PlanMismatchError"]
+__all__ = ["install", "installed", "graph", "graphs", "eager", "Graph", "GraphFamily", "EagerStep", "stats",
+           "region", "pause", "resume", "paused", "ArenaplanError", "PlanMismatchError"]
 
 _lib: Optional[Library] = None
 
@@ -150,6 +152,8 @@ class Graph:
     def replay(self) -> Any:
         """Replay the captured step on the current stream; returns its
         outputs (the same tensors every time). Costs one graph launch."""
+        if _graphs_paused:
+            raise ArenaplanError("the graphs' memory is paused: arenaplan.torch.resume() first")
         self._graph.replay()
         return self.outputs
 
@@ -209,6 +213,15 @@ def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.
     return out
 
 
+def _recording_graph() -> "torch.cuda.CUDAGraph":
+    """A graph for the throwaway recording capture: captured, never
+    instantiated (keep_graph, torch >= 2.6), which saves the instantiation."""
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:
+        return torch.cuda.CUDAGraph()
+
+
 def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3, strict: bool = False,
           budget: float = 1.0, name: Optional[str] = None, device: Optional[int] = None) -> Graph:
     """Capture ``fn()`` (no arguments; close over static inputs) into a CUDA
@@ -232,7 +245,7 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
         t0 = time.perf_counter()
         if plan is None:
             lib.step_record(sid, h)
-            g0 = torch.cuda.CUDAGraph()
+            g0 = _recording_graph()
             out0 = _capture(lib, sid, fn, stream, g0)
             del out0
             g0.reset()
@@ -316,3 +329,177 @@ def eager(fn: Callable[..., Any], *, warmup: int = 1, strict: bool = False, budg
     lib = _need()
     dev = torch.cuda.current_device() if device is None else device
     return EagerStep(lib, fn, warmup, strict, budget, name or getattr(fn, "__name__", "step"), dev)
+
+
+class GraphFamily:
+    """One step captured at several sizes (a decode step at batch sizes 1,
+    2, 4, ...) into ONE arena planned for all of them: it is as large as the
+    largest member needs, and the smaller members cost nothing more.
+
+    Members never run concurrently: their memory overlaps by design, so a
+    member's outputs are valid until the next replay of any member (clone
+    what must survive). :meth:`replay` orders a replay after the previous
+    one when the current stream changed, so concurrency cannot happen
+    through it. Tensors the members share (static inputs allocated at the
+    largest size and sliced, weights, a KV cache) are made outside the
+    family and used by every member at the same addresses.
+    """
+
+    def __init__(self, lib: Library, fid: int, graphs: Dict[Any, "torch.cuda.CUDAGraph"], outputs: Dict[Any, Any],
+                 sids: Dict[Any, int], capture_ms: Dict[Any, float], plan_ms: float, device: int):
+        self._lib, self._fid = lib, fid
+        self._graphs, self.outputs, self._sids = graphs, outputs, sids
+        self.capture_ms, self.plan_ms = capture_ms, plan_ms
+        self._device = device
+        self._last_stream = None
+
+    @property
+    def keys(self):
+        """The members' keys, in capture order (largest first)."""
+        return list(self._graphs)
+
+    def replay(self, key) -> Any:
+        """Replay member ``key`` on the current stream; returns its outputs."""
+        if _graphs_paused:
+            raise ArenaplanError("the graphs' memory is paused: arenaplan.torch.resume() first")
+        g = self._graphs.get(key)
+        if g is None:
+            raise KeyError(f"arenaplan: no member {key!r} (members: {self.keys})")
+        cur = torch.cuda.current_stream(self._device)
+        if self._last_stream is not None and self._last_stream != cur:
+            cur.wait_stream(self._last_stream)
+        self._last_stream = cur
+        g.replay()
+        return self.outputs[key]
+
+    def report(self) -> dict:
+        """The family arena against the largest member's lower bound, and
+        each member's report (plan, divergences, spill held)."""
+        r = self._lib.family_report(self._fid)
+        r["capture_ms"] = self.capture_ms
+        r["plan_build_ms"] = self.plan_ms
+        r["spill_held"] = sum(m.get("spill_held", 0) for m in r["members"])
+        r["graph_bytes"] = r["arena_mapped"] + r["spill_held"]
+        return r
+
+    def save(self, path: str) -> None:
+        """Write the family plan (every member, one arena) to a plan file."""
+        self._lib.family_save(self._fid, path)
+
+    def close(self) -> None:
+        """Destroy the graphs and give the arena back."""
+        if self._graphs is not None:
+            for g in self._graphs.values():
+                g.reset()
+            self._graphs, self.outputs = None, None
+            self._lib.family_close(self._fid)
+
+
+def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, warmup: int = 2, strict: bool = False,
+           budget: float = 1.0, name: Optional[str] = None, device: Optional[int] = None) -> GraphFamily:
+    """Capture a family of steps into one planned arena, like vLLM's and
+    SGLang's batch-size graphs. ``fns`` maps a key (a batch size) to a step
+    taking no arguments; members are captured in the dict's order (give
+    the largest first, as engines do). Each member: ``warmup`` eager runs,
+    one recording capture (never instantiated); then one plan for all
+    (``plan``: a family plan file, refused with :class:`PlanMismatchError`
+    for another family), then one real capture per member."""
+    lib = _need()
+    dev = torch.cuda.current_device() if device is None else device
+    if not fns:
+        raise ArenaplanError("arenaplan.torch.graphs: no members")
+    stream = torch.cuda.Stream(device=dev)
+    h = stream.cuda_stream
+    fid = lib.family_new(dev, name or "family")
+    sids, cap_ms, gs, outs = {}, {}, {}, {}
+    try:
+        for key, fn in fns.items():
+            _warm_up(fn, stream, warmup)
+            sids[key] = lib.family_member(fid, str(key))
+        t0 = time.perf_counter()
+        if plan is None:
+            for key, fn in fns.items():
+                t = time.perf_counter()
+                lib.step_record(sids[key], h)
+                g0 = _recording_graph()
+                o = _capture(lib, sids[key], fn, stream, g0)
+                del o
+                g0.reset()
+                cap_ms[key] = (time.perf_counter() - t) * 1e3
+            t1 = time.perf_counter()
+            lib.family_plan(fid, budget)
+        else:
+            t1 = time.perf_counter()
+            lib.family_load(fid, plan)
+        plan_ms = (time.perf_counter() - t1) * 1e3
+        for key, fn in fns.items():
+            t = time.perf_counter()
+            lib.step_serve(sids[key], h, strict)
+            g = torch.cuda.CUDAGraph()
+            outs[key] = _capture(lib, sids[key], fn, stream, g)
+            gs[key] = g
+            torch.cuda.synchronize(dev)
+            cap_ms[key] = cap_ms.get(key, 0.0) + (time.perf_counter() - t) * 1e3
+    except BaseException:
+        for g in gs.values():
+            g.reset()
+        try:
+            lib.family_close(fid)
+        except ArenaplanError:
+            pass
+        raise
+    return GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
+
+
+_graphs_paused = False
+
+
+@contextlib.contextmanager
+def region(tag: str, *, backup: bool = False, device: Optional[int] = None) -> Iterator[None]:
+    """Allocations this thread makes inside the block (outside graph
+    captures) belong to region ``tag``: :func:`pause` releases their device
+    memory and :func:`resume` maps it back at the same addresses, restoring
+    the contents when ``backup`` (kept in page-locked host memory from one
+    pause to the next), dropping them otherwise. torch_memory_saver's
+    ``region(tag=..., enable_cpu_backup=...)``."""
+    lib = _need()
+    dev = torch.cuda.current_device() if device is None else device
+    tid = threading.get_native_id()
+    lib.region_begin(dev, tid, tag, backup)
+    try:
+        yield
+    finally:
+        lib.region_end(dev, tid)
+
+
+def pause(*tags: str, device: Optional[int] = None) -> None:
+    """Release the device memory of the regions named (``"graphs"``: every
+    captured graph's arena and pools; none: everything), keeping every
+    address: tensors and graphs are valid again after :func:`resume`.
+    Waits for the device. Pausing a paused tag raises; so does replaying a
+    graph while ``"graphs"`` is paused. Freeing a paused tensor is fine.
+    NCCL: graphs that registered user buffers (``NCCL_GRAPH_REGISTER=1``)
+    keep stale registrations after a same-address resume; capture with
+    ``NCCL_GRAPH_REGISTER=0``."""
+    global _graphs_paused
+    lib = _need()
+    dev = torch.cuda.current_device() if device is None else device
+    lib.pause(dev, list(tags))
+    if not tags or "graphs" in tags:
+        _graphs_paused = True
+
+
+def resume(*tags: str, device: Optional[int] = None) -> None:
+    """Map the memory of the paused regions named (none: everything paused)
+    back at the same addresses and restore the backed-up ones."""
+    global _graphs_paused
+    lib = _need()
+    dev = torch.cuda.current_device() if device is None else device
+    lib.resume(dev, list(tags))
+    if not tags or "graphs" in tags:
+        _graphs_paused = False
+
+
+def paused(device: Optional[int] = None) -> bool:
+    """Whether the graphs' memory is paused now."""
+    return _graphs_paused

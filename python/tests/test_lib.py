@@ -16,13 +16,13 @@ from arenaplan._lib import ArenaplanError, Library, PlanMismatchError  # noqa: E
 LIB = Library()
 
 
-def run_step(stream, layers=6, extra=0):
+def run_step(stream, layers=6, extra=0, scale=1):
     """A model-like step: activations freed two layers later, a workspace
     and a 0-byte request per layer, one output kept. Returns (addresses,
     output)."""
     addrs, acts = [], []
     for i in range(layers):
-        size = 4096 + 1000 * i + (extra if i == 3 else 0)
+        size = (4096 + 1000 * i) * scale + (extra if i == 3 else 0)
         a = LIB.alloc(size, 0, stream)
         acts.append(a)
         ws = LIB.alloc(65536, 0, stream)
@@ -113,3 +113,62 @@ class LibraryTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FamilyAndSleepTest(unittest.TestCase):
+    def test_family_one_arena_and_plan_file(self):
+        stream = 0x5151
+        fid = LIB.family_new(0, "decode")
+        sids = []
+        for k in (4, 2, 1):
+            sid = LIB.family_member(fid, f"bs{k}")
+            LIB.step_record(sid, stream)
+            _, out = run_step(stream, scale=k)
+            LIB.step_end(sid)
+            LIB.free(out)
+            sids.append(sid)
+        LIB.family_plan(fid, 1.0)
+        r = LIB.family_report(fid)
+        self.assertGreaterEqual(r["arena"], r["lower_bound"])
+        self.assertLess(r["arena"], sum(m["lower_bound"] for m in r["members"]))
+        seen = {}
+        for k, sid in [(1, sids[2]), (4, sids[0]), (1, sids[2])]:
+            LIB.step_serve(sid, stream, True)
+            addrs, out = run_step(stream, scale=k)
+            LIB.step_end(sid)
+            LIB.free(out)
+            if k in seen:
+                self.assertEqual(addrs, seen[k])
+            seen[k] = addrs
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "f.plan")
+            LIB.family_save(fid, path)
+            LIB.family_close(fid)
+            other = LIB.family_new(0, "decode")
+            LIB.family_member(other, "bs4")
+            with self.assertRaises(PlanMismatchError):
+                LIB.family_load(other, path)
+            LIB.family_close(other)
+
+    def test_region_pause_resume(self):
+        import threading
+        tid = threading.get_native_id()
+        LIB.region_begin(0, tid, "pyweights", True)
+        w = LIB.alloc(3 << 20)
+        LIB.region_end(0, tid)
+        self.assertTrue(w)
+        before = LIB.stats(0)["Spill"]["Mapped"]
+        LIB.pause(0, ["pyweights"])
+        self.assertLess(LIB.stats(0)["Spill"]["Mapped"], before)
+        with self.assertRaises(ArenaplanError):
+            LIB.pause(0, ["pyweights"])
+        LIB.region_begin(0, tid, "pykv", False)
+        kv = LIB.alloc(1 << 20)
+        LIB.region_end(0, tid)
+        with self.assertRaises(ArenaplanError):
+            LIB.region_begin(0, tid, "pyweights", True)  # paused
+        LIB.resume(0, ["pyweights"])
+        with self.assertRaises(ArenaplanError):
+            LIB.resume(0, ["pyweights"])
+        LIB.free(w)
+        LIB.free(kv)
