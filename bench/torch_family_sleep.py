@@ -158,9 +158,19 @@ def main():
             ref[B] = out.clone()
             del out
     torch.cuda.synchronize()
+    # Is the eager step itself repeatable bit for bit? Where it is not, no
+    # replay can equal it.
+    again = {}
+    with torch.cuda.stream(s):
+        for B in sizes:
+            again[B] = bool(torch.equal(steps[B](), ref[B]))
+    torch.cuda.synchronize()
+    r["eager_repeatable"] = {str(B): v for B, v in again.items()}
     r["weights_bytes"] = sum(p.numel() * p.element_size() for p in m.parameters())
     r["kv_bytes"] = kc.numel() * kc.element_size() * 2
 
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
     free0 = torch.cuda.mem_get_info()[0]
     if args.mode == "torch":
         torch.cuda.empty_cache()
@@ -224,6 +234,14 @@ def main():
                 bad.append(B)
         return len(seq) - len(bad), bad
 
+    # Is a replay repeatable (the same graph twice)?
+    rr = {}
+    for B in sizes:
+        a1 = replay(B).clone()
+        a2 = replay(B)
+        torch.cuda.synchronize()
+        rr[str(B)] = bool(torch.equal(a1, a2))
+    r["replay_repeatable"] = rr
     ok, bad = check_mixed()
     r["mixed_equal"], r["mixed_bad_sizes"] = ok, sorted(set(bad))
     # Replay time of each size (CUDA events, mean of 50 after 10).

@@ -338,7 +338,8 @@ class GraphFamily:
 
     Members never run concurrently: their memory overlaps by design, so a
     member's outputs are valid until the next replay of any member (clone
-    what must survive). :meth:`replay` orders a replay after the previous
+    what must survive), and are tensors that do not own their memory (as
+    vLLM keeps its graphs' outputs): do not use them after :meth:`close`. :meth:`replay` orders a replay after the previous
     one when the current stream changed, so concurrency cannot happen
     through it. Tensors the members share (static inputs allocated at the
     largest size and sliced, weights, a KV cache) are made outside the
@@ -436,7 +437,12 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
             t = time.perf_counter()
             lib.step_serve(sids[key], h, strict)
             g = torch.cuda.CUDAGraph()
-            outs[key] = _capture(lib, sids[key], fn, stream, g)
+            out = _capture(lib, sids[key], fn, stream, g)
+            # The next member's buffers overlap this one's outputs by design:
+            # keep them as tensors that do not own their memory (vLLM's weak
+            # references), so that no address is ever live twice.
+            outs[key] = _weak(out)
+            del out
             gs[key] = g
             torch.cuda.synchronize(dev)
             cap_ms[key] = cap_ms.get(key, 0.0) + (time.perf_counter() - t) * 1e3
@@ -449,6 +455,28 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
             pass
         raise
     return GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
+
+
+class _CudaArray:
+    """Exposes device memory through __cuda_array_interface__ without
+    owning it."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+def _weak(out: Any) -> Any:
+    """``out`` with every CUDA tensor replaced by one over the same memory
+    that does not own it (valid while the memory stays where it is)."""
+    import torch.utils._pytree as pytree
+
+    def weak(t):
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.numel() == 0:
+            return t
+        span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        raw = torch.as_tensor(_CudaArray(t.data_ptr(), span * t.element_size()), device=t.device)
+        return raw.view(t.dtype).as_strided(t.shape, t.stride())
+    return pytree.tree_map(weak, out)
 
 
 _graphs_paused = False
