@@ -119,6 +119,10 @@ def main():
     a.add_argument("--sizes", default=",".join(map(str, SIZES)))
     a.add_argument("--cycles", type=int, default=100)
     a.add_argument("--checked-cycles", type=int, default=10)
+    a.add_argument("--save-plan", help="ours: write the family plan here")
+    a.add_argument("--plan", help="ours: capture once per size from this family plan file")
+    a.add_argument("--nondeterministic", action="store_true",
+                   help="leave PyTorch's nondeterministic kernels on (then eager steps at larger batches do not repeat bit for bit)")
     args = a.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",")}, reverse=True)
     bmax, T, L = sizes[0], args.kv_len, args.layers
@@ -126,9 +130,15 @@ def main():
         import arenaplan.torch as ap
         ap.install()
     import torch
+    if not args.nondeterministic:
+        # Bit-for-bit comparisons need repeatable kernels (measured: with
+        # the defaults, eager steps at batch >= 8 differ run to run with
+        # PyTorch's own allocator).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    r = {"mode": args.mode, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+    r = {"mode": args.mode + ("-plan" if args.plan else ""), "deterministic": not args.nondeterministic, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
          "layers": L, "kv_len": T, "sizes": sizes}
     region = (lambda tag, **kw: ap.region(tag, **kw)) if args.mode == "ours" else (lambda tag, **kw: _null())
     with region("weights", backup=True):
@@ -193,7 +203,9 @@ def main():
         replay = lambda B: (graphs[B].replay(), outs[B])[1]  # noqa: E731
     else:
         t0 = time.perf_counter()
-        fam = ap.graphs(steps, warmup=2)
+        fam = ap.graphs(steps, warmup=2, plan=args.plan)
+        if args.save_plan:
+            fam.save(args.save_plan)
         r["family_total_ms"] = (time.perf_counter() - t0) * 1e3
         rep = fam.report()
         r["lower_bound"] = rep["lower_bound"]
@@ -258,7 +270,7 @@ def main():
         times[str(B)] = round(e0.elapsed_time(e1) * 1000 / 50, 1)
     r["replay_us"] = times
 
-    if args.mode == "ours":
+    if args.mode == "ours" and args.cycles > 0:
         r["sleep"] = sleep_wake(torch, ap, args, restore_kv, check_mixed, r)
     print(json.dumps(r), flush=True)
 

@@ -343,6 +343,24 @@ func TestPlanFile(t *testing.T) {
 	if err := s2.End(false); err != nil {
 		t.Fatalf("the step the plan was made for: %v", err)
 	}
+	// The same step with a workspace made lazily at its start (and kept,
+	// as cuBLAS keeps its workspaces): it spills, the plan stands.
+	s4, _ := b.NewStep(0, "lazy")
+	if err := s4.Load(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s4.Serve(p.stream, false); err != nil {
+		t.Fatal(err)
+	}
+	ws := p.alloc(524288)
+	p.free(p.run())
+	if err := s4.End(false); err != nil {
+		t.Fatalf("the plan's step with one extra allocation refused: %v", err)
+	}
+	if r := s4.Report(); r.Divergences != 1 {
+		t.Fatalf("%d divergences, want the extra allocation's 1", r.Divergences)
+	}
+	p.free(ws)
 	other := &program{t: t, b: b, stream: 0x78, layers: 7}
 	s3, _ := b.NewStep(0, "other")
 	if err := s3.Load(path); err != nil {

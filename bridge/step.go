@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -84,6 +85,7 @@ type runLog struct {
 	start []int64
 	end   []int64 // -1 while live
 	other []bool  // record_stream on another stream
+	plan  []bool  // served from the plan (while serving)
 	ids   map[cuda.DevicePtr]int
 }
 
@@ -97,6 +99,7 @@ func (r *runLog) alloc(p cuda.DevicePtr, size uint64) {
 	r.start = append(r.start, r.now)
 	r.end = append(r.end, -1)
 	r.other = append(r.other, false)
+	r.plan = append(r.plan, false)
 	r.now++
 }
 
@@ -119,6 +122,41 @@ func (r *runLog) trace(name string) *lifetime.Trace {
 		}
 		t.Buffers[i] = lifetime.Buffer{ID: lifetime.ID(i), Name: "t" + strconv.Itoa(i), Size: r.sizes[i],
 			Start: r.start[i], End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}
+	}
+	return t
+}
+
+// servedTrace is the trace of the run's allocations served from the plan
+// alone, times renumbered as if the others (spilled) had not happened: a
+// run of the plan's own step, plus a workspace made lazily, gives the
+// plan's trace back.
+func (r *runLog) servedTrace(name string) *lifetime.Trace {
+	var ticks []int64
+	for i := range r.sizes {
+		if r.plan[i] {
+			ticks = append(ticks, r.start[i])
+			if r.end[i] >= 0 {
+				ticks = append(ticks, r.end[i]-1)
+			}
+		}
+	}
+	slices.Sort(ticks)
+	rank := make(map[int64]int64, len(ticks))
+	for _, t := range ticks {
+		rank[t] = int64(len(rank))
+	}
+	now := int64(len(rank))
+	t := &lifetime.Trace{Name: name}
+	for i := range r.sizes {
+		if !r.plan[i] {
+			continue
+		}
+		end := now + 1
+		if r.end[i] >= 0 && !r.other[i] {
+			end = rank[r.end[i]-1] + 1
+		}
+		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: "t" + strconv.Itoa(len(t.Buffers)),
+			Size: r.sizes[i], Start: rank[r.start[i]], End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset})
 	}
 	return t
 }
@@ -277,6 +315,10 @@ func (s *Step) End(failed bool) error {
 		}
 	}
 	run := s.run.trace(s.name)
+	var servedRun *lifetime.Trace
+	if state == stepServing && s.loaded != "" {
+		servedRun = s.run.servedTrace(s.name)
+	}
 	s.run.reset()
 	switch state {
 	case stepRecording:
@@ -295,8 +337,16 @@ func (s *Step) End(failed bool) error {
 		}
 		s.held = s.held[:0]
 		if s.loaded != "" && !failed {
-			if err := sameSteps(s.trace, run); err != nil {
-				errs = append(errs, s.errorf("plan %s was made for another step: %v", s.loaded, err))
+			// The allocations served from the plan must be the plan's
+			// step exactly; an extra one (a workspace made lazily in this
+			// capture, say) spills and counts as a divergence without
+			// refusing the plan.
+			if sameSteps(s.trace, servedRun) != nil {
+				why := sameSteps(s.trace, run)
+				if why == nil {
+					why = sameSteps(s.trace, servedRun)
+				}
+				errs = append(errs, s.errorf("plan %s was made for another step: %v", s.loaded, why))
 			}
 		}
 	}
@@ -431,6 +481,7 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 		d.st.Planned++
 		s.served++
 		s.run.alloc(p, size)
+		s.run.plan[len(s.run.plan)-1] = true
 		return p, nil
 	}
 	why := s.divergence(n, size)

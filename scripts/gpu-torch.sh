@@ -33,9 +33,14 @@ if [ "$WHAT" = all ] || [ "$WHAT" = models ]; then
 	done
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = family ]; then
-	for mode in torch ours; do
+	for mode in torch ours ours-plan; do
 		echo "== family and sleep: $mode" | tee -a "$OUT/log.txt"
-		timeout 400 python3 bench/torch_family_sleep.py --mode $mode >>"$OUT/family.jsonl" 2>>"$OUT/log.txt" ||
+		case $mode in
+		torch) args=(--mode torch) ;;
+		ours) args=(--mode ours --save-plan /tmp/family.plan) ;;
+		ours-plan) args=(--mode ours --plan /tmp/family.plan --cycles 0) ;;
+		esac
+		timeout 400 python3 bench/torch_family_sleep.py "${args[@]}" >>"$OUT/family.jsonl" 2>>"$OUT/log.txt" ||
 			echo "FAILED family $mode ($?)" | tee -a "$OUT/log.txt"
 	done
 	python3 - "$OUT/family.jsonl" <<'PY' | tee "$OUT/family-summary.txt"
@@ -48,7 +53,7 @@ for line in open(sys.argv[1]):
     caps = r["capture_ms"]
     print(f"{r['mode']:6} graphs {r['graph_bytes']/M:8.1f} MiB  device {r['device_bytes_for_graphs']/M:8.1f} MiB  "
           f"LB(largest) {r.get('lower_bound', 0)/M:8.1f} MiB  ratio {r.get('ratio', 0):.4f}  max added/size {r['max_added_bytes']/M:6.2f} MiB  "
-          f"capture ms max {max(caps.values()):6.1f} (plan {r.get('plan_ms', 0):.1f})  mixed equal {r['mixed_equal']}/40 bad {r['mixed_bad_sizes']}  div {r.get('divergences', '-')}")
+          f"capture ms max {max(caps.values()):6.1f} (plan {r.get('plan_ms', 0):.1f})  mixed equal {r['mixed_equal']}/40 bad {r['mixed_bad_sizes']}  div {r.get('divergences', '-')}  eager repeatable {all(r['eager_repeatable'].values())}")
     print("       curve MiB: " + " ".join(f"{b}:{v/M:.1f}" for b, v in r["curve"]))
     print("       replay us: " + " ".join(f"{b}:{v}" for b, v in r["replay_us"].items()))
     sl = r.get("sleep")
