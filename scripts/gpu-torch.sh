@@ -17,8 +17,8 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "$WHAT" = all ] || [ "$WHAT" = models ]; then
 	echo "== alloc+free from C" | tee -a "$OUT/log.txt"
-	.dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
-	for m in gpt2-decode-b1 gpt2-decode-b8 llama-decode bert resnet50 gpt2-train; do
+	[ -n "${SKIP_ABI:-}" ] || .dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
+	for m in ${MODELS:-gpt2-decode-b1 gpt2-decode-b8 llama-decode bert resnet50 gpt2-train}; do
 		mkdir -p /tmp/gpu-torch-plans
 		for mode in torch ours ours-plan; do
 			echo "== $mode $m" | tee -a "$OUT/log.txt"
@@ -33,7 +33,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = models ]; then
 	done
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = family ]; then
-	for mode in torch ours ours-plan; do
+	for mode in ${FAMILY_MODES:-torch ours ours-plan}; do
 		echo "== family and sleep: $mode" | tee -a "$OUT/log.txt"
 		case $mode in
 		torch) args=(--mode torch) ;;
