@@ -21,9 +21,11 @@ import (
 //     the core, a problem of a few thousand buffers whose peak is the
 //     trace's, which the ordinary search (leaves, portfolio, exact) packs,
 //     usually at the lower bound, in milliseconds,
-//  3. fixes the core buffers at those offsets and places the others with
-//     the bysize baseline, which honours fixed buffers; outside the
-//     window the load is below θ·LB, so there is room for its mistakes.
+//  3. fixes the core buffers at those offsets and places the others
+//     around them: by the sweep fill (sweep.go, O(n log n)), and where
+//     that ends above the core and time allows, by the bysize baseline,
+//     which honours fixed buffers and packs tighter; outside the window
+//     the load is below θ·LB, so there is room for their mistakes.
 //
 // Two buffers of the trace that overlap in time and both meet the window
 // overlap inside it too (intervals on a line that meet pairwise have a
@@ -45,8 +47,14 @@ import (
 var coreThetas = []float64{0.9, 0.8, 0.7, 0.5}
 
 // fillCost is what the bysize fill costs per buffer, about (7–9 µs on
-// the shared traces, measured; some room added).
+// the shared traces, measured; some room added): it runs only when there
+// is that much time left.
 const fillCost = 12 * time.Microsecond
+
+// sweepCost is what the sweep fill (sweep.go) costs per buffer, about
+// (0.5–0.65 µs on the 1M-buffer scaling trace, measured on one core;
+// some room added): a core is searched only when the time left holds it.
+const sweepCost = 1000 * time.Nanosecond
 
 // coreStage packs the items ids of p, which live in sections [lo, hi)
 // and sit at base or above (the whole problem, or a leaf), by the peak
@@ -58,6 +66,9 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 	p := r.p
 	for _, i := range ids {
 		it := &p.items[i]
+		if it.lo < lo || it.hi > hi {
+			return nil, 0 // an item outside [lo, hi): not a part of p
+		}
 		if it.align > 1 && base%it.align != 0 || it.fixed >= 0 && (it.fixed < base || (it.fixed-base)%it.align != 0) {
 			return nil, 0
 		}
@@ -77,7 +88,7 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 		peak = max(peak, load[s])
 	}
 	load = load[:hi-lo]
-	fill := time.Duration(len(ids)) * fillCost
+	fill := time.Duration(len(ids)) * sweepCost
 	var (
 		best   []int64
 		bestH  int64
@@ -104,23 +115,29 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 		if err != nil {
 			continue
 		}
-		// Every item, the core ones fixed, filled in by bysize.
-		all, pos := p.cut(ids, lo, hi, base, lo, hi)
-		if len(pos) != len(ids) {
-			return nil, 0 // an item outside [lo, hi): not a part of p
-		}
+		// The items outside the window around the core ones: the sweep
+		// first (O(n log n)), then bysize, which looks ahead and packs
+		// tighter, where the sweep ends above the core and there is time.
+		offs := make([]int64, len(ids))
+		inCore := make([]bool, len(ids))
 		for k, j := range core {
-			all.Buffers[j].Fixed = cp.Offsets[k]
+			offs[j], inCore[j] = cp.Offsets[k], true
 		}
-		q, err := planBySize(r.ctx, all, Options{Align: 1})
-		if err != nil {
-			continue
+		if h, ok := p.sweepFill(ids, lo+int32(wlo), lo+int32(whi), 0, offs, inCore); ok && (best == nil || base+h < bestH) {
+			best, bestH = offs, base+h
 		}
-		h := base + ArenaSize(all, q.Offsets, 1)
-		if best == nil || h < bestH {
-			best, bestH = q.Offsets, h
+		if (best == nil || bestH > base+peak) && time.Until(deadline) >= time.Duration(len(ids))*fillCost {
+			all, _ := p.cut(ids, lo, hi, base, lo, hi)
+			for k, j := range core {
+				all.Buffers[j].Fixed = cp.Offsets[k]
+			}
+			if q, err := planBySize(r.ctx, all, Options{Align: 1}); err == nil {
+				if h := base + ArenaSize(all, q.Offsets, 1); best == nil || h < bestH {
+					best, bestH = q.Offsets, h
+				}
+			}
 		}
-		if bestH <= base+peak {
+		if best != nil && bestH <= base+peak {
 			break
 		}
 	}
