@@ -35,15 +35,17 @@ import (
 // again while time and the core's size allow.
 //
 // On the shared traces: S_1 at θ = 0.9 is at the lower bound in about
-// 0.3 s (every skyline pass stops at 1.0018), Y_1 at θ = 0.9 in about
-// 0.6 s (1.0003 before, in 2.3 s); as leaves, somas bert_base, bert_large
-// and bert_nezha in 40-120 ms (the greedy passes end 196 to 2052 bytes
-// over, after seconds). It does not help on pangu_2.6B, whose core ends
-// above the greedy passes' plan.
+// 0.1 s of search (every skyline pass stops at 1.0018), Y_1 in about
+// 0.06 s (1.0003 before, in 2.3 s), the 1M-buffer scaling trace in about
+// 0.75 s (a core of 563 buffers, 2 ms; the sweep fill the rest); as
+// leaves, somas bert_base, bert_large and bert_nezha in 5-30 ms (the
+// greedy passes end 196 to 2052 bytes over, after seconds). The sweep
+// fill reaches the core's height on all of them. It does not help on
+// pangu_2.6B, whose core ends above the greedy passes' plan.
 
 // coreThetas are the fractions of the lower bound that bound the window,
 // widest last. 0.95 and up leave bysize too little room outside on the
-// iopddl traces; 0.9 is enough on all of them.
+// iopddl traces; 0.9 is enough on all of them, for the sweep too.
 var coreThetas = []float64{0.9, 0.8, 0.7, 0.5}
 
 // fillCost is what the bysize fill costs per buffer, about (7–9 µs on
