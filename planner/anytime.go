@@ -664,7 +664,10 @@ const cutOff = aborted + 1
 // results, so it is deterministic) and the others the lower-bound jobs,
 // later alternating with extra descent jobs whose plans count only when
 // the budget runs out. A job the clock stops runs again next turn, so
-// the sequence of outcomes does not depend on where the turns end.
+// the sequence of outcomes does not depend on where the turns end. What
+// it had done is lost: a job longer than the leaf's turns would start
+// again every turn, but the last leaf of a turn gets all the time left,
+// and turns repeat until the deadline.
 func (r *anytimeRun) exact(st *exactSearch, until time.Time) (int64, []int64, time.Duration, bool, bool) {
 	d, target, base := st.d, st.target, st.base
 	st.running = map[*exactJob]bool{}

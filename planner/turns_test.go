@@ -85,7 +85,17 @@ func TestExactOneWorkerShare(t *testing.T) {
 	}
 	r, ls := exactLeaf(t, "D", 1)
 	st := newExactSearch(ls.d, ls.target, ls.best, ls.offs, 0)
-	r.exact(st, time.Now().Add(1500*time.Millisecond))
+	// Turns (each twice as long as the last: a job the clock stops starts
+	// again) until five lower-bound jobs past the first rounds have run,
+	// however long that takes on this machine (a minute at most).
+	enough := lbRounds*len(exactHeuristics) + 5
+	end := time.Now().Add(time.Minute)
+	for turn := 250 * time.Millisecond; st.lbNext < enough && time.Now().Before(end); turn *= 2 {
+		r.exact(st, time.Now().Add(turn))
+	}
+	if st.lbNext < enough {
+		t.Fatalf("%d lower-bound jobs in a minute; too slow a machine to tell", st.lbNext)
+	}
 	if st.detNodes == 0 || st.lbNodes > 2*lbShare*st.detNodes {
 		t.Fatalf("lower-bound jobs %d nodes, descent %d (share %d:1)", st.lbNodes, st.detNodes, lbShare)
 	}
