@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,21 +29,22 @@ import (
 //     descent that asks for capacities below the best plan so far; for
 //     larger leaves, the peak core (core.go: the buffers around the peak
 //     packed on their own, the rest filled in around them), then repair
-//     around the peak (improve.go). Leaves share the time evenly, in
-//     order; time a leaf leaves unused goes to the later ones, and what
-//     is left after the last to a second try at the leaves that were cut
-//     off;
+//     around the peak (improve.go). Leaves take turns: in each, the
+//     leaves not yet done share the time left evenly, in order; time a
+//     leaf leaves unused goes to the later ones, and a leaf cut off goes
+//     on where it stopped in the next turn (its exact search keeps its
+//     jobs, and reruns the one the clock stopped);
 //  5. for traces with too many conflicting pairs to list, the peak core
 //     of the whole trace, then range-maximum skylines beside the bestfit
 //     baseline (huge);
-//  6. stops when the lower bound is reached or the budget is spent
-//     (aiming at 85% of it, leaving room for Check and output) and
-//     returns the best plan found.
+//  6. stops when the lower bound is reached, every leaf is proven or out
+//     of work, or the budget is spent, less what Check and the output
+//     need (reserve), and returns the best plan found.
 //
 // Determinism: every stage is deterministic on its own; the search stops
-// before its budget only when a stage reaches the lower bound, or when
+// before its budget only when a stage reaches the lower bound, when
 // the descent, whose sequence depends on nothing but its own results,
-// proves its best height optimal. Parallel
+// proves its best height optimal, or when nothing is left to try. Parallel
 // stages pick their result in a fixed order: the portfolio the first
 // pass, in portfolio order, among those that finished before one reached
 // the bound; the exact search the lowest-numbered lower-bound job that
@@ -50,6 +53,15 @@ import (
 // and with Workers == 1 everything runs in one fixed order.
 
 func init() { register("auto", anytime) }
+
+// reserve is the part of a budget kept for what follows the search, Run's
+// Check and the caller writing the plan, which grow with the trace (Check
+// takes about 0.55 µs a buffer on 1M buffers): a fixed 2 ms and 1 µs a
+// buffer, at most pct percent of the budget. On small traces the search
+// gets nearly all of it.
+func reserve(budget time.Duration, buffers int, pct int64) time.Duration {
+	return min(budget*time.Duration(pct)/100, 2*time.Millisecond+time.Duration(buffers)*time.Microsecond)
+}
 
 type anytimeRun struct {
 	ctx      context.Context
@@ -72,10 +84,15 @@ func anytime(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error)
 // anytimeIn is anytime; nested is set for the search of a peak core
 // (core.go), which does not look for a core of its own.
 func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool) (*Plan, error) {
+	// No more search goroutines than CPUs the process may run on
+	// (runtime.NumCPU follows the affinity mask, as under taskset): more
+	// only slice one core between the descent and the lower-bound jobs,
+	// where the one-worker schedule splits the work by nodes. Two workers
+	// on one core took challenging E 3.5 s of its 4.6 s budget, one worker
+	// 2.0 s. Fewer workers never make a plan depend on timing.
+	opt.Workers = max(1, min(opt.Workers, runtime.NumCPU()))
 	r := &anytimeRun{ctx: ctx, opt: opt, start: time.Now(), nested: nested}
-	// Leave room for what follows the search (Run's Check, writing the
-	// plan): aim at 85% of the budget.
-	r.deadline = r.start.Add(opt.Budget * 85 / 100)
+	r.deadline = r.start.Add(opt.Budget - reserve(opt.Budget, len(t.Buffers), 15))
 	p, err := newProblem(t, opt.Align)
 	if err != nil {
 		return nil, err
@@ -120,56 +137,40 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 	if base.Arena <= lbBytes {
 		return base, nil
 	}
-	// Each leaf gets an even share of the time left. A leaf that ends
-	// early (at the lower bound, or proven) leaves its time to the next
-	// ones; what is left after the last goes to a second try, from
-	// scratch, at the leaves that were cut off (a leaf that needs most
-	// of the budget may sit before ones that need none).
+	// Turns: each leaf not yet done gets an even share of the time left,
+	// in order; a leaf that ends early (at the lower bound, proven, or out
+	// of work) leaves its time to the next ones. A leaf cut off by its
+	// share keeps its search and goes on where it stopped in the next
+	// turn, so time left after the last leaf goes to the leaves that need
+	// it, until the deadline or until every leaf is done.
 	floor := r.best
-	heights := make([]int64, len(leaves))
-	var retry []int
-	for k := range leaves {
-		left := len(leaves) - k
-		until := time.Now().Add(time.Until(r.deadline) / time.Duration(left))
-		h, at, done := r.solveLeaf(p, &leaves[k], until)
-		heights[k] = h
-		if !done {
-			retry = append(retry, k)
+	states := make([]*leafSearch, len(leaves))
+	for turn := 0; ; turn++ {
+		var open []int
+		for k := range leaves {
+			if s := states[k]; s == nil || !s.done && !s.idle {
+				open = append(open, k)
+			}
 		}
-		r.mu.Lock()
-		r.best = max(r.best, h)
-		r.bestAt = max(r.bestAt, at)
-		r.mu.Unlock()
-	}
-	if len(retry) < len(leaves) {
-		for x, k := range retry {
-			if time.Until(r.deadline) <= 0 || r.ctx.Err() != nil {
-				break
+		if len(open) == 0 || turn > 0 && (time.Until(r.deadline) <= 0 || r.ctx.Err() != nil) {
+			break
+		}
+		for x, k := range open {
+			until := time.Now().Add(time.Until(r.deadline) / time.Duration(len(open)-x))
+			if states[k] == nil {
+				states[k] = r.newLeafSearch(p, &leaves[k])
 			}
-			until := time.Now().Add(time.Until(r.deadline) / time.Duration(len(retry)-x))
-			l := &leaves[k]
-			kept := make([]int64, len(l.items))
-			for j, i := range l.items {
-				kept[j] = r.offs[i]
-			}
-			h, at, done := r.solveLeaf(p, l, until)
-			if h < heights[k] || done {
-				heights[k] = h
-				r.mu.Lock()
-				r.bestAt = max(r.bestAt, at)
-				r.mu.Unlock()
-			} else {
-				for j, i := range l.items {
-					r.offs[i] = kept[j]
+			r.solveLeaf(states[k], until)
+			r.mu.Lock()
+			r.best = floor
+			for _, s := range states {
+				if s != nil {
+					r.best = max(r.best, s.best)
+					r.bestAt = max(r.bestAt, s.at)
 				}
 			}
+			r.mu.Unlock()
 		}
-		r.mu.Lock()
-		r.best = floor
-		for _, h := range heights {
-			r.best = max(r.best, h)
-		}
-		r.mu.Unlock()
 	}
 	if r.best*p.unit >= base.Arena {
 		return base, nil
@@ -200,7 +201,7 @@ var hugePasses = []struct {
 // order) or bysize is strictly lower.
 func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	p := r.p
-	deadline := r.start.Add(r.opt.Budget * 70 / 100)
+	deadline := r.start.Add(r.opt.Budget - reserve(r.opt.Budget, len(t.Buffers), 30))
 	// First the peak core (core.go), which reaches the lower bound on
 	// the large traces measured; the passes get what time it leaves.
 	// Progress here reports whole plans only (0 until there is one), not
@@ -309,54 +310,97 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	return best, nil
 }
 
-// solveLeaf packs one leaf as low as it can (at best the global lower
-// bound) before until, writes its offsets and returns its height, and
-// whether the search ended on its own (the lower bound reached, or the
-// height proven optimal) rather than at until.
-func (r *anytimeRun) solveLeaf(p *problem, l *leaf, until time.Time) (int64, time.Duration, bool) {
-	target := p.lb
+// leafSearch is one leaf's search, kept between its turns.
+type leafSearch struct {
+	d      *leafData
+	l      *leaf
+	target int64
+	big    bool // above bigLeaf: the peak core and repair, not the exact search
+	core   bool // the peak core gets a turn
+
+	best int64   // height of offs
+	offs []int64 // the best plan so far, by local index
+	at   time.Duration
+	done bool // at the lower bound, or proven optimal
+	idle bool // nothing left to try
+
+	greedy, coreTried, rest bool // stages done
+	repairs                 uint64
+	ex                      *exactSearch
+}
+
+func (r *anytimeRun) newLeafSearch(p *problem, l *leaf) *leafSearch {
 	d := newLeafData(p, l, p.times)
 	big := d.k > bigLeaf
-	core := big && !r.nested // the peak core gets a turn
-	entries := portfolioEntries
-	if core {
-		// The first two greedy passes (LTAW alone packs pangu_2.6B), then
-		// the peak core, then the other passes, which take seconds on
-		// large leaves and rarely win there. No pass is cut short on the
-		// way except by until, so a leaf that reaches the bound gets the
-		// same plan whatever the timing.
-		entries = portfolioEntries[:2]
-	}
-	best, offs := r.portfolio(d, target, until, entries, 1)
-	at := time.Since(r.start)
-	if core && best > target {
-		if c, h := r.coreStage(l.items, l.lo, l.hi, l.base, until); c != nil && h < best {
-			best, offs, at = h, c, time.Since(r.start)
-		}
-		if best > target && time.Now().Before(until) {
-			if h, o := r.portfolio(d, target, until, portfolioEntries[2:], 0); h < best {
-				best, offs, at = h, o, time.Since(r.start)
-			}
+	return &leafSearch{d: d, l: l, target: p.lb, big: big, core: big && !r.nested}
+}
+
+// solveLeaf packs one leaf as low as it can (at best the global lower
+// bound) before until, going on from where its last turn stopped, and
+// writes its offsets. Its stages: the greedy passes, the peak core (large
+// leaves), then the exact search or repair. No stage is cut short on the
+// way except by until, so a leaf that reaches the bound gets the same
+// plan whatever the timing.
+func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
+	d, target := ls.d, ls.target
+	better := func(h int64, offs []int64) {
+		if h < ls.best {
+			ls.best, ls.offs, ls.at = h, offs, time.Since(r.start)
 		}
 	}
-	done := false
+	if !ls.greedy {
+		entries := portfolioEntries
+		if ls.core {
+			// The first two greedy passes (LTAW alone packs pangu_2.6B),
+			// then the peak core, then the other passes, which take
+			// seconds on large leaves and rarely win there.
+			entries = portfolioEntries[:2]
+		}
+		ls.best, ls.offs = r.portfolio(d, target, until, entries, 1)
+		ls.at = time.Since(r.start)
+		ls.greedy, ls.rest = true, !ls.core
+	}
+	if ls.core && !ls.coreTried && ls.best > target {
+		c, h := r.coreStage(ls.l.items, ls.l.lo, ls.l.hi, ls.l.base, until)
+		if c != nil {
+			better(h, c)
+		}
+		// Tried unless the clock stopped it before it had a plan.
+		ls.coreTried = c != nil || time.Now().Before(until)
+	}
+	if !ls.rest && ls.best > target {
+		h, o := r.portfolio(d, target, until, portfolioEntries[2:], 0)
+		if o != nil {
+			better(h, o)
+		}
+		ls.rest = time.Now().Before(until)
+	}
 	switch {
-	case best <= target:
-		done = true
-	case big:
+	case ls.best <= target:
+		ls.done = true
+	case ls.core && (!ls.coreTried || !ls.rest):
+		// Out of time before the core or the last greedy passes: they
+		// come first next turn.
+	case ls.big:
 		// The exact search costs too much per node here: repair the
-		// best plan around its peak.
-		h := d.improve(offs, target, until, 1, func() bool { return r.ctx.Err() != nil })
-		if h < best {
-			best, at = h, time.Since(r.start)
+		// best plan around its peak, with another seed every turn.
+		ls.repairs++
+		offs := slices.Clone(ls.offs)
+		if h := d.improve(offs, target, until, ls.repairs, func() bool { return r.ctx.Err() != nil }); h < ls.best {
+			better(h, offs)
 		}
+		// improve gives up at once on leaves with fixed buffers.
+		ls.idle = ls.best > target && time.Now().Before(until) && r.ctx.Err() == nil
 	default:
-		best, offs, at, done = r.exact(d, target, best, offs, at, until)
+		if ls.ex == nil {
+			ls.ex = newExactSearch(d, target, ls.best, ls.offs, ls.at)
+		}
+		ls.best, ls.offs, ls.at, ls.done, ls.idle = r.exact(ls.ex, until)
 	}
+	ls.done = ls.done || ls.best <= target
 	for j, i := range d.ids {
-		r.offs[i] = offs[j]
+		r.offs[i] = ls.offs[j]
 	}
-	return best, at, done || best <= target
 }
 
 // bigLeaf is the size above which a leaf gets the improvement search
@@ -549,8 +593,13 @@ func (g *descent) report(j *exactJob, res int) {
 	}
 }
 
-// exactState is what the workers of one leaf share, under mu.
-type exactState struct {
+// exactSearch is one leaf's exact search: what its workers share, under
+// mu, and what it keeps between the leaf's turns.
+type exactSearch struct {
+	d      *leafData
+	target int64
+	base   int64 // the node limit of the first round
+
 	mu       sync.Mutex
 	best     int64 // lowest height found by anyone
 	offs     []int64
@@ -566,28 +615,67 @@ type exactState struct {
 	detAt    time.Duration
 	proven   bool // the descent proved detBest optimal
 	nodes    int64
+	// Nodes of the finished lower-bound jobs and descent jobs.
+	lbNodes, detNodes int64
+
+	det   *descent
+	extra []*descent  // the descents of workers 1, 2, ...
+	redo  []*exactJob // jobs the clock stopped: they run first next turn
+}
+
+func newExactSearch(d *leafData, target, best int64, offs []int64, at time.Duration) *exactSearch {
+	base := int64(max(2*d.k, 512))
+	return &exactSearch{d: d, target: target, base: base, best: best, offs: offs, at: at, lbWin: -1,
+		detBest: best, detOffs: offs, detAt: at,
+		det: &descent{heurs: descentHeuristics, base: base, floor: target}}
 }
 
 // lbRounds is how many rounds of lower-bound jobs run before the workers
 // that run them start to alternate with descent jobs.
 const lbRounds = 4
 
-// exact runs the exact search on a leaf whose best greedy height is best.
+// lbShare: with one worker, after the first lbRounds, the lower-bound
+// jobs get this many nodes for every node of the descent. Before, they
+// took turns job for job, and the lower-bound jobs, whose limits double
+// faster, took nearly all the work: on one core D and J (whose lower bound
+// no job reaches) ended 8.8% above it, against 3.9% on two cores, where
+// the descent has a worker of its own. An even split costs the leaves
+// whose bound is reachable (B, E) about 20% more time to it; 2 keeps
+// them near their old time and D and J where an even split puts them
+// (challenging set, taskset -c 0).
+const lbShare = 2
+
+// cutOff is the outcome of a job the clock stopped (not its node limit):
+// it is run again, from the start, in the leaf's next turn.
+const cutOff = aborted + 1
+
+// exact runs the exact search on a leaf until it reaches the lower bound,
+// proves its best height optimal, runs out of jobs or until passes, going
+// on from where its last turn stopped. It returns the best height, its
+// plan and when it was found, whether the search is done (the bound
+// reached or the height proven) and whether it ran out of work.
 //
-// With one worker it alternates lower-bound jobs and descent jobs in one
-// fixed sequence. With more, worker 0 runs the descent (which depends only
-// on its own results, so it is deterministic) and the others the
-// lower-bound jobs, later alternating with extra descent jobs whose plans
-// count only when the budget runs out.
-func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at time.Duration, until time.Time) (int64, []int64, time.Duration, bool) {
-	st := &exactState{best: best, offs: offs, at: at, running: map[*exactJob]bool{}, lbWin: -1,
-		detBest: best, detOffs: offs, detAt: at}
+// With one worker it runs lower-bound jobs for lbRounds rounds, then
+// lower-bound jobs while they have had at most lbShare times the nodes
+// of the descent, else the descent: one sequence that depends on nothing
+// but the jobs' results, where both get a share of the work whatever the
+// speed of the machine.
+// With more, worker 0 runs the descent (which depends only on its own
+// results, so it is deterministic) and the others the lower-bound jobs,
+// later alternating with extra descent jobs whose plans count only when
+// the budget runs out. A job the clock stops runs again next turn, so
+// the sequence of outcomes does not depend on where the turns end. What
+// it had done is lost: a job longer than the leaf's turns would start
+// again every turn, but the last leaf of a turn gets all the time left,
+// and turns repeat until the deadline.
+func (r *anytimeRun) exact(st *exactSearch, until time.Time) (int64, []int64, time.Duration, bool, bool) {
+	d, target, base := st.d, st.target, st.base
+	st.running = map[*exactJob]bool{}
 	var stopAll atomic.Bool
 	timer := time.AfterFunc(time.Until(until), func() { stopAll.Store(true) })
 	defer timer.Stop()
 	stopCtx := context.AfterFunc(r.ctx, func() { stopAll.Store(true) })
 	defer stopCtx()
-	base := int64(max(2*d.k, 512))
 
 	// run executes one job and records its outcome.
 	run := func(j *exactJob) int {
@@ -601,6 +689,20 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		defer st.mu.Unlock()
 		delete(st.running, j)
 		st.nodes += s.nodes
+		if res == aborted && stopAll.Load() && !j.stop.Load() && s.nodes <= j.limit {
+			if j.lbIndex >= 0 || j.det {
+				st.redo = append(st.redo, j)
+			}
+			return cutOff
+		}
+		// Only finished jobs count towards the split, so that it does
+		// not depend on where the clock stopped one.
+		switch {
+		case j.lbIndex >= 0:
+			st.lbNodes += s.nodes
+		case j.det:
+			st.detNodes += s.nodes
+		}
 		if res == found {
 			h := height(d, s.sol)
 			if h < st.best {
@@ -627,10 +729,27 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		}
 		return res
 	}
+	finished := func() bool { return st.lbWin >= 0 || st.proven }
 	done := func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		return stopAll.Load() || st.lbWin >= 0 || st.proven
+		return stopAll.Load() || finished()
+	}
+	// redone takes the earliest job of a kind (lower bound or descent)
+	// that the clock stopped in an earlier turn; under mu.
+	redone := func(lb bool) *exactJob {
+		bi := -1
+		for i, j := range st.redo {
+			if (j.lbIndex >= 0) == lb && (bi < 0 || j.lbIndex < st.redo[bi].lbIndex) {
+				bi = i
+			}
+		}
+		if bi < 0 {
+			return nil
+		}
+		j := st.redo[bi]
+		st.redo = slices.Delete(st.redo, bi, bi+1)
+		return j
 	}
 	nextLB := func() *exactJob {
 		st.mu.Lock()
@@ -638,10 +757,18 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		if st.lbProven || st.lbWin >= 0 || stopAll.Load() {
 			return nil
 		}
+		if j := redone(true); j != nil {
+			return j
+		}
 		nh := len(exactHeuristics)
 		j := &exactJob{lbIndex: st.lbNext, heur: exactHeuristics[st.lbNext%nh], limit: base << min(st.lbNext/nh, 40), cap: target}
 		st.lbNext++
 		return j
+	}
+	lbFirst := func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return st.lbNext < lbRounds*len(exactHeuristics) || st.lbNodes <= lbShare*st.detNodes
 	}
 	lbEarly := func() bool {
 		st.mu.Lock()
@@ -650,24 +777,29 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 	}
 	// detStep runs one job of the deterministic descent; false when it has
 	// nothing left to do.
-	det := &descent{heurs: descentHeuristics, base: base, floor: target}
 	detStep := func() bool {
 		st.mu.Lock()
 		b := st.detBest
+		j := redone(false)
 		st.mu.Unlock()
-		j := det.job(b, target)
 		if j == nil {
-			// A descent plan at the lower bound itself could race with a
-			// lower-bound job's: with several workers, leave that to them.
-			if b <= det.floor && (b > target || r.opt.Workers <= 1) {
-				st.mu.Lock()
-				st.proven = true
-				st.mu.Unlock()
+			j = st.det.job(b, target)
+			if j == nil {
+				// A descent plan at the lower bound itself could race
+				// with a lower-bound job's: with several workers, leave
+				// that to them.
+				if b <= st.det.floor && (b > target || r.opt.Workers <= 1) {
+					st.mu.Lock()
+					st.proven = true
+					st.mu.Unlock()
+				}
+				return false
 			}
-			return false
+			j.det = true
 		}
-		j.det = true
-		det.report(j, run(j))
+		if res := run(j); res != cutOff {
+			st.det.report(j, res)
+		}
 		return true
 	}
 	var wg sync.WaitGroup
@@ -676,19 +808,29 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		go func() {
 			defer wg.Done()
 			for !done() {
-				lb := nextLB()
-				if lb != nil {
-					run(lb)
-					if lbEarly() {
+				if lbFirst() {
+					if lb := nextLB(); lb != nil {
+						run(lb)
 						continue
 					}
 				}
-				if !done() && !detStep() && lb == nil {
+				if done() {
 					return
+				}
+				if !detStep() {
+					lb := nextLB()
+					if lb == nil {
+						return
+					}
+					run(lb)
 				}
 			}
 		}()
 	} else {
+		for len(st.extra) < r.opt.Workers-1 {
+			w := len(st.extra) + 1
+			st.extra = append(st.extra, &descent{heurs: []preorder{"sTWA", "TWA", "TAW"}, base: base, stride: int64(w) + 1, floor: target})
+		}
 		wg.Add(r.opt.Workers)
 		go func() {
 			defer wg.Done()
@@ -698,7 +840,7 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		for w := 1; w < r.opt.Workers; w++ {
 			go func() {
 				defer wg.Done()
-				extra := &descent{heurs: []preorder{"sTWA", "TWA", "TAW"}, base: base, stride: int64(w) + 1, floor: target}
+				extra := st.extra[w-1]
 				for !done() {
 					lb := nextLB()
 					if lb != nil {
@@ -717,7 +859,9 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 						}
 						continue
 					}
-					extra.report(j, run(j))
+					if res := run(j); res != cutOff {
+						extra.report(j, res)
+					}
 				}
 			}()
 		}
@@ -730,13 +874,14 @@ func (r *anytimeRun) exact(d *leafData, target, best int64, offs []int64, at tim
 		}
 		return st.best
 	})
+	idle := !stopAll.Load() && !finished()
 	switch {
 	case st.lbWin >= 0:
-		return height(d, st.lbWinSol), st.lbWinSol, st.lbAt, true
+		return height(d, st.lbWinSol), st.lbWinSol, st.lbAt, true, false
 	case st.proven || r.opt.Workers <= 1:
-		return st.detBest, st.detOffs, st.detAt, st.proven
+		return st.detBest, st.detOffs, st.detAt, st.proven, idle
 	}
-	return st.best, st.offs, st.at, false
+	return st.best, st.offs, st.at, false, idle
 }
 
 // height is the highest top of a leaf's offsets (at least its base).

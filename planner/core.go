@@ -21,9 +21,11 @@ import (
 //     the core, a problem of a few thousand buffers whose peak is the
 //     trace's, which the ordinary search (leaves, portfolio, exact) packs,
 //     usually at the lower bound, in milliseconds,
-//  3. fixes the core buffers at those offsets and places the others with
-//     the bysize baseline, which honours fixed buffers; outside the
-//     window the load is below θ·LB, so there is room for its mistakes.
+//  3. fixes the core buffers at those offsets and places the others
+//     around them: by the sweep fill (sweep.go, O(n log n)), and where
+//     that ends above the core and time allows, by the bysize baseline,
+//     which honours fixed buffers and packs tighter; outside the window
+//     the load is below θ·LB, so there is room for their mistakes.
 //
 // Two buffers of the trace that overlap in time and both meet the window
 // overlap inside it too (intervals on a line that meet pairwise have a
@@ -33,20 +35,30 @@ import (
 // again while time and the core's size allow.
 //
 // On the shared traces: S_1 at θ = 0.9 is at the lower bound in about
-// 0.3 s (every skyline pass stops at 1.0018), Y_1 at θ = 0.9 in about
-// 0.6 s (1.0003 before, in 2.3 s); as leaves, somas bert_base, bert_large
-// and bert_nezha in 40-120 ms (the greedy passes end 196 to 2052 bytes
-// over, after seconds). It does not help on pangu_2.6B, whose core ends
-// above the greedy passes' plan.
+// 0.1 s of search (every skyline pass stops at 1.0018), Y_1 in about
+// 0.06 s (1.0003 before, in 2.3 s), the 1M-buffer scaling trace in about
+// 0.75 s (a core of 563 buffers, 2 ms; the sweep fill the rest); as
+// leaves, somas bert_base, bert_large and bert_nezha in 5-30 ms (the
+// greedy passes end 196 to 2052 bytes over, after seconds). The sweep
+// fill reaches the core's height on all of them. It does not help on
+// pangu_2.6B, whose core ends above the greedy passes' plan.
 
 // coreThetas are the fractions of the lower bound that bound the window,
 // widest last. 0.95 and up leave bysize too little room outside on the
-// iopddl traces; 0.9 is enough on all of them.
+// iopddl traces; 0.9 is enough on all of them, for the sweep too.
 var coreThetas = []float64{0.9, 0.8, 0.7, 0.5}
 
 // fillCost is what the bysize fill costs per buffer, about (7–9 µs on
-// the shared traces, measured; some room added).
+// the shared traces, measured; some room added): it runs only when there
+// is that much time left.
 const fillCost = 12 * time.Microsecond
+
+// sweepCost is what the sweep fill (sweep.go) costs per buffer, about
+// (0.46–0.63 µs on the 1M-buffer scaling trace, measured on one core):
+// a core is searched only when the time left holds the fill. Kept close
+// to the measure, as the gate decides whether 1M buffers get a core in
+// the default budget at all (about 1.15 s are left for it there).
+const sweepCost = 700 * time.Nanosecond
 
 // coreStage packs the items ids of p, which live in sections [lo, hi)
 // and sit at base or above (the whole problem, or a leaf), by the peak
@@ -58,6 +70,9 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 	p := r.p
 	for _, i := range ids {
 		it := &p.items[i]
+		if it.lo < lo || it.hi > hi {
+			return nil, 0 // an item outside [lo, hi): not a part of p
+		}
 		if it.align > 1 && base%it.align != 0 || it.fixed >= 0 && (it.fixed < base || (it.fixed-base)%it.align != 0) {
 			return nil, 0
 		}
@@ -77,7 +92,7 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 		peak = max(peak, load[s])
 	}
 	load = load[:hi-lo]
-	fill := time.Duration(len(ids)) * fillCost
+	fill := time.Duration(len(ids)) * sweepCost
 	var (
 		best   []int64
 		bestH  int64
@@ -104,23 +119,29 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 		if err != nil {
 			continue
 		}
-		// Every item, the core ones fixed, filled in by bysize.
-		all, pos := p.cut(ids, lo, hi, base, lo, hi)
-		if len(pos) != len(ids) {
-			return nil, 0 // an item outside [lo, hi): not a part of p
-		}
+		// The items outside the window around the core ones: the sweep
+		// first (O(n log n)), then bysize, which looks ahead and packs
+		// tighter, where the sweep ends above the core and there is time.
+		offs := make([]int64, len(ids))
+		inCore := make([]bool, len(ids))
 		for k, j := range core {
-			all.Buffers[j].Fixed = cp.Offsets[k]
+			offs[j], inCore[j] = cp.Offsets[k], true
 		}
-		q, err := planBySize(r.ctx, all, Options{Align: 1})
-		if err != nil {
-			continue
+		if h, ok := p.sweepFill(ids, lo+int32(wlo), lo+int32(whi), 0, offs, inCore); ok && (best == nil || base+h < bestH) {
+			best, bestH = offs, base+h
 		}
-		h := base + ArenaSize(all, q.Offsets, 1)
-		if best == nil || h < bestH {
-			best, bestH = q.Offsets, h
+		if (best == nil || bestH > base+peak) && time.Until(deadline) >= time.Duration(len(ids))*fillCost {
+			all, _ := p.cut(ids, lo, hi, base, lo, hi)
+			for k, j := range core {
+				all.Buffers[j].Fixed = cp.Offsets[k]
+			}
+			if q, err := planBySize(r.ctx, all, Options{Align: 1}); err == nil {
+				if h := base + ArenaSize(all, q.Offsets, 1); best == nil || h < bestH {
+					best, bestH = q.Offsets, h
+				}
+			}
 		}
-		if bestH <= base+peak {
+		if best != nil && bestH <= base+peak {
 			break
 		}
 	}

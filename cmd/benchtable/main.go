@@ -4,14 +4,18 @@
 //
 //	plan --json --algo auto --align A --budget T FILE
 //
-// once per instance and budget, timing the whole command (reading the
-// trace included), and plan --algo bestfit / bysize for the baselines'
-// ratios. With -scaling it also plans traces of 1k to 1M buffers drawn by
-// internal/tracegen.
+// -runs times per instance and budget, timing the whole command (reading
+// the trace included), and plan --algo bestfit / bysize once for the
+// baselines' ratios. With -runs above 1 a row shows the worst arena of
+// the runs (optimal only if every run was) and the median and worst
+// times, so that a lucky run cannot make a row. With -scaling it also
+// plans traces of 1k to 1M buffers drawn by internal/tracegen. Run it
+// under taskset to measure on fewer cores (the plans inherit the mask,
+// and Go sizes GOMAXPROCS, hence the workers, to it).
 //
 // Usage:
 //
-//	go run ./cmd/benchtable [-data ../shared/data] [-scaling] [-only REGEXP]
+//	go run ./cmd/benchtable [-data ../shared/data] [-scaling] [-runs N] [-only REGEXP]
 package main
 
 import (
@@ -51,8 +55,50 @@ type result struct {
 	Ratio      float64 `json:"ratio"`
 	Optimal    bool    `json:"optimal"`
 	Millis     float64 `json:"millis"`
+	ToBest     float64 `json:"millis_to_best"`
 	wall       time.Duration
 }
+
+// runs is one instance planned several times.
+type runs []*result
+
+// worst is the run with the largest arena (the slowest among equals).
+func (rs runs) worst() *result {
+	w := rs[0]
+	for _, r := range rs[1:] {
+		if r.Arena > w.Arena || r.Arena == w.Arena && r.wall > w.wall {
+			w = r
+		}
+	}
+	return w
+}
+
+func (rs runs) optimal() bool {
+	for _, r := range rs {
+		if !r.Optimal {
+			return false
+		}
+	}
+	return true
+}
+
+// times formats a time of every run, in seconds: "m" for one run, else
+// "median (worst)".
+func (rs runs) times(of func(*result) float64) string {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = of(r)
+	}
+	sort.Float64s(v)
+	if len(v) == 1 {
+		return fmt.Sprintf("%.2f s", v[0])
+	}
+	return fmt.Sprintf("%.2f (%.2f) s", v[len(v)/2], v[len(v)-1])
+}
+
+func wallOf(r *result) float64   { return r.wall.Seconds() }
+func searchOf(r *result) float64 { return r.Millis / 1000 }
+func bestOf(r *result) float64   { return r.ToBest / 1000 }
 
 // challenging are MiniMalloc's budgets: half its published time, rounded
 // (D and J, whose optimum is unknown, get 10 s), and the best heights known.
@@ -72,14 +118,19 @@ func main() {
 	data := flag.String("data", "../shared/data", "the shared data folder")
 	scaling := flag.Bool("scaling", false, "also run the scaling traces (1k to 1M buffers)")
 	only := flag.String("only", "", "run only instances whose path matches this regexp")
+	n := flag.Int("runs", 1, "plan every instance this many times with auto (worst arena, median and worst times)")
 	flag.Parse()
-	if err := run(*data, *scaling, *only); err != nil {
+	if *n < 1 {
+		fmt.Fprintln(os.Stderr, "benchtable: -runs must be at least 1")
+		os.Exit(2)
+	}
+	if err := run(*data, *scaling, *only, *n); err != nil {
 		fmt.Fprintln(os.Stderr, "benchtable:", err)
 		os.Exit(1)
 	}
 }
 
-func run(data string, scaling bool, only string) error {
+func run(data string, scaling bool, only string, n int) error {
 	tmp, err := os.MkdirTemp("", "benchtable")
 	if err != nil {
 		return err
@@ -100,18 +151,19 @@ func run(data string, scaling bool, only string) error {
 		return err
 	}
 	host, _ := os.Hostname()
-	fmt.Printf("Machine: %s, %d cores (GOMAXPROCS %d), %s/%s, %s; measured %s.\n\n",
-		host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version(), time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	fmt.Println("| group | instance | align | buffers | lower bound | best known | auto arena | ratio | optimal | budget | wall time | bestfit | bysize |")
-	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|")
+	fmt.Printf("Machine: %s, %d cores (GOMAXPROCS %d), %s/%s, %s; %d run(s) each; measured %s.\n\n",
+		host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version(), n, time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Println("| group | instance | align | buffers | lower bound | best known | auto arena | ratio | optimal | budget | wall time | to best | bestfit | bysize |")
+	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|")
 	for _, in := range insts {
 		if re != nil && !re.MatchString(in.path) {
 			continue
 		}
-		r, err := planOnce(plan, "auto", in.path, in.align, in.budget)
+		rs, err := planRuns(plan, in.path, in.align, in.budget, n)
 		if err != nil {
 			return err
 		}
+		r := rs.worst()
 		bf, err := planOnce(plan, "bestfit", in.path, in.align, in.budget)
 		if err != nil {
 			return err
@@ -128,20 +180,20 @@ func run(data string, scaling bool, only string) error {
 		if in.group == "idealloc" {
 			name = filepath.Base(filepath.Dir(in.path)) + "/" + name
 		}
-		fmt.Printf("| %s | %s | %d | %d | %d | %s | %d | %.5f | %s | %v | %.2f s | %.4f | %.4f |\n",
-			in.group, name, in.align, r.Buffers, r.LowerBound, best, r.Arena, r.Ratio, yes(r.Optimal),
-			in.budget, r.wall.Seconds(), bf.Ratio, bs.Ratio)
+		fmt.Printf("| %s | %s | %d | %d | %d | %s | %d | %.5f | %s | %v | %s | %s | %.4f | %.4f |\n",
+			in.group, name, in.align, r.Buffers, r.LowerBound, best, r.Arena, r.Ratio, yes(rs.optimal()),
+			in.budget, rs.times(wallOf), rs.times(bestOf), bf.Ratio, bs.Ratio)
 	}
 	if scaling {
 		fmt.Println()
-		fmt.Println("| buffers | lower bound | auto arena | ratio | budget | wall time | of it planning | bestfit ratio | bestfit time | bysize ratio | bysize time |")
-		fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-		for _, n := range []int{1000, 10000, 100000, 1000000} {
-			tr, err := tracegen.Generate(tracegen.Options{Buffers: n, Seed: 1})
+		fmt.Println("| buffers | lower bound | auto arena | ratio | budget | wall time | of it planning | to best | bestfit ratio | bestfit time | bysize ratio | bysize time |")
+		fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, size := range []int{1000, 10000, 100000, 1000000} {
+			tr, err := tracegen.Generate(tracegen.Options{Buffers: size, Seed: 1})
 			if err != nil {
 				return err
 			}
-			path := filepath.Join(tmp, fmt.Sprintf("gen-%d.csv", n))
+			path := filepath.Join(tmp, fmt.Sprintf("gen-%d.csv", size))
 			if err := writeCSV(path, tr); err != nil {
 				return err
 			}
@@ -153,20 +205,16 @@ func run(data string, scaling bool, only string) error {
 			if err != nil {
 				return err
 			}
-			// The default budget; the largest trace also with the 30 s
-			// the issue allows it.
-			budgets := []time.Duration{2 * time.Second}
-			if n >= 1000000 {
-				budgets = append(budgets, 30*time.Second)
+			// The default budget.
+			budget := 2 * time.Second
+			rs, err := planRuns(plan, path, 1, budget, n)
+			if err != nil {
+				return err
 			}
-			for _, budget := range budgets {
-				r, err := planOnce(plan, "auto", path, 1, budget)
-				if err != nil {
-					return err
-				}
-				fmt.Printf("| %d | %d | %d | %.5f | %v | %.2f s | %.2f s | %.4f | %.2f s | %.4f | %.2f s |\n",
-					n, r.LowerBound, r.Arena, r.Ratio, budget, r.wall.Seconds(), r.Millis/1000, bf.Ratio, bf.wall.Seconds(), bs.Ratio, bs.wall.Seconds())
-			}
+			r := rs.worst()
+			fmt.Printf("| %d | %d | %d | %.5f | %v | %s | %s | %s | %.4f | %.2f s | %.4f | %.2f s |\n",
+				size, r.LowerBound, r.Arena, r.Ratio, budget, rs.times(wallOf), rs.times(searchOf), rs.times(bestOf),
+				bf.Ratio, bf.wall.Seconds(), bs.Ratio, bs.wall.Seconds())
 		}
 	}
 	return nil
@@ -216,6 +264,19 @@ func instances(data string) ([]instance, error) {
 		out = append(out, instance{"omnimalloc_small", p, 1, time.Second, best})
 	}
 	return out, nil
+}
+
+// planRuns plans path with auto n times.
+func planRuns(plan, path string, align int64, budget time.Duration, n int) (runs, error) {
+	var rs runs
+	for range n {
+		r, err := planOnce(plan, "auto", path, align, budget)
+		if err != nil {
+			return nil, err
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
 }
 
 func planOnce(plan, algo, path string, align int64, budget time.Duration) (*result, error) {
