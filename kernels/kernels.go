@@ -93,7 +93,19 @@ const (
 	Embed     = "embed"
 	Linear    = "linear"
 	Attention = "attention"
+	// AttentionPart and AttentionCombine are split-KV attention in two
+	// launches (flash-decoding): per-chunk partials, then their combination.
+	AttentionPart    = "attention_part"
+	AttentionCombine = "attention_combine"
 )
+
+// MaxAttentionHead is the largest head size (width/heads) of
+// attention_part and attention_combine: a key is read by at most one warp,
+// a float4 a lane.
+const MaxAttentionHead = 128
+
+// MaxAttentionPartBlock is the most threads of an attention_part block.
+const MaxAttentionPartBlock = 256
 
 // Linear's mode bits.
 const (
@@ -109,8 +121,10 @@ const MaxBatchRows = 8
 // cuda.SimConfig.Kernels. Each call returns a new map.
 func Reference() map[string]cuda.KernelFunc {
 	return map[string]cuda.KernelFunc{
-		Embed:     embed,
-		Linear:    linear,
-		Attention: attention,
+		Embed:            embed,
+		Linear:           linear,
+		Attention:        attention,
+		AttentionPart:    attentionPart,
+		AttentionCombine: attentionCombine,
 	}
 }
