@@ -55,14 +55,16 @@ func linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *Tensor, inDim,
 	}
 	warps := uint32(linearBlock / 32)
 	grid := min((uint32(outDim)+warps-1)/warps, linearMaxGrid)
-	// A layer-norm linear normalises its input rows once per block into
-	// shared memory when the launch gives it room for them.
-	var shared uint32
+	// A layer-norm linear normalises its batch rows once per block into
+	// shared memory (linear_ln) when they fit there. (The same kernel at
+	// every batch size: a graph rebound to another batch is updated in
+	// place.)
+	kernel, shared := kernels.Linear, uint32(0)
 	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
-		shared = uint32(st)
+		kernel, shared = kernels.LinearLN, uint32(st)
 	}
 	return Launch{
-		Name: name, Kernel: kernels.Linear,
+		Name: name, Kernel: kernel,
 		Grid: cuda.D1(grid), Block: cuda.D1(linearBlock), Shared: shared,
 		Args: []Arg{
 			Out(out), In(in), In(w), opt(bias), opt(resid), opt(lnG), opt(lnB),

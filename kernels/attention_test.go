@@ -146,3 +146,24 @@ func TestSplitAttentionShapes(t *testing.T) {
 		}
 	}
 }
+
+// linear_ln's reference refuses what the kernel cannot do: no layer norm,
+// blocks above its launch bounds.
+func TestLinearLNShapes(t *testing.T) {
+	refs := kernels.Reference()
+	a := &alloc{mem: make(flat, 1<<16)}
+	p, _ := a.f32(1024)
+	args := func(g cuda.DevicePtr) []cuda.KernelArg {
+		return []cuda.KernelArg{cuda.Ptr(p), cuda.Ptr(p), cuda.Ptr(p), cuda.Ptr(0), cuda.Ptr(0), cuda.Ptr(g), cuda.Ptr(g),
+			cuda.U32(8), cuda.U32(8), cuda.U32(1), cuda.U32(0), cuda.F32(1e-5)}
+	}
+	if err := refs[kernels.LinearLN](a.mem, cuda.D1(1), cuda.D1(128), args(p)); err != nil {
+		t.Errorf("valid launch: %v", err)
+	}
+	if err := refs[kernels.LinearLN](a.mem, cuda.D1(1), cuda.D1(128), args(0)); err == nil {
+		t.Error("no layer norm: no error")
+	}
+	if err := refs[kernels.LinearLN](a.mem, cuda.D1(1), cuda.D1(kernels.LinearLNMaxBlock+32), args(p)); err == nil {
+		t.Error("block above the launch bounds: no error")
+	}
+}

@@ -93,11 +93,20 @@ const (
 	Embed     = "embed"
 	Linear    = "linear"
 	Attention = "attention"
+	// LinearLN is linear with the layer norm applied once per block to
+	// rows staged in shared memory (see kernels.cu); the same function.
+	// The launch gives 4*min(batch, MaxBatchRows)*in_dim bytes of dynamic
+	// shared memory and at most LinearLNMaxBlock threads a block.
+	LinearLN = "linear_ln"
 	// AttentionPart and AttentionCombine are split-KV attention in two
 	// launches (flash-decoding): per-chunk partials, then their combination.
 	AttentionPart    = "attention_part"
 	AttentionCombine = "attention_combine"
 )
+
+// LinearLNMaxBlock is the most threads of a linear_ln block (its launch
+// bounds).
+const LinearLNMaxBlock = 128
 
 // MaxAttentionHead is the largest head size (width/heads) of
 // attention_part and attention_combine: a key is read by at most one warp,
@@ -126,5 +135,6 @@ func Reference() map[string]cuda.KernelFunc {
 		Attention:        attention,
 		AttentionPart:    attentionPart,
 		AttentionCombine: attentionCombine,
+		LinearLN:         linearLN,
 	}
 }

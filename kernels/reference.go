@@ -200,6 +200,18 @@ func linear(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) er
 	return nil
 }
 
+// linearLN is linear with a layer norm, which linear_ln requires, in
+// blocks of at most LinearLNMaxBlock threads.
+func linearLN(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+	if len(args) > 6 && (args[5].AsPtr() == 0 || args[6].AsPtr() == 0) {
+		return fmt.Errorf("linear_ln: no layer-norm gain or bias")
+	}
+	if block.X > LinearLNMaxBlock {
+		return fmt.Errorf("linear_ln: block %d: at most %d threads", block.X, LinearLNMaxBlock)
+	}
+	return linear(mem, grid, block, args)
+}
+
 // attention: write k, v at pos into the caches, then attend over 0..pos.
 func attention(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
 	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {

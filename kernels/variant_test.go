@@ -26,8 +26,8 @@ func entrySignatures(ptx []byte) map[string][]string {
 }
 
 // PTX90 is nvcc's compute_90 build of the same kernels: same entries and
-// parameters as PTX, and the kernels that wait for their predecessor
-// (griddepcontrol.wait) are linear and the two split-KV attention kernels.
+// parameters as PTX, and every kernel but embed waits for its predecessor
+// (griddepcontrol.wait).
 func TestPTX90(t *testing.T) {
 	if len(kernels.PTX90) == 0 {
 		t.Skip("kernels_90.ptx is empty")
@@ -48,7 +48,7 @@ func TestPTX90(t *testing.T) {
 	if got := kernels.PDLEntries(kernels.PTX); len(got) != 0 {
 		t.Errorf("compute_80 PDL entries %v, want none", got)
 	}
-	want := map[string]bool{kernels.Linear: true, kernels.AttentionPart: true, kernels.AttentionCombine: true}
+	want := map[string]bool{kernels.Linear: true, kernels.LinearLN: true, kernels.AttentionPart: true, kernels.AttentionCombine: true}
 	if got := kernels.PDLEntries(kernels.PTX90); !maps.Equal(got, want) {
 		t.Errorf("compute_90 PDL entries %v, want %v", got, want)
 	}
