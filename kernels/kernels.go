@@ -92,6 +92,11 @@ func PDLEntries(ptx []byte) map[string]bool {
 const (
 	Embed     = "embed"
 	Linear    = "linear"
+	// Attention is split attention in one kernel (the last block of a
+	// head combines); gpt2-decode now launches AttentionPart and
+	// AttentionCombine instead. Kept, with its reference, for
+	// kernels/bench and as the one-pass reference that split attention
+	// is tested against.
 	Attention = "attention"
 	// LinearLN is linear with the layer norm applied once per block to
 	// rows staged in shared memory (see kernels.cu); the same function.
