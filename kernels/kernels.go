@@ -90,8 +90,8 @@ func PDLEntries(ptx []byte) map[string]bool {
 
 // Entry names of the kernels in PTX.
 const (
-	Embed     = "embed"
-	Linear    = "linear"
+	Embed  = "embed"
+	Linear = "linear"
 	// Attention is split attention in one kernel (the last block of a
 	// head combines); gpt2-decode now launches AttentionPart and
 	// AttentionCombine instead. Kept, with its reference, for
