@@ -33,11 +33,16 @@ const (
 	linearBlock    = 128  // threads: 4 warps, one output row each
 	linearMaxGrid  = 1024 // blocks; warps stride over the rows beyond
 	attentionBlock = 128
-	// attentionBlocks is how many blocks attention aims for (two per
-	// multiprocessor of an H100/H200) by splitting the cache positions.
-	attentionBlocks = 264
-	layerNormEps    = 1e-5
-	maxKVLen        = 8192
+	// attentionBlocks is the most blocks attention_part aims for by
+	// splitting the cache positions (in chunks of at least 32): four per
+	// multiprocessor of an H100/H200, as many as are resident at once, so
+	// that no block waits for a second wave.
+	attentionBlocks = 528
+	// lnStageMax is the most dynamic shared memory a layer-norm linear
+	// gets for its normalised input rows (the default limit of a block).
+	lnStageMax   = 48 << 10
+	layerNormEps = 1e-5
+	maxKVLen     = 8192
 )
 
 // linearLaunch is one launch of kernels.Linear; see kernels.cu.
@@ -50,9 +55,17 @@ func linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *Tensor, inDim,
 	}
 	warps := uint32(linearBlock / 32)
 	grid := min((uint32(outDim)+warps-1)/warps, linearMaxGrid)
+	// A layer-norm linear normalises its batch rows once per block into
+	// shared memory (linear_ln) when they fit there. (The same kernel at
+	// every batch size: a graph rebound to another batch is updated in
+	// place.)
+	kernel, shared := kernels.Linear, uint32(0)
+	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
+		kernel, shared = kernels.LinearLN, uint32(st)
+	}
 	return Launch{
-		Name: name, Kernel: kernels.Linear,
-		Grid: cuda.D1(grid), Block: cuda.D1(linearBlock),
+		Name: name, Kernel: kernel,
+		Grid: cuda.D1(grid), Block: cuda.D1(linearBlock), Shared: shared,
 		Args: []Arg{
 			Out(out), In(in), In(w), opt(bias), opt(resid), opt(lnG), opt(lnB),
 			Scalar(cuda.U32(uint32(inDim))), Scalar(cuda.U32(uint32(outDim))), Scalar(cuda.U32(uint32(batch))),
@@ -78,8 +91,8 @@ func buildGPT2(s Shape) (*Graph, error) {
 		return nil, fmt.Errorf("graphexec: gpt2-decode: --layers %d: want 1..1024", L)
 	case W < 4 || W%4 != 0 || W > 1<<16:
 		return nil, fmt.Errorf("graphexec: gpt2-decode: --width %d: want a multiple of 4, at most 65536", W)
-	case H < 1 || W%H != 0 || (W/H)%4 != 0 || W/H > 4*attentionBlock:
-		return nil, fmt.Errorf("graphexec: gpt2-decode: --heads %d: the head size width/heads must be a whole multiple of 4, at most %d", H, 4*attentionBlock)
+	case H < 1 || W%H != 0 || (W/H)%4 != 0 || W/H > kernels.MaxAttentionHead:
+		return nil, fmt.Errorf("graphexec: gpt2-decode: --heads %d: the head size width/heads must be a whole multiple of 4, at most %d", H, kernels.MaxAttentionHead)
 	case T < 1 || T > maxKVLen:
 		return nil, fmt.Errorf("graphexec: gpt2-decode: --kv-len %d: want 1..%d", T, maxKVLen)
 	case B < 1 || B > 1024:
@@ -125,10 +138,8 @@ func buildGPT2(s Shape) (*Graph, error) {
 		Args: []Arg{Out(x), In(wte), In(wpe), In(step), Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(V))), Scalar(cuda.U32(uint32(T)))},
 	})
 	projStd := float32(std / math.Sqrt(float64(2*L)))
-	splits := max(1, min((attentionBlocks+H*B-1)/(H*B), (T+31)/32))
-	chunk := ((T+splits-1)/splits + 3) &^ 3 // as the kernel rounds it: float4 alignment
-	shared := uint32(4 * (hd + chunk + 4*attentionBlock))
-	counters := b.Tensor("attn.counters", U32, State, mb*int64(H)).SetInit(func(dst []byte) { clear(dst) }).Share("attn.counters")
+	splits := max(1, min(attentionBlocks/(H*B), (T+31)/32))
+	combineBlock := uint32((hd/4 + 31) &^ 31)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	for i := 0; i < L; i++ {
 		p := fmt.Sprintf("h%d.", i)
@@ -142,6 +153,7 @@ func buildGPT2(s Shape) (*Graph, error) {
 		vc := b.Tensor(p+"v_cache", F32, State, mb, l, w).SetInit(uniform(seed, p+"v_cache", 0, 1)).Share(p + "v_cache")
 
 		qkv := b.Tensor(p+"qkv", F32, Intermediate, bb, 3*w)
+		part := b.Tensor(p+"attn.part", F32, Intermediate, bb*int64(H*splits*kernels.AttentionPartStride(hd)))
 		att := b.Tensor(p+"attn", F32, Intermediate, bb, w)
 		xm := b.Tensor(p+"x_mid", F32, Intermediate, bb, w)
 		hid := b.Tensor(p+"mlp.h", F32, Intermediate, bb, 4*w)
@@ -149,12 +161,16 @@ func buildGPT2(s Shape) (*Graph, error) {
 
 		b.Launch(linearLaunch(p+"ln1+qkv", qkv, x, wqkv, bqkv, nil, ln1g, ln1b, W, 3*W, B, 0))
 		b.Launch(Launch{
-			Name: p + "attention", Kernel: kernels.Attention,
-			Grid: cuda.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: cuda.D1(attentionBlock), Shared: shared,
-			Workspace: 4 * bb * int64(H*splits*(hd+2)),
-			Args: []Arg{Out(att), In(qkv), InOut(kc), InOut(vc), In(step), Workspace(), InOut(counters),
+			Name: p + "attention", Kernel: kernels.AttentionPart,
+			Grid: cuda.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: cuda.D1(attentionBlock),
+			Args: []Arg{Out(part), In(qkv), InOut(kc), InOut(vc), In(step),
 				Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(H))), Scalar(cuda.U32(uint32(T))),
 				Scalar(cuda.U32(uint32(splits))), Scalar(cuda.F32(scale))},
+		})
+		b.Launch(Launch{
+			Name: p + "attention_combine", Kernel: kernels.AttentionCombine,
+			Grid: cuda.Dim3{X: uint32(H), Y: uint32(B), Z: 1}, Block: cuda.D1(combineBlock),
+			Args: []Arg{Out(att), In(part), Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(H))), Scalar(cuda.U32(uint32(splits)))},
 		})
 		b.Launch(linearLaunch(p+"proj+residual", xm, att, wo, bo, x, nil, nil, W, W, B, kernels.ModeResidual))
 		b.Launch(linearLaunch(p+"ln2+fc+gelu", hid, xm, wfc, bfc, nil, ln2g, ln2b, W, 4*W, B, kernels.ModeGELU))

@@ -90,10 +90,36 @@ func PDLEntries(ptx []byte) map[string]bool {
 
 // Entry names of the kernels in PTX.
 const (
-	Embed     = "embed"
-	Linear    = "linear"
+	Embed  = "embed"
+	Linear = "linear"
+	// Attention is split attention in one kernel (the last block of a
+	// head combines); gpt2-decode now launches AttentionPart and
+	// AttentionCombine instead. Kept, with its reference, for
+	// kernels/bench and as the one-pass reference that split attention
+	// is tested against.
 	Attention = "attention"
+	// LinearLN is linear with the layer norm applied once per block to
+	// rows staged in shared memory (see kernels.cu); the same function.
+	// The launch gives 4*min(batch, MaxBatchRows)*in_dim bytes of dynamic
+	// shared memory and at most LinearLNMaxBlock threads a block.
+	LinearLN = "linear_ln"
+	// AttentionPart and AttentionCombine are split-KV attention in two
+	// launches (flash-decoding): per-chunk partials, then their combination.
+	AttentionPart    = "attention_part"
+	AttentionCombine = "attention_combine"
 )
+
+// LinearLNMaxBlock is the most threads of a linear_ln block (its launch
+// bounds).
+const LinearLNMaxBlock = 128
+
+// MaxAttentionHead is the largest head size (width/heads) of
+// attention_part and attention_combine: a key is read by at most one warp,
+// a float4 a lane.
+const MaxAttentionHead = 128
+
+// MaxAttentionPartBlock is the most threads of an attention_part block.
+const MaxAttentionPartBlock = 256
 
 // Linear's mode bits.
 const (
@@ -109,8 +135,11 @@ const MaxBatchRows = 8
 // cuda.SimConfig.Kernels. Each call returns a new map.
 func Reference() map[string]cuda.KernelFunc {
 	return map[string]cuda.KernelFunc{
-		Embed:     embed,
-		Linear:    linear,
-		Attention: attention,
+		Embed:            embed,
+		Linear:           linear,
+		Attention:        attention,
+		AttentionPart:    attentionPart,
+		AttentionCombine: attentionCombine,
+		LinearLN:         linearLN,
 	}
 }

@@ -200,6 +200,18 @@ func linear(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) er
 	return nil
 }
 
+// linearLN is linear with a layer norm, which linear_ln requires, in
+// blocks of at most LinearLNMaxBlock threads.
+func linearLN(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+	if len(args) > 6 && (args[5].AsPtr() == 0 || args[6].AsPtr() == 0) {
+		return fmt.Errorf("linear_ln: no layer-norm gain or bias")
+	}
+	if block.X > LinearLNMaxBlock {
+		return fmt.Errorf("linear_ln: block %d: at most %d threads", block.X, LinearLNMaxBlock)
+	}
+	return linear(mem, grid, block, args)
+}
+
 // attention: write k, v at pos into the caches, then attend over 0..pos.
 func attention(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
 	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
@@ -282,6 +294,164 @@ func attention(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg)
 			dst := out[b*width+h*hd:][:hd]
 			for d := range o {
 				dst[d] = float32(o[d] / sum)
+			}
+		}
+	}
+	return nil
+}
+
+// AttentionPartStride is how many floats attention_part leaves per (batch
+// row, head, split): {m, l, 0, 0} and the head's hd floats of o.
+func AttentionPartStride(hd int) int { return hd + 4 }
+
+// attentionShape validates the shape arguments shared by attention_part and
+// attention_combine and returns the head size.
+func attentionShape(name string, width, heads, splits uint64) (uint64, error) {
+	if heads == 0 || width%heads != 0 || (width/heads)%4 != 0 || width/heads > MaxAttentionHead || splits == 0 {
+		return 0, fmt.Errorf("%s: width %d, heads %d, splits %d", name, width, heads, splits)
+	}
+	return width / heads, nil
+}
+
+// attentionPart: write k, v at pos into the caches; per (b, h, split) the
+// chunk's max score m, l = sum exp(score-m) and o = sum exp(score-m)*v.
+func attentionPart(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+	if err := want(args, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
+		return err
+	}
+	width, heads, kvLen := uint64(args[5].AsU32()), uint64(args[6].AsU32()), uint64(args[7].AsU32())
+	splits, scale := uint64(args[8].AsU32()), float64(args[9].AsF32())
+	hd, err := attentionShape("attention_part", width, heads, splits)
+	if err != nil {
+		return err
+	}
+	lanes := uint64(1)
+	for lanes < hd/4 {
+		lanes <<= 1
+	}
+	switch {
+	case kvLen == 0 || uint64(grid.Z) != splits:
+		return fmt.Errorf("attention_part: kv_len %d, splits %d, grid %v", kvLen, splits, grid)
+	case block.X%32 != 0 || block.X > MaxAttentionPartBlock || uint64(block.X) < lanes:
+		return fmt.Errorf("attention_part: block %d: want a multiple of 32, at least %d, at most %d", block.X, lanes, MaxAttentionPartBlock)
+	}
+	batch, nh := uint64(grid.Y), min(uint64(grid.X), heads)
+	stride := uint64(AttentionPartStride(int(hd)))
+	part, err := f32s(mem, args[0].AsPtr(), batch*heads*splits*stride)
+	if err != nil {
+		return err
+	}
+	qkv, err := f32s(mem, args[1].AsPtr(), batch*3*width)
+	if err != nil {
+		return err
+	}
+	kc, err := f32s(mem, args[2].AsPtr(), batch*kvLen*width)
+	if err != nil {
+		return err
+	}
+	vc, err := f32s(mem, args[3].AsPtr(), batch*kvLen*width)
+	if err != nil {
+		return err
+	}
+	step, err := u32s(mem, args[4].AsPtr(), 1)
+	if err != nil {
+		return err
+	}
+	pos := min(uint64(step[0]), kvLen-1)
+	n := pos + 1
+	chunk := (n + splits - 1) / splits
+	sc := make([]float64, chunk)
+	o := make([]float64, hd)
+	for b := uint64(0); b < batch; b++ {
+		for h := uint64(0); h < nh; h++ {
+			q := qkv[b*3*width+h*hd:][:hd]
+			base := b*kvLen*width + h*hd
+			copy(kc[base+pos*width:][:hd], qkv[b*3*width+width+h*hd:][:hd])
+			copy(vc[base+pos*width:][:hd], qkv[b*3*width+2*width+h*hd:][:hd])
+			for s := uint64(0); s < splits; s++ {
+				t0 := min(s*chunk, n)
+				t1 := min(t0+chunk, n)
+				m := math.Inf(-1)
+				for t := t0; t < t1; t++ {
+					k := kc[base+t*width:][:hd]
+					var a float64
+					for d, qv := range q {
+						a += float64(qv) * float64(k[d])
+					}
+					sc[t-t0] = a * scale
+					m = max(m, sc[t-t0])
+				}
+				// m as stored: l and o are relative to the float32 m.
+				m32 := float32(m)
+				var l float64
+				clear(o)
+				for t := t0; t < t1; t++ {
+					e := math.Exp(sc[t-t0] - float64(m32))
+					l += e
+					v := vc[base+t*width:][:hd]
+					for d := range o {
+						o[d] += e * float64(v[d])
+					}
+				}
+				p := part[((b*heads+h)*splits+s)*stride:][:stride]
+				p[0], p[1], p[2], p[3] = m32, float32(l), 0, 0
+				for d := range o {
+					p[4+d] = float32(o[d])
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// attentionCombine: out[b][h*hd+d] = sum_k w_k o_k[d] / sum_k w_k l_k with
+// w_k = exp(m_k - max m) over attention_part's splits.
+func attentionCombine(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+	if err := want(args, ptr, ptr, u32, u32, u32); err != nil {
+		return err
+	}
+	width, heads, splits := uint64(args[2].AsU32()), uint64(args[3].AsU32()), uint64(args[4].AsU32())
+	hd, err := attentionShape("attention_combine", width, heads, splits)
+	if err != nil {
+		return err
+	}
+	if uint64(block.X) < hd/4 {
+		return fmt.Errorf("attention_combine: block %d: want at least %d threads", block.X, hd/4)
+	}
+	batch, nh := uint64(grid.Y), min(uint64(grid.X), heads)
+	stride := uint64(AttentionPartStride(int(hd)))
+	out, err := f32s(mem, args[0].AsPtr(), batch*width)
+	if err != nil {
+		return err
+	}
+	part, err := f32s(mem, args[1].AsPtr(), batch*heads*splits*stride)
+	if err != nil {
+		return err
+	}
+	o := make([]float64, hd)
+	for b := uint64(0); b < batch; b++ {
+		for h := uint64(0); h < nh; h++ {
+			ps := part[(b*heads+h)*splits*stride:][:splits*stride]
+			mx := math.Inf(-1)
+			for k := uint64(0); k < splits; k++ {
+				mx = max(mx, float64(ps[k*stride]))
+			}
+			var l float64
+			clear(o)
+			for k := uint64(0); k < splits; k++ {
+				p := ps[k*stride:][:stride]
+				if math.IsInf(float64(p[0]), -1) {
+					continue
+				}
+				w := math.Exp(float64(p[0]) - mx)
+				l += w * float64(p[1])
+				for d := range o {
+					o[d] += w * float64(p[4+d])
+				}
+			}
+			dst := out[b*width+h*hd:][:hd]
+			for d := range o {
+				dst[d] = float32(o[d] / l)
 			}
 		}
 	}

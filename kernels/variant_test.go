@@ -26,8 +26,8 @@ func entrySignatures(ptx []byte) map[string][]string {
 }
 
 // PTX90 is nvcc's compute_90 build of the same kernels: same entries and
-// parameters as PTX, and linear, the one kernel that waits for its
-// predecessor (griddepcontrol.wait), is the one PDL entry.
+// parameters as PTX, and every kernel but embed waits for its predecessor
+// (griddepcontrol.wait).
 func TestPTX90(t *testing.T) {
 	if len(kernels.PTX90) == 0 {
 		t.Skip("kernels_90.ptx is empty")
@@ -48,8 +48,9 @@ func TestPTX90(t *testing.T) {
 	if got := kernels.PDLEntries(kernels.PTX); len(got) != 0 {
 		t.Errorf("compute_80 PDL entries %v, want none", got)
 	}
-	if got := kernels.PDLEntries(kernels.PTX90); !maps.Equal(got, map[string]bool{kernels.Linear: true}) {
-		t.Errorf("compute_90 PDL entries %v, want only %s", got, kernels.Linear)
+	want := map[string]bool{kernels.Linear: true, kernels.LinearLN: true, kernels.AttentionPart: true, kernels.AttentionCombine: true}
+	if got := kernels.PDLEntries(kernels.PTX90); !maps.Equal(got, want) {
+		t.Errorf("compute_90 PDL entries %v, want %v", got, want)
 	}
 	if !bytes.Equal(kernels.ForDevice(kernels.PTX, 9, 0), kernels.PTX90) {
 		t.Error("ForDevice(PTX, 9.0) is not PTX90")
