@@ -28,7 +28,7 @@ func modelTrace() *lifetime.Trace {
 	t := &lifetime.Trace{Name: "model"}
 	add := func(name, tag string, size, start, end int64) {
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Tag: tag,
-			Size: size, Start: start, End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset})
+			Size: size, Start: start, End: end})
 	}
 	add("w0", "weight", 1*MiB+100, 0, 10)
 	add("w1", "weight", 700*KiB, 0, 10)

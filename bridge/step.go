@@ -116,7 +116,7 @@ func (r *runLog) trace(name string) *lifetime.Trace {
 			end = r.now + 1
 		}
 		t.Buffers[i] = lifetime.Buffer{ID: lifetime.ID(i), Name: "t" + strconv.Itoa(i), Size: r.sizes[i],
-			Start: r.start[i], End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}
+			Start: r.start[i], End: end}
 	}
 	return t
 }

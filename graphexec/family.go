@@ -333,7 +333,7 @@ func familyCover(members []planner.Member, fp *planner.FamilyPlan) (*lifetime.Tr
 	p := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: fp.Arena}
 	add := func(name, tag string, off, size, align int64) {
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Size: size, Align: align,
-			Start: 0, End: 1, Tag: tag, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset})
+			Start: 0, End: 1, Tag: tag})
 		p.Offsets = append(p.Offsets, off)
 	}
 	shared := map[string]lifetime.ID{}

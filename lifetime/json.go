@@ -112,18 +112,18 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 		jb := &jt.Buffers[i]
 		b := &t.Buffers[i]
 		*b = Buffer{ID: ID(i), Name: jb.Name, Size: jb.Size, Align: jb.Align, Start: jb.Start,
-			End: jb.End, Stream: jb.Stream, Tag: jb.Tag, Fixed: NoOffset, Hint: NoOffset}
+			End: jb.End, Stream: jb.Stream, Tag: jb.Tag}
 		if jb.Fixed != nil {
 			if *jb.Fixed < 0 {
 				return nil, fmt.Errorf("buffer %d (%s): fixed offset %d is negative", i, jb.Name, *jb.Fixed)
 			}
-			b.Fixed = *jb.Fixed
+			b.Fixed, b.HasFixed = *jb.Fixed, true
 		}
 		if jb.Hint != nil {
 			if *jb.Hint < 0 || *jb.Hint > MaxSize {
 				return nil, fmt.Errorf("buffer %d (%s): hint %d is invalid", i, jb.Name, *jb.Hint)
 			}
-			b.Hint = *jb.Hint
+			b.Hint, b.HasHint = *jb.Hint, true
 		}
 		if jb.Prior != nil {
 			if *jb.Prior < 0 || *jb.Prior > MaxSize {
@@ -187,10 +187,10 @@ func WriteJSON(w io.Writer, t *Trace) error {
 		b := &t.Buffers[i]
 		jb := jsonBuffer{Name: b.Name, Size: b.Size, Align: b.Align, Start: b.Start, End: b.End,
 			Stream: b.Stream, Tag: b.Tag}
-		if b.Fixed != NoOffset {
+		if b.HasFixed {
 			jb.Fixed = &b.Fixed
 		}
-		if b.Hint != NoOffset {
+		if b.HasHint {
 			jb.Hint = &b.Hint
 		}
 		if t.Prior != nil && t.Prior[i] != NoOffset {

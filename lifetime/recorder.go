@@ -43,7 +43,7 @@ func (r *Recorder) Tick() { r.now++ }
 // Alloc records a buffer of size bytes born now and returns its ID.
 func (r *Recorder) Alloc(size int64, opts ...Option) ID {
 	id := ID(len(r.bufs))
-	b := Buffer{ID: id, Size: size, Start: r.now, End: -1, Fixed: NoOffset, Hint: NoOffset}
+	b := Buffer{ID: id, Size: size, Start: r.now, End: -1}
 	for _, o := range opts {
 		o(&b)
 	}

@@ -130,7 +130,7 @@ func TestAutoRandomTraces(t *testing.T) {
 				tr.Buffers[i].Align = 2
 			}
 			if f := tr.Buffers[i].Fixed; f != lifetime.NoOffset && tr.Buffers[i].Align > 1 {
-				tr.Buffers[i].Fixed = f &^ 1
+				tr.Buffers[i].Fixed, tr.Buffers[i].HasFixed = f&^1, true
 			}
 		}
 		opt := Options{Align: 1, Budget: 20 * time.Millisecond, Workers: 1 + k%2}

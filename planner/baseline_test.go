@@ -13,10 +13,10 @@ import (
 
 // buf is a short constructor for hand-made traces: size, [start, end).
 func buf(size, start, end int64) lifetime.Buffer {
-	return lifetime.Buffer{Size: size, Start: start, End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}
+	return lifetime.Buffer{Size: size, Start: start, End: end}
 }
 
-func fixedAt(b lifetime.Buffer, off int64) lifetime.Buffer { b.Fixed = off; return b }
+func fixedAt(b lifetime.Buffer, off int64) lifetime.Buffer { b.Fixed, b.HasFixed = off, true; return b }
 
 func aligned(b lifetime.Buffer, a int64) lifetime.Buffer { b.Align = a; return b }
 

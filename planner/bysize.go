@@ -53,7 +53,7 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 	order := make([]int, 0, n)
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
-		if b.Fixed != lifetime.NoOffset {
+		if b.HasFixed {
 			offsets[i] = b.Fixed
 			tr.insert(b.Start, b.End, memRange{b.Fixed, b.Fixed + req[i].size})
 			continue

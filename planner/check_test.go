@@ -136,3 +136,46 @@ func mutateOffsets(rng *rand.Rand, tr *lifetime.Trace, p *Plan, align int64) []i
 	}
 	return offs
 }
+
+// TestZeroValueBuffers plans a trace written as a Go literal with nothing
+// but sizes and lifetimes: the zero value of Fixed/Hint means "free to
+// place", and an impossible fixed layout is reported with the buffers'
+// own names, not the name of the pass that found it.
+func TestZeroValueBuffers(t *testing.T) {
+	tr := &lifetime.Trace{Name: "lit", Buffers: []lifetime.Buffer{
+		{ID: 0, Size: 100, Start: 0, End: 2},
+		{ID: 1, Size: 100, Start: 1, End: 3},
+	}}
+	for _, algo := range Names() {
+		p, err := Run(context.Background(), algo, tr, Options{Workers: 1})
+		if err != nil {
+			t.Fatalf("%s: %v", algo, err)
+		}
+		if p.Arena != 512 {
+			t.Errorf("%s: arena %d, want 512 (two 256-byte buffers side by side)", algo, p.Arena)
+		}
+	}
+	fixed := &lifetime.Trace{Name: "lit", Buffers: []lifetime.Buffer{
+		{ID: 0, Size: 100, Start: 0, End: 2, Fixed: 0, HasFixed: true},
+		{ID: 1, Name: "kv", Size: 100, Start: 1, End: 3, Fixed: 0, HasFixed: true},
+	}}
+	for _, algo := range Names() {
+		_, err := Run(context.Background(), algo, fixed, Options{Workers: 1})
+		if err == nil {
+			t.Fatalf("%s: overlapping fixed buffers planned", algo)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "buffer 1 (kv) and buffer 0 overlap") {
+			t.Errorf("%s: %q does not name the buffers as the trace does", algo, msg)
+		}
+		for _, internal := range []string{"bysize", "bestfit", "auto:", "check:", "()"} {
+			if strings.Contains(msg, internal) {
+				t.Errorf("%s: %q names an internal pass or an empty name (%q)", algo, msg, internal)
+			}
+		}
+	}
+	stale := &lifetime.Trace{Name: "lit", Buffers: []lifetime.Buffer{{ID: 0, Size: 1, Start: 0, End: 1, Fixed: -1}}}
+	if _, err := Run(context.Background(), "bysize", stale, Options{}); err == nil || !strings.Contains(err.Error(), "HasFixed is false") {
+		t.Errorf("a Fixed offset without HasFixed: err = %v, want a refusal", err)
+	}
+}

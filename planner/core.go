@@ -110,7 +110,7 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 			return nil, 0 // an item outside [lo, hi): not a part of p
 		}
 		for k, j := range core {
-			all.Buffers[j].Fixed = cp.Offsets[k]
+			all.Buffers[j].Fixed, all.Buffers[j].HasFixed = cp.Offsets[k], true
 		}
 		q, err := planBySize(r.ctx, all, Options{Align: 1})
 		if err != nil {
@@ -159,8 +159,8 @@ func (p *problem) cut(ids []int32, lo, hi int32, base int64, wlo, whi int32) (*l
 		if s >= e {
 			continue
 		}
-		fixed := lifetime.NoOffset
-		if it.fixed >= 0 {
+		fixed, hasFixed := int64(0), it.fixed >= 0
+		if hasFixed {
 			fixed = it.fixed - base
 		}
 		sub.Buffers = append(sub.Buffers, lifetime.Buffer{
@@ -169,7 +169,7 @@ func (p *problem) cut(ids []int32, lo, hi int32, base int64, wlo, whi int32) (*l
 			Align: it.align,
 			Start: int64(s),
 			End:   int64(e),
-			Fixed: fixed,
+			Fixed: fixed, HasFixed: hasFixed,
 		})
 		pos = append(pos, k)
 	}

@@ -228,7 +228,7 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 	for _, m := range members {
 		for i := range m.Trace.Buffers {
 			b := &m.Trace.Buffers[i]
-			if b.Fixed != lifetime.NoOffset {
+			if b.HasFixed {
 				return nil, fmt.Errorf("planner: family: %w: member %q: buffer %d (%s) has a fixed offset, which family plans do not support",
 					ErrFamily, m.Name, i, b.Name)
 			}

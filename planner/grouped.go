@@ -64,7 +64,7 @@ func RunGrouped(ctx context.Context, algo string, t *lifetime.Trace, opt Options
 		for j, i := range members[g] {
 			b := t.Buffers[i]
 			b.ID = lifetime.ID(j)
-			if b.Fixed != lifetime.NoOffset {
+			if b.HasFixed {
 				return nil, nil, fmt.Errorf("planner: grouped planning does not support fixed offsets (buffer %d, %s)", i, b.Name)
 			}
 			sub.Buffers = append(sub.Buffers, b)

@@ -106,6 +106,15 @@ func Run(ctx context.Context, algo string, t *lifetime.Trace, opt Options) (*Pla
 		return nil, fmt.Errorf("planner: %w", err)
 	}
 	opt = opt.normalized()
+	// Fixed offsets that no plan can honour are the trace's fault, not an
+	// algorithm's: say so before any algorithm runs.
+	req, err := requirements(t, opt.Align)
+	if err != nil {
+		return nil, fmt.Errorf("planner: %w", err)
+	}
+	if _, err := newFixedSet(t, req, opt.Align); err != nil {
+		return nil, fmt.Errorf("planner: %w", err)
+	}
 	start := time.Now()
 	p, err := f(ctx, t, opt)
 	if err != nil {

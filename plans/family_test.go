@@ -22,11 +22,10 @@ import (
 // Member 0 also carries gaps, own alignments, streams, prior offsets and
 // PyTorch statistics, so that every section of a member is exercised.
 func decodeMember(batch int64, extras bool) *lifetime.Trace {
-	no := lifetime.NoOffset
 	t := &lifetime.Trace{Name: fmt.Sprintf("decode b%d", batch)}
 	add := func(name, tag string, size, start, end int64) *lifetime.Buffer {
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Tag: tag,
-			Size: size, Start: start, End: end, Fixed: no, Hint: no})
+			Size: size, Start: start, End: end})
 		return &t.Buffers[len(t.Buffers)-1]
 	}
 	add("wte", "weight", 100000, 0, 12)
@@ -45,7 +44,7 @@ func decodeMember(batch int64, extras bool) *lifetime.Trace {
 	if extras {
 		t.Prior = make([]int64, len(t.Buffers))
 		for i := range t.Prior {
-			t.Prior[i] = no
+			t.Prior[i] = lifetime.NoOffset
 		}
 		t.Prior[3] = 4096
 		t.Torch = &lifetime.TorchStats{Device: 0, ReservedPeak: 9 << 20, LiveAtStart: 1 << 20, HasSegments: true}

@@ -147,10 +147,10 @@ func jsonBufferOf(t *lifetime.Trace, offsets []int64, i int) jsonBuffer {
 	if i < len(offsets) {
 		jb.Offset = offsets[i]
 	}
-	if b.Fixed != lifetime.NoOffset {
+	if b.HasFixed {
 		jb.Fixed = &b.Fixed
 	}
-	if b.Hint != lifetime.NoOffset {
+	if b.HasHint {
 		jb.Hint = &b.Hint
 	}
 	if i < len(t.Prior) && t.Prior[i] != lifetime.NoOffset {
