@@ -98,7 +98,7 @@ type PlanOptions = planner.Options
 // Regions are aligned only to the plan's alignment: the arena pads them to
 // its granularity in virtual addresses, not in plan bytes.
 func Plan(ctx context.Context, t *lifetime.Trace, opt PlanOptions) (*planner.Plan, error) {
-	return PlanWith(ctx, "auto", t, opt)
+	return PlanWith(ctx, planner.Auto, t, opt)
 }
 
 // PlanWith is Plan with the named planning algorithm for every region.

@@ -49,7 +49,7 @@ import (
 // that ends before its budget returns the same plan whatever the timing,
 // and with Workers == 1 everything runs in one fixed order.
 
-func init() { register("auto", anytime) }
+func init() { register(Auto, anytime) }
 
 type anytimeRun struct {
 	ctx      context.Context

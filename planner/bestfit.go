@@ -28,7 +28,7 @@ import (
 // fixed buffers, plus the gaps skipped because a buffer's own alignment or
 // a fixed buffer spoils them (none when every buffer has the plan's
 // alignment and nothing is fixed).
-func init() { register("bestfit", planBestFit) }
+func init() { register(BestFit, planBestFit) }
 
 func planBestFit(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
 	n := len(t.Buffers)

@@ -34,7 +34,7 @@ import (
 // buffers on real traces (spans of buffers packed side by side fuse), but
 // an adversarial trace with many holes can still make M, and so the whole,
 // quadratic.
-func init() { register("bysize", planBySize) }
+func init() { register(BySize, planBySize) }
 
 func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
 	n := len(t.Buffers)

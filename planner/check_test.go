@@ -2,9 +2,11 @@ package planner
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/arenaplan/arenaplan/lifetime"
 )
@@ -177,5 +179,57 @@ func TestZeroValueBuffers(t *testing.T) {
 	stale := &lifetime.Trace{Name: "lit", Buffers: []lifetime.Buffer{{ID: 0, Size: 1, Start: 0, End: 1, Fixed: -1}}}
 	if _, err := Run(context.Background(), "bysize", stale, Options{}); err == nil || !strings.Contains(err.Error(), "HasFixed is false") {
 		t.Errorf("a Fixed offset without HasFixed: err = %v, want a refusal", err)
+	}
+}
+
+// TestOptionsValidate: bad options are refused by every planning call,
+// never quietly replaced by a default.
+func TestOptionsValidate(t *testing.T) {
+	tr := trace(buf(100, 0, 2), buf(100, 1, 3))
+	cases := []struct {
+		name string
+		opt  Options
+		msg  string // "" for valid
+	}{
+		{"zero value", Options{}, ""},
+		{"align 1", Options{Align: 1}, ""},
+		{"align 512", Options{Align: 512}, ""},
+		{"align 3", Options{Align: 3}, "Align 3 is not a power of two"},
+		{"align -8", Options{Align: -8}, "Align -8"},
+		{"align too big", Options{Align: MaxAlign * 2}, "Align"},
+		{"negative workers", Options{Workers: -1}, "Workers -1"},
+		{"negative budget", Options{Budget: -time.Second}, "Budget -1s"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.opt.Validate()
+			if c.msg == "" {
+				if err != nil {
+					t.Fatalf("Validate = %v, want nil", err)
+				}
+				if _, err := Run(context.Background(), BySize, tr, c.opt); err != nil {
+					t.Fatalf("Run = %v", err)
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), c.msg) {
+				t.Fatalf("Validate = %v, want ErrOptions saying %q", err, c.msg)
+			}
+			for name, call := range map[string]func() error{
+				"Run": func() error { _, err := Run(context.Background(), BySize, tr, c.opt); return err },
+				"RunGrouped": func() error {
+					_, _, err := RunGrouped(context.Background(), BySize, tr, c.opt, func(*lifetime.Buffer) string { return "" }, nil, 0)
+					return err
+				},
+				"PlanFamily": func() error {
+					_, err := PlanFamily(context.Background(), BySize, []Member{{Name: "m", Trace: tr}}, c.opt)
+					return err
+				},
+			} {
+				if err := call(); !errors.Is(err, ErrOptions) {
+					t.Errorf("%s = %v, want ErrOptions", name, err)
+				}
+			}
+		})
 	}
 }

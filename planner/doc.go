@@ -7,10 +7,13 @@
 // runs the named algorithm and refuses any plan that Check rejects, so a
 // plan that leaves this package has been verified.
 //
-// Algorithms:
-//   - "bestfit": llama.cpp-style in-order best fit (a baseline).
-//   - "bysize": TFLite/XLA greedy by size (a baseline).
-//   - "auto": the best plan the package can find within the budget.
+// Algorithms (constants for their names):
+//   - BestFit ("bestfit"): llama.cpp-style in-order best fit (a baseline).
+//   - BySize ("bysize"): TFLite/XLA greedy by size (a baseline).
+//   - Auto ("auto"): the best plan the package can find within the budget.
+//
+// Options validate: a bad alignment, budget or worker count is an error
+// wrapping ErrOptions, never quietly replaced.
 //
 // Beyond one trace: RunGrouped plans groups of buffers (tags) into separate
 // address regions; PlanFamily plans several members replayed one at a time

@@ -212,7 +212,10 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 	if _, ok := registry[algo]; !ok {
 		return nil, fmt.Errorf("planner: family: unknown algorithm %q (have %v)", algo, Names())
 	}
-	opt = opt.normalized()
+	opt, err := opt.prepared()
+	if err != nil {
+		return nil, fmt.Errorf("planner: family: %w", err)
+	}
 	start := time.Now()
 	shared, top, err := sharedLayout(members, opt.Align)
 	if err != nil {

@@ -30,7 +30,10 @@ func RunGrouped(ctx context.Context, algo string, t *lifetime.Trace, opt Options
 	if err := t.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("planner: %w", err)
 	}
-	opt = opt.normalized()
+	opt, err := opt.prepared()
+	if err != nil {
+		return nil, nil, fmt.Errorf("planner: %w", err)
+	}
 	regionAlign = max(regionAlign, opt.Align)
 	members := map[string][]int{}
 	for i := range t.Buffers {

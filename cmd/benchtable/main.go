@@ -31,6 +31,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/internal/tracegen"
 	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
 )
 
 // instance is one row: a trace, its alignment and budget, and the best
@@ -108,15 +109,15 @@ func run(data string, scaling bool, only string) error {
 		if re != nil && !re.MatchString(in.path) {
 			continue
 		}
-		r, err := planOnce(plan, "auto", in.path, in.align, in.budget)
+		r, err := planOnce(plan, planner.Auto, in.path, in.align, in.budget)
 		if err != nil {
 			return err
 		}
-		bf, err := planOnce(plan, "bestfit", in.path, in.align, in.budget)
+		bf, err := planOnce(plan, planner.BestFit, in.path, in.align, in.budget)
 		if err != nil {
 			return err
 		}
-		bs, err := planOnce(plan, "bysize", in.path, in.align, in.budget)
+		bs, err := planOnce(plan, planner.BySize, in.path, in.align, in.budget)
 		if err != nil {
 			return err
 		}
@@ -145,11 +146,11 @@ func run(data string, scaling bool, only string) error {
 			if err := writeCSV(path, tr); err != nil {
 				return err
 			}
-			bf, err := planOnce(plan, "bestfit", path, 1, 0)
+			bf, err := planOnce(plan, planner.BestFit, path, 1, 0)
 			if err != nil {
 				return err
 			}
-			bs, err := planOnce(plan, "bysize", path, 1, 0)
+			bs, err := planOnce(plan, planner.BySize, path, 1, 0)
 			if err != nil {
 				return err
 			}
@@ -160,7 +161,7 @@ func run(data string, scaling bool, only string) error {
 				budgets = append(budgets, 30*time.Second)
 			}
 			for _, budget := range budgets {
-				r, err := planOnce(plan, "auto", path, 1, budget)
+				r, err := planOnce(plan, planner.Auto, path, 1, budget)
 				if err != nil {
 					return err
 				}

@@ -91,7 +91,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	fs := pflag.NewFlagSet("plan", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.format, "format", "", "trace format: csv, torch or json (default: from the file extension)")
-	fs.StringVar(&c.algo, "algo", "auto", "planning algorithm: "+strings.Join(planner.Names(), ", "))
+	fs.StringVar(&c.algo, "algo", planner.Auto, "planning algorithm: "+strings.Join(planner.Names(), ", "))
 	fs.Int64Var(&c.align, "align", planner.DefaultAlign, "round sizes up to and align offsets on this many bytes")
 	fs.StringVarP(&c.out, "output", "o", "", "write the plan to this file (one trace only)")
 	fs.BoolVar(&c.compare, "compare", false, "also run the baselines ("+strings.Join(planner.Baselines, ", ")+") side by side")
@@ -124,16 +124,18 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 		return usageError{fmt.Errorf("%s needs --workload", strings.Join(c.shape.Changed(), ", "))}
 	}
 	switch {
-	case c.workload != "":
-	case len(paths) == 0:
+	case c.workload == "" && len(paths) == 0:
 		fs.Usage()
 		return usageError{errors.New("no trace given")}
-	case c.align < 1 || c.align > 1<<30:
-		return usageError{fmt.Errorf("--align %d: must be between 1 and 2^30", c.align)}
+	case c.align < 1 || c.align > planner.MaxAlign || c.align&(c.align-1) != 0:
+		return usageError{fmt.Errorf("--align %d: must be a power of two from 1 to 2^30", c.align)}
 	case c.budget <= 0:
 		return usageError{fmt.Errorf("--budget %v: must be positive", c.budget)}
 	case c.workers < 0:
 		return usageError{fmt.Errorf("--workers %d: must not be negative", c.workers)}
+	}
+	if err := c.options().Validate(); err != nil {
+		return usageError{err}
 	}
 	if !known(c.algo) {
 		return usageError{fmt.Errorf("--algo %q: unknown (have %s)", c.algo, strings.Join(planner.Names(), ", "))}
@@ -249,6 +251,11 @@ func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
 	printTable(stdout, []report{r}, false)
 	fmt.Fprintf(stdout, "workload fingerprint %s\n", r.Fingerprint)
 	return nil
+}
+
+// options are the planner options the flags ask for.
+func (c config) options() planner.Options {
+	return planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers}
 }
 
 func known(algo string) bool {

@@ -107,6 +107,8 @@ func TestExitCodes(t *testing.T) {
 		{"no trace", nil, 2, "no trace"},
 		{"unknown flag", []string{"--frobnicate", good}, 2, "frobnicate"},
 		{"bad align", []string{"--align", "0", good}, 2, "--align"},
+		{"align not a power of two", []string{"--align", "3", good}, 2, "power of two"},
+		{"workload align not a power of two", []string{"--workload", "mlp", "--align", "3"}, 2, "power of two"},
 		{"unknown algo", []string{"--algo", "magic", good}, 2, "magic"},
 		{"missing file", []string{"/nonexistent/x.csv"}, 1, "/nonexistent/x.csv"},
 		{"bad trace", []string{bad}, 1, "bad.csv"},

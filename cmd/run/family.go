@@ -373,7 +373,7 @@ func standaloneArenas(ctx context.Context, gs []*graphexec.Graph, align int64, b
 		if err != nil {
 			return 0, err
 		}
-		p, err := planner.Run(ctx, "auto", d.Trace, planner.Options{Align: align, Budget: budget})
+		p, err := planner.Run(ctx, planner.Auto, d.Trace, planner.Options{Align: align, Budget: budget})
 		if err != nil {
 			return 0, fmt.Errorf("standalone %s: %w", alone.Label(), err)
 		}
