@@ -256,10 +256,8 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 				continue
 			}
 			offs, _ := p.wideSkyline(hugePasses[i].order, p.lb/hugePasses[i].slack, quit)
-			if offs != nil {
-				for k := range offs {
-					offs[k] *= p.unit
-				}
+			for k := range offs {
+				offs[k] *= p.unit
 			}
 			results[i] = offs
 		}

@@ -434,9 +434,7 @@ func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]Shar
 	}
 	// Shared ranges in offset order, for the disjointness search below.
 	shared := make([]SharedBuffer, 0, len(byKey))
-	for _, s := range fp.Shared {
-		shared = append(shared, s)
-	}
+	shared = append(shared, fp.Shared...)
 	mine := map[string]bool{}
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
