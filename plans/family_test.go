@@ -66,7 +66,8 @@ func familyFile(t testing.TB, batches ...int64) *Family {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Family{Members: ms, Plan: fp, Workloads: ws}
+	// Without planning times, which files do not store.
+	return familyWithoutTimes(&Family{Members: ms, Plan: fp, Workloads: ws})
 }
 
 func TestFamilyRoundTrip(t *testing.T) {
@@ -402,7 +403,8 @@ func checkFamilyAccepted(t *testing.T, f *Family) {
 	if err != nil {
 		t.Fatalf("re-encoded family does not decode: %v", err)
 	}
-	if !reflect.DeepEqual(back, f) {
+	// Files store no planning times (older ones may, as the seeds do).
+	if !reflect.DeepEqual(back, familyWithoutTimes(f)) {
 		t.Fatalf("round trip changed the family")
 	}
 }

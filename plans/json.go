@@ -25,8 +25,8 @@ type jsonHead struct {
 	LowerBound  int64         `json:"lower_bound"`
 	Ratio       float64       `json:"ratio"`
 	Optimal     bool          `json:"optimal"`
-	ElapsedMS   float64       `json:"elapsed_ms"`
-	ToBestMS    float64       `json:"to_best_ms"`
+	ElapsedMS   float64       `json:"elapsed_ms,omitempty"` // files written before timings left the payload
+	ToBestMS    float64       `json:"to_best_ms,omitempty"`
 	Torch       *jsonTorch    `json:"torch,omitempty"`
 	Workload    *jsonWorkload `json:"workload,omitempty"`
 }

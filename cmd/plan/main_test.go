@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,5 +126,27 @@ func TestExitCodes(t *testing.T) {
 				t.Errorf("stderr %q lacks %q", errs, c.msg)
 			}
 		})
+	}
+}
+
+// TestSamePlanSameFile: planning the same trace twice writes the same
+// bytes (planning times stay out of the file).
+func TestSamePlanSameFile(t *testing.T) {
+	dir := t.TempDir()
+	p := writeTemp(t, "toy.csv", toyCSV)
+	var files [][]byte
+	for i := range 2 {
+		out := filepath.Join(dir, fmt.Sprintf("toy%d.plan", i))
+		if code, _, errs := runPlan(t, "-o", out, "--workers", "1", p); code != 0 {
+			t.Fatalf("exit %d: %s", code, errs)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, b)
+	}
+	if !bytes.Equal(files[0], files[1]) {
+		t.Error("two plans of the same trace differ byte for byte")
 	}
 }
