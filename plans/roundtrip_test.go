@@ -3,6 +3,7 @@ package plans
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -129,6 +130,8 @@ func TestSaveLoad(t *testing.T) {
 	}
 	if err := Save(filepath.Join(dir, "no", "such", "dir.plan"), f); err == nil {
 		t.Errorf("Save into a missing directory succeeded")
+	} else if !errors.Is(err, fs.ErrNotExist) || strings.Contains(err.Error(), ".tmp") {
+		t.Errorf("Save into a missing directory: %q; want ErrNotExist and no temporary file name", err)
 	}
 	if err := Save(filepath.Join(dir, "bad.plan"), &File{}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Save of an empty File: %v", err)

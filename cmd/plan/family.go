@@ -57,7 +57,7 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 	}
 	gs, err := familyGraphs(c.workload, c.shape.Shape(), sizes)
 	if err != nil {
-		return err
+		return usageError{err} // a shape the flags gave
 	}
 	fp, members, err := graphexec.PlanFamily(ctx, c.algo, gs, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
 	if err != nil {

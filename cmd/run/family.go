@@ -56,10 +56,6 @@ func planFor(ctx context.Context, c *config) (*plans.File, *plans.Family, error)
 // familyGraphs builds every member's workload from the file's names and
 // shapes (with --seed) and verifies each against its member's plan.
 func familyGraphs(c *config, fam *plans.Family) ([]*graphexec.Graph, error) {
-	if ch := c.shape.Changed(); len(ch) > 0 || c.workload != "" {
-		return nil, usageError{fmt.Errorf("%s: a family plan names its workloads and shapes; --workload and %s do not apply",
-			c.planPath, strings.Join(ch, ", "))}
-	}
 	var gs []*graphexec.Graph
 	for i, m := range fam.Members {
 		w := fam.Workload(i)

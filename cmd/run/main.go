@@ -8,9 +8,13 @@
 //	run [--plan FILE.plan | --workload NAME] [shape flags] [--steps N]
 //	    [--device auto|sim|cuda|cuda:N] [--check] [--budget D] [--json]
 //
-// Exit status: 0 on success, 1 on failure (also when replayed outputs
-// differ from eager ones, or --check finds a difference beyond tolerance),
-// 2 on bad usage, 130 when interrupted: the first Ctrl-C ends the run at
+// Exit status: 0 on success (--help included: the usage goes to stdout), 1
+// on failure (also when replayed outputs differ from eager ones, or --check
+// finds a difference beyond tolerance), 2 on bad usage (plan's rule: an
+// unknown flag, a value out of range, a workload's shape included, a flag
+// the mode does not take, or two that decide the same thing: --plan names
+// the workload and shape, so --workload and shape flags beside it are
+// refused), 130 when interrupted: the first Ctrl-C ends the run at
 // once (the device is released by the process's exit), a second one exits
 // whatever it is doing.
 package main
@@ -112,9 +116,12 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.noPDL, "no-pdl", false, "launch every kernel plainly, without programmatic dependent launch on compute capability 9.0 and later (for comparison)")
 	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
 	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: run [--plan FILE.plan | --workload NAME] [shape flags] [flags]\n\nflags:\n%s", fs.FlagUsages())
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "usage: run [--plan FILE.plan | --workload NAME] [shape flags] [flags]\n\nflags:\n%s", fs.FlagUsages())
 	}
+	// --help asks for the usage: it goes to stdout and exits 0. A usage
+	// error prints it to stderr.
+	fs.Usage = func() { usage(stdout) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
@@ -125,8 +132,16 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case fs.NArg() > 0:
 		return usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
 	case c.planPath == "" && c.workload == "":
-		fs.Usage()
+		usage(stderr)
 		return usageError{errors.New("give --plan FILE or --workload NAME")}
+	case c.planPath != "" && (c.workload != "" || len(c.shape.Changed()) > 0):
+		// One rule for every command: flags that decide the same thing
+		// twice are a usage error, never one silently preferred.
+		given := c.shape.Changed()
+		if c.workload != "" {
+			given = append([]string{"--workload"}, given...)
+		}
+		return usageError{fmt.Errorf("--plan names the workload and its shape; flags that do not apply beside it: %s", strings.Join(given, ", "))}
 	case c.steps < 1:
 		return usageError{fmt.Errorf("--steps %d: must be at least 1", c.steps)}
 	case c.warmup < 0:
@@ -264,9 +279,8 @@ func openDevice(spec string) (cuda.Device, string, error) {
 	return nil, "", usageError{fmt.Errorf("--device %q: want auto, sim, cuda or cuda:N", spec)}
 }
 
-// workloadFor decides the workload and shape: the plan file's, with any
-// explicitly given --workload and shape flags taking precedence (a plan
-// that does not fit them is then refused by fingerprint).
+// workloadFor decides the workload and shape: the plan file's (dispatch
+// refuses --workload and shape flags beside --plan), else the flags'.
 func workloadFor(c *config, f *plans.File) (*graphexec.Graph, *plans.File, error) {
 	name := c.workload
 	shape := c.shape.Shape()
@@ -274,44 +288,26 @@ func workloadFor(c *config, f *plans.File) (*graphexec.Graph, *plans.File, error
 		if f.Workload == nil {
 			return nil, nil, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
 		}
-		if name == "" {
-			name = f.Workload.Name
+		name = f.Workload.Name
+		var dims []graphexec.Dim
+		for _, d := range f.Workload.Shape {
+			dims = append(dims, graphexec.Dim{Name: d.Name, Value: d.Value})
 		}
-		if name == f.Workload.Name {
-			var dims []graphexec.Dim
-			for _, d := range f.Workload.Shape {
-				dims = append(dims, graphexec.Dim{Name: d.Name, Value: d.Value})
-			}
-			ps, err := graphexec.ShapeOf(dims)
-			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
-			}
-			for _, ch := range c.shape.Changed() {
-				switch ch {
-				case "--layers":
-					ps.Layers = shape.Layers
-				case "--width":
-					ps.Width = shape.Width
-				case "--heads":
-					ps.Heads = shape.Heads
-				case "--kv-len":
-					ps.KVLen = shape.KVLen
-				case "--batch":
-					ps.Batch = shape.Batch
-				case "--vocab":
-					ps.Vocab = shape.Vocab
-				}
-			}
-			ps.Seed = shape.Seed
-			shape = ps
+		ps, err := graphexec.ShapeOf(dims)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
-	}
-	if err := c.shape.Check(name); err != nil {
+		ps.Seed = shape.Seed
+		shape = ps
+	} else if err := c.shape.Check(name); err != nil {
 		return nil, nil, usageError{err}
 	}
 	g, err := graphexec.Build(name, shape)
 	if err != nil {
-		return nil, nil, err
+		if f == nil {
+			return nil, nil, usageError{err} // a shape the flags gave
+		}
+		return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 	}
 	if f != nil {
 		var fp graphexec.Fingerprint = f.Workload.Fingerprint

@@ -87,15 +87,16 @@ func TestRunPlanFile(t *testing.T) {
 		t.Errorf("shape %v, want the plan's", r.Shape)
 	}
 
-	// Another shape on the command line: refused, naming both fingerprints.
-	other, _ := graphexec.Build("mlp", graphexec.Shape{Layers: 5, Width: 64, Batch: 2})
+	// Another shape or workload on the command line conflicts with the
+	// plan's: a usage error (issue 13: conflicting flags exit 2, never one
+	// silently preferred), before any file is read.
 	_, code, stderr = runJSON(t, "--plan", path, "--width", "64", "--steps", "1")
-	if code != 1 || !strings.Contains(stderr, g.Fingerprint().Short()) || !strings.Contains(stderr, other.Fingerprint().Short()) {
+	if code != 2 || !strings.Contains(stderr, "do not apply beside it: --width") {
 		t.Errorf("foreign shape: exit %d, %q", code, stderr)
 	}
-	_, code, stderr = runJSON(t, "--plan", path, "--workload", "gpt2-decode", "--steps", "1")
-	if code != 1 || !strings.Contains(stderr, "plan was made for workload mlp") {
-		t.Errorf("foreign workload: exit %d, %q", code, stderr)
+	_, code, stderr = runJSON(t, "--plan", path, "--workload", "mlp", "--steps", "1")
+	if code != 2 || !strings.Contains(stderr, "do not apply beside it: --workload") {
+		t.Errorf("--workload beside --plan: exit %d, %q", code, stderr)
 	}
 }
 
@@ -133,10 +134,18 @@ func TestRunUsage(t *testing.T) {
 		{"--workload", "mlp", "--steps", "0"},
 		{"--workload", "mlp", "--heads", "4"},
 		{"--workload", "mlp", "--device", "tpu"},
+		{"--workload", "mlp", "--layers", "-4"}, // a bad shape value, as --steps 0 is
 	} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), args, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
 		}
+	}
+}
+
+func TestRunHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"--help"}, &out, &errb); code != 0 || errb.Len() != 0 || !strings.Contains(out.String(), "usage: run") {
+		t.Errorf("--help: exit %d, stdout %q, stderr %q; want 0 and the usage on stdout", code, out.String(), errb.String())
 	}
 }
