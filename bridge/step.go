@@ -325,7 +325,7 @@ func (s *Step) Plan(budget time.Duration) error {
 	if !ok || t == nil {
 		return s.errorf("Plan needs a finished recording and no plan yet")
 	}
-	p, err := planner.Run(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
+	p, _, err := planner.RunByTag(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): planning: %w", s.id, s.name, err)
 	}

@@ -93,7 +93,7 @@ func (g *Graph) DryRun() (*DryRun, error) {
 type PlanOptions = planner.Options
 
 // Plan plans a dry run's trace with the "auto" planner, one region per tag
-// (planner.RunGrouped in the order of Tags), so that each role's buffers
+// (planner.RunByTag, in the order of Tags), so that each role's buffers
 // form their own address range that the arena can map and pause alone.
 // Regions are aligned only to the plan's alignment: the arena pads them to
 // its granularity in virtual addresses, not in plan bytes.
@@ -103,7 +103,7 @@ func Plan(ctx context.Context, t *lifetime.Trace, opt PlanOptions) (*planner.Pla
 
 // PlanWith is Plan with the named planning algorithm for every region.
 func PlanWith(ctx context.Context, algo string, t *lifetime.Trace, opt PlanOptions) (*planner.Plan, error) {
-	p, _, err := planner.RunGrouped(ctx, algo, t, opt, func(b *lifetime.Buffer) string { return b.Tag }, Tags, opt.Align)
+	p, _, err := planner.RunByTag(ctx, algo, t, opt)
 	if err != nil {
 		return nil, fmt.Errorf("graphexec: planning %s: %w", t.Name, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/lifetime"
 )
 
 // DType is a tensor's element type.
@@ -65,8 +66,8 @@ const (
 )
 
 // Tags are the lifetime tags of the roles, one arena region each, in
-// region order.
-var Tags = []string{"weight", "kv", "input", "output", "intermediate"}
+// region order (lifetime.Tags).
+var Tags = lifetime.Tags
 
 // Tag is the lifetime tag of the role's buffers.
 func (r Role) Tag() string {

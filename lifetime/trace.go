@@ -18,6 +18,10 @@ type ID int
 // In a Buffer, HasFixed and HasHint say whether an offset was asked for.
 const NoOffset int64 = -1
 
+// Tags are the well-known buffer tags, longest-lived first: the order in
+// which a plan by tag (planner.RunByTag) stacks their regions.
+var Tags = []string{"weight", "kv", "input", "output", "intermediate"}
+
 // MaxSize bounds a single buffer's size and an arena's size (2^56 bytes,
 // far above any device) so that offset arithmetic never overflows int64.
 const MaxSize int64 = 1 << 56
@@ -37,8 +41,9 @@ type Buffer struct {
 	End   int64  // first logical time it is dead again; End > Start
 	// Stream is the stream the buffer was allocated on (0: default).
 	Stream int64
-	// Tag groups buffers by role: "weight", "input", "output", "kv",
-	// "intermediate", "" for unknown.
+	// Tag groups buffers by role: one of Tags, or another name, "" for
+	// unknown. An arena maps, pauses and resumes each tag's buffers as one
+	// region when the plan keeps them apart (planner.RunByTag).
 	Tag string
 	// Fixed, when HasFixed, is an offset every planner must use.
 	Fixed    int64

@@ -15,8 +15,10 @@
 // Options validate: a bad alignment, budget or worker count is an error
 // wrapping ErrOptions, never quietly replaced.
 //
-// Beyond one trace: RunGrouped plans groups of buffers (tags) into separate
-// address regions; PlanFamily plans several members replayed one at a time
+// Beyond one trace: RunGrouped plans groups of buffers into separate
+// address regions, and RunByTag, the one way to plan a tagged trace for an
+// arena (plan -o, graphexec and the PyTorch bridge all use it), groups them
+// by tag, so that an arena never merges tags of different pause policies; PlanFamily plans several members replayed one at a time
 // into one arena, shared buffers at one address in all of them; PlanChain
 // lays stages on one timeline so one stage's outputs feed the next without
 // copies, and its ChainGuard refuses a replay order that would overwrite

@@ -314,7 +314,8 @@ func planOne(ctx context.Context, c config, source string, t *lifetime.Trace, st
 	if tty {
 		opt.Progress = progressLine(stderr, source)
 	}
-	p, err := planner.Run(ctx, c.algo, t, opt)
+	// By tag, as graphexec and the bridge plan: the file is arena-ready.
+	p, _, err := planner.RunByTag(ctx, c.algo, t, opt)
 	if opt.Progress != nil {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
@@ -329,7 +330,7 @@ func planOne(ctx context.Context, c config, source string, t *lifetime.Trace, st
 	if c.compare {
 		r.Baselines = map[string]int64{}
 		for _, b := range planner.Baselines {
-			bp, err := planner.Run(ctx, b, t, planner.Options{Align: c.align, Workers: c.workers})
+			bp, _, err := planner.RunByTag(ctx, b, t, planner.Options{Align: c.align, Workers: c.workers})
 			if err != nil {
 				return report{}, nil, fmt.Errorf("%s: %w", source, err)
 			}
