@@ -75,6 +75,7 @@ type config struct {
 	noPDL    bool
 	pause    bool
 	spillPTX string
+	stages   string
 	shape    *graphexec.ShapeFlags
 	fs       *pflag.FlagSet
 }
@@ -104,6 +105,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&c.workload, "workload", "", "built-in workload: "+strings.Join(graphexec.Workloads(), ", "))
 	c.shape = graphexec.AddShapeFlags(fs)
 	fs.StringVar(&c.sequence, "sequence", "", "with a family plan: the batch sizes to run, in order (8,1,64,...); default: the members round robin for --steps steps")
+	fs.StringVar(&c.stages, "stages", "", "with --workload mlp: split it at these layers (16,32,...) into a chain of graphs that read each other's outputs in place from one arena, replayed in order")
 	fs.IntVar(&c.steps, "steps", 100, "timed steps, eager and replayed")
 	fs.IntVar(&c.warmup, "warmup", 3, "untimed steps before each timed run")
 	fs.StringVar(&c.device, "device", "auto", "auto (GPU 0 when a driver is present, else sim), sim, cuda or cuda:N")
@@ -179,6 +181,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case !rep.OutputsEqual:
 		return failedError{errors.New("replayed outputs differ from eager outputs")}
+	case rep.ChainRun != nil && !rep.ChainRun.MatchesWhole:
+		return failedError{errors.New("the chain's output differs from the whole workload's")}
 	case rep.Pause != nil && !rep.Pause.OutputsEqual:
 		return failedError{errors.New("outputs after pause and resume differ from eager outputs")}
 	case rep.CheckOK != nil && !*rep.CheckOK:
@@ -246,6 +250,8 @@ type report struct {
 	Pause *PauseRun `json:"pause,omitempty"`
 	// A family plan's run adds its members and what separate arenas cost.
 	*FamilyRun
+	// A chain run (--stages) adds its stages.
+	*ChainRun
 }
 
 func openDevice(spec string) (cuda.Device, string, error) {
@@ -330,6 +336,9 @@ func planLabel(w *plans.Workload) string {
 }
 
 func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) {
+	if c.stages != "" {
+		return executeChain(ctx, c)
+	}
 	file, fam, err := planFor(ctx, c)
 	if err != nil {
 		return nil, err
@@ -558,6 +567,10 @@ func printReport(w io.Writer, r *report) {
 	fmt.Fprintf(tw, "outputs\treplay equals eager bit for bit: %v\n", r.OutputsEqual)
 	if r.Pause != nil {
 		printPause(tw, r.Pause)
+	}
+	if cr := r.ChainRun; cr != nil {
+		fmt.Fprintf(tw, "chain\t%d stages %v (layers [from, to)), %d tensors read in place; output equals the whole mlp's bit for bit: %v\n",
+			len(cr.Stages), cr.Stages, cr.Links, cr.MatchesWhole)
 	}
 	if r.CheckOK != nil {
 		fmt.Fprintf(tw, "check\tmax abs diff vs Go reference %.3g (max |ref| %.3g, tolerance %.3g): %v\n", *r.CheckMaxAbsDiff, *r.CheckMaxAbsRef, *r.CheckTolerance, *r.CheckOK)
