@@ -37,19 +37,6 @@ type SimConfig struct {
 	ComputeCapability [2]int
 }
 
-// SimMemory gives a simulated kernel raw access to device memory.
-type SimMemory interface {
-	// Bytes returns the n bytes at p. The slice aliases device memory
-	// and is valid only while the kernel runs. A range that is not wholly
-	// allocated, or mapped with access set, is an error with code
-	// ErrorIllegalAddress.
-	Bytes(p DevicePtr, n uint64) ([]byte, error)
-}
-
-// KernelFunc is the Go reference of one PTX kernel. It runs the whole
-// grid; args are as given to Launch. It must not call back into the Device.
-type KernelFunc func(mem SimMemory, grid, block Dim3, args []KernelArg) error
-
 // Sim is the simulated device. Work runs at once, in the order the streams
 // impose, on the calling goroutine; captures build a real DAG that
 // instantiated graphs replay in a topological order (node creation order).

@@ -9,9 +9,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // parseBatchSizes reads "1,2,4": distinct positive sizes, in the order
@@ -33,13 +34,13 @@ func parseBatchSizes(s string) ([]int, error) {
 
 // familyGraphs builds the workload at each batch size, with the tensors
 // the members share sized for the largest.
-func familyGraphs(name string, base graphexec.Shape, sizes []int) ([]*graphexec.Graph, error) {
+func familyGraphs(name string, base workloads.Shape, sizes []int) ([]*graph.Graph, error) {
 	mb := slices.Max(sizes)
-	var gs []*graphexec.Graph
+	var gs []*graph.Graph
 	for _, b := range sizes {
 		s := base
 		s.Batch, s.MaxBatch = b, mb
-		g, err := graphexec.Build(name, s)
+		g, err := workloads.Build(name, s)
 		if err != nil {
 			return nil, err
 		}
@@ -59,7 +60,7 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 	if err != nil {
 		return usageError{err} // a shape the flags gave
 	}
-	fp, members, err := graphexec.PlanFamily(ctx, c.algo, gs, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
+	fp, members, err := graph.PlanFamily(ctx, c.algo, gs, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
 	if err != nil {
 		return err
 	}

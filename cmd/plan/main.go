@@ -29,11 +29,12 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/internal/interrupt"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 func main() {
@@ -64,7 +65,7 @@ type config struct {
 	workers     int
 	exportCSV   string
 	workload    string
-	shape       *graphexec.ShapeFlags
+	shape       *workloads.ShapeFlags
 	batchSizes  string
 }
 
@@ -108,8 +109,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 	traceFlags.BoolVar(&c.keepOffsets, "keep-offsets", false, "treat a CSV offset column as fixed offsets instead of an earlier solution")
 	traceFlags.StringVar(&c.exportCSV, "export-csv", "", "also write the trace with an offset column to this CSV file (one trace only)")
 	workloadFlags := pflag.NewFlagSet("plan", pflag.ContinueOnError)
-	workloadFlags.StringVar(&c.workload, "workload", "", "plan a built-in workload's dry run instead of traces: "+strings.Join(graphexec.Workloads(), ", "))
-	c.shape = graphexec.AddShapeFlags(workloadFlags)
+	workloadFlags.StringVar(&c.workload, "workload", "", "plan a built-in workload's dry run instead of traces: "+strings.Join(workloads.Workloads(), ", "))
+	c.shape = workloads.AddShapeFlags(workloadFlags)
 	workloadFlags.StringVar(&c.batchSizes, "batch-sizes", "", "plan a family of these batch sizes (1,2,4,...) into one arena and one file; overrides --batch")
 	fs := pflag.NewFlagSet("plan", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -236,7 +237,7 @@ func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
 	if c.batchSizes != "" {
 		return planFamily(ctx, c, stdout)
 	}
-	g, err := graphexec.Build(c.workload, c.shape.Shape())
+	g, err := workloads.Build(c.workload, c.shape.Shape())
 	if err != nil {
 		return usageError{err} // a shape the flags gave
 	}
@@ -245,7 +246,7 @@ func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
 		return err
 	}
 	t := d.Trace
-	p, err := graphexec.PlanWith(ctx, c.algo, t, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
+	p, err := graph.PlanWith(ctx, c.algo, t, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
 	if err != nil {
 		return err
 	}

@@ -9,8 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // ChainRun is what a chain run (--stages) adds to the report.
@@ -59,19 +61,19 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 		return nil, usageError{err}
 	}
 	shape := c.shape.Shape()
-	gs, err := graphexec.MLPStages(shape, cuts...)
+	gs, err := workloads.MLPStagesWith(shape, c.kernels, cuts...)
 	if err != nil {
 		return nil, usageError{err} // the flags' shape or cuts
 	}
-	whole, err := graphexec.Build("mlp", shape)
+	whole, err := workloads.BuildWith("mlp", shape, c.kernels)
 	if err != nil {
 		return nil, usageError{err}
 	}
-	links, err := graphexec.LinkByName(gs)
+	links, err := graph.LinkByName(gs)
 	if err != nil {
 		return nil, err
 	}
-	cp, err := graphexec.PlanChain(ctx, planner.Auto, gs, links, graphexec.PlanOptions{Budget: c.budget})
+	cp, err := graph.PlanChain(ctx, planner.Auto, gs, links, graph.PlanOptions{Budget: c.budget})
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +178,7 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 	}
 
 	// The whole mlp on an arena of its own: the chain must compute it.
-	e, err := graphexec.New(dev, whole, nil, graphexec.Options{Plan: graphexec.PlanOptions{Budget: c.budget}, NoPDL: c.noPDL})
+	e, err := graphexec.New(dev, whole, nil, graphexec.Options{Plan: graph.PlanOptions{Budget: c.budget}, NoPDL: c.noPDL})
 	if err != nil {
 		return nil, err
 	}

@@ -38,12 +38,14 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/internal/interrupt"
 	"github.com/arenaplan/arenaplan/internal/regfile"
 	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 func main() {
@@ -76,7 +78,8 @@ type config struct {
 	pause    bool
 	spillPTX string
 	stages   string
-	shape    *graphexec.ShapeFlags
+	kernels  workloads.Kernels // the embedded ones, or --ptx and --spill-ptx
+	shape    *workloads.ShapeFlags
 	fs       *pflag.FlagSet
 }
 
@@ -102,8 +105,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	c.fs = fs
 	fs.StringVar(&c.planPath, "plan", "", "run on this plan file's addresses (from plan --workload); it names the workload and shape")
-	fs.StringVar(&c.workload, "workload", "", "built-in workload: "+strings.Join(graphexec.Workloads(), ", "))
-	c.shape = graphexec.AddShapeFlags(fs)
+	fs.StringVar(&c.workload, "workload", "", "built-in workload: "+strings.Join(workloads.Workloads(), ", "))
+	c.shape = workloads.AddShapeFlags(fs)
 	fs.StringVar(&c.sequence, "sequence", "", "with a family plan: the batch sizes to run, in order (8,1,64,...); default: the members round robin for --steps steps")
 	fs.StringVar(&c.stages, "stages", "", "with --workload mlp: split it at these layers (16,32,...) into a chain of graphs that read each other's outputs in place from one arena, replayed in order")
 	fs.IntVar(&c.steps, "steps", 100, "timed steps, eager and replayed")
@@ -151,19 +154,20 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case c.budget <= 0:
 		return usageError{fmt.Errorf("--budget %v: must be positive", c.budget)}
 	}
+	c.kernels = workloads.EmbeddedKernels()
 	if c.ptx != "" {
 		data, err := readPTX(ctx, "--ptx", c.ptx)
 		if err != nil {
 			return err
 		}
-		kernels.PTX = data
+		c.kernels.PTX, c.kernels.PTX90 = data, nil // loaded as given, on every device
 	}
 	if c.spillPTX != "" {
 		data, err := readPTX(ctx, "--spill-ptx", c.spillPTX)
 		if err != nil {
 			return err
 		}
-		kernels.SpillPTX = data
+		c.kernels.SpillPTX = data
 	}
 	rep, err := execute(ctx, &c, stderr)
 	if err != nil {
@@ -287,7 +291,7 @@ func openDevice(spec string) (cuda.Device, string, error) {
 
 // workloadFor decides the workload and shape: the plan file's (dispatch
 // refuses --workload and shape flags beside --plan), else the flags'.
-func workloadFor(c *config, f *plans.File) (*graphexec.Graph, *plans.File, error) {
+func workloadFor(c *config, f *plans.File) (*graph.Graph, *plans.File, error) {
 	name := c.workload
 	shape := c.shape.Shape()
 	if f != nil {
@@ -295,11 +299,11 @@ func workloadFor(c *config, f *plans.File) (*graphexec.Graph, *plans.File, error
 			return nil, nil, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
 		}
 		name = f.Workload.Name
-		var dims []graphexec.Dim
+		var dims []graph.Dim
 		for _, d := range f.Workload.Shape {
-			dims = append(dims, graphexec.Dim{Name: d.Name, Value: d.Value})
+			dims = append(dims, graph.Dim{Name: d.Name, Value: d.Value})
 		}
-		ps, err := graphexec.ShapeOf(dims)
+		ps, err := workloads.ShapeOf(dims)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
@@ -308,7 +312,7 @@ func workloadFor(c *config, f *plans.File) (*graphexec.Graph, *plans.File, error
 	} else if err := c.shape.Check(name); err != nil {
 		return nil, nil, usageError{err}
 	}
-	g, err := graphexec.Build(name, shape)
+	g, err := workloads.BuildWith(name, shape, c.kernels)
 	if err != nil {
 		if f == nil {
 			return nil, nil, usageError{err} // a shape the flags gave
@@ -316,8 +320,8 @@ func workloadFor(c *config, f *plans.File) (*graphexec.Graph, *plans.File, error
 		return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 	}
 	if f != nil {
-		var fp graphexec.Fingerprint = f.Workload.Fingerprint
-		if err := graphexec.VerifyPlan(g, planLabel(f.Workload), fp, f.Trace, f.Plan); err != nil {
+		var fp graph.Fingerprint = f.Workload.Fingerprint
+		if err := graph.VerifyPlan(g, planLabel(f.Workload), fp, f.Trace, f.Plan); err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
 	}
@@ -361,7 +365,7 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 		return nil, err
 	}
 	defer dev.Close()
-	opt := graphexec.Options{Plan: graphexec.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse, NoPDL: c.noPDL}
+	opt := graphexec.Options{Plan: graph.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse, NoPDL: c.noPDL}
 	var plan *planner.Plan
 	source := "memory"
 	if f != nil {
@@ -473,10 +477,10 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 }
 
 // results reads the outputs and the state tensors.
-func results(e *graphexec.Executor, g *graphexec.Graph) ([][]byte, error) {
+func results(e *graphexec.Executor, g *graph.Graph) ([][]byte, error) {
 	var out [][]byte
 	for _, t := range g.Tensors {
-		if t.Role == graphexec.Output || t.Role == graphexec.State {
+		if t.Role == graph.Output || t.Role == graph.State {
 			b, err := e.Read(t)
 			if err != nil {
 				return nil, err
@@ -490,7 +494,7 @@ func results(e *graphexec.Executor, g *graphexec.Graph) ([][]byte, error) {
 // check runs the same steps eagerly on a simulated device, whose kernels
 // are the Go references, and compares every output and state tensor with
 // the device's replayed ones.
-func check(c *config, g *graphexec.Graph, p *planner.Plan, got [][]byte, rep *report) error {
+func check(c *config, g *graph.Graph, p *planner.Plan, got [][]byte, rep *report) error {
 	sim, err := cuda.OpenSim(simConfig())
 	if err != nil {
 		return err
@@ -625,7 +629,7 @@ func bytesStr(n int64) string {
 }
 
 // profile prints the device time of each kind of op in one eager step.
-func profile(e *graphexec.Executor, g *graphexec.Graph, w io.Writer) error {
+func profile(e *graphexec.Executor, g *graph.Graph, w io.Writer) error {
 	for range 2 { // the first step warms the caches and the JIT
 		if _, err := e.ProfileOps(0); err != nil {
 			return err

@@ -8,8 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 var small = []string{"--workload", "gpt2-decode", "--layers", "2", "--width", "64", "--heads", "2", "--kv-len", "32", "--vocab", "100"}
@@ -49,13 +50,13 @@ func TestRunSim(t *testing.T) {
 }
 
 // savePlan writes a plan of a built workload, as plan --workload does.
-func savePlan(t *testing.T, g *graphexec.Graph, align int64) string {
+func savePlan(t *testing.T, g *graph.Graph, align int64) string {
 	t.Helper()
 	d, err := g.DryRun()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := graphexec.Plan(context.Background(), d.Trace, graphexec.PlanOptions{Align: align})
+	p, err := graph.Plan(context.Background(), d.Trace, graph.PlanOptions{Align: align})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func savePlan(t *testing.T, g *graphexec.Graph, align int64) string {
 }
 
 func TestRunPlanFile(t *testing.T) {
-	g, err := graphexec.Build("mlp", graphexec.Shape{Layers: 5, Width: 32, Batch: 2})
+	g, err := workloads.Build("mlp", workloads.Shape{Layers: 5, Width: 32, Batch: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestRunPlanFile(t *testing.T) {
 }
 
 func TestRunRefusesLowAlignment(t *testing.T) {
-	g, err := graphexec.Build("mlp", graphexec.Shape{Layers: 3, Width: 32})
+	g, err := workloads.Build("mlp", workloads.Shape{Layers: 3, Width: 32})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func TestRunRefusesLowAlignment(t *testing.T) {
 	for i := range d.Trace.Buffers {
 		d.Trace.Buffers[i].Align = 0
 	}
-	p, err := graphexec.Plan(context.Background(), d.Trace, graphexec.PlanOptions{Align: 8})
+	p, err := graph.Plan(context.Background(), d.Trace, graph.PlanOptions{Align: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
