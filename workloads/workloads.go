@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/launch"
 	"github.com/spf13/pflag"
 )
 
@@ -252,4 +254,13 @@ func splitmix(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// SimKernels are the Go references of every built-in workload's kernels,
+// by PTX entry name, for the simulated device (cuda.SimConfig.Kernels,
+// cuda.SizedSimConfig). Each call returns a new map.
+func SimKernels() map[string]launch.KernelFunc {
+	k := kernels.Reference()
+	maps.Copy(k, kernels.SpillReference())
+	return k
 }

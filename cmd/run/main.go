@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"os"
 	"strconv"
@@ -42,7 +41,6 @@ import (
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/internal/interrupt"
 	"github.com/arenaplan/arenaplan/internal/regfile"
-	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
 	"github.com/arenaplan/arenaplan/workloads"
@@ -259,21 +257,16 @@ type report struct {
 }
 
 func openDevice(spec string) (cuda.Device, string, error) {
-	sim := func() (cuda.Device, error) { return cuda.OpenSim(simConfig()) }
 	switch {
 	case spec == "sim":
-		d, err := sim()
+		d, err := cuda.OpenSim(simConfig())
 		return d, "sim", err
 	case spec == "auto":
-		d, err := cuda.Open(0)
-		if err == nil {
-			return d, "auto: cuda:0, a CUDA driver is present", nil
+		d, why, err := cuda.OpenAuto(simConfig())
+		if err != nil {
+			return nil, "", fmt.Errorf("--device auto: %w", err)
 		}
-		if !errors.Is(err, cuda.ErrNoDriver) {
-			return nil, "", fmt.Errorf("--device auto: a CUDA driver is present but GPU 0 did not open: %w", err)
-		}
-		s, serr := sim()
-		return s, "auto: sim, no CUDA driver", serr
+		return d, "auto: " + why, nil
 	case spec == "cuda" || strings.HasPrefix(spec, "cuda:"):
 		n := 0
 		if spec != "cuda" {
@@ -608,12 +601,9 @@ func launchStr(r *report) string {
 	return fmt.Sprintf("plain (%s)", target)
 }
 
-// simKernels are the Go references of every embedded PTX module.
-func simKernels() map[string]cuda.KernelFunc {
-	k := kernels.Reference()
-	maps.Copy(k, kernels.SpillReference())
-	return k
-}
+// simConfig is the simulated device: sized to this host, running the
+// built-in workloads' Go references.
+func simConfig() cuda.SimConfig { return cuda.SizedSimConfig(workloads.SimKernels()) }
 
 func bytesStr(n int64) string {
 	switch {
