@@ -1,7 +1,11 @@
 // Package kernels holds the CUDA kernels of the built-in workloads of
-// package graphexec (gpt2-decode, mlp): their CUDA C source (kernels.cu),
-// the PTX that nvcc built from it (kernels.ptx, committed and embedded), and
-// a Go reference for every PTX entry, which the simulated device runs.
+// package workloads (gpt2-decode, mlp, spill-demo): their CUDA C sources
+// (kernels.cu, spill.cu), the PTX that nvcc built from them (committed and
+// embedded; ptx.sum records each source's SHA-256 as nvcc saw it, and a
+// test fails when a source changes without its PTX: scripts/gpu-ptx.sh
+// rebuilds both), and a Go reference for every PTX entry, which the
+// simulated device runs. It makes no device call and links no driver
+// binding.
 //
 // Storage is fp32. The references compute the same functions as the CUDA
 // kernels but not the same bits (float64 accumulation, Go's math
