@@ -35,6 +35,13 @@ type SimConfig struct {
 	// ComputeCapability is what ComputeCapability returns, as
 	// {major, minor}; default {9, 0}, an H100 or H200.
 	ComputeCapability [2]int
+	// Guest makes the simulation behave as OpenGuest's driver: it locks no
+	// thread and accepts calls from any thread, as if the host program had
+	// made the context current on every thread it calls from. Without it,
+	// the simulation refuses what the driver refuses: a call from a thread
+	// that neither opened the device nor called BindThread fails with
+	// ErrorInvalidContext.
+	Guest bool
 }
 
 // Sim is the simulated device. Work runs at once, in the order the streams
@@ -60,6 +67,9 @@ type Sim struct {
 	cfg     SimConfig
 	kernels map[string]KernelFunc
 	closed  bool
+	// threads are the OS threads on which the context is current: the one
+	// that opened the device and those that called BindThread.
+	threads map[int]bool
 
 	nextAddr    uint64
 	regions     []*simRegion // sorted by base
@@ -81,7 +91,9 @@ type Sim struct {
 
 var _ Device = (*Sim)(nil)
 
-// OpenSim makes a simulated device.
+// OpenSim makes a simulated device. Like Open, it locks the calling
+// goroutine to its OS thread and makes the context current there (unless
+// cfg.Guest); Close undoes the lock.
 func OpenSim(cfg SimConfig) (*Sim, error) {
 	if cfg.Name == "" {
 		cfg.Name = "sim"
@@ -107,11 +119,16 @@ func OpenSim(cfg SimConfig) (*Sim, error) {
 		captures:   map[*simCapture]bool{},
 		nextCapID:  1,
 		nextNode:   1,
+		threads:    map[int]bool{},
 	}
 	for name, fn := range cfg.Kernels {
 		if err := s.RegisterKernel(name, fn); err != nil {
 			return nil, err
 		}
+	}
+	if !cfg.Guest {
+		runtime.LockOSThread()
+		s.threads[currentThread()] = true
 	}
 	return s, nil
 }
@@ -133,10 +150,17 @@ func (s *Sim) RegisterKernel(name string, fn KernelFunc) error {
 
 func (s *Sim) Name() string { return s.cfg.Name }
 
-// BindThread only locks the calling goroutine to its OS thread, so that
-// code written for the driver runs unchanged.
+// BindThread locks the calling goroutine to its OS thread and makes the
+// context current there, as the driver's does: later calls from this
+// goroutine are accepted.
 func (s *Sim) BindThread() error {
 	runtime.LockOSThread()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return &Error{Op: "cuCtxSetCurrent", Code: ErrorInvalidContext}
+	}
+	s.threads[currentThread()] = true
 	return nil
 }
 
@@ -175,11 +199,19 @@ func (s *Sim) Close() error {
 	}
 	s.regions, s.handles, s.pinned = nil, nil, nil
 	s.used, s.host, s.pinnedBytes = 0, 0, 0
+	if !s.cfg.Guest {
+		runtime.UnlockOSThread() // OpenSim's lock, as the driver's Close undoes Open's
+	}
 	return nil
 }
 
 func (s *Sim) live(op string) error {
 	if s.closed {
+		return &Error{Op: op, Code: ErrorInvalidContext}
+	}
+	// The driver keeps the current context per OS thread: a call from a
+	// thread where it is not current fails.
+	if !s.cfg.Guest && !s.threads[currentThread()] {
 		return &Error{Op: op, Code: ErrorInvalidContext}
 	}
 	return nil
@@ -327,6 +359,9 @@ func (s *Sim) NewEvent(timing bool) (Event, error) {
 }
 
 func (s *Sim) event(op string, e Event) (*simEvent, error) {
+	if err := s.live(op); err != nil {
+		return nil, err
+	}
 	ev, ok := e.(*simEvent)
 	if !ok || ev == nil || ev.sim != s || ev.closed {
 		return nil, &Error{Op: op, Code: ErrorInvalidHandle}
