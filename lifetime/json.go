@@ -24,20 +24,23 @@ type jsonTrace struct {
 	Format  string       `json:"format"`
 	Version int          `json:"version"`
 	Name    string       `json:"name,omitempty"`
-	Torch   *jsonTorch   `json:"torch,omitempty"`
-	Buffers []jsonBuffer `json:"buffers"`
+	Torch   *JSONTorch   `json:"torch,omitempty"`
+	Buffers []JSONBuffer `json:"buffers"`
 }
 
-type jsonTorch struct {
+// JSONTorch is TorchStats as the JSON format writes it.
+type JSONTorch struct {
 	Device       int   `json:"device"`
 	ReservedPeak int64 `json:"reserved_peak"`
 	LiveAtStart  int64 `json:"live_at_start"`
 	HasSegments  bool  `json:"has_segments"`
 }
 
-// jsonBuffer uses pointers for optional offsets so that 0 (a valid offset)
+// JSONBuffer is one buffer as the JSON format writes it (FORMAT.md); the
+// plan export of package plans writes the same fields, with the buffer's
+// id and offset. Optional offsets are pointers so that 0 (a valid offset)
 // and absent (none) differ.
-type jsonBuffer struct {
+type JSONBuffer struct {
 	Name   string    `json:"name,omitempty"`
 	Size   int64     `json:"size"`
 	Align  int64     `json:"align,omitempty"`
@@ -48,10 +51,12 @@ type jsonBuffer struct {
 	Fixed  *int64    `json:"fixed,omitempty"`
 	Hint   *int64    `json:"hint,omitempty"`
 	Prior  *int64    `json:"prior,omitempty"`
-	Gaps   []jsonGap `json:"gaps,omitempty"`
+	Gaps   []JSONGap `json:"gaps,omitempty"`
 }
 
-type jsonGap struct {
+// JSONGap is a Gap as the JSON format writes it: Lo and Hi only with a
+// window.
+type JSONGap struct {
 	Start int64  `json:"start"`
 	End   int64  `json:"end"`
 	Lo    *int64 `json:"lo,omitempty"`
@@ -171,10 +176,10 @@ func WriteJSON(w io.Writer, t *Trace) error {
 		Format  string     `json:"format"`
 		Version int        `json:"version"`
 		Name    string     `json:"name,omitempty"`
-		Torch   *jsonTorch `json:"torch,omitempty"`
+		Torch   *JSONTorch `json:"torch,omitempty"`
 	}{Format: JSONFormat, Version: JSONVersion, Name: t.Name}
 	if s := t.Torch; s != nil {
-		head.Torch = &jsonTorch{Device: s.Device, ReservedPeak: s.ReservedPeak, LiveAtStart: s.LiveAtStart, HasSegments: s.HasSegments}
+		head.Torch = &JSONTorch{Device: s.Device, ReservedPeak: s.ReservedPeak, LiveAtStart: s.LiveAtStart, HasSegments: s.HasSegments}
 	}
 	hb, err := json.Marshal(head)
 	if err != nil {
@@ -184,27 +189,7 @@ func WriteJSON(w io.Writer, t *Trace) error {
 	buf.Write(hb[:len(hb)-1])
 	buf.WriteString(`,"buffers":[`)
 	for i := range t.Buffers {
-		b := &t.Buffers[i]
-		jb := jsonBuffer{Name: b.Name, Size: b.Size, Align: b.Align, Start: b.Start, End: b.End,
-			Stream: b.Stream, Tag: b.Tag}
-		if b.HasFixed {
-			jb.Fixed = &b.Fixed
-		}
-		if b.HasHint {
-			jb.Hint = &b.Hint
-		}
-		if t.Prior != nil && t.Prior[i] != NoOffset {
-			jb.Prior = &t.Prior[i]
-		}
-		for _, g := range b.Gaps {
-			jg := jsonGap{Start: g.Start, End: g.End}
-			if g.HasWindow {
-				lo, hi := g.Lo, g.Hi
-				jg.Lo, jg.Hi = &lo, &hi
-			}
-			jb.Gaps = append(jb.Gaps, jg)
-		}
-		bb, err := json.Marshal(jb)
+		bb, err := json.Marshal(NewJSONBuffer(t, i))
 		if err != nil {
 			return fmt.Errorf("json: %w", err)
 		}
@@ -225,4 +210,33 @@ func WriteJSON(w io.Writer, t *Trace) error {
 		return fmt.Errorf("json: %w", err)
 	}
 	return nil
+}
+
+// NewJSONBuffer is buffer i of t as the JSON format writes it, its prior
+// offset (t.Prior) included.
+func NewJSONBuffer(t *Trace, i int) JSONBuffer {
+	b := &t.Buffers[i]
+	jb := JSONBuffer{Name: b.Name, Size: b.Size, Align: b.Align, Start: b.Start, End: b.End,
+		Stream: b.Stream, Tag: b.Tag}
+	if b.HasFixed {
+		fixed := b.Fixed
+		jb.Fixed = &fixed
+	}
+	if b.HasHint {
+		hint := b.Hint
+		jb.Hint = &hint
+	}
+	if i < len(t.Prior) && t.Prior[i] != NoOffset {
+		prior := t.Prior[i]
+		jb.Prior = &prior
+	}
+	for _, g := range b.Gaps {
+		jg := JSONGap{Start: g.Start, End: g.End}
+		if g.HasWindow {
+			lo, hi := g.Lo, g.Hi
+			jg.Lo, jg.Hi = &lo, &hi
+		}
+		jb.Gaps = append(jb.Gaps, jg)
+	}
+	return jb
 }

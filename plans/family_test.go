@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -59,7 +59,7 @@ func familyFile(t testing.TB, batches ...int64) *Family {
 	for i, b := range batches {
 		tr := decodeMember(b, i == 0)
 		ms = append(ms, planner.Member{Name: fmt.Sprintf("batch=%d", b), Trace: tr, Keys: planner.SharedByTag(tr, "weight", "kv")})
-		ws = append(ws, &Workload{Name: "gpt2-decode", Shape: []Dim{{"batch", b}, {"seq", 1024}}})
+		ws = append(ws, &Workload{Name: "gpt2-decode", Shape: []graph.Dim{{Name: "batch", Value: b}, {Name: "seq", Value: 1024}}})
 	}
 	ws[len(ws)-1] = nil // one member without a workload
 	fp, err := planner.PlanFamily(context.Background(), "bestfit", ms, planner.Options{Workers: 1})
@@ -291,40 +291,6 @@ func TestFamilyEncodeRefuses(t *testing.T) {
 	if _, err := LoadFamily(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Fatal("LoadFamily of a missing file")
 	}
-}
-
-func TestFamilyReport(t *testing.T) {
-	f := familyFile(t, 1, 8, 64)
-	r := NewFamilyReport(f)
-	if r.Arena != f.Plan.Arena || r.SeparateArenas != f.Plan.SeparateArenas || len(r.Members) != 3 {
-		t.Fatalf("report %+v", r)
-	}
-	if r.Members[1].Batch == nil || *r.Members[1].Batch != 8 || r.Members[2].Batch != nil {
-		t.Fatalf("batches %v %v", r.Members[1].Batch, r.Members[2].Batch)
-	}
-	if r.Members[0].SharedKeys != 5 {
-		t.Fatalf("shared keys %d", r.Members[0].SharedKeys)
-	}
-	r.Members[0].ReplayUSPerStep = 751.5
-	var text bytes.Buffer
-	if err := r.WriteText(&text); err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range []string{"batch=64", "751.5", "separate arenas", "lower bound"} {
-		if !strings.Contains(text.String(), w) {
-			t.Errorf("text lacks %q:\n%s", w, text.String())
-		}
-	}
-	js, err := json.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range []string{`"separate_arenas_bytes":`, `"batch":1,`, `"replay_us_per_step":751.5`, `"lower_bound":`} {
-		if !bytes.Contains(js, []byte(w)) {
-			t.Errorf("json lacks %s: %s", w, js)
-		}
-	}
-	t.Logf("\n%s%s", text.String(), js)
 }
 
 // Family fuzz seeds live beside FuzzDecode's, under FuzzDecodeFamily.

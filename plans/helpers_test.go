@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -56,7 +57,7 @@ func smallTrace() *lifetime.Trace {
 }
 
 func smallWorkload() *Workload {
-	w := &Workload{Name: "gpt2-decode", Shape: []Dim{{"batch", 1}, {"seq", 1024}, {"neg", -7}}}
+	w := &Workload{Name: "gpt2-decode", Shape: []graph.Dim{{Name: "batch", Value: 1}, {Name: "seq", Value: 1024}, {Name: "neg", Value: -7}}}
 	for i := range w.Fingerprint {
 		w.Fingerprint[i] = byte(i * 7)
 	}

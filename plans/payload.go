@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -500,7 +501,7 @@ func decodeWorkload(s *reader) *Workload {
 	if s.err != nil || n == 0 {
 		return w
 	}
-	w.Shape = make([]Dim, n)
+	w.Shape = make([]graph.Dim, n)
 	for i := range w.Shape {
 		w.Shape[i].Name = s.str()
 		w.Shape[i].Value = s.varint()

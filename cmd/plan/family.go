@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/internal/famreport"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
 	"github.com/arenaplan/arenaplan/workloads"
@@ -66,10 +67,7 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 	}
 	fam := &plans.Family{Members: members, Plan: fp}
 	for _, g := range gs {
-		w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-		for _, d := range g.Shape {
-			w.Shape = append(w.Shape, plans.Dim{Name: d.Name, Value: d.Value})
-		}
+		w := plans.WorkloadOf(g)
 		fam.Workloads = append(fam.Workloads, w)
 	}
 	if c.out != "" {
@@ -77,7 +75,7 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 			return err
 		}
 	}
-	r := plans.NewFamilyReport(fam)
+	r := famreport.NewFamilyReport(fam)
 	if c.jsonOut {
 		line, err := json.Marshal(r)
 		if err != nil {
@@ -91,7 +89,7 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 }
 
 func inspectFamily(path string, fam *plans.Family, asJSON bool, stdout io.Writer) error {
-	r := plans.NewFamilyReport(fam)
+	r := famreport.NewFamilyReport(fam)
 	if asJSON {
 		line, err := json.Marshal(r)
 		if err != nil {

@@ -250,10 +250,7 @@ func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-	for _, dim := range g.Shape {
-		w.Shape = append(w.Shape, plans.Dim{Name: dim.Name, Value: dim.Value})
-	}
+	w := plans.WorkloadOf(g)
 	if c.out != "" {
 		if err := plans.Save(c.out, &plans.File{Trace: t, Plan: p, Workload: w}); err != nil {
 			return err

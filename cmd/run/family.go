@@ -11,6 +11,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/internal/famreport"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
@@ -19,7 +20,7 @@ import (
 
 // FamilyRun is what a family run adds to the report.
 type FamilyRun struct {
-	Members []plans.MemberReport `json:"members"`
+	Members []famreport.MemberReport `json:"members"`
 	// SeparateArenas is the planner's sum of the members' own arenas, each
 	// member planned alone as it is in the family (shared tensors sized
 	// for the largest member).
@@ -64,11 +65,7 @@ func familyGraphs(c *config, fam *plans.Family) ([]*graph.Graph, error) {
 		if w == nil {
 			return nil, fmt.Errorf("%s: member %q records no workload", c.planPath, m.Name)
 		}
-		var dims []graph.Dim
-		for _, d := range w.Shape {
-			dims = append(dims, graph.Dim{Name: d.Name, Value: d.Value})
-		}
-		s, err := workloads.ShapeOf(dims)
+		s, err := workloads.ShapeOf(w.Shape)
 		if err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}
@@ -77,8 +74,7 @@ func familyGraphs(c *config, fam *plans.Family) ([]*graph.Graph, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}
-		var fp graph.Fingerprint = w.Fingerprint
-		if err := graph.VerifyPlan(g, planLabel(w), fp, m.Trace, fam.Plan.Members[i].Plan); err != nil {
+		if err := graph.VerifyPlan(g, planLabel(w), w.Fingerprint, m.Trace, fam.Plan.Members[i].Plan); err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}
 		gs = append(gs, g)
@@ -177,7 +173,7 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 	if fr.SeparateStandalone, err = standaloneArenas(ctx, gs, fp.Align, c.budget); err != nil {
 		return nil, err
 	}
-	fr.Members = plans.NewFamilyReport(fam).Members
+	fr.Members = famreport.NewFamilyReport(fam).Members
 	for _, m := range seq {
 		if b := fr.Members[m].Batch; b != nil {
 			fr.Sequence = append(fr.Sequence, *b)
@@ -384,7 +380,7 @@ func printFamily(w io.Writer, r *report) {
 	fr := r.FamilyRun
 	fmt.Fprintf(w, "family\t%d members; mixed sequence of %d steps (batches %v...) replayed equal to eager: %v\n",
 		len(fr.Members), fr.SequenceSteps, head(fr.Sequence, 16), fr.MixedOutputsEqual)
-	fam := &plans.FamilyReport{Algo: r.PlanAlgo, Arena: r.ArenaBytes, LowerBound: r.LowerBound, Shared: fr.SharedBytes,
+	fam := &famreport.FamilyReport{Algo: r.PlanAlgo, Arena: r.ArenaBytes, LowerBound: r.LowerBound, Shared: fr.SharedBytes,
 		SeparateArenas: fr.SeparateArenas, Members: fr.Members}
 	if r.LowerBound > 0 {
 		fam.Ratio = float64(r.ArenaBytes) / float64(r.LowerBound)

@@ -27,10 +27,7 @@ func saveFamily(t *testing.T, batches ...int) string {
 			t.Fatal(err)
 		}
 		gs = append(gs, g)
-		w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-		for _, d := range g.Shape {
-			w.Shape = append(w.Shape, plans.Dim{Name: d.Name, Value: d.Value})
-		}
+		w := plans.WorkloadOf(g)
 		fam.Workloads = append(fam.Workloads, w)
 	}
 	fp, members, err := graph.PlanFamily(context.Background(), "bestfit", gs, graph.PlanOptions{})

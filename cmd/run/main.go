@@ -292,11 +292,7 @@ func workloadFor(c *config, f *plans.File) (*graph.Graph, *plans.File, error) {
 			return nil, nil, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
 		}
 		name = f.Workload.Name
-		var dims []graph.Dim
-		for _, d := range f.Workload.Shape {
-			dims = append(dims, graph.Dim{Name: d.Name, Value: d.Value})
-		}
-		ps, err := workloads.ShapeOf(dims)
+		ps, err := workloads.ShapeOf(f.Workload.Shape)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
@@ -313,8 +309,7 @@ func workloadFor(c *config, f *plans.File) (*graph.Graph, *plans.File, error) {
 		return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 	}
 	if f != nil {
-		var fp graph.Fingerprint = f.Workload.Fingerprint
-		if err := graph.VerifyPlan(g, planLabel(f.Workload), fp, f.Trace, f.Plan); err != nil {
+		if err := graph.VerifyPlan(g, planLabel(f.Workload), f.Workload.Fingerprint, f.Trace, f.Plan); err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
 	}

@@ -60,10 +60,7 @@ func savePlan(t *testing.T, g *graph.Graph, align int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-	for _, dim := range g.Shape {
-		w.Shape = append(w.Shape, plans.Dim{Name: dim.Name, Value: dim.Value})
-	}
+	w := plans.WorkloadOf(g)
 	path := filepath.Join(t.TempDir(), "w.plan")
 	if err := plans.Save(path, &plans.File{Trace: d.Trace, Plan: p, Workload: w}); err != nil {
 		t.Fatal(err)
@@ -115,10 +112,7 @@ func TestRunRefusesLowAlignment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-	for _, dim := range g.Shape {
-		w.Shape = append(w.Shape, plans.Dim{Name: dim.Name, Value: dim.Value})
-	}
+	w := plans.WorkloadOf(g)
 	path := filepath.Join(t.TempDir(), "a.plan")
 	if err := plans.Save(path, &plans.File{Trace: d.Trace, Plan: p, Workload: w}); err != nil {
 		t.Fatal(err)
