@@ -1,5 +1,5 @@
 // Microbenchmark of the kernels of kernels.cu against a baseline, in the
-// launch shapes that graphexec/builtin.go uses, timed as CUDA graph
+// launch shapes that workloads/builtin.go uses, timed as CUDA graph
 // replays with events. Build and run on a GPU machine:
 //
 //	nvcc -O3 -arch=sm_90 -o /tmp/bench kernels/bench/bench.cu && /tmp/bench
