@@ -120,19 +120,19 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 			End: jb.End, Stream: jb.Stream, Tag: jb.Tag}
 		if jb.Fixed != nil {
 			if *jb.Fixed < 0 {
-				return nil, fmt.Errorf("buffer %d (%s): fixed offset %d is negative", i, jb.Name, *jb.Fixed)
+				return nil, fmt.Errorf("%s: fixed offset %d is negative", Label(i, jb.Name), *jb.Fixed)
 			}
 			b.Fixed, b.HasFixed = *jb.Fixed, true
 		}
 		if jb.Hint != nil {
 			if *jb.Hint < 0 || *jb.Hint > MaxSize {
-				return nil, fmt.Errorf("buffer %d (%s): hint %d is invalid", i, jb.Name, *jb.Hint)
+				return nil, fmt.Errorf("%s: hint %d is invalid", Label(i, jb.Name), *jb.Hint)
 			}
 			b.Hint, b.HasHint = *jb.Hint, true
 		}
 		if jb.Prior != nil {
 			if *jb.Prior < 0 || *jb.Prior > MaxSize {
-				return nil, fmt.Errorf("buffer %d (%s): prior offset %d is invalid", i, jb.Name, *jb.Prior)
+				return nil, fmt.Errorf("%s: prior offset %d is invalid", Label(i, jb.Name), *jb.Prior)
 			}
 			if t.Prior == nil {
 				t.Prior = make([]int64, len(jt.Buffers))
@@ -143,18 +143,18 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 			t.Prior[i] = *jb.Prior
 		}
 		if jb.Start < 0 {
-			return nil, fmt.Errorf("buffer %d (%s): start %d is negative", i, jb.Name, jb.Start)
+			return nil, fmt.Errorf("%s: start %d is negative", Label(i, jb.Name), jb.Start)
 		}
 		for k, g := range jb.Gaps {
 			if (g.Lo == nil) != (g.Hi == nil) {
-				return nil, fmt.Errorf("buffer %d (%s): gap %d has only one of lo and hi", i, jb.Name, k)
+				return nil, fmt.Errorf("%s: gap %d has only one of lo and hi", Label(i, jb.Name), k)
 			}
 			gap := Gap{Start: g.Start, End: g.End}
 			if g.Lo != nil {
 				gap.HasWindow, gap.Lo, gap.Hi = true, *g.Lo, *g.Hi
 			}
 			if k > 0 && gap.Start < b.Gaps[k-1].End {
-				return nil, fmt.Errorf("buffer %d (%s): gap %d starts before gap %d ends (gaps must be sorted and disjoint)", i, jb.Name, k, k-1)
+				return nil, fmt.Errorf("%s: gap %d starts before gap %d ends (gaps must be sorted and disjoint)", Label(i, jb.Name), k, k-1)
 			}
 			b.Gaps = append(b.Gaps, gap)
 		}

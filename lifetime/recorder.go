@@ -62,7 +62,7 @@ func (r *Recorder) Free(id ID) error {
 		return fmt.Errorf("lifetime: free of unknown buffer id %d", id)
 	}
 	if r.freed[id] {
-		return fmt.Errorf("lifetime: double free of buffer %d (%s)", id, r.bufs[id].Name)
+		return fmt.Errorf("lifetime: double free of %s", Label(int(id), r.bufs[id].Name))
 	}
 	r.freed[id] = true
 	r.bufs[id].End = r.now + 1

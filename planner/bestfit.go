@@ -83,7 +83,7 @@ func planBestFit(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, er
 		fit := func(from int64) int64 { return fx.firstFit(from, r.size, r.align, b.Start, b.End) }
 		off, err := fl.alloc(r.size, fit)
 		if err != nil {
-			return nil, fmt.Errorf("bestfit: buffer %d (%s): %w", e.id, b.Name, err)
+			return nil, fmt.Errorf("bestfit: %s: %w", lifetime.Label(int(e.id), b.Name), err)
 		}
 		offsets[e.id] = off
 	}

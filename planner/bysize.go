@@ -82,7 +82,7 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 		scratch = tr.used(b.Start, b.End, scratch[:0])
 		off := bestGap(scratch, r.size, r.align)
 		if off > lifetime.MaxSize-r.size {
-			return nil, fmt.Errorf("bysize: buffer %d (%s): arena would exceed %d bytes", i, b.Name, lifetime.MaxSize)
+			return nil, fmt.Errorf("bysize: %s: arena would exceed %d bytes", lifetime.Label(i, b.Name), lifetime.MaxSize)
 		}
 		offsets[i] = off
 		tr.insert(b.Start, b.End, memRange{off, off + r.size})

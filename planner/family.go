@@ -444,11 +444,11 @@ func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]Shar
 			s, ok := byKey[k]
 			switch {
 			case !ok:
-				return fmt.Errorf("buffer %d (%s): shared key %q is not in the family's shared buffers", i, b.Name, k)
+				return fmt.Errorf("%s: shared key %q is not in the family's shared buffers", lifetime.Label(i, b.Name), k)
 			case mine[k]:
-				return fmt.Errorf("buffer %d (%s): shared key %q names two buffers", i, b.Name, k)
+				return fmt.Errorf("%s: shared key %q names two buffers", lifetime.Label(i, b.Name), k)
 			case off != s.Offset:
-				return fmt.Errorf("buffer %d (%s): shared key %q is at %d here but at %d in the family", i, b.Name, k, off, s.Offset)
+				return fmt.Errorf("%s: shared key %q is at %d here but at %d in the family", lifetime.Label(i, b.Name), k, off, s.Offset)
 			case size != s.Size || a != s.Align:
 				return fmt.Errorf("buffer %d (%s): shared key %q needs %d bytes aligned to %d here, the family records %d aligned to %d",
 					i, b.Name, k, size, a, s.Size, s.Align)
