@@ -218,11 +218,16 @@ func (s *Sim) live(op string) error {
 }
 
 // unsafeDuringCapture applies the rule for calls that global and
-// thread-local captures forbid: fail and invalidate those captures.
+// thread-local captures forbid, as the driver applies it to a thread in
+// its default (global) interaction mode: a global-mode capture forbids
+// them on every thread, a thread-local one only on the thread that began
+// it, a relaxed one nowhere. The call fails and invalidates the captures
+// that forbade it.
 func (s *Sim) unsafeDuringCapture(op string) error {
 	bad := false
+	me := currentThread()
 	for c := range s.captures {
-		if c.mode != CaptureModeRelaxed {
+		if c.mode == CaptureModeGlobal || (c.mode == CaptureModeThreadLocal && c.thread == me) {
 			c.status = CaptureInvalidated
 			bad = true
 		}

@@ -233,3 +233,46 @@ func TestSimThreads(t *testing.T) {
 		t.Errorf("a guest simulation refused another thread: %v", err)
 	}
 }
+
+// TestSimThreadLocalCapture: as on the driver, a thread-local capture
+// forbids unsafe calls (Alloc) on the thread that began it only, a global
+// one on every thread.
+func TestSimThreadLocalCapture(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the simulation tells threads apart on Linux only")
+	}
+	sim := openSim(t)
+	other := func() error { // Alloc from another bound thread
+		errc := make(chan error)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			if err := sim.BindThread(); err != nil {
+				errc <- err
+				return
+			}
+			_, err := sim.Alloc(64)
+			errc <- err
+		}()
+		return <-errc
+	}
+	for _, tc := range []struct {
+		mode      cuda.CaptureMode
+		otherFail bool
+	}{{cuda.CaptureModeThreadLocal, false}, {cuda.CaptureModeGlobal, true}} {
+		st, err := sim.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sim.BeginCapture(st, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := other(); (err != nil) != tc.otherFail || (err != nil && !errors.Is(err, cuda.ErrorStreamCaptureUnsupported)) {
+			t.Errorf("mode %v: Alloc on another thread: %v, want failure %v", tc.mode, err, tc.otherFail)
+		}
+		if _, err := sim.Alloc(64); !errors.Is(err, cuda.ErrorStreamCaptureUnsupported) {
+			t.Errorf("mode %v: Alloc on the capturing thread: %v, want CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", tc.mode, err)
+		}
+		sim.EndCapture(st) // invalidated: an error, and the capture is over
+	}
+}
