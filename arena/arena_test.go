@@ -28,7 +28,7 @@ func modelTrace() *lifetime.Trace {
 	t := &lifetime.Trace{Name: "model"}
 	add := func(name, tag string, size, start, end int64) {
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Tag: tag,
-			Size: size, Start: start, End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset})
+			Size: size, Start: start, End: end})
 	}
 	add("w0", "weight", 1*MiB+100, 0, 10)
 	add("w1", "weight", 700*KiB, 0, 10)
@@ -790,4 +790,38 @@ func TestFmtBytes(t *testing.T) {
 		}
 	}
 	_ = fmt.Sprint()
+}
+
+// TestRunByTagKeepsPoliciesApart: weights (backed up) and activations
+// (dropped) planned the one way a tagged trace is planned for an arena
+// (planner.RunByTag) land in regions of their own, each with its policy;
+// the weights region is never merged into one backed-up region with the
+// activations, whichever planning algorithm interleaves them.
+func TestRunByTagKeepsPoliciesApart(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	tr := &lifetime.Trace{Name: "w+a"}
+	add := func(tag string, size, start, end int64) {
+		tr.Buffers = append(tr.Buffers, lifetime.Buffer{ID: lifetime.ID(len(tr.Buffers)), Tag: tag, Size: size, Start: start, End: end})
+	}
+	add("weight", 3*MiB, 0, 10)
+	add("weight", 1*MiB, 0, 10)
+	for i := range int64(8) {
+		add("intermediate", MiB+i*KiB, i, i+2)
+	}
+	for _, algo := range planner.Names() {
+		p, regs, err := planner.RunByTag(context.Background(), algo, tr, planner.Options{Workers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(regs) != 2 || regs[0].Group != "weight" || regs[1].Group != "intermediate" {
+			t.Fatalf("%s: planner regions %+v, want weight then intermediate", algo, regs)
+		}
+		a := newArena(t, e, tr, p, WithPolicy("weight", Backup))
+		got := a.Regions()
+		if len(got) != 2 || strings.Join(got[0].Tags, ",") != "weight" || got[0].Policy != Backup ||
+			strings.Join(got[1].Tags, ",") != "intermediate" || got[1].Policy != Drop {
+			t.Errorf("%s: arena regions %+v, want weight (backup) and intermediate (drop) apart", algo, got)
+		}
+		a.Close()
+	}
 }

@@ -95,7 +95,7 @@ func pauseLarge(t *testing.T, e *env, name string, size int64, policy Policy) {
 		t.Skipf("%s arena needs more than the %d MiB free", name, free>>20)
 	}
 	tr := &lifetime.Trace{Name: "large-" + name, Buffers: []lifetime.Buffer{{Name: "big", Tag: "big",
-		Size: size, Start: 0, End: 1, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}}}
+		Size: size, Start: 0, End: 1}}}
 	p := fixedPlan(tr, []int64{0})
 	t0 := time.Now()
 	a, err := New(e.dev, tr, p, WithPolicy("big", policy))

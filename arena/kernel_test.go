@@ -3,7 +3,6 @@ package arena
 import (
 	_ "embed"
 	"encoding/binary"
-	"errors"
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
@@ -89,9 +88,4 @@ func (e *env) stream(t testing.TB) cuda.Stream {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
-}
-
-func isCUDA(err error, code cuda.Result) bool {
-	var ce *cuda.Error
-	return errors.As(err, &ce) && ce.Code == code
 }

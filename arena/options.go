@@ -48,7 +48,8 @@ type Option func(*config) error
 // WithPolicy sets the pause policy of every buffer with the given tag
 // (default Drop). The tag must occur in the trace. Setting two different
 // policies for one tag is an error. When tags share a region (their plan
-// ranges overlap) the region is backed up if any of its tags asks for it.
+// ranges overlap) the region is backed up if any of its tags asks for it;
+// a plan made by planner.RunByTag never lets two tags share one.
 func WithPolicy(tag string, p Policy) Option {
 	return func(c *config) error {
 		if p != Drop && p != Backup {

@@ -714,9 +714,7 @@ func (s *Spill) syncFallback(b *block, cause error) error {
 			return fmt.Errorf("arena: Spill.Free(%#x): recording an event failed (%v) and so did waiting: %w", b.addr, cause, err)
 		}
 	}
-	for _, ev := range b.events {
-		s.events = append(s.events, ev)
-	}
+	s.events = append(s.events, b.events...)
 	s.st.Waiting -= b.size
 	s.release(b)
 	return nil

@@ -91,7 +91,7 @@ func (s *Spill) validate() error {
 			s.st, mapped, inUse, waiting, len(s.segments))
 	}
 	for _, r := range s.vaFree {
-		spans = append(spans, span{r.lo, r.hi})
+		spans = append(spans, span(r))
 	}
 	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
 	at := uint64(0)

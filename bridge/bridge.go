@@ -210,7 +210,8 @@ func (b *Bridge) open(ordinal int) (cuda.Device, error) {
 	case b.cfg.Open != nil:
 		return b.cfg.Open(ordinal)
 	case b.cfg.Sim:
-		return cuda.OpenSim(cuda.SimConfig{Name: fmt.Sprintf("sim:%d", ordinal), TotalMemory: b.cfg.SimMemory})
+		// A guest, as OpenGuest's driver: PyTorch calls from its own threads.
+		return cuda.OpenSim(cuda.SimConfig{Name: fmt.Sprintf("sim:%d", ordinal), TotalMemory: b.cfg.SimMemory, Guest: true})
 	}
 	return cuda.OpenGuest(ordinal)
 }

@@ -20,9 +20,7 @@ func Example() {
 		z, _ := b.Alloc(1<<20, 0, stream) // may take x's place
 		b.Free(y, 0)
 		b.Free(z, 0)
-		for _, p := range []uint64{uint64(x), uint64(y), uint64(z)} {
-			got = append(got, p)
-		}
+		got = append(got, uint64(x), uint64(y), uint64(z))
 		return got
 	}
 	s, _ := b.NewStep(0, "example")

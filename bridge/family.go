@@ -211,7 +211,7 @@ func (f *Family) install(ms []planner.Member, fp *planner.FamilyPlan, from strin
 	defer restore()
 	// One buffer covers the arena: members' offsets are relative to it.
 	cover := &lifetime.Trace{Name: f.name, Buffers: []lifetime.Buffer{{Name: "family", Size: max(fp.Arena, 1), Start: 0, End: 1,
-		Tag: "graphs", Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}}}
+		Tag: "graphs"}}}
 	cp := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: max(fp.Arena, 1), Offsets: []int64{0}}
 	a, err := arena.New(d.dev, cover, cp)
 	if err != nil {

@@ -121,7 +121,7 @@ func (r *runLog) trace(name string) *lifetime.Trace {
 			end = r.now + 1
 		}
 		t.Buffers[i] = lifetime.Buffer{ID: lifetime.ID(i), Name: "t" + strconv.Itoa(i), Size: r.sizes[i],
-			Start: r.start[i], End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}
+			Start: r.start[i], End: end}
 	}
 	return t
 }
@@ -156,7 +156,7 @@ func (r *runLog) servedTrace(name string) *lifetime.Trace {
 			end = rank[r.end[i]-1] + 1
 		}
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: "t" + strconv.Itoa(len(t.Buffers)),
-			Size: r.sizes[i], Start: rank[r.start[i]], End: end, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset})
+			Size: r.sizes[i], Start: rank[r.start[i]], End: end})
 	}
 	return t
 }
@@ -383,7 +383,7 @@ func (s *Step) Plan(budget time.Duration) error {
 	if s.fam != nil {
 		return s.errorf("is a member of family %d: plan the family", s.fam.id)
 	}
-	p, err := planner.Run(context.Background(), "auto", t, planner.Options{Budget: budget})
+	p, _, err := planner.RunByTag(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): planning: %w", s.id, s.name, err)
 	}

@@ -5,13 +5,6 @@ import (
 	"time"
 )
 
-// DevicePtr is a device virtual address (CUdeviceptr). It is a number, not a
-// Go pointer: arithmetic on it is address arithmetic on the device.
-type DevicePtr uint64
-
-// Add returns p advanced by n bytes.
-func (p DevicePtr) Add(n uint64) DevicePtr { return p + DevicePtr(n) }
-
 // MemHandle is a physical allocation made by MemCreate
 // (CUmemGenericAllocationHandle).
 type MemHandle uint64
@@ -19,15 +12,6 @@ type MemHandle uint64
 // GraphNode identifies one node of a graph (CUgraphNode). It is comparable,
 // so callers can keep visited sets keyed by node. Zero is never a node.
 type GraphNode uintptr
-
-// Dim3 is a launch grid or block shape.
-type Dim3 struct{ X, Y, Z uint32 }
-
-// D1 returns the one-dimensional shape {n, 1, 1}.
-func D1(n uint32) Dim3 { return Dim3{n, 1, 1} }
-
-// Count returns X*Y*Z.
-func (d Dim3) Count() uint64 { return uint64(d.X) * uint64(d.Y) * uint64(d.Z) }
 
 // Device is one CUDA device: the real driver (Open) or the simulation
 // (OpenSim). Both behave alike on everything the conformance suite in

@@ -32,8 +32,10 @@
 // because out-parameters and kernel parameter arrays live in one block of C
 // memory per device; that makes concurrent calls safe but not parallel.
 //
-// The simulation has no threads to bind: BindThread only locks the thread,
-// and every method may be called from any goroutine.
+// The simulation follows the same rule: OpenSim locks the calling
+// goroutine to its thread, and a call from a thread that neither opened
+// the device nor called BindThread fails with ErrorInvalidContext, as on
+// the driver (SimConfig.Guest lifts the rule, as OpenGuest does).
 //
 // # Memory that the driver sees
 //

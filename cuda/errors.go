@@ -156,10 +156,3 @@ func CodeName(err error) string { return Code(err).String() }
 // ErrNoDriver is wrapped by Open's error when libcuda.so.1 cannot be
 // loaded (no NVIDIA driver on this machine).
 var ErrNoDriver = errors.New("no CUDA driver")
-
-func newError(op string, code Result) error {
-	if code == Success {
-		return nil
-	}
-	return &Error{Op: op, Code: code}
-}

@@ -35,20 +35,14 @@ type SimConfig struct {
 	// ComputeCapability is what ComputeCapability returns, as
 	// {major, minor}; default {9, 0}, an H100 or H200.
 	ComputeCapability [2]int
+	// Guest makes the simulation behave as OpenGuest's driver: it locks no
+	// thread and accepts calls from any thread, as if the host program had
+	// made the context current on every thread it calls from. Without it,
+	// the simulation refuses what the driver refuses: a call from a thread
+	// that neither opened the device nor called BindThread fails with
+	// ErrorInvalidContext.
+	Guest bool
 }
-
-// SimMemory gives a simulated kernel raw access to device memory.
-type SimMemory interface {
-	// Bytes returns the n bytes at p. The slice aliases device memory
-	// and is valid only while the kernel runs. A range that is not wholly
-	// allocated, or mapped with access set, is an error with code
-	// ErrorIllegalAddress.
-	Bytes(p DevicePtr, n uint64) ([]byte, error)
-}
-
-// KernelFunc is the Go reference of one PTX kernel. It runs the whole
-// grid; args are as given to Launch. It must not call back into the Device.
-type KernelFunc func(mem SimMemory, grid, block Dim3, args []KernelArg) error
 
 // Sim is the simulated device. Work runs at once, in the order the streams
 // impose, on the calling goroutine; captures build a real DAG that
@@ -73,6 +67,9 @@ type Sim struct {
 	cfg     SimConfig
 	kernels map[string]KernelFunc
 	closed  bool
+	// threads are the OS threads on which the context is current: the one
+	// that opened the device and those that called BindThread.
+	threads map[int]bool
 
 	nextAddr    uint64
 	regions     []*simRegion // sorted by base
@@ -94,7 +91,9 @@ type Sim struct {
 
 var _ Device = (*Sim)(nil)
 
-// OpenSim makes a simulated device.
+// OpenSim makes a simulated device. Like Open, it locks the calling
+// goroutine to its OS thread and makes the context current there (unless
+// cfg.Guest); Close undoes the lock.
 func OpenSim(cfg SimConfig) (*Sim, error) {
 	if cfg.Name == "" {
 		cfg.Name = "sim"
@@ -120,11 +119,16 @@ func OpenSim(cfg SimConfig) (*Sim, error) {
 		captures:   map[*simCapture]bool{},
 		nextCapID:  1,
 		nextNode:   1,
+		threads:    map[int]bool{},
 	}
 	for name, fn := range cfg.Kernels {
 		if err := s.RegisterKernel(name, fn); err != nil {
 			return nil, err
 		}
+	}
+	if !cfg.Guest {
+		runtime.LockOSThread()
+		s.threads[currentThread()] = true
 	}
 	return s, nil
 }
@@ -146,10 +150,17 @@ func (s *Sim) RegisterKernel(name string, fn KernelFunc) error {
 
 func (s *Sim) Name() string { return s.cfg.Name }
 
-// BindThread only locks the calling goroutine to its OS thread, so that
-// code written for the driver runs unchanged.
+// BindThread locks the calling goroutine to its OS thread and makes the
+// context current there, as the driver's does: later calls from this
+// goroutine are accepted.
 func (s *Sim) BindThread() error {
 	runtime.LockOSThread()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return &Error{Op: "cuCtxSetCurrent", Code: ErrorInvalidContext}
+	}
+	s.threads[currentThread()] = true
 	return nil
 }
 
@@ -188,6 +199,9 @@ func (s *Sim) Close() error {
 	}
 	s.regions, s.handles, s.pinned = nil, nil, nil
 	s.used, s.host, s.pinnedBytes = 0, 0, 0
+	if !s.cfg.Guest {
+		runtime.UnlockOSThread() // OpenSim's lock, as the driver's Close undoes Open's
+	}
 	return nil
 }
 
@@ -195,15 +209,25 @@ func (s *Sim) live(op string) error {
 	if s.closed {
 		return &Error{Op: op, Code: ErrorInvalidContext}
 	}
+	// The driver keeps the current context per OS thread: a call from a
+	// thread where it is not current fails.
+	if !s.cfg.Guest && !s.threads[currentThread()] {
+		return &Error{Op: op, Code: ErrorInvalidContext}
+	}
 	return nil
 }
 
 // unsafeDuringCapture applies the rule for calls that global and
-// thread-local captures forbid: fail and invalidate those captures.
+// thread-local captures forbid, as the driver applies it to a thread in
+// its default (global) interaction mode: a global-mode capture forbids
+// them on every thread, a thread-local one only on the thread that began
+// it, a relaxed one nowhere. The call fails and invalidates the captures
+// that forbade it.
 func (s *Sim) unsafeDuringCapture(op string) error {
 	bad := false
+	me := currentThread()
 	for c := range s.captures {
-		if c.mode != CaptureModeRelaxed {
+		if c.mode == CaptureModeGlobal || (c.mode == CaptureModeThreadLocal && c.thread == me) {
 			c.status = CaptureInvalidated
 			bad = true
 		}
@@ -340,6 +364,9 @@ func (s *Sim) NewEvent(timing bool) (Event, error) {
 }
 
 func (s *Sim) event(op string, e Event) (*simEvent, error) {
+	if err := s.live(op); err != nil {
+		return nil, err
+	}
 	ev, ok := e.(*simEvent)
 	if !ok || ev == nil || ev.sim != s || ev.closed {
 		return nil, &Error{Op: op, Code: ErrorInvalidHandle}

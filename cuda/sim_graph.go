@@ -35,6 +35,7 @@ type simCapture struct {
 	origin  *simStream
 	graph   *simGraph
 	streams map[*simStream]bool
+	thread  int // the OS thread that began it (currentThread)
 }
 
 func (s *Sim) BeginCapture(st Stream, mode CaptureMode) error {
@@ -54,7 +55,7 @@ func (s *Sim) BeginCapture(st Stream, mode CaptureMode) error {
 	if mode < CaptureModeGlobal || mode > CaptureModeRelaxed {
 		return &Error{Op: op, Code: ErrorInvalidValue}
 	}
-	c := &simCapture{id: s.nextCapID, mode: mode, status: CaptureActive, origin: ss,
+	c := &simCapture{id: s.nextCapID, mode: mode, status: CaptureActive, origin: ss, thread: currentThread(),
 		streams: map[*simStream]bool{ss: true}}
 	s.nextCapID++
 	c.graph = &simGraph{sim: s, byID: map[GraphNode]*simNode{}, capture: c}

@@ -99,3 +99,7 @@ func hostDiscard(b []byte) {
 		clearChunked(b[lo:hi])
 	}
 }
+
+// currentThread is the calling OS thread's id: the simulation keeps its
+// context current per thread, as the driver does.
+func currentThread() int { return syscall.Gettid() }

@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -132,7 +133,7 @@ func TestSimVMMPauseResume(t *testing.T) {
 }
 
 // TestSimConcurrent drives one Sim from several goroutines (run it with
-// -race).
+// -race), each bound to the context first, as the driver needs.
 func TestSimConcurrent(t *testing.T) {
 	sim := openSim(t)
 	var wg sync.WaitGroup
@@ -140,6 +141,10 @@ func TestSimConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if err := sim.BindThread(); err != nil {
+				t.Error(err)
+				return
+			}
 			s, err := sim.NewStream()
 			if err != nil {
 				t.Error(err)
@@ -162,4 +167,112 @@ func TestSimConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestSimThreads: the simulation refuses what the driver refuses about
+// threads: a goroutine on a thread where the context is not current (it
+// neither opened the device nor called BindThread) gets
+// CUDA_ERROR_INVALID_CONTEXT, for device calls and handle calls alike,
+// and BindThread makes its calls succeed. A Guest simulation, like
+// OpenGuest's driver, accepts any thread.
+func TestSimThreads(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the simulation tells threads apart on Linux only")
+	}
+	sim := openSim(t)
+	st, err := sim.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sim.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"Alloc":              func() error { _, err := sim.Alloc(64); return err },
+		"CopyDtoH":           func() error { return sim.CopyDtoH(make([]byte, 4), p) },
+		"NewStream":          func() error { _, err := sim.NewStream(); return err },
+		"Stream.Synchronize": st.Synchronize,
+		"MemGetInfo":         func() error { _, _, err := sim.MemGetInfo(); return err },
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // a thread of its own, never the test's
+		defer runtime.UnlockOSThread()
+		for name, call := range calls {
+			if err := call(); !errors.Is(err, cuda.ErrorInvalidContext) {
+				t.Errorf("%s from an unbound thread: %v, want CUDA_ERROR_INVALID_CONTEXT", name, err)
+			}
+		}
+		if err := sim.BindThread(); err != nil {
+			t.Error(err)
+			return
+		}
+		for name, call := range calls {
+			if err := call(); err != nil {
+				t.Errorf("%s after BindThread: %v", name, err)
+			}
+		}
+	}()
+	<-done
+
+	guest, err := cuda.OpenSim(cuda.SimConfig{Guest: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer guest.Close()
+	errc := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		_, err := guest.Alloc(64)
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		t.Errorf("a guest simulation refused another thread: %v", err)
+	}
+}
+
+// TestSimThreadLocalCapture: as on the driver, a thread-local capture
+// forbids unsafe calls (Alloc) on the thread that began it only, a global
+// one on every thread.
+func TestSimThreadLocalCapture(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the simulation tells threads apart on Linux only")
+	}
+	sim := openSim(t)
+	other := func() error { // Alloc from another bound thread
+		errc := make(chan error)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			if err := sim.BindThread(); err != nil {
+				errc <- err
+				return
+			}
+			_, err := sim.Alloc(64)
+			errc <- err
+		}()
+		return <-errc
+	}
+	for _, tc := range []struct {
+		mode      cuda.CaptureMode
+		otherFail bool
+	}{{cuda.CaptureModeThreadLocal, false}, {cuda.CaptureModeGlobal, true}} {
+		st, err := sim.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sim.BeginCapture(st, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := other(); (err != nil) != tc.otherFail || (err != nil && !errors.Is(err, cuda.ErrorStreamCaptureUnsupported)) {
+			t.Errorf("mode %v: Alloc on another thread: %v, want failure %v", tc.mode, err, tc.otherFail)
+		}
+		if _, err := sim.Alloc(64); !errors.Is(err, cuda.ErrorStreamCaptureUnsupported) {
+			t.Errorf("mode %v: Alloc on the capturing thread: %v, want CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", tc.mode, err)
+		}
+		sim.EndCapture(st) // invalidated: an error, and the capture is over
+	}
 }

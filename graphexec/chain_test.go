@@ -7,8 +7,10 @@ import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // TestChainOrder splits the mlp into three stages that consume each
@@ -18,19 +20,19 @@ import (
 func TestChainOrder(t *testing.T) { onDevices(t, testChainOrder) }
 
 func testChainOrder(t *testing.T, dev cuda.Device) {
-	shape := graphexec.Shape{Layers: 6, Width: 64, Batch: 2}
-	gs, err := graphexec.MLPStages(shape, 2, 4)
+	shape := workloads.Shape{Layers: 6, Width: 64, Batch: 2}
+	gs, err := workloads.MLPStages(shape, 2, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	links, err := graphexec.LinkByName(gs)
+	links, err := graph.LinkByName(gs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(links) != 2 {
 		t.Fatalf("links %+v, want h2 and h4", links)
 	}
-	cp, err := graphexec.PlanChain(context.Background(), "auto", gs, links, graphexec.PlanOptions{})
+	cp, err := graph.PlanChain(context.Background(), "auto", gs, links, graph.PlanOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,30 +124,30 @@ func testChainOrder(t *testing.T, dev cuda.Device) {
 }
 
 func TestChainErrors(t *testing.T) {
-	gs, err := graphexec.MLPStages(graphexec.Shape{Layers: 4, Width: 32, Batch: 1}, 2)
+	gs, err := workloads.MLPStages(workloads.Shape{Layers: 4, Width: 32, Batch: 1}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := graphexec.LinkByName(gs[1:]); err == nil {
+	if _, err := graph.LinkByName(gs[1:]); err == nil {
 		t.Error("a stage whose input nobody produces was linked")
 	}
-	bad := []graphexec.ChainLink{{From: 0, FromTensor: "l0.w", To: 1, ToTensor: "h2"}}
-	if _, err := graphexec.PlanChain(context.Background(), "bestfit", gs, bad, graphexec.PlanOptions{}); err == nil {
+	bad := []graph.ChainLink{{From: 0, FromTensor: "l0.w", To: 1, ToTensor: "h2"}}
+	if _, err := graph.PlanChain(context.Background(), "bestfit", gs, bad, graph.PlanOptions{}); err == nil {
 		t.Error("a link from a weight was accepted")
 	}
-	links, _ := graphexec.LinkByName(gs)
-	cp, err := graphexec.PlanChain(context.Background(), "bestfit", gs, links, graphexec.PlanOptions{})
+	links, _ := graph.LinkByName(gs)
+	cp, err := graph.PlanChain(context.Background(), "bestfit", gs, links, graph.PlanOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := graphexec.MLPStages(graphexec.Shape{Layers: 4, Width: 32, Batch: 2}, 2)
+	other, err := workloads.MLPStages(workloads.Shape{Layers: 4, Width: 32, Batch: 2}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := graphexec.NewChain(sim(t), other, links, cp, graphexec.Options{}); err == nil {
 		t.Error("a chain plan was accepted for other stages")
 	}
-	if _, err := graphexec.MLPStages(graphexec.Shape{Layers: 4}, 3, 2); err == nil {
+	if _, err := workloads.MLPStages(workloads.Shape{Layers: 4}, 3, 2); err == nil {
 		t.Error("decreasing cuts accepted")
 	}
 }

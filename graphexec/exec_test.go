@@ -10,9 +10,11 @@ import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 func sim(t testing.TB) *cuda.Sim {
@@ -43,9 +45,9 @@ func onDevices(t *testing.T, f func(t *testing.T, dev cuda.Device)) {
 	})
 }
 
-func build(t testing.TB, name string, s graphexec.Shape) *graphexec.Graph {
+func build(t testing.TB, name string, s workloads.Shape) *graph.Graph {
 	t.Helper()
-	g, err := graphexec.Build(name, s)
+	g, err := workloads.Build(name, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +59,7 @@ func results(t testing.TB, e *graphexec.Executor) [][]byte {
 	t.Helper()
 	var out [][]byte
 	for _, x := range e.Graph().Tensors {
-		if x.Role == graphexec.Output || x.Role == graphexec.State {
+		if x.Role == graph.Output || x.Role == graph.State {
 			b, err := e.Read(x)
 			if err != nil {
 				t.Fatal(err)
@@ -109,18 +111,18 @@ func equal(a, b [][]byte) bool {
 	return true
 }
 
-var smallGPT2 = graphexec.Shape{Layers: 2, Width: 128, Heads: 4, KVLen: 64, Vocab: 500, Batch: 1}
+var smallGPT2 = workloads.Shape{Layers: 2, Width: 128, Heads: 4, KVLen: 64, Vocab: 500, Batch: 1}
 
 func TestWorkloadsEndToEndSim(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		wl    string
-		shape graphexec.Shape
+		shape workloads.Shape
 	}{
 		{"gpt2-b1", "gpt2-decode", smallGPT2},
-		{"gpt2-b3", "gpt2-decode", graphexec.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 40, Vocab: 300, Batch: 3}},
-		{"gpt2-b9-wraps", "gpt2-decode", graphexec.Shape{Layers: 1, Width: 32, Heads: 1, KVLen: 8, Vocab: 50, Batch: 9}},
-		{"mlp", "mlp", graphexec.Shape{Layers: 8, Width: 64, Batch: 2}},
+		{"gpt2-b3", "gpt2-decode", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 40, Vocab: 300, Batch: 3}},
+		{"gpt2-b9-wraps", "gpt2-decode", workloads.Shape{Layers: 1, Width: 32, Heads: 1, KVLen: 8, Vocab: 50, Batch: 9}},
+		{"mlp", "mlp", workloads.Shape{Layers: 8, Width: 64, Batch: 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := build(t, tc.wl, tc.shape)
@@ -150,7 +152,7 @@ func TestDefaultGPT2Sim(t *testing.T) {
 	if testing.Short() {
 		t.Skip("GPT-2 small on the simulated device takes seconds")
 	}
-	g := build(t, "gpt2-decode", graphexec.Shape{})
+	g := build(t, "gpt2-decode", workloads.Shape{})
 	s, err := cuda.OpenSim(cuda.SimConfig{Kernels: kernels.Reference()})
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +188,7 @@ func f32(b []byte) []float64 {
 // weights alone: it catches indexing and fusion mistakes that a reference
 // sharing the kernels' structure could repeat.
 func TestGPT2MatchesNaiveModel(t *testing.T) {
-	sh := graphexec.Shape{Layers: 2, Width: 32, Heads: 4, KVLen: 16, Vocab: 40, Batch: 2, Seed: 7}
+	sh := workloads.Shape{Layers: 2, Width: 32, Heads: 4, KVLen: 16, Vocab: 40, Batch: 2, Seed: 7}
 	g := build(t, "gpt2-decode", sh)
 	e, err := graphexec.New(sim(t), g, nil, graphexec.Options{})
 	if err != nil {
@@ -198,7 +200,7 @@ func TestGPT2MatchesNaiveModel(t *testing.T) {
 	}
 	byName := map[string][]float64{}
 	for _, x := range g.Tensors {
-		if x.Role == graphexec.Weight || x.Role == graphexec.State {
+		if x.Role == graph.Weight || x.Role == graph.State {
 			b, err := e.Read(x)
 			if err != nil {
 				t.Fatal(err)
@@ -243,10 +245,10 @@ func TestGPT2MatchesNaiveModel(t *testing.T) {
 		if err := e.Eager(s); err != nil {
 			t.Fatal(err)
 		}
-		pos := graphexec.DecodePosition(T, s)
+		pos := workloads.DecodePosition(T, s)
 		want = want[:0]
 		for b := 0; b < B; b++ {
-			tok := int(graphexec.DecodeToken(sh.Seed, V, B, s, b))
+			tok := int(workloads.DecodeToken(sh.Seed, V, B, s, b))
 			x := make([]float64, W)
 			for i := range x {
 				x[i] = byName["wte"][tok*W+i] + byName["wpe"][pos*W+i]
@@ -295,7 +297,7 @@ func TestGPT2MatchesNaiveModel(t *testing.T) {
 			want = append(want, lin(ln(x, "ln_f.g", "ln_f.b"), "wte", "", V)...)
 		}
 	}
-	got, err := e.Read(g.TensorsWith(graphexec.Output)[0])
+	got, err := e.Read(g.TensorsWith(graph.Output)[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +311,7 @@ func TestGPT2MatchesNaiveModel(t *testing.T) {
 }
 
 func TestMLPMatchesNaiveModel(t *testing.T) {
-	sh := graphexec.Shape{Layers: 5, Width: 16, Batch: 3}
+	sh := workloads.Shape{Layers: 5, Width: 16, Batch: 3}
 	g := build(t, "mlp", sh)
 	e, err := graphexec.New(sim(t), g, nil, graphexec.Options{})
 	if err != nil {
@@ -359,18 +361,18 @@ func TestMLPMatchesNaiveModel(t *testing.T) {
 }
 
 func TestVerifyPlanRefusesAnotherWorkload(t *testing.T) {
-	g := build(t, "mlp", graphexec.Shape{Layers: 4, Width: 32})
-	other := build(t, "mlp", graphexec.Shape{Layers: 4, Width: 64})
+	g := build(t, "mlp", workloads.Shape{Layers: 4, Width: 32})
+	other := build(t, "mlp", workloads.Shape{Layers: 4, Width: 64})
 	d, err := other.DryRun()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := graphexec.Plan(context.Background(), d.Trace, graphexec.PlanOptions{})
+	p, err := graph.Plan(context.Background(), d.Trace, graph.PlanOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = graphexec.VerifyPlan(g, other.Label(), other.Fingerprint(), d.Trace, p)
-	var fe *graphexec.FingerprintError
+	err = graph.VerifyPlan(g, other.Label(), other.Fingerprint(), d.Trace, p)
+	var fe *graph.FingerprintError
 	if !errors.As(err, &fe) {
 		t.Fatalf("got %v, want a FingerprintError", err)
 	}
@@ -380,17 +382,17 @@ func TestVerifyPlanRefusesAnotherWorkload(t *testing.T) {
 		}
 	}
 	// The right workload passes; a trace that is not its dry run does not.
-	if err := graphexec.VerifyPlan(other, other.Label(), other.Fingerprint(), d.Trace, p); err != nil {
+	if err := graph.VerifyPlan(other, other.Label(), other.Fingerprint(), d.Trace, p); err != nil {
 		t.Fatal(err)
 	}
 	gd, _ := g.DryRun()
-	if err := graphexec.VerifyPlan(other, other.Label(), other.Fingerprint(), gd.Trace, p); err == nil {
+	if err := graph.VerifyPlan(other, other.Label(), other.Fingerprint(), gd.Trace, p); err == nil {
 		t.Fatal("a foreign trace passed")
 	}
 }
 
 func TestAlignmentRefused(t *testing.T) {
-	g := build(t, "mlp", graphexec.Shape{Layers: 3, Width: 32})
+	g := build(t, "mlp", workloads.Shape{Layers: 3, Width: 32})
 	d, err := g.DryRun()
 	if err != nil {
 		t.Fatal(err)
@@ -406,8 +408,8 @@ func TestAlignmentRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ae *graphexec.AlignError
-	if err := graphexec.VerifyPlan(g, g.Label(), g.Fingerprint(), d.Trace, p); !errors.As(err, &ae) || ae.Need != 16 || ae.Plan != 8 {
+	var ae *graph.AlignError
+	if err := graph.VerifyPlan(g, g.Label(), g.Fingerprint(), d.Trace, p); !errors.As(err, &ae) || ae.Need != 16 || ae.Plan != 8 {
 		t.Fatalf("VerifyPlan: got %v, want an AlignError (8 < 16)", err)
 	}
 	if _, err := graphexec.New(sim(t), g, p, graphexec.Options{}); !errors.As(err, &ae) {
@@ -416,7 +418,7 @@ func TestAlignmentRefused(t *testing.T) {
 }
 
 func TestReplayBeforeCapture(t *testing.T) {
-	g := build(t, "mlp", graphexec.Shape{Layers: 2, Width: 16})
+	g := build(t, "mlp", workloads.Shape{Layers: 2, Width: 16})
 	e, err := graphexec.New(sim(t), g, nil, graphexec.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -429,7 +431,7 @@ func TestReplayBeforeCapture(t *testing.T) {
 
 func TestRebindDecisions(t *testing.T) {
 	dev := sim(t)
-	start := build(t, "gpt2-decode", graphexec.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: 2})
+	start := build(t, "gpt2-decode", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: 2})
 	e, err := graphexec.New(dev, start, nil, graphexec.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -443,14 +445,14 @@ func TestRebindDecisions(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name  string
-		shape graphexec.Shape
+		shape workloads.Shape
 		want  graphexec.Decision
 	}{
-		{"same workload", graphexec.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: 2}, graphexec.Reused},
-		{"smaller batch fits the plan", graphexec.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: 1}, graphexec.Updated},
-		{"smaller vocabulary fits too", graphexec.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 60, Batch: 1}, graphexec.Updated},
-		{"larger vocabulary does not fit", graphexec.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 1}, graphexec.Recaptured},
-		{"more layers change the topology", graphexec.Shape{Layers: 3, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 1}, graphexec.Recaptured},
+		{"same workload", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: 2}, graphexec.Reused},
+		{"smaller batch fits the plan", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: 1}, graphexec.Updated},
+		{"smaller vocabulary fits too", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 60, Batch: 1}, graphexec.Updated},
+		{"larger vocabulary does not fit", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 1}, graphexec.Recaptured},
+		{"more layers change the topology", workloads.Shape{Layers: 3, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 1}, graphexec.Recaptured},
 	} {
 		g := build(t, "gpt2-decode", tc.shape)
 		r, err := e.Rebind(g)

@@ -8,7 +8,8 @@ import (
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
-	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/launch"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -17,54 +18,11 @@ import (
 // falls back to eager execution on its own.
 var ErrNotCaptured = errors.New("graphexec: replay before capture")
 
-// FingerprintError refuses a plan made for another workload.
-type FingerprintError struct {
-	Workload string      // the workload about to run, with its shape
-	Have     Fingerprint // the workload's fingerprint
-	Plan     Fingerprint // the fingerprint recorded with the plan
-	PlanFor  string      // the workload the plan was made for
-}
-
-func (e *FingerprintError) Error() string {
-	return fmt.Sprintf("graphexec: plan was made for workload %s (fingerprint %s), not for %s (fingerprint %s)",
-		e.PlanFor, e.Plan.Short(), e.Workload, e.Have.Short())
-}
-
-// AlignError refuses a plan whose alignment is below what the kernels need.
-type AlignError struct {
-	Workload   string
-	Plan, Need int64
-}
-
-func (e *AlignError) Error() string {
-	return fmt.Sprintf("graphexec: plan alignment %d bytes is below the %d bytes the kernels of %s need", e.Plan, e.Need, e.Workload)
-}
-
-// VerifyPlan checks that a plan read from a file fits graph g: the plan
-// was recorded for a workload with g's fingerprint (planFP, planFor as the
-// file names it), its alignment meets g's, and its trace is g's dry run.
-func VerifyPlan(g *Graph, planFor string, planFP Fingerprint, t *lifetime.Trace, p *planner.Plan) error {
-	if fp := g.Fingerprint(); fp != planFP {
-		return &FingerprintError{Workload: g.Label(), Have: fp, Plan: planFP, PlanFor: planFor}
-	}
-	if p.Align < g.Align {
-		return &AlignError{Workload: g.Label(), Plan: p.Align, Need: g.Align}
-	}
-	d, err := g.DryRun()
-	if err != nil {
-		return err
-	}
-	if a, b := d.Trace.Fingerprint(), t.Fingerprint(); a != b {
-		return fmt.Errorf("graphexec: the plan's trace (fingerprint %x) is not the dry run of %s (fingerprint %x)", b[:8], g.Label(), a[:8])
-	}
-	return nil
-}
-
 // Options configure an Executor.
 type Options struct {
 	// Plan are the planner's options when the executor plans a dry run
 	// itself (New without a plan, Rebind).
-	Plan PlanOptions
+	Plan graph.PlanOptions
 	// NoCaptureReuse turns the spillover allocator's capture-time reuse
 	// off (arena.WithCaptureReuse(false)), for comparison.
 	NoCaptureReuse bool
@@ -84,9 +42,9 @@ type Options struct {
 type Executor struct {
 	dev  cuda.Device
 	opt  Options
-	g    *Graph
-	fp   Fingerprint
-	dry  *DryRun
+	g    *graph.Graph
+	fp   graph.Fingerprint
+	dry  *graph.DryRun
 	plan *planner.Plan
 
 	arena *arena.Arena
@@ -104,10 +62,10 @@ type Executor struct {
 
 	graph    cuda.Graph
 	exec     cuda.Exec
-	captured Fingerprint // the workload the exec runs
-	sp       *spillState // spillover allocator and side streams (spill.go)
+	captured graph.Fingerprint // the workload the exec runs
+	sp       *spillState       // spillover allocator and side streams (spill.go)
 
-	feeds      []*Tensor
+	feeds      []*graph.Tensor
 	feedOff    []uint64 // offset of each feed inside one step's staging
 	stride     uint64   // staging bytes per step
 	stage      cuda.DevicePtr
@@ -119,7 +77,7 @@ type Executor struct {
 // New builds an executor for g on dev: it plans g's dry run when p is nil
 // (Options.Plan), builds the arena from the plan, loads the PTX modules and
 // resolves every launch's arguments. It uploads nothing: call Init.
-func New(dev cuda.Device, g *Graph, p *planner.Plan, opt Options) (*Executor, error) {
+func New(dev cuda.Device, g *graph.Graph, p *planner.Plan, opt Options) (*Executor, error) {
 	e := &Executor{dev: dev, opt: opt}
 	if err := e.setup(g, p); err != nil {
 		e.Close()
@@ -128,18 +86,18 @@ func New(dev cuda.Device, g *Graph, p *planner.Plan, opt Options) (*Executor, er
 	return e, nil
 }
 
-func (e *Executor) setup(g *Graph, p *planner.Plan) error {
+func (e *Executor) setup(g *graph.Graph, p *planner.Plan) error {
 	d, err := g.DryRun()
 	if err != nil {
 		return err
 	}
 	if p == nil {
-		if p, err = Plan(context.Background(), d.Trace, e.opt.Plan); err != nil {
+		if p, err = graph.Plan(context.Background(), d.Trace, e.opt.Plan); err != nil {
 			return err
 		}
 	}
 	if p.Align < g.Align {
-		return &AlignError{Workload: g.Label(), Plan: p.Align, Need: g.Align}
+		return &graph.AlignError{Workload: g.Label(), Plan: p.Align, Need: g.Align}
 	}
 	a, err := arena.New(e.dev, d.Trace, p, pausePolicies(g, d.Trace)...)
 	if err != nil {
@@ -157,27 +115,27 @@ func (e *Executor) setup(g *Graph, p *planner.Plan) error {
 // bind loads g's modules (or keeps the loaded ones: their PTX is the same,
 // and an exec being updated still runs their functions) and resolves its
 // launches against the arena.
-func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
+func (e *Executor) bind(g *graph.Graph, d *graph.DryRun, keepModules bool) error {
 	if !keepModules {
 		for _, m := range e.mods {
 			m.Close()
 		}
 		e.mods, e.modPTX, e.fns = nil, nil, nil
 	}
-	major, minor := 0, 0
+	major := 0
 	if !keepModules && len(g.Modules) > 0 {
 		var err error
-		if major, minor, err = e.dev.ComputeCapability(); err != nil {
+		if major, _, err = e.dev.ComputeCapability(); err != nil {
 			return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
 		}
 	}
-	for i, ptx := range g.Modules {
+	for i := range g.Modules {
 		if keepModules {
 			break
 		}
 		// The same kernels built for the device (compute_90 with
 		// programmatic dependent launch on 9.0 and later).
-		ptx = kernels.ForDevice(ptx, major, minor)
+		ptx := g.ModulePTX(i, major)
 		m, err := e.dev.LoadModule(ptx)
 		if err != nil {
 			return fmt.Errorf("graphexec: %s: module %d: %w", g.Label(), i, err)
@@ -195,7 +153,7 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 			return fmt.Errorf("graphexec: %s: tensor %s: %w", g.Label(), g.Tensors[i].Name, err)
 		}
 		if uint64(p)%uint64(g.Align) != 0 {
-			return &AlignError{Workload: g.Label(), Plan: int64(uint64(p) & -uint64(p)), Need: g.Align}
+			return &graph.AlignError{Workload: g.Label(), Plan: int64(uint64(p) & -uint64(p)), Need: g.Align}
 		}
 		ptr[i] = p
 	}
@@ -214,15 +172,15 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 			}
 		}
 		for _, a := range op.Args {
-			switch a.kind {
-			case argTensor:
-				args[i] = append(args[i], cuda.Ptr(ptr[a.tensor.index]))
-			case argWorkspace:
+			switch a.Kind() {
+			case graph.ArgTensor:
+				args[i] = append(args[i], cuda.Ptr(ptr[tensorOf(a).Index()]))
+			case graph.ArgWorkspace:
 				args[i] = append(args[i], cuda.Ptr(ws))
-			case argNull:
+			case graph.ArgNull:
 				args[i] = append(args[i], cuda.Ptr(0))
-			case argScalar:
-				args[i] = append(args[i], a.scalar)
+			case graph.ArgScalar:
+				args[i] = append(args[i], a.Value())
 			}
 		}
 	}
@@ -230,7 +188,7 @@ func (e *Executor) bind(g *Graph, d *DryRun, keepModules bool) error {
 	e.pdl = e.pdlOps(g)
 	e.feeds, e.feedOff, e.stride = nil, nil, 0
 	for _, t := range g.Tensors {
-		if t.feed != nil {
+		if t.FeedFunc() != nil {
 			e.feeds = append(e.feeds, t)
 			e.feedOff = append(e.feedOff, e.stride)
 			e.stride += uint64(lifetime.RoundUp(t.Bytes(), 256))
@@ -248,10 +206,10 @@ func (e *Executor) addr(id lifetime.ID) (cuda.DevicePtr, error) {
 }
 
 // Graph returns the graph the executor runs.
-func (e *Executor) Graph() *Graph { return e.g }
+func (e *Executor) Graph() *graph.Graph { return e.g }
 
 // Fingerprint returns the fingerprint of the graph the executor runs.
-func (e *Executor) Fingerprint() Fingerprint { return e.fp }
+func (e *Executor) Fingerprint() graph.Fingerprint { return e.fp }
 
 // Plan returns the plan the arena was built from.
 func (e *Executor) Plan() *planner.Plan { return e.plan }
@@ -270,14 +228,14 @@ func (e *Executor) Arena() *arena.Arena { return e.arena }
 // Init, like mlp's x): a step reads it without writing it, so it is state
 // a Resume must bring back. A graph captured before a Pause replays after
 // Resume and goes on from the same state.
-func pausePolicies(g *Graph, t *lifetime.Trace) []arena.Option {
+func pausePolicies(g *graph.Graph, t *lifetime.Trace) []arena.Option {
 	has := map[string]bool{}
 	for i := range t.Buffers {
 		has[t.Buffers[i].Tag] = true
 	}
 	backup := []string{"weight", "kv"}
 	for _, x := range g.Tensors {
-		if x.Role == Input && x.feed == nil {
+		if x.Role == graph.Input && x.FeedFunc() == nil {
 			backup = append(backup, "input")
 			break
 		}
@@ -292,7 +250,7 @@ func pausePolicies(g *Graph, t *lifetime.Trace) []arena.Option {
 }
 
 // Ptr returns t's device address.
-func (e *Executor) Ptr(t *Tensor) cuda.DevicePtr { return e.ptr[t.index] }
+func (e *Executor) Ptr(t *graph.Tensor) cuda.DevicePtr { return e.ptr[t.Index()] }
 
 // StagingBytes is the device memory outside the arena that holds staged
 // per-step inputs (Stage).
@@ -320,30 +278,30 @@ func (e *Executor) RegionBytes(tag string) int64 {
 
 // Init writes the initial bytes of every tensor that has an init function
 // (weights, state, constant inputs). It waits for the stream first.
-func (e *Executor) Init() error { return e.initRoles(Weight, State, Input) }
+func (e *Executor) Init() error { return e.initRoles(graph.Weight, graph.State, graph.Input) }
 
 // ResetState rewrites the initial bytes of state tensors (and constant
 // inputs), so that a later run of steps starts where the first did.
-func (e *Executor) ResetState() error { return e.initRoles(State, Input) }
+func (e *Executor) ResetState() error { return e.initRoles(graph.State, graph.Input) }
 
-func (e *Executor) initRoles(roles ...Role) error {
+func (e *Executor) initRoles(roles ...graph.Role) error {
 	if err := e.stream.Synchronize(); err != nil {
 		return fmt.Errorf("graphexec: %s: %w", e.g.Label(), err)
 	}
 	for _, t := range e.g.Tensors {
-		if t.init == nil || !hasRole(roles, t.Role) {
+		if t.InitFunc() == nil || !hasRole(roles, t.Role) {
 			continue
 		}
 		buf := make([]byte, t.Bytes())
-		t.init(buf)
-		if err := e.dev.CopyHtoD(e.ptr[t.index], buf); err != nil {
+		t.InitFunc()(buf)
+		if err := e.dev.CopyHtoD(e.ptr[t.Index()], buf); err != nil {
 			return fmt.Errorf("graphexec: %s: init %s: %w", e.g.Label(), t.Name, err)
 		}
 	}
 	return nil
 }
 
-func hasRole(rs []Role, r Role) bool {
+func hasRole(rs []graph.Role, r graph.Role) bool {
 	for _, x := range rs {
 		if x == r {
 			return true
@@ -382,7 +340,7 @@ func (e *Executor) Stage(first, n int) error {
 	for s := 0; s < n; s++ {
 		for i, t := range e.feeds {
 			at := uint64(s)*e.stride + e.feedOff[i]
-			t.feed(first+s, buf[at:at+uint64(t.Bytes())])
+			t.FeedFunc()(first+s, buf[at:at+uint64(t.Bytes())])
 		}
 	}
 	if err := e.dev.CopyHtoD(e.stage, buf); err != nil {
@@ -401,7 +359,7 @@ func (e *Executor) feed(step int) error {
 	if step >= e.stageFirst && step < e.stageFirst+e.stageN {
 		base := e.stage.Add(uint64(step-e.stageFirst) * e.stride)
 		for i, t := range e.feeds {
-			if err := e.dev.CopyDtoD(e.ptr[t.index], base.Add(e.feedOff[i]), uint64(t.Bytes()), e.stream); err != nil {
+			if err := e.dev.CopyDtoD(e.ptr[t.Index()], base.Add(e.feedOff[i]), uint64(t.Bytes()), e.stream); err != nil {
 				return fmt.Errorf("graphexec: %s: feed %s: %w", e.g.Label(), t.Name, err)
 			}
 		}
@@ -412,8 +370,8 @@ func (e *Executor) feed(step int) error {
 	}
 	for _, t := range e.feeds {
 		buf := make([]byte, t.Bytes())
-		t.feed(step, buf)
-		if err := e.dev.CopyHtoD(e.ptr[t.index], buf); err != nil {
+		t.FeedFunc()(step, buf)
+		if err := e.dev.CopyHtoD(e.ptr[t.Index()], buf); err != nil {
 			return fmt.Errorf("graphexec: %s: feed %s: %w", e.g.Label(), t.Name, err)
 		}
 	}
@@ -449,14 +407,14 @@ func (e *Executor) launchAll() error {
 // predecessor is a kernel on the same stream: every op but the first,
 // which follows the step's input copies. Graphs with spillover or side
 // streams (launchSpill) launch plainly.
-func (e *Executor) pdlOps(g *Graph) []bool {
+func (e *Executor) pdlOps(g *graph.Graph) []bool {
 	pdl := make([]bool, len(g.Ops))
 	if e.opt.NoPDL || e.modPTX == nil {
 		return pdl
 	}
 	entries := make([]map[string]bool, len(e.modPTX))
 	for i, ptx := range e.modPTX {
-		entries[i] = kernels.PDLEntries(ptx)
+		entries[i] = launch.PDLEntries(ptx)
 	}
 	for i, op := range g.Ops {
 		pdl[i] = i > 0 && op.Stream == 0 && g.Ops[i-1].Stream == 0 && len(op.Wait) == 0 && entries[op.Module][op.Kernel]
@@ -486,7 +444,7 @@ func (e *Executor) LaunchMode() LaunchMode {
 	}
 	m.PDL = m.PDLLaunches > 0
 	if len(e.modPTX) > 0 {
-		m.Target = kernels.Target(e.modPTX[0])
+		m.Target = launch.Target(e.modPTX[0])
 	}
 	return m
 }
@@ -598,12 +556,12 @@ func (e *Executor) Synchronize() error {
 }
 
 // Read waits for the stream and copies t's bytes back.
-func (e *Executor) Read(t *Tensor) ([]byte, error) {
+func (e *Executor) Read(t *graph.Tensor) ([]byte, error) {
 	if err := e.Synchronize(); err != nil {
 		return nil, err
 	}
 	buf := make([]byte, t.Bytes())
-	if err := e.dev.CopyDtoH(buf, e.ptr[t.index]); err != nil {
+	if err := e.dev.CopyDtoH(buf, e.ptr[t.Index()]); err != nil {
 		return nil, fmt.Errorf("graphexec: %s: read %s: %w", e.g.Label(), t.Name, err)
 	}
 	return buf, nil
@@ -652,7 +610,7 @@ type Rebound struct {
 // re-planned (Options.Plan), gets a new arena, and is captured and
 // instantiated again. Tensors with init functions are written again when
 // g differs. Without an earlier capture, Rebind captures.
-func (e *Executor) Rebind(g *Graph) (Rebound, error) {
+func (e *Executor) Rebind(g *graph.Graph) (Rebound, error) {
 	if e.at != nil {
 		return Rebound{}, fmt.Errorf("graphexec: %s: rebind: a member of a family or chain cannot be rebound alone; plan the group again", e.g.Label())
 	}
@@ -668,7 +626,7 @@ func (e *Executor) Rebind(g *Graph) (Rebound, error) {
 	switch {
 	case e.exec == nil:
 		reason = "nothing captured yet"
-	case g.topology() != e.g.topology():
+	case g.Topology() != e.g.Topology():
 		reason = "kernels or their order changed"
 	default:
 		reason = fitsPlan(e.dry.Trace, d.Trace, e.plan)
@@ -827,4 +785,10 @@ func (e *Executor) ProfileOps(step int) ([]time.Duration, error) {
 		}
 	}
 	return out, nil
+}
+
+// tensorOf is a's tensor, nil unless it passes one.
+func tensorOf(a graph.Arg) *graph.Tensor {
+	t, _ := a.Tensor()
+	return t
 }

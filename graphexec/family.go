@@ -1,178 +1,17 @@
 package graphexec
 
 import (
-	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
-	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
-
-// Share marks t as shared by every member of a family (several graphs
-// replayed one at a time from one arena, planner.PlanFamily) under key:
-// every member whose graph has a tensor with that key finds it at one
-// address, so its contents survive the other members' replays. Members
-// must agree on its size: a KV cache is sized for the family's largest
-// batch (Shape.MaxBatch) and each member uses its first rows. Weights are
-// shared under their names without a call; Share gives them another key.
-// Only weights, state and inputs can be shared. It returns t.
-func (t *Tensor) Share(key string) *Tensor { t.share = key; return t }
-
-// SharedKey is t's family key: its Share key, a weight's name, or "" for
-// a tensor each member keeps to itself.
-func (t *Tensor) SharedKey() string {
-	switch {
-	case t.share != "":
-		return t.share
-	case t.Role == Weight:
-		return t.Name
-	}
-	return ""
-}
-
-// FamilyKeys returns the shared key of every buffer of d, g's dry run, as
-// planner.Member.Keys wants them (workspaces are private).
-func FamilyKeys(g *Graph, d *DryRun) []string {
-	keys := make([]string, len(d.Trace.Buffers))
-	for i, t := range g.Tensors {
-		if d.Tensor[i] >= 0 { // unplanned tensors have no buffer
-			keys[d.Tensor[i]] = t.SharedKey()
-		}
-	}
-	return keys
-}
-
-// checkShared refuses shared keys on roles that cannot be shared and,
-// in a family of several members, private tensors whose contents must
-// outlive a replay: another member's replay would overwrite them.
-func checkShared(g *Graph, several bool) error {
-	if usesSpill(g) {
-		return fmt.Errorf("graphexec: %s uses spillover or side streams, which families do not support", g.Label())
-	}
-	seen := map[string]string{}
-	for _, t := range g.Tensors {
-		k := t.SharedKey()
-		switch {
-		case k != "" && (t.Role == Intermediate || t.Role == Output):
-			return fmt.Errorf("graphexec: %s: %s %s is shared (key %q); only weights, state and inputs can be", g.Label(), t.Role, t.Name, k)
-		case k != "" && seen[k] != "":
-			return fmt.Errorf("graphexec: %s: tensors %s and %s share key %q", g.Label(), seen[k], t.Name, k)
-		case k == "" && several && (t.Role == Weight || t.Role == State || (t.Role == Input && t.feed == nil && t.init != nil)):
-			return fmt.Errorf("graphexec: %s: %s %s is private to its member, so another member's replay would overwrite it; share it (Tensor.Share)",
-				g.Label(), t.Role, t.Name)
-		}
-		if k != "" {
-			seen[k] = t.Name
-		}
-	}
-	return nil
-}
-
-// FamilyMembers dry-runs graphs and returns them as planner members with
-// their shared keys (FamilyKeys), named by the shape dimensions in which
-// they differ ("batch=8"), or by their labels when those do not tell them
-// apart. In a family of several members every weight, state and constant
-// input must be shared.
-func FamilyMembers(graphs []*Graph) ([]planner.Member, []*DryRun, error) {
-	if len(graphs) == 0 {
-		return nil, nil, errors.New("graphexec: family: no graphs")
-	}
-	names := memberNames(graphs)
-	members := make([]planner.Member, len(graphs))
-	dry := make([]*DryRun, len(graphs))
-	for i, g := range graphs {
-		if err := checkShared(g, len(graphs) > 1); err != nil {
-			return nil, nil, fmt.Errorf("graphexec: family: %w", err)
-		}
-		d, err := g.DryRun()
-		if err != nil {
-			return nil, nil, fmt.Errorf("graphexec: family: %w", err)
-		}
-		dry[i] = d
-		members[i] = planner.Member{Name: names[i], Trace: d.Trace, Keys: FamilyKeys(g, d)}
-	}
-	return members, dry, nil
-}
-
-// memberNames names each graph by the dimensions that differ across the
-// family (max_batch aside), falling back to labels.
-func memberNames(graphs []*Graph) []string {
-	label := func(g *Graph) string { return g.Label() }
-	differs := map[string]bool{}
-	for _, g := range graphs[1:] {
-		if g.Name != graphs[0].Name {
-			return mapStrings(graphs, label)
-		}
-		for _, d := range g.Shape {
-			if v, ok := graphs[0].Dim(d.Name); !ok || v != d.Value {
-				differs[d.Name] = true
-			}
-		}
-	}
-	delete(differs, "max_batch")
-	if len(differs) == 0 {
-		return mapStrings(graphs, label)
-	}
-	names := mapStrings(graphs, func(g *Graph) string {
-		var parts []string
-		for _, d := range g.Shape {
-			if differs[d.Name] {
-				parts = append(parts, d.Name+"="+strconv.FormatInt(d.Value, 10))
-			}
-		}
-		return strings.Join(parts, ",")
-	})
-	seen := map[string]bool{}
-	for _, n := range names {
-		if seen[n] {
-			return mapStrings(graphs, label)
-		}
-		seen[n] = true
-	}
-	return names
-}
-
-func mapStrings(gs []*Graph, f func(*Graph) string) []string {
-	out := make([]string, len(gs))
-	for i, g := range gs {
-		out[i] = f(g)
-	}
-	return out
-}
-
-// PlanFamily plans graphs as one family (planner.PlanFamily with the named
-// algorithm): shared tensors at one offset each at the bottom of the
-// arena, each member's private buffers above them, planned member by
-// member so that they overlap across members.
-func PlanFamily(ctx context.Context, algo string, graphs []*Graph, opt PlanOptions) (*planner.FamilyPlan, []planner.Member, error) {
-	members, _, err := FamilyMembers(graphs)
-	if err != nil {
-		return nil, nil, err
-	}
-	align := opt.Align
-	if align == 0 {
-		align = planner.DefaultAlign
-	}
-	for _, g := range graphs {
-		if align < g.Align {
-			return nil, nil, &AlignError{Workload: g.Label(), Plan: align, Need: g.Align}
-		}
-	}
-	fp, err := planner.PlanFamily(ctx, algo, members, opt)
-	if err != nil {
-		return nil, nil, fmt.Errorf("graphexec: %w", err)
-	}
-	return fp, members, nil
-}
 
 // Family runs several graphs, its members, from one arena laid out by a
 // family plan: shared tensors (weights, the KV cache) at one address for
@@ -200,7 +39,7 @@ type Family struct {
 // run trace, same shared keys) and plan must pass planner.CheckFamily for
 // members. Modules with the same PTX are loaded once. It uploads nothing:
 // call Init.
-func NewFamily(dev cuda.Device, graphs []*Graph, members []planner.Member, plan *planner.FamilyPlan, opt Options) (*Family, error) {
+func NewFamily(dev cuda.Device, graphs []*graph.Graph, members []planner.Member, plan *planner.FamilyPlan, opt Options) (*Family, error) {
 	f := &Family{group: group{what: "family"}, dev: dev, plan: plan}
 	if err := f.setup(graphs, members, opt); err != nil {
 		f.Close()
@@ -209,7 +48,7 @@ func NewFamily(dev cuda.Device, graphs []*Graph, members []planner.Member, plan 
 	return f, nil
 }
 
-func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) error {
+func (f *Family) setup(graphs []*graph.Graph, members []planner.Member, opt Options) error {
 	fp := f.plan
 	if len(graphs) != len(members) {
 		return fmt.Errorf("graphexec: family: %d graphs for %d members", len(graphs), len(members))
@@ -217,14 +56,14 @@ func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) e
 	if err := planner.CheckFamily(members, fp); err != nil {
 		return fmt.Errorf("graphexec: family: %w", err)
 	}
-	dry := make([]*DryRun, len(graphs))
+	dry := make([]*graph.DryRun, len(graphs))
 	for i, g := range graphs {
 		m := members[i]
-		if err := checkShared(g, len(graphs) > 1); err != nil {
+		if err := graph.CheckShared(g, len(graphs) > 1); err != nil {
 			return fmt.Errorf("graphexec: family: member %q: %w", m.Name, err)
 		}
 		if fp.Align < g.Align {
-			return &AlignError{Workload: g.Label(), Plan: fp.Align, Need: g.Align}
+			return &graph.AlignError{Workload: g.Label(), Plan: fp.Align, Need: g.Align}
 		}
 		d, err := g.DryRun()
 		if err != nil {
@@ -233,7 +72,7 @@ func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) e
 		if a, b := d.Trace.Fingerprint(), m.Trace.Fingerprint(); a != b {
 			return fmt.Errorf("graphexec: family: member %q: its trace (fingerprint %x) is not the dry run of %s (fingerprint %x)", m.Name, b[:8], g.Label(), a[:8])
 		}
-		keys := FamilyKeys(g, d)
+		keys := graph.FamilyKeys(g, d)
 		for j, k := range keys {
 			if mk := memberKey(m, j); mk != k {
 				return fmt.Errorf("graphexec: family: member %q: buffer %d (%s) has shared key %q in the plan, %q in %s",
@@ -283,12 +122,12 @@ func (f *Family) setup(graphs []*Graph, members []planner.Member, opt Options) e
 }
 
 // groupModules loads the modules of a family's or a chain's graphs, each
-// distinct one once, built for the device (kernels.ForDevice: compute_90
+// distinct one once, built for the device (Graph.ModulePTX: compute_90
 // with programmatic dependent launch on 9.0 and later, as Executor.New
 // does). It returns every module loaded (the group's to close, also on
 // error) and, per graph, its modules and the PTX each was loaded from.
-func groupModules(dev cuda.Device, graphs []*Graph) (all []cuda.Module, mods [][]cuda.Module, ptxs [][][]byte, err error) {
-	major, minor, err := dev.ComputeCapability()
+func groupModules(dev cuda.Device, graphs []*graph.Graph) (all []cuda.Module, mods [][]cuda.Module, ptxs [][][]byte, err error) {
+	major, _, err := dev.ComputeCapability()
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -296,8 +135,8 @@ func groupModules(dev cuda.Device, graphs []*Graph) (all []cuda.Module, mods [][
 	for _, g := range graphs {
 		gm := make([]cuda.Module, len(g.Modules))
 		gp := make([][]byte, len(g.Modules))
-		for j, ptx := range g.Modules {
-			ptx = kernels.ForDevice(ptx, major, minor)
+		for j := range g.Modules {
+			ptx := g.ModulePTX(j, major)
 			sum := sha256.Sum256(ptx)
 			k, ok := loaded[sum]
 			if !ok {
@@ -333,7 +172,7 @@ func familyCover(members []planner.Member, fp *planner.FamilyPlan) (*lifetime.Tr
 	p := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: fp.Arena}
 	add := func(name, tag string, off, size, align int64) {
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Size: size, Align: align,
-			Start: 0, End: 1, Tag: tag, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset})
+			Start: 0, End: 1, Tag: tag})
 		p.Offsets = append(p.Offsets, off)
 	}
 	shared := map[string]lifetime.ID{}
@@ -395,13 +234,13 @@ func (f *Family) Arena() *arena.Arena { return f.arena }
 
 // Init writes the initial bytes of every tensor with an init function,
 // each shared key once (from the first member that has it).
-func (f *Family) Init() error { return f.initRoles(Weight, State, Input) }
+func (f *Family) Init() error { return f.initRoles(graph.Weight, graph.State, graph.Input) }
 
 // ResetState rewrites the initial bytes of state tensors and constant
 // inputs, shared ones once.
-func (f *Family) ResetState() error { return f.initRoles(State, Input) }
+func (f *Family) ResetState() error { return f.initRoles(graph.State, graph.Input) }
 
-func (f *Family) initRoles(roles ...Role) error {
+func (f *Family) initRoles(roles ...graph.Role) error {
 	if err := f.Synchronize(); err != nil {
 		return err
 	}
@@ -411,10 +250,10 @@ func (f *Family) initRoles(roles ...Role) error {
 	}
 	for i, e := range f.execs {
 		for _, t := range e.g.Tensors {
-			if t.init == nil || !hasRole(roles, t.Role) {
+			if t.InitFunc() == nil || !hasRole(roles, t.Role) {
 				continue
 			}
-			k := f.keys[i][e.dry.Tensor[t.index]]
+			k := f.keys[i][e.dry.Tensor[t.Index()]]
 			if k != "" {
 				if done[k] {
 					continue
@@ -424,12 +263,12 @@ func (f *Family) initRoles(roles ...Role) error {
 			buf := f.initial[k]
 			if k == "" || buf == nil {
 				buf = make([]byte, t.Bytes())
-				t.init(buf)
-				if k != "" && t.Role != Weight {
+				t.InitFunc()(buf)
+				if k != "" && t.Role != graph.Weight {
 					f.initial[k] = buf
 				}
 			}
-			if err := f.dev.CopyHtoD(e.ptr[t.index], buf); err != nil {
+			if err := f.dev.CopyHtoD(e.ptr[t.Index()], buf); err != nil {
 				return fmt.Errorf("graphexec: family: %s: init %s: %w", e.g.Label(), t.Name, err)
 			}
 		}

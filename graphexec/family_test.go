@@ -8,22 +8,24 @@ import (
 	"time"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
-var familyShape = graphexec.Shape{Layers: 2, Width: 64, Heads: 4, KVLen: 32, Vocab: 97}
+var familyShape = workloads.Shape{Layers: 2, Width: 64, Heads: 4, KVLen: 32, Vocab: 97}
 
 // familyGraphs builds gpt2-decode at each batch size, shared tensors sized
 // for the largest.
-func familyGraphs(t testing.TB, base graphexec.Shape, batches ...int) []*graphexec.Graph {
+func familyGraphs(t testing.TB, base workloads.Shape, batches ...int) []*graph.Graph {
 	t.Helper()
 	mb := 0
 	for _, b := range batches {
 		mb = max(mb, b)
 	}
-	var gs []*graphexec.Graph
+	var gs []*graph.Graph
 	for _, b := range batches {
 		s := base
 		s.Batch, s.MaxBatch = b, mb
@@ -32,9 +34,9 @@ func familyGraphs(t testing.TB, base graphexec.Shape, batches ...int) []*graphex
 	return gs
 }
 
-func newFamily(t testing.TB, graphs []*graphexec.Graph) (*graphexec.Family, *planner.FamilyPlan) {
+func newFamily(t testing.TB, graphs []*graph.Graph) (*graphexec.Family, *planner.FamilyPlan) {
 	t.Helper()
-	fp, members, err := graphexec.PlanFamily(context.Background(), "auto", graphs, graphexec.PlanOptions{Budget: 200 * time.Millisecond})
+	fp, members, err := graph.PlanFamily(context.Background(), "auto", graphs, graph.PlanOptions{Budget: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +57,7 @@ func newFamily(t testing.TB, graphs []*graphexec.Graph) (*graphexec.Family, *pla
 
 func output(t testing.TB, e *graphexec.Executor) []byte {
 	t.Helper()
-	out := e.Graph().TensorsWith(graphexec.Output)
+	out := e.Graph().TensorsWith(graph.Output)
 	b, err := e.Read(out[0])
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +133,7 @@ func TestFamilyPDL(t *testing.T) {
 		t.Skip("kernels_90.ptx is empty")
 	}
 	gs := familyGraphs(t, familyShape, 1, 2, 4)
-	fp, members, err := graphexec.PlanFamily(context.Background(), "auto", gs, graphexec.PlanOptions{Budget: 200 * time.Millisecond})
+	fp, members, err := graph.PlanFamily(context.Background(), "auto", gs, graph.PlanOptions{Budget: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,9 +226,9 @@ func TestFamilyMemberEqualsAlone(t *testing.T) {
 }
 
 func TestFamilyMLP(t *testing.T) {
-	var mgs []*graphexec.Graph
+	var mgs []*graph.Graph
 	for _, b := range []int{1, 2, 4} {
-		mgs = append(mgs, build(t, "mlp", graphexec.Shape{Layers: 4, Width: 32, Batch: b, MaxBatch: 4}))
+		mgs = append(mgs, build(t, "mlp", workloads.Shape{Layers: 4, Width: 32, Batch: b, MaxBatch: 4}))
 	}
 	f, _ := newFamily(t, mgs)
 	seq := []int{2, 0, 1, 2, 0}
@@ -252,38 +254,38 @@ func TestFamilyMLP(t *testing.T) {
 
 func TestFamilyErrors(t *testing.T) {
 	gs := familyGraphs(t, familyShape, 1, 2)
-	fp, members, err := graphexec.PlanFamily(context.Background(), "bestfit", gs, graphexec.PlanOptions{})
+	fp, members, err := graph.PlanFamily(context.Background(), "bestfit", gs, graph.PlanOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Graphs swapped: each trace belongs to the other member.
-	_, err = graphexec.NewFamily(sim(t), []*graphexec.Graph{gs[1], gs[0]}, members, fp, graphexec.Options{})
+	_, err = graphexec.NewFamily(sim(t), []*graph.Graph{gs[1], gs[0]}, members, fp, graphexec.Options{})
 	if err == nil || !strings.Contains(err.Error(), "is not the dry run") {
 		t.Errorf("swapped graphs: %v", err)
 	}
 	// Without a common max batch the KV caches differ in size.
 	s1, s2 := familyShape, familyShape
 	s1.Batch, s2.Batch = 1, 2
-	_, _, err = graphexec.PlanFamily(context.Background(), "bestfit",
-		[]*graphexec.Graph{build(t, "gpt2-decode", s1), build(t, "gpt2-decode", s2)}, graphexec.PlanOptions{})
+	_, _, err = graph.PlanFamily(context.Background(), "bestfit",
+		[]*graph.Graph{build(t, "gpt2-decode", s1), build(t, "gpt2-decode", s2)}, graph.PlanOptions{})
 	if err == nil || !strings.Contains(err.Error(), "invalid family: shared key") {
 		t.Errorf("KV caches of different sizes: %v", err)
 	}
 	// A state tensor that is not shared cannot live in a family.
-	if _, _, err := graphexec.FamilyMembers([]*graphexec.Graph{tinyGraph(t, false), tinyGraph(t, false)}); err == nil ||
+	if _, _, err := graph.FamilyMembers([]*graph.Graph{tinyGraph(t, false), tinyGraph(t, false)}); err == nil ||
 		!strings.Contains(err.Error(), "share it") {
 		t.Errorf("private state: %v", err)
 	}
 	// Spillover and side streams are not for families.
-	spill := build(t, "spill-demo", graphexec.Shape{})
-	if _, _, err := graphexec.FamilyMembers([]*graphexec.Graph{spill}); err == nil || !strings.Contains(err.Error(), "spillover") {
+	spill := build(t, "spill-demo", workloads.Shape{})
+	if _, _, err := graph.FamilyMembers([]*graph.Graph{spill}); err == nil || !strings.Contains(err.Error(), "spillover") {
 		t.Errorf("spill-demo in a family: %v", err)
 	}
-	if _, _, _, err := graphexec.ChainStages([]*graphexec.Graph{spill}, nil); err == nil || !strings.Contains(err.Error(), "spillover") {
+	if _, _, _, err := graph.ChainStages([]*graph.Graph{spill}, nil); err == nil || !strings.Contains(err.Error(), "spillover") {
 		t.Errorf("spill-demo in a chain: %v", err)
 	}
 	// Shared intermediates are refused.
-	if _, _, err := graphexec.FamilyMembers([]*graphexec.Graph{tinyGraph(t, true)}); err == nil ||
+	if _, _, err := graph.FamilyMembers([]*graph.Graph{tinyGraph(t, true)}); err == nil ||
 		!strings.Contains(err.Error(), "only weights, state and inputs") {
 		t.Errorf("shared intermediate: %v", err)
 	}
@@ -291,22 +293,22 @@ func TestFamilyErrors(t *testing.T) {
 
 // tinyGraph is y = linear(linear(st)) over a private state st; with
 // sharedMid its intermediate is (wrongly) shared.
-func tinyGraph(t testing.TB, sharedMid bool) *graphexec.Graph {
+func tinyGraph(t testing.TB, sharedMid bool) *graph.Graph {
 	t.Helper()
-	b := graphexec.NewBuilder("tiny")
+	b := graph.NewBuilder("tiny")
 	b.Module(kernels.PTX)
-	st := b.Tensor("st", graphexec.F32, graphexec.State, 4).SetInit(func([]byte) {})
-	w := b.Tensor("w", graphexec.F32, graphexec.Weight, 4, 4).SetInit(func([]byte) {})
-	h := b.Tensor("h", graphexec.F32, graphexec.Intermediate, 4)
+	st := b.Tensor("st", graph.F32, graph.State, 4).SetInit(func([]byte) {})
+	w := b.Tensor("w", graph.F32, graph.Weight, 4, 4).SetInit(func([]byte) {})
+	h := b.Tensor("h", graph.F32, graph.Intermediate, 4)
 	if sharedMid {
 		h.Share("h")
 		st.Share("st")
 	}
-	y := b.Tensor("y", graphexec.F32, graphexec.Output, 4)
-	lin := func(out, in *graphexec.Tensor) graphexec.Launch {
-		return graphexec.Launch{Kernel: kernels.Linear, Grid: cuda.D1(1), Block: cuda.D1(128), Args: []graphexec.Arg{
-			graphexec.Out(out), graphexec.In(in), graphexec.In(w), graphexec.Null(), graphexec.Null(), graphexec.Null(), graphexec.Null(),
-			graphexec.Scalar(cuda.U32(4)), graphexec.Scalar(cuda.U32(4)), graphexec.Scalar(cuda.U32(1)), graphexec.Scalar(cuda.U32(0)), graphexec.Scalar(cuda.F32(1e-5)),
+	y := b.Tensor("y", graph.F32, graph.Output, 4)
+	lin := func(out, in *graph.Tensor) graph.Launch {
+		return graph.Launch{Kernel: kernels.Linear, Grid: cuda.D1(1), Block: cuda.D1(128), Args: []graph.Arg{
+			graph.Out(out), graph.In(in), graph.In(w), graph.Null(), graph.Null(), graph.Null(), graph.Null(),
+			graph.Scalar(cuda.U32(4)), graph.Scalar(cuda.U32(4)), graph.Scalar(cuda.U32(1)), graph.Scalar(cuda.U32(0)), graph.Scalar(cuda.F32(1e-5)),
 		}}
 	}
 	b.Launch(lin(h, st))
@@ -318,7 +320,7 @@ func tinyGraph(t testing.TB, sharedMid bool) *graphexec.Graph {
 	return g
 }
 
-func tensor(t testing.TB, g *graphexec.Graph, name string) *graphexec.Tensor {
+func tensor(t testing.TB, g *graph.Graph, name string) *graph.Tensor {
 	t.Helper()
 	for _, x := range g.Tensors {
 		if x.Name == name {

@@ -6,7 +6,9 @@ import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // A user's own module: add_u32(dst, a, b, scratch, n): dst = a + b, through
@@ -47,28 +49,28 @@ func addU32(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) er
 }
 
 // userGraph: in (fed) -> t1 = in+w -> t2 = t1+t1 -> out = t2+in.
-func userGraph(t testing.TB) (*graphexec.Graph, error) {
+func userGraph(t testing.TB) (*graph.Graph, error) {
 	t.Helper()
-	b := graphexec.NewBuilder("user")
+	b := graph.NewBuilder("user")
 	b.Dim("n", 64)
 	b.Module([]byte(userPTX))
-	in := b.Tensor("in", graphexec.U32, graphexec.Input, 64).SetFeed(func(step int, dst []byte) {
+	in := b.Tensor("in", graph.U32, graph.Input, 64).SetFeed(func(step int, dst []byte) {
 		for i := 0; i+4 <= len(dst); i += 4 {
 			binary.LittleEndian.PutUint32(dst[i:], uint32(step*1000+i))
 		}
 	})
-	w := b.Tensor("w", graphexec.U32, graphexec.Weight, 64).SetInit(func(dst []byte) {
+	w := b.Tensor("w", graph.U32, graph.Weight, 64).SetInit(func(dst []byte) {
 		for i := 0; i+4 <= len(dst); i += 4 {
 			binary.LittleEndian.PutUint32(dst[i:], 7)
 		}
 	})
-	t1 := b.Tensor("t1", graphexec.U32, graphexec.Intermediate, 64)
-	t2 := b.Tensor("t2", graphexec.U32, graphexec.Intermediate, 64)
-	out := b.Tensor("out", graphexec.U32, graphexec.Output, 64)
-	add := func(dst, x, y *graphexec.Tensor) {
-		b.Launch(graphexec.Launch{
+	t1 := b.Tensor("t1", graph.U32, graph.Intermediate, 64)
+	t2 := b.Tensor("t2", graph.U32, graph.Intermediate, 64)
+	out := b.Tensor("out", graph.U32, graph.Output, 64)
+	add := func(dst, x, y *graph.Tensor) {
+		b.Launch(graph.Launch{
 			Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(64), Workspace: 256,
-			Args: []graphexec.Arg{graphexec.Out(dst), graphexec.In(x), graphexec.In(y), graphexec.Workspace(), graphexec.Scalar(cuda.U32(64))},
+			Args: []graph.Arg{graph.Out(dst), graph.In(x), graph.In(y), graph.Workspace(), graph.Scalar(cuda.U32(64))},
 		})
 	}
 	add(t1, in, w)
@@ -121,7 +123,7 @@ func TestUserWorkload(t *testing.T) {
 		if err := e.Replay(step); err != nil {
 			t.Fatal(err)
 		}
-		out, err := e.Read(g.TensorsWith(graphexec.Output)[0])
+		out, err := e.Read(g.TensorsWith(graph.Output)[0])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,56 +140,56 @@ func TestBuilderErrors(t *testing.T) {
 	ptx := []byte(userPTX)
 	for _, tc := range []struct {
 		name, want string
-		build      func(b *graphexec.Builder)
+		build      func(b *graph.Builder)
 	}{
-		{"no module", "no module", func(b *graphexec.Builder) {
-			x := b.Tensor("x", graphexec.F32, graphexec.Output, 4)
-			b.Launch(graphexec.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graphexec.Arg{graphexec.Out(x)}})
+		{"no module", "no module", func(b *graph.Builder) {
+			x := b.Tensor("x", graph.F32, graph.Output, 4)
+			b.Launch(graph.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graph.Arg{graph.Out(x)}})
 		}},
-		{"unknown kernel", "not an entry", func(b *graphexec.Builder) {
+		{"unknown kernel", "not an entry", func(b *graph.Builder) {
 			b.Module(ptx)
-			x := b.Tensor("x", graphexec.F32, graphexec.Output, 4)
-			b.Launch(graphexec.Launch{Kernel: "nope", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graphexec.Arg{graphexec.Out(x)}})
+			x := b.Tensor("x", graph.F32, graph.Output, 4)
+			b.Launch(graph.Launch{Kernel: "nope", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graph.Arg{graph.Out(x)}})
 		}},
-		{"read before write", "before any op writes it", func(b *graphexec.Builder) {
+		{"read before write", "before any op writes it", func(b *graph.Builder) {
 			b.Module(ptx)
-			x := b.Tensor("x", graphexec.F32, graphexec.Intermediate, 4)
-			y := b.Tensor("y", graphexec.F32, graphexec.Output, 4)
-			b.Launch(graphexec.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graphexec.Arg{graphexec.Out(y), graphexec.In(x)}})
+			x := b.Tensor("x", graph.F32, graph.Intermediate, 4)
+			y := b.Tensor("y", graph.F32, graph.Output, 4)
+			b.Launch(graph.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graph.Arg{graph.Out(y), graph.In(x)}})
 		}},
-		{"writes a weight", "writes weight", func(b *graphexec.Builder) {
+		{"writes a weight", "writes weight", func(b *graph.Builder) {
 			b.Module(ptx)
-			x := b.Tensor("x", graphexec.F32, graphexec.Weight, 4)
-			b.Launch(graphexec.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graphexec.Arg{graphexec.Out(x)}})
+			x := b.Tensor("x", graph.F32, graph.Weight, 4)
+			b.Launch(graph.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graph.Arg{graph.Out(x)}})
 		}},
-		{"duplicate name", "used twice", func(b *graphexec.Builder) {
-			b.Tensor("x", graphexec.F32, graphexec.Weight, 4)
-			b.Tensor("x", graphexec.F32, graphexec.Weight, 4)
+		{"duplicate name", "used twice", func(b *graph.Builder) {
+			b.Tensor("x", graph.F32, graph.Weight, 4)
+			b.Tensor("x", graph.F32, graph.Weight, 4)
 		}},
-		{"workspace without argument", "workspace arguments", func(b *graphexec.Builder) {
+		{"workspace without argument", "workspace arguments", func(b *graph.Builder) {
 			b.Module(ptx)
-			x := b.Tensor("x", graphexec.F32, graphexec.Output, 4)
-			b.Launch(graphexec.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Workspace: 64, Args: []graphexec.Arg{graphexec.Out(x)}})
+			x := b.Tensor("x", graph.F32, graph.Output, 4)
+			b.Launch(graph.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Workspace: 64, Args: []graph.Arg{graph.Out(x)}})
 		}},
-		{"unused tensor", "used by no op", func(b *graphexec.Builder) {
+		{"unused tensor", "used by no op", func(b *graph.Builder) {
 			b.Module(ptx)
-			b.Tensor("idle", graphexec.F32, graphexec.Weight, 4)
-			x := b.Tensor("x", graphexec.F32, graphexec.Output, 4)
-			b.Launch(graphexec.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graphexec.Arg{graphexec.Out(x)}})
+			b.Tensor("idle", graph.F32, graph.Weight, 4)
+			x := b.Tensor("x", graph.F32, graph.Output, 4)
+			b.Launch(graph.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graph.Arg{graph.Out(x)}})
 		}},
-		{"feed on a weight", "has a feed", func(b *graphexec.Builder) {
+		{"feed on a weight", "has a feed", func(b *graph.Builder) {
 			b.Module(ptx)
-			w := b.Tensor("w", graphexec.F32, graphexec.Weight, 4).SetFeed(func(int, []byte) {})
-			x := b.Tensor("x", graphexec.F32, graphexec.Output, 4)
-			b.Launch(graphexec.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graphexec.Arg{graphexec.Out(x), graphexec.In(w)}})
+			w := b.Tensor("w", graph.F32, graph.Weight, 4).SetFeed(func(int, []byte) {})
+			x := b.Tensor("x", graph.F32, graph.Output, 4)
+			b.Launch(graph.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(1), Args: []graph.Arg{graph.Out(x), graph.In(w)}})
 		}},
-		{"bad launch shape", "launch shape", func(b *graphexec.Builder) {
+		{"bad launch shape", "launch shape", func(b *graph.Builder) {
 			b.Module(ptx)
-			x := b.Tensor("x", graphexec.F32, graphexec.Output, 4)
-			b.Launch(graphexec.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(2048), Args: []graphexec.Arg{graphexec.Out(x)}})
+			x := b.Tensor("x", graph.F32, graph.Output, 4)
+			b.Launch(graph.Launch{Kernel: "add_u32", Grid: cuda.D1(1), Block: cuda.D1(2048), Args: []graph.Arg{graph.Out(x)}})
 		}},
 	} {
-		b := graphexec.NewBuilder("bad")
+		b := graph.NewBuilder("bad")
 		tc.build(b)
 		_, err := b.Build()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -197,12 +199,12 @@ func TestBuilderErrors(t *testing.T) {
 }
 
 func TestFingerprint(t *testing.T) {
-	a := build(t, "mlp", graphexec.Shape{Layers: 3, Width: 32})
-	if a.Fingerprint() != build(t, "mlp", graphexec.Shape{Layers: 3, Width: 32, Seed: 9}).Fingerprint() {
+	a := build(t, "mlp", workloads.Shape{Layers: 3, Width: 32})
+	if a.Fingerprint() != build(t, "mlp", workloads.Shape{Layers: 3, Width: 32, Seed: 9}).Fingerprint() {
 		t.Error("the seed changed the fingerprint; weights' values are not part of it")
 	}
-	seen := map[graphexec.Fingerprint]string{a.Fingerprint(): "a"}
-	for name, s := range map[string]graphexec.Shape{
+	seen := map[graph.Fingerprint]string{a.Fingerprint(): "a"}
+	for name, s := range map[string]workloads.Shape{
 		"layers": {Layers: 4, Width: 32}, "width": {Layers: 3, Width: 64}, "batch": {Layers: 3, Width: 32, Batch: 2},
 	} {
 		f := build(t, "mlp", s).Fingerprint()
@@ -216,15 +218,15 @@ func TestFingerprint(t *testing.T) {
 func TestShapeErrors(t *testing.T) {
 	for _, tc := range []struct {
 		wl string
-		s  graphexec.Shape
+		s  workloads.Shape
 	}{
-		{"gpt2-decode", graphexec.Shape{Width: 100, Heads: 3}},
-		{"gpt2-decode", graphexec.Shape{KVLen: 100000}},
-		{"gpt2-decode", graphexec.Shape{Width: 6}},
-		{"mlp", graphexec.Shape{Width: 30}},
-		{"nope", graphexec.Shape{}},
+		{"gpt2-decode", workloads.Shape{Width: 100, Heads: 3}},
+		{"gpt2-decode", workloads.Shape{KVLen: 100000}},
+		{"gpt2-decode", workloads.Shape{Width: 6}},
+		{"mlp", workloads.Shape{Width: 30}},
+		{"nope", workloads.Shape{}},
 	} {
-		if _, err := graphexec.Build(tc.wl, tc.s); err == nil {
+		if _, err := workloads.Build(tc.wl, tc.s); err == nil {
 			t.Errorf("%s %+v: built", tc.wl, tc.s)
 		}
 	}

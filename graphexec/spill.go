@@ -3,11 +3,10 @@ package graphexec
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 )
 
 // Spillover in the executor.
@@ -30,112 +29,6 @@ import (
 // step and join it at the end, so a step is one unit of work on the
 // executor's stream, eager or captured. Launch.Wait orders an op after
 // the work enqueued so far on other streams.
-
-// MaxStreams is how many streams one step may use, the executor's own
-// included.
-const MaxStreams = 8
-
-// SetUnplanned makes an intermediate tensor come from the spillover
-// allocator at run time instead of the plan: it is left out of the dry
-// run. It returns t.
-func (t *Tensor) SetUnplanned() *Tensor { t.unplanned = true; return t }
-
-// Unplanned reports whether the spillover allocator serves t.
-func (t *Tensor) Unplanned() bool { return t.unplanned }
-
-// checkStreams records a builder error for a launch's bad stream fields.
-func (b *Builder) checkStreams(l Launch) {
-	if l.Stream < 0 || l.Stream >= MaxStreams {
-		b.fail("op %s: stream %d: want 0..%d", l.Name, l.Stream, MaxStreams-1)
-	}
-	for _, w := range l.Wait {
-		if w < 0 || w >= MaxStreams || w == l.Stream {
-			b.fail("op %s: waits for stream %d: want another stream in 0..%d", l.Name, w, MaxStreams-1)
-		}
-	}
-	if l.SpillWorkspace && l.Workspace <= 0 {
-		b.fail("op %s: SpillWorkspace without a workspace", l.Name)
-	}
-}
-
-// checkUnplanned refuses unplanned tensors of roles other than
-// intermediate: only those have a lifetime within one step.
-func checkUnplanned(g *Graph) error {
-	for _, t := range g.Tensors {
-		if t.unplanned && t.Role != Intermediate {
-			return fmt.Errorf("graphexec: %s: %s %s is unplanned; only intermediates can be", g.Name, t.Role, t.Name)
-		}
-	}
-	return nil
-}
-
-// usesSpill reports whether g needs the spillover allocator or streams
-// beyond the executor's.
-func usesSpill(g *Graph) bool {
-	for _, t := range g.Tensors {
-		if t.unplanned {
-			return true
-		}
-	}
-	for _, op := range g.Ops {
-		if op.SpillWorkspace || op.Stream != 0 || len(op.Wait) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// hashStreams adds unplanned tensors, streams, waits and spilled
-// workspaces to a fingerprint; graphs without any keep the fingerprint
-// they had before these existed.
-func hashStreams(u func(uint64), g *Graph) {
-	if !usesSpill(g) {
-		return
-	}
-	u(0x5350494c4c) // "SPILL"
-	for _, t := range g.Tensors {
-		if t.unplanned {
-			u(uint64(t.index))
-		}
-	}
-	u(uint64(len(g.Ops)))
-	for _, op := range g.Ops {
-		u(uint64(op.Stream))
-		u(uint64(len(op.Wait)))
-		for _, w := range op.Wait {
-			u(uint64(w))
-		}
-		if op.SpillWorkspace {
-			u(1)
-		} else {
-			u(0)
-		}
-	}
-}
-
-// streamTopology is the part of a graph's topology that streams add.
-func streamTopology(g *Graph) string {
-	if !usesSpill(g) {
-		return ""
-	}
-	var sb strings.Builder
-	for _, op := range g.Ops {
-		sb.WriteString(strconv.Itoa(op.Stream))
-		for _, w := range op.Wait {
-			sb.WriteString("<" + strconv.Itoa(w))
-		}
-		if op.SpillWorkspace {
-			sb.WriteString("w")
-		}
-		sb.WriteString("|")
-	}
-	for _, t := range g.Tensors {
-		if t.unplanned {
-			sb.WriteString("u" + strconv.Itoa(t.index))
-		}
-	}
-	return sb.String()
-}
 
 // spillSlot is a kernel argument whose address the spillover allocator
 // gives at launch time: a tensor's, or the op's workspace (tensor -1).
@@ -209,8 +102,8 @@ func (e *Executor) SpillReport() SpillReport {
 // bindSpill prepares the spillover state for g (after bind resolved the
 // planned addresses): which arguments take spillover addresses, where
 // each unplanned tensor is allocated and freed, which streams it uses.
-func (e *Executor) bindSpill(g *Graph) error {
-	if !usesSpill(g) {
+func (e *Executor) bindSpill(g *graph.Graph) error {
+	if !graph.UsesSpill(g) {
 		if e.sp != nil {
 			e.sp.slots = nil
 		}
@@ -234,7 +127,7 @@ func (e *Executor) bindSpill(g *Graph) error {
 		}
 		sp.ev = ev
 	}
-	sp.used = make([]bool, MaxStreams)
+	sp.used = make([]bool, graph.MaxStreams)
 	sp.used[0] = true
 	first := make([]int, len(g.Tensors))
 	last := make([]int, len(g.Tensors))
@@ -253,10 +146,10 @@ func (e *Executor) bindSpill(g *Graph) error {
 		}
 		for j, a := range op.Args {
 			switch {
-			case a.kind == argWorkspace && op.SpillWorkspace:
+			case a.Kind() == graph.ArgWorkspace && op.SpillWorkspace:
 				sp.slots[i] = append(sp.slots[i], spillSlot{arg: j, tensor: -1})
-			case a.kind == argTensor && a.tensor.unplanned:
-				t := a.tensor.index
+			case a.Kind() == graph.ArgTensor && tensorOf(a).Unplanned():
+				t := tensorOf(a).Index()
 				sp.slots[i] = append(sp.slots[i], spillSlot{arg: j, tensor: t})
 				if first[t] < 0 {
 					first[t], sp.home[t] = i, op.Stream
@@ -274,7 +167,7 @@ func (e *Executor) bindSpill(g *Graph) error {
 			sp.freeAt[last[t]] = append(sp.freeAt[last[t]], t)
 		}
 	}
-	for len(sp.streams) < MaxStreams {
+	for len(sp.streams) < graph.MaxStreams {
 		sp.streams = append(sp.streams, nil)
 	}
 	sp.streams[0] = e.stream
@@ -336,7 +229,7 @@ func (e *Executor) launchSpill() (err error) {
 			sp.spill.Free(p)
 		}
 	}()
-	for k := 1; k < MaxStreams; k++ {
+	for k := 1; k < graph.MaxStreams; k++ {
 		if sp.used[k] {
 			if err := sp.order(0, k); err != nil {
 				return fmt.Errorf("graphexec: %s: fork stream %d: %w", g.Label(), k, err)
@@ -399,7 +292,7 @@ func (e *Executor) launchSpill() (err error) {
 			}
 		}
 	}
-	for k := 1; k < MaxStreams; k++ {
+	for k := 1; k < graph.MaxStreams; k++ {
 		if sp.used[k] {
 			if err := sp.order(k, 0); err != nil {
 				return fmt.Errorf("graphexec: %s: join stream %d: %w", g.Label(), k, err)

@@ -8,8 +8,10 @@ import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 func spillSim(t testing.TB) *cuda.Sim {
@@ -72,7 +74,7 @@ func TestSpillDemo(t *testing.T) {
 		{"join-every-4-no-reuse", 40, 4, false, 40 * block, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g := build(t, "spill-demo", graphexec.Shape{Iters: tc.iters, JoinEvery: tc.join, Width: width})
+			g := build(t, "spill-demo", workloads.Shape{Iters: tc.iters, JoinEvery: tc.join, Width: width})
 			e, err := graphexec.New(spillSim(t), g, nil, graphexec.Options{NoCaptureReuse: !tc.reuse})
 			if err != nil {
 				t.Fatal(err)
@@ -127,7 +129,7 @@ func TestSpillDemo(t *testing.T) {
 // the first graph's; closing the executor gives everything back.
 func TestSpillDemoRecapture(t *testing.T) {
 	dev := spillSim(t)
-	g := build(t, "spill-demo", graphexec.Shape{Iters: 8, Width: 1 << 19}) // 2 MiB blocks
+	g := build(t, "spill-demo", workloads.Shape{Iters: 8, Width: 1 << 19}) // 2 MiB blocks
 	e, err := graphexec.New(dev, g, nil, graphexec.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -160,24 +162,24 @@ func TestSpillDemoRecapture(t *testing.T) {
 // allocated for its launch alone, left out of the plan, and the result is
 // the same as with a planned workspace.
 func TestSpillWorkspace(t *testing.T) {
-	mk := func(spill bool) *graphexec.Graph {
-		b := graphexec.NewBuilder("ws")
+	mk := func(spill bool) *graph.Graph {
+		b := graph.NewBuilder("ws")
 		b.Module(kernels.SpillPTX)
-		x := b.Tensor("x", graphexec.F32, graphexec.Input, 1024).SetInit(func(d []byte) {
+		x := b.Tensor("x", graph.F32, graph.Input, 1024).SetInit(func(d []byte) {
 			for i := 0; i < len(d); i += 4 {
 				binary.LittleEndian.PutUint32(d[i:], math.Float32bits(float32(i)))
 			}
 		})
-		y := b.Tensor("y", graphexec.F32, graphexec.Output, 1024)
+		y := b.Tensor("y", graph.F32, graph.Output, 1024)
 		for i := 0; i < 3; i++ {
-			b.Launch(graphexec.Launch{Name: "fill-ws", Kernel: kernels.SpillFill, Grid: cuda.D1(4), Block: cuda.D1(256),
+			b.Launch(graph.Launch{Name: "fill-ws", Kernel: kernels.SpillFill, Grid: cuda.D1(4), Block: cuda.D1(256),
 				Workspace: 4096, SpillWorkspace: spill,
-				Args: []graphexec.Arg{graphexec.Workspace(), graphexec.In(x), graphexec.Scalar(cuda.U32(1024)),
-					graphexec.Scalar(cuda.F32(2)), graphexec.Scalar(cuda.F32(1))}})
+				Args: []graph.Arg{graph.Workspace(), graph.In(x), graph.Scalar(cuda.U32(1024)),
+					graph.Scalar(cuda.F32(2)), graph.Scalar(cuda.F32(1))}})
 		}
-		b.Launch(graphexec.Launch{Kernel: kernels.SpillFill, Grid: cuda.D1(4), Block: cuda.D1(256),
-			Args: []graphexec.Arg{graphexec.Out(y), graphexec.In(x), graphexec.Scalar(cuda.U32(1024)),
-				graphexec.Scalar(cuda.F32(3)), graphexec.Scalar(cuda.F32(0))}})
+		b.Launch(graph.Launch{Kernel: kernels.SpillFill, Grid: cuda.D1(4), Block: cuda.D1(256),
+			Args: []graph.Arg{graph.Out(y), graph.In(x), graph.Scalar(cuda.U32(1024)),
+				graph.Scalar(cuda.F32(3)), graph.Scalar(cuda.F32(0))}})
 		g, err := b.Build()
 		if err != nil {
 			t.Fatal(err)
@@ -189,7 +191,7 @@ func TestSpillWorkspace(t *testing.T) {
 		t.Error("spilling the workspace leaves the fingerprint unchanged")
 	}
 	var outs [][][]byte
-	for _, g := range []*graphexec.Graph{planned, spilled} {
+	for _, g := range []*graph.Graph{planned, spilled} {
 		e, err := graphexec.New(spillSim(t), g, nil, graphexec.Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -222,22 +224,22 @@ func TestSpillWorkspace(t *testing.T) {
 func TestSpillBuilderErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, want string
-		edit       func(l *graphexec.Launch, out *graphexec.Tensor)
+		edit       func(l *graph.Launch, out *graph.Tensor)
 	}{
-		{"stream", "stream 8", func(l *graphexec.Launch, _ *graphexec.Tensor) { l.Stream = graphexec.MaxStreams }},
-		{"wait-self", "waits for stream 1", func(l *graphexec.Launch, _ *graphexec.Tensor) { l.Stream, l.Wait = 1, []int{1} }},
-		{"wait-range", "waits for stream -1", func(l *graphexec.Launch, _ *graphexec.Tensor) { l.Wait = []int{-1} }},
-		{"spill-no-ws", "SpillWorkspace without a workspace", func(l *graphexec.Launch, _ *graphexec.Tensor) { l.SpillWorkspace = true }},
-		{"unplanned-output", "output y is unplanned", func(_ *graphexec.Launch, out *graphexec.Tensor) { out.SetUnplanned() }},
+		{"stream", "stream 8", func(l *graph.Launch, _ *graph.Tensor) { l.Stream = graph.MaxStreams }},
+		{"wait-self", "waits for stream 1", func(l *graph.Launch, _ *graph.Tensor) { l.Stream, l.Wait = 1, []int{1} }},
+		{"wait-range", "waits for stream -1", func(l *graph.Launch, _ *graph.Tensor) { l.Wait = []int{-1} }},
+		{"spill-no-ws", "SpillWorkspace without a workspace", func(l *graph.Launch, _ *graph.Tensor) { l.SpillWorkspace = true }},
+		{"unplanned-output", "output y is unplanned", func(_ *graph.Launch, out *graph.Tensor) { out.SetUnplanned() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := graphexec.NewBuilder("bad")
+			b := graph.NewBuilder("bad")
 			b.Module(kernels.SpillPTX)
-			x := b.Tensor("x", graphexec.F32, graphexec.Input, 16)
-			y := b.Tensor("y", graphexec.F32, graphexec.Output, 16)
-			l := graphexec.Launch{Kernel: kernels.SpillFill, Grid: cuda.D1(1), Block: cuda.D1(16),
-				Args: []graphexec.Arg{graphexec.Out(y), graphexec.In(x), graphexec.Scalar(cuda.U32(16)),
-					graphexec.Scalar(cuda.F32(1)), graphexec.Scalar(cuda.F32(0))}}
+			x := b.Tensor("x", graph.F32, graph.Input, 16)
+			y := b.Tensor("y", graph.F32, graph.Output, 16)
+			l := graph.Launch{Kernel: kernels.SpillFill, Grid: cuda.D1(1), Block: cuda.D1(16),
+				Args: []graph.Arg{graph.Out(y), graph.In(x), graph.Scalar(cuda.U32(16)),
+					graph.Scalar(cuda.F32(1)), graph.Scalar(cuda.F32(0))}}
 			tc.edit(&l, y)
 			b.Launch(l)
 			_, err := b.Build()
@@ -250,18 +252,18 @@ func TestSpillBuilderErrors(t *testing.T) {
 
 // fpGraph is a small graph without spillover or side streams, on a PTX
 // text of its own so that kernel work elsewhere leaves it alone.
-func fpGraph(t *testing.T) *graphexec.Graph {
+func fpGraph(t *testing.T) *graph.Graph {
 	t.Helper()
-	b := graphexec.NewBuilder("fp")
+	b := graph.NewBuilder("fp")
 	b.Dim("width", 16)
 	b.Module([]byte(".visible .entry k(\n.param .u64 a,\n.param .u64 b,\n.param .u32 n\n)\n{ ret; }\n"))
-	x := b.Tensor("x", graphexec.F32, graphexec.Input, 16)
-	h := b.Tensor("h", graphexec.F32, graphexec.Intermediate, 16)
-	y := b.Tensor("y", graphexec.F32, graphexec.Output, 16)
-	b.Launch(graphexec.Launch{Kernel: "k", Grid: cuda.D1(1), Block: cuda.D1(16), Workspace: 64,
-		Args: []graphexec.Arg{graphexec.Out(h), graphexec.In(x), graphexec.Workspace()}})
-	b.Launch(graphexec.Launch{Kernel: "k", Grid: cuda.D1(1), Block: cuda.D1(16),
-		Args: []graphexec.Arg{graphexec.Out(y), graphexec.In(h), graphexec.Scalar(cuda.U32(16))}})
+	x := b.Tensor("x", graph.F32, graph.Input, 16)
+	h := b.Tensor("h", graph.F32, graph.Intermediate, 16)
+	y := b.Tensor("y", graph.F32, graph.Output, 16)
+	b.Launch(graph.Launch{Kernel: "k", Grid: cuda.D1(1), Block: cuda.D1(16), Workspace: 64,
+		Args: []graph.Arg{graph.Out(h), graph.In(x), graph.Workspace()}})
+	b.Launch(graph.Launch{Kernel: "k", Grid: cuda.D1(1), Block: cuda.D1(16),
+		Args: []graph.Arg{graph.Out(y), graph.In(h), graph.Scalar(cuda.U32(16))}})
 	g, err := b.Build()
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,11 @@
 // Package kernels holds the CUDA kernels of the built-in workloads of
-// package graphexec (gpt2-decode, mlp): their CUDA C source (kernels.cu),
-// the PTX that nvcc built from it (kernels.ptx, committed and embedded), and
-// a Go reference for every PTX entry, which the simulated device runs.
+// package workloads (gpt2-decode, mlp, spill-demo): their CUDA C sources
+// (kernels.cu, spill.cu), the PTX that nvcc built from them (committed and
+// embedded; ptx.sum records each source's SHA-256 as nvcc saw it, and a
+// test fails when a source changes without its PTX: scripts/gpu-ptx.sh
+// rebuilds both), and a Go reference for every PTX entry, which the
+// simulated device runs. It makes no device call and links no driver
+// binding.
 //
 // Storage is fp32. The references compute the same functions as the CUDA
 // kernels but not the same bits (float64 accumulation, Go's math
@@ -11,11 +15,9 @@
 package kernels
 
 import (
-	"bytes"
 	_ "embed"
-	"regexp"
 
-	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/launch"
 )
 
 // PTX is nvcc's PTX of kernels.cu (compute_80: the driver JIT-compiles it
@@ -32,61 +34,6 @@ var PTX []byte
 //
 //go:embed kernels_90.ptx
 var PTX90 []byte
-
-// ptx80 is the embedded compute_80 PTX, kept apart from PTX, which a
-// development build may replace (cmd/run --ptx).
-var ptx80 = bytes.Clone(PTX)
-
-// ForDevice returns the PTX to load in place of ptx on a device of compute
-// capability major.minor: PTX90 when ptx is the embedded compute_80 PTX and
-// the device is 9.0 or later; ptx itself otherwise (other modules, PTX
-// replaced for development, older devices).
-func ForDevice(ptx []byte, major, minor int) []byte {
-	if major >= 9 && len(PTX90) > 0 && bytes.Equal(ptx, ptx80) {
-		return PTX90
-	}
-	return ptx
-}
-
-var (
-	entryRE  = regexp.MustCompile(`(?m)^(?:\.visible\s+)?\.entry\s+([A-Za-z_$][\w$]*)\s*\(`)
-	targetRE = regexp.MustCompile(`(?m)^\.target\s+sm_(\d+)`)
-)
-
-// Target returns the sm_NN number of ptx's .target directive (80 for
-// compute_80 PTX, 90 for compute_90), or 0 when there is none.
-func Target(ptx []byte) int {
-	m := targetRE.FindSubmatch(ptx)
-	if m == nil {
-		return 0
-	}
-	n := 0
-	for _, c := range m[1] {
-		n = 10*n + int(c-'0')
-	}
-	return n
-}
-
-// PDLEntries returns the entries of ptx whose body executes
-// griddepcontrol.wait: kernels that may be launched with programmatic
-// serialization (cuda.LaunchConfig.ProgrammaticSerialization), because
-// kernels.cu has them wait for the previous kernel before they touch
-// memory it writes or reads. Empty for compute_80 PTX, which has no such
-// instruction.
-func PDLEntries(ptx []byte) map[string]bool {
-	out := map[string]bool{}
-	locs := entryRE.FindAllSubmatchIndex(ptx, -1)
-	for i, loc := range locs {
-		end := len(ptx)
-		if i+1 < len(locs) {
-			end = locs[i+1][0]
-		}
-		if bytes.Contains(ptx[loc[1]:end], []byte("griddepcontrol.wait")) {
-			out[string(ptx[loc[2]:loc[3]])] = true
-		}
-	}
-	return out
-}
 
 // Entry names of the kernels in PTX.
 const (
@@ -133,8 +80,8 @@ const MaxBatchRows = 8
 
 // Reference returns the Go references of PTX's entries, by entry name, for
 // cuda.SimConfig.Kernels. Each call returns a new map.
-func Reference() map[string]cuda.KernelFunc {
-	return map[string]cuda.KernelFunc{
+func Reference() map[string]launch.KernelFunc {
+	return map[string]launch.KernelFunc{
 		Embed:            embed,
 		Linear:           linear,
 		Attention:        attention,

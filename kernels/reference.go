@@ -5,12 +5,12 @@ import (
 	"math"
 	"unsafe"
 
-	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/launch"
 )
 
 // f32s returns the n float32s at p as a slice aliasing simulated device
 // memory (little-endian hosts only, as every Go port the project builds for).
-func f32s(mem cuda.SimMemory, p cuda.DevicePtr, n uint64) ([]float32, error) {
+func f32s(mem launch.SimMemory, p launch.DevicePtr, n uint64) ([]float32, error) {
 	if n == 0 {
 		return nil, nil
 	}
@@ -24,7 +24,7 @@ func f32s(mem cuda.SimMemory, p cuda.DevicePtr, n uint64) ([]float32, error) {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n), nil
 }
 
-func u32s(mem cuda.SimMemory, p cuda.DevicePtr, n uint64) ([]uint32, error) {
+func u32s(mem launch.SimMemory, p launch.DevicePtr, n uint64) ([]uint32, error) {
 	if p%4 != 0 {
 		return nil, fmt.Errorf("pointer %#x is not 4-byte aligned", uint64(p))
 	}
@@ -35,7 +35,7 @@ func u32s(mem cuda.SimMemory, p cuda.DevicePtr, n uint64) ([]uint32, error) {
 	return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), n), nil
 }
 
-func want(args []cuda.KernelArg, kinds ...cuda.ArgKind) error {
+func want(args []launch.KernelArg, kinds ...launch.ArgKind) error {
 	if len(args) != len(kinds) {
 		return fmt.Errorf("%d arguments, want %d", len(args), len(kinds))
 	}
@@ -48,13 +48,13 @@ func want(args []cuda.KernelArg, kinds ...cuda.ArgKind) error {
 }
 
 const (
-	ptr = cuda.ArgPtr
-	u32 = cuda.ArgU32
-	f32 = cuda.ArgF32
+	ptr = launch.ArgPtr
+	u32 = launch.ArgU32
+	f32 = launch.ArgF32
 )
 
 // embed: x[b][i] = wte[tok_b][i] + wpe[pos][i] with step = {pos, tok...}.
-func embed(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+func embed(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if err := want(args, ptr, ptr, ptr, ptr, u32, u32, u32); err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func LayerNorm(dst, x, g, b []float32, eps float32) {
 
 // linear: out[b][o] = f(xn[b] . w[o] + bias[o]) (+ resid[b][o]); see
 // kernels.cu.
-func linear(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+func linear(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func linear(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) er
 
 // linearLN is linear with a layer norm, which linear_ln requires, in
 // blocks of at most LinearLNMaxBlock threads.
-func linearLN(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+func linearLN(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if len(args) > 6 && (args[5].AsPtr() == 0 || args[6].AsPtr() == 0) {
 		return fmt.Errorf("linear_ln: no layer-norm gain or bias")
 	}
@@ -213,7 +213,7 @@ func linearLN(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) 
 }
 
 // attention: write k, v at pos into the caches, then attend over 0..pos.
-func attention(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+func attention(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
 		return err
 	}
@@ -315,7 +315,7 @@ func attentionShape(name string, width, heads, splits uint64) (uint64, error) {
 
 // attentionPart: write k, v at pos into the caches; per (b, h, split) the
 // chunk's max score m, l = sum exp(score-m) and o = sum exp(score-m)*v.
-func attentionPart(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+func attentionPart(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if err := want(args, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
 		return err
 	}
@@ -406,7 +406,7 @@ func attentionPart(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.Kernel
 
 // attentionCombine: out[b][h*hd+d] = sum_k w_k o_k[d] / sum_k w_k l_k with
 // w_k = exp(m_k - max m) over attention_part's splits.
-func attentionCombine(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+func attentionCombine(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if err := want(args, ptr, ptr, u32, u32, u32); err != nil {
 		return err
 	}

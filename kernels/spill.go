@@ -4,7 +4,7 @@ import (
 	_ "embed"
 	"fmt"
 
-	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/launch"
 )
 
 // SpillPTX is nvcc's PTX of spill.cu (compute_80, CUDA 13.0), the kernels
@@ -23,20 +23,20 @@ const (
 // SpillReference returns the Go references of SpillPTX's entries, by
 // entry name, for cuda.SimConfig.Kernels. Each call returns a new map.
 // Unlike Reference's, they compute the CUDA kernels' bits exactly.
-func SpillReference() map[string]cuda.KernelFunc {
-	return map[string]cuda.KernelFunc{
+func SpillReference() map[string]launch.KernelFunc {
+	return map[string]launch.KernelFunc{
 		SpillFill:       spillFill,
 		SpillAccumulate: spillAccumulate,
 	}
 }
 
 // spillN is how many elements a one-dimensional launch covers, capped at n.
-func spillN(grid, block cuda.Dim3, n uint32) uint64 {
+func spillN(grid, block launch.Dim3, n uint32) uint64 {
 	return min(grid.Count()*block.Count(), uint64(n))
 }
 
 // spillFill: blk[i] = x[i]*a + b, product and sum rounded separately.
-func spillFill(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+func spillFill(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if err := want(args, ptr, ptr, u32, f32, f32); err != nil {
 		return fmt.Errorf("spill_fill: %w", err)
 	}
@@ -58,7 +58,7 @@ func spillFill(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg)
 }
 
 // spillAccumulate: acc[i] = blk[i] if first, else acc[i] + blk[i].
-func spillAccumulate(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) error {
+func spillAccumulate(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if err := want(args, ptr, ptr, u32, u32); err != nil {
 		return fmt.Errorf("spill_accumulate: %w", err)
 	}

@@ -231,7 +231,7 @@ func splitComma(dst []string, s string) []string {
 // csvBuffer builds the buffer of one row; errors are *csvError without a
 // line number.
 func csvBuffer(fields []string, cols *[numCSVColumns]int, spelled *[numCSVColumns]string, inclusive bool) (Buffer, int64, error) {
-	b := Buffer{Fixed: NoOffset, Hint: NoOffset}
+	var b Buffer
 	prior := NoOffset
 	fail := func(c csvColumn, format string, args ...any) (Buffer, int64, error) {
 		return Buffer{}, 0, &csvError{column: spelled[c], err: fmt.Errorf(format, args...)}
@@ -291,8 +291,12 @@ func csvBuffer(fields []string, cols *[numCSVColumns]int, spelled *[numCSVColumn
 		}
 	}
 	if cols[colHint] >= 0 {
-		if b.Hint, err = optOffset(colHint); err != nil {
+		hint, err := optOffset(colHint)
+		if err != nil {
 			return Buffer{}, 0, err
+		}
+		if hint != NoOffset {
+			b.Hint, b.HasHint = hint, true
 		}
 	}
 	if cols[colOffset] >= 0 {
@@ -369,7 +373,7 @@ func WriteCSV(w io.Writer, t *Trace, offsets []int64) error {
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
 		withAlign = withAlign || b.Align > 1
-		withHint = withHint || b.Hint != NoOffset
+		withHint = withHint || b.HasHint
 		withGaps = withGaps || len(b.Gaps) > 0
 		if strings.ContainsAny(b.Name, ",\r\n") {
 			return fmt.Errorf("csv: buffer %d: name %q has a comma or line break", i, b.Name)
@@ -409,7 +413,11 @@ func WriteCSV(w io.Writer, t *Trace, offsets []int64) error {
 		}
 		if withHint {
 			buf = append(buf, ',')
-			buf = strconv.AppendInt(buf, b.Hint, 10)
+			hint := NoOffset
+			if b.HasHint {
+				hint = b.Hint
+			}
+			buf = strconv.AppendInt(buf, hint, 10)
 		}
 		if withGaps {
 			buf = append(buf, ',')

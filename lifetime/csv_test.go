@@ -21,34 +21,34 @@ func TestReadCSV(t *testing.T) {
 			name: "minimal",
 			in:   "id,lower,upper,size\nb1,0,3,4\nb2,3,9,4\n",
 			want: []Buffer{
-				{ID: 0, Name: "b1", Size: 4, Start: 0, End: 3, Fixed: NoOffset, Hint: NoOffset},
-				{ID: 1, Name: "b2", Size: 4, Start: 3, End: 9, Fixed: NoOffset, Hint: NoOffset},
+				{ID: 0, Name: "b1", Size: 4, Start: 0, End: 3},
+				{ID: 1, Name: "b2", Size: 4, Start: 3, End: 9},
 			},
 		},
 		{
 			name: "any order, CRLF, blank lines, BOM, spaces in numbers",
 			in:   "\ufeffsize,upper,id,lower\r\n\r\n 16 ,5,x y,1\r\n\n",
-			want: []Buffer{{Name: "x y", Size: 16, Start: 1, End: 5, Fixed: NoOffset, Hint: NoOffset}},
+			want: []Buffer{{Name: "x y", Size: 16, Start: 1, End: 5}},
 		},
 		{
 			name: "aliases; end is inclusive, gap ends too",
 			in:   "buffer_id,begin,end,size,gaps\nq,0,9,8,2-3 5-6@0:4\n",
-			want: []Buffer{{Name: "q", Size: 8, Start: 0, End: 10, Fixed: NoOffset, Hint: NoOffset,
+			want: []Buffer{{Name: "q", Size: 8, Start: 0, End: 10,
 				Gaps: []Gap{{Start: 2, End: 4}, {Start: 5, End: 7, HasWindow: true, Lo: 0, Hi: 4}}}},
 		},
 		{
 			name: "buffer and start aliases, unsorted gaps are sorted",
 			in:   "buffer,start,upper,size,gaps\nq,0,9,8,5-6 1-2\n",
-			want: []Buffer{{Name: "q", Size: 8, Start: 0, End: 9, Fixed: NoOffset, Hint: NoOffset,
+			want: []Buffer{{Name: "q", Size: 8, Start: 0, End: 9,
 				Gaps: []Gap{{Start: 1, End: 2}, {Start: 5, End: 6}}}},
 		},
 		{
 			name: "alignment, hint, offset",
 			in:   "id,lower,upper,size,alignment,hint,offset\na,0,1,4,64,-1,128\nb,0,1,4,1,32,-1\nc,0,1,4,1,,\n",
 			want: []Buffer{
-				{ID: 0, Name: "a", Size: 4, Align: 64, Start: 0, End: 1, Fixed: NoOffset, Hint: NoOffset},
-				{ID: 1, Name: "b", Size: 4, Align: 1, Start: 0, End: 1, Fixed: NoOffset, Hint: 32},
-				{ID: 2, Name: "c", Size: 4, Align: 1, Start: 0, End: 1, Fixed: NoOffset, Hint: NoOffset},
+				{ID: 0, Name: "a", Size: 4, Align: 64, Start: 0, End: 1},
+				{ID: 1, Name: "b", Size: 4, Align: 1, Start: 0, End: 1, Hint: 32, HasHint: true},
+				{ID: 2, Name: "c", Size: 4, Align: 1, Start: 0, End: 1},
 			},
 			prior: []int64{128, NoOffset, NoOffset},
 		},
@@ -173,10 +173,10 @@ func TestLimitReader(t *testing.T) {
 // sampleTrace has every attribute the CSV carries.
 func sampleTrace() *Trace {
 	return &Trace{Name: "s", Buffers: []Buffer{
-		{ID: 0, Name: "w0", Size: 100, Align: 256, Start: 0, End: 10, Fixed: NoOffset, Hint: 512},
-		{ID: 1, Name: "act 1", Size: 7, Align: 1, Start: 2, End: 5, Fixed: NoOffset, Hint: NoOffset,
+		{ID: 0, Name: "w0", Size: 100, Align: 256, Start: 0, End: 10, Hint: 512, HasHint: true},
+		{ID: 1, Name: "act 1", Size: 7, Align: 1, Start: 2, End: 5,
 			Gaps: []Gap{{Start: 3, End: 4, HasWindow: true, Lo: 1, Hi: 3}}},
-		{ID: 2, Name: "x", Size: 1 << 40, Align: 1, Start: 5, End: 6, Fixed: NoOffset, Hint: NoOffset,
+		{ID: 2, Name: "x", Size: 1 << 40, Align: 1, Start: 5, End: 6,
 			Gaps: []Gap{{Start: 5, End: 6}}},
 	}}
 }
@@ -213,7 +213,7 @@ func TestCSVRoundTrip(t *testing.T) {
 	}
 	// Without alignment, hints or gaps only the four MiniMalloc columns.
 	b.Reset()
-	plainTrace := &Trace{Buffers: []Buffer{{Size: 4, Start: 0, End: 1, Fixed: NoOffset, Hint: NoOffset}}}
+	plainTrace := &Trace{Buffers: []Buffer{{Size: 4, Start: 0, End: 1}}}
 	if err := WriteCSV(&b, plainTrace, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -24,20 +24,23 @@ type jsonTrace struct {
 	Format  string       `json:"format"`
 	Version int          `json:"version"`
 	Name    string       `json:"name,omitempty"`
-	Torch   *jsonTorch   `json:"torch,omitempty"`
-	Buffers []jsonBuffer `json:"buffers"`
+	Torch   *JSONTorch   `json:"torch,omitempty"`
+	Buffers []JSONBuffer `json:"buffers"`
 }
 
-type jsonTorch struct {
+// JSONTorch is TorchStats as the JSON format writes it.
+type JSONTorch struct {
 	Device       int   `json:"device"`
 	ReservedPeak int64 `json:"reserved_peak"`
 	LiveAtStart  int64 `json:"live_at_start"`
 	HasSegments  bool  `json:"has_segments"`
 }
 
-// jsonBuffer uses pointers for optional offsets so that 0 (a valid offset)
+// JSONBuffer is one buffer as the JSON format writes it (FORMAT.md); the
+// plan export of package plans writes the same fields, with the buffer's
+// id and offset. Optional offsets are pointers so that 0 (a valid offset)
 // and absent (none) differ.
-type jsonBuffer struct {
+type JSONBuffer struct {
 	Name   string    `json:"name,omitempty"`
 	Size   int64     `json:"size"`
 	Align  int64     `json:"align,omitempty"`
@@ -48,10 +51,12 @@ type jsonBuffer struct {
 	Fixed  *int64    `json:"fixed,omitempty"`
 	Hint   *int64    `json:"hint,omitempty"`
 	Prior  *int64    `json:"prior,omitempty"`
-	Gaps   []jsonGap `json:"gaps,omitempty"`
+	Gaps   []JSONGap `json:"gaps,omitempty"`
 }
 
-type jsonGap struct {
+// JSONGap is a Gap as the JSON format writes it: Lo and Hi only with a
+// window.
+type JSONGap struct {
 	Start int64  `json:"start"`
 	End   int64  `json:"end"`
 	Lo    *int64 `json:"lo,omitempty"`
@@ -112,22 +117,22 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 		jb := &jt.Buffers[i]
 		b := &t.Buffers[i]
 		*b = Buffer{ID: ID(i), Name: jb.Name, Size: jb.Size, Align: jb.Align, Start: jb.Start,
-			End: jb.End, Stream: jb.Stream, Tag: jb.Tag, Fixed: NoOffset, Hint: NoOffset}
+			End: jb.End, Stream: jb.Stream, Tag: jb.Tag}
 		if jb.Fixed != nil {
 			if *jb.Fixed < 0 {
-				return nil, fmt.Errorf("buffer %d (%s): fixed offset %d is negative", i, jb.Name, *jb.Fixed)
+				return nil, fmt.Errorf("%s: fixed offset %d is negative", Label(i, jb.Name), *jb.Fixed)
 			}
-			b.Fixed = *jb.Fixed
+			b.Fixed, b.HasFixed = *jb.Fixed, true
 		}
 		if jb.Hint != nil {
 			if *jb.Hint < 0 || *jb.Hint > MaxSize {
-				return nil, fmt.Errorf("buffer %d (%s): hint %d is invalid", i, jb.Name, *jb.Hint)
+				return nil, fmt.Errorf("%s: hint %d is invalid", Label(i, jb.Name), *jb.Hint)
 			}
-			b.Hint = *jb.Hint
+			b.Hint, b.HasHint = *jb.Hint, true
 		}
 		if jb.Prior != nil {
 			if *jb.Prior < 0 || *jb.Prior > MaxSize {
-				return nil, fmt.Errorf("buffer %d (%s): prior offset %d is invalid", i, jb.Name, *jb.Prior)
+				return nil, fmt.Errorf("%s: prior offset %d is invalid", Label(i, jb.Name), *jb.Prior)
 			}
 			if t.Prior == nil {
 				t.Prior = make([]int64, len(jt.Buffers))
@@ -138,18 +143,18 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 			t.Prior[i] = *jb.Prior
 		}
 		if jb.Start < 0 {
-			return nil, fmt.Errorf("buffer %d (%s): start %d is negative", i, jb.Name, jb.Start)
+			return nil, fmt.Errorf("%s: start %d is negative", Label(i, jb.Name), jb.Start)
 		}
 		for k, g := range jb.Gaps {
 			if (g.Lo == nil) != (g.Hi == nil) {
-				return nil, fmt.Errorf("buffer %d (%s): gap %d has only one of lo and hi", i, jb.Name, k)
+				return nil, fmt.Errorf("%s: gap %d has only one of lo and hi", Label(i, jb.Name), k)
 			}
 			gap := Gap{Start: g.Start, End: g.End}
 			if g.Lo != nil {
 				gap.HasWindow, gap.Lo, gap.Hi = true, *g.Lo, *g.Hi
 			}
 			if k > 0 && gap.Start < b.Gaps[k-1].End {
-				return nil, fmt.Errorf("buffer %d (%s): gap %d starts before gap %d ends (gaps must be sorted and disjoint)", i, jb.Name, k, k-1)
+				return nil, fmt.Errorf("%s: gap %d starts before gap %d ends (gaps must be sorted and disjoint)", Label(i, jb.Name), k, k-1)
 			}
 			b.Gaps = append(b.Gaps, gap)
 		}
@@ -171,10 +176,10 @@ func WriteJSON(w io.Writer, t *Trace) error {
 		Format  string     `json:"format"`
 		Version int        `json:"version"`
 		Name    string     `json:"name,omitempty"`
-		Torch   *jsonTorch `json:"torch,omitempty"`
+		Torch   *JSONTorch `json:"torch,omitempty"`
 	}{Format: JSONFormat, Version: JSONVersion, Name: t.Name}
 	if s := t.Torch; s != nil {
-		head.Torch = &jsonTorch{Device: s.Device, ReservedPeak: s.ReservedPeak, LiveAtStart: s.LiveAtStart, HasSegments: s.HasSegments}
+		head.Torch = &JSONTorch{Device: s.Device, ReservedPeak: s.ReservedPeak, LiveAtStart: s.LiveAtStart, HasSegments: s.HasSegments}
 	}
 	hb, err := json.Marshal(head)
 	if err != nil {
@@ -184,27 +189,7 @@ func WriteJSON(w io.Writer, t *Trace) error {
 	buf.Write(hb[:len(hb)-1])
 	buf.WriteString(`,"buffers":[`)
 	for i := range t.Buffers {
-		b := &t.Buffers[i]
-		jb := jsonBuffer{Name: b.Name, Size: b.Size, Align: b.Align, Start: b.Start, End: b.End,
-			Stream: b.Stream, Tag: b.Tag}
-		if b.Fixed != NoOffset {
-			jb.Fixed = &b.Fixed
-		}
-		if b.Hint != NoOffset {
-			jb.Hint = &b.Hint
-		}
-		if t.Prior != nil && t.Prior[i] != NoOffset {
-			jb.Prior = &t.Prior[i]
-		}
-		for _, g := range b.Gaps {
-			jg := jsonGap{Start: g.Start, End: g.End}
-			if g.HasWindow {
-				lo, hi := g.Lo, g.Hi
-				jg.Lo, jg.Hi = &lo, &hi
-			}
-			jb.Gaps = append(jb.Gaps, jg)
-		}
-		bb, err := json.Marshal(jb)
+		bb, err := json.Marshal(NewJSONBuffer(t, i))
 		if err != nil {
 			return fmt.Errorf("json: %w", err)
 		}
@@ -225,4 +210,33 @@ func WriteJSON(w io.Writer, t *Trace) error {
 		return fmt.Errorf("json: %w", err)
 	}
 	return nil
+}
+
+// NewJSONBuffer is buffer i of t as the JSON format writes it, its prior
+// offset (t.Prior) included.
+func NewJSONBuffer(t *Trace, i int) JSONBuffer {
+	b := &t.Buffers[i]
+	jb := JSONBuffer{Name: b.Name, Size: b.Size, Align: b.Align, Start: b.Start, End: b.End,
+		Stream: b.Stream, Tag: b.Tag}
+	if b.HasFixed {
+		fixed := b.Fixed
+		jb.Fixed = &fixed
+	}
+	if b.HasHint {
+		hint := b.Hint
+		jb.Hint = &hint
+	}
+	if i < len(t.Prior) && t.Prior[i] != NoOffset {
+		prior := t.Prior[i]
+		jb.Prior = &prior
+	}
+	for _, g := range b.Gaps {
+		jg := JSONGap{Start: g.Start, End: g.End}
+		if g.HasWindow {
+			lo, hi := g.Lo, g.Hi
+			jg.Lo, jg.Hi = &lo, &hi
+		}
+		jb.Gaps = append(jb.Gaps, jg)
+	}
+	return jb
 }

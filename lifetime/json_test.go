@@ -13,8 +13,8 @@ func fullTrace() *Trace {
 	tr := sampleTrace()
 	tr.Buffers[0].Stream = 7
 	tr.Buffers[0].Tag = "weight"
-	tr.Buffers[0].Fixed = 0
-	tr.Buffers[2].Fixed = 4096
+	tr.Buffers[0].Fixed, tr.Buffers[0].HasFixed = 0, true
+	tr.Buffers[2].Fixed, tr.Buffers[2].HasFixed = 4096, true
 	tr.Buffers[1].Align = 0
 	tr.Prior = []int64{NoOffset, 0, 1 << 20}
 	tr.Torch = &TorchStats{Device: 1, ReservedPeak: 1 << 30, LiveAtStart: 512, HasSegments: true}
@@ -48,8 +48,8 @@ func TestJSONRoundTrip(t *testing.T) {
 
 func TestWriteJSONShape(t *testing.T) {
 	tr := &Trace{Name: "t", Buffers: []Buffer{
-		{Name: "a", Size: 8, Start: 0, End: 2, Fixed: NoOffset, Hint: NoOffset},
-		{ID: 1, Name: "b", Size: 4, Align: 256, Start: 1, End: 3, Fixed: 0, Hint: NoOffset, Gaps: []Gap{{Start: 2, End: 3}}},
+		{Name: "a", Size: 8, Start: 0, End: 2},
+		{ID: 1, Name: "b", Size: 4, Align: 256, Start: 1, End: 3, Fixed: 0, HasFixed: true, Gaps: []Gap{{Start: 2, End: 3}}},
 	}}
 	var b bytes.Buffer
 	if err := WriteJSON(&b, tr); err != nil {

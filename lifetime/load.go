@@ -90,7 +90,7 @@ func load(ctx context.Context, path, format string) ([]*Trace, error) {
 func (t *Trace) KeepPriorOffsets() {
 	for i, off := range t.Prior {
 		if i < len(t.Buffers) && off != NoOffset {
-			t.Buffers[i].Fixed = off
+			t.Buffers[i].Fixed, t.Buffers[i].HasFixed = off, true
 		}
 	}
 }

@@ -54,7 +54,7 @@ func TestLoad(t *testing.T) {
 	csvPath := write("a.csv", "id,lower,upper,size\nx,0,2,8\n")
 	txtPath := write("a.txt", "id,lower,upper,size\nx,0,2,8\n")
 	var js strings.Builder
-	if err := WriteJSON(&js, &Trace{Name: "ignored", Buffers: []Buffer{{Size: 8, End: 1, Fixed: NoOffset, Hint: NoOffset}}}); err != nil {
+	if err := WriteJSON(&js, &Trace{Name: "ignored", Buffers: []Buffer{{Size: 8, End: 1}}}); err != nil {
 		t.Fatal(err)
 	}
 	jsonPath := write("b.JSON", js.String())
@@ -138,12 +138,18 @@ func TestKeepPriorOffsets(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, b := range tr.Buffers {
-		if b.Fixed != NoOffset {
+		if b.HasFixed {
 			t.Fatalf("%s: Fixed %d before KeepPriorOffsets", b.Name, b.Fixed)
 		}
 	}
 	tr.KeepPriorOffsets()
-	got := []int64{tr.Buffers[0].Fixed, tr.Buffers[1].Fixed, tr.Buffers[2].Fixed}
+	fixed := func(b Buffer) int64 {
+		if !b.HasFixed {
+			return NoOffset
+		}
+		return b.Fixed
+	}
+	got := []int64{fixed(tr.Buffers[0]), fixed(tr.Buffers[1]), fixed(tr.Buffers[2])}
 	if got[0] != 8 || got[1] != NoOffset || got[2] != NoOffset {
 		t.Fatalf("Fixed = %v, want [8 -1 -1]", got)
 	}

@@ -43,7 +43,7 @@ func (r *Recorder) Tick() { r.now++ }
 // Alloc records a buffer of size bytes born now and returns its ID.
 func (r *Recorder) Alloc(size int64, opts ...Option) ID {
 	id := ID(len(r.bufs))
-	b := Buffer{ID: id, Size: size, Start: r.now, End: -1, Fixed: NoOffset, Hint: NoOffset}
+	b := Buffer{ID: id, Size: size, Start: r.now, End: -1}
 	for _, o := range opts {
 		o(&b)
 	}
@@ -62,7 +62,7 @@ func (r *Recorder) Free(id ID) error {
 		return fmt.Errorf("lifetime: free of unknown buffer id %d", id)
 	}
 	if r.freed[id] {
-		return fmt.Errorf("lifetime: double free of buffer %d (%s)", id, r.bufs[id].Name)
+		return fmt.Errorf("lifetime: double free of %s", Label(int(id), r.bufs[id].Name))
 	}
 	r.freed[id] = true
 	r.bufs[id].End = r.now + 1

@@ -28,10 +28,10 @@ func TestRecorderLifetimes(t *testing.T) {
 	}
 	tr := r.Trace()
 	want := []Buffer{
-		{ID: 0, Name: "input", Tag: "input", Size: 64, Start: 0, End: 2, Fixed: NoOffset, Hint: NoOffset},
-		{ID: 1, Name: "buf1", Tag: "weight", Size: 128, Align: 256, Stream: 3, Start: 0, End: 3, Fixed: NoOffset, Hint: NoOffset},
-		{ID: 2, Name: "out", Size: 32, Start: 1, End: 3, Fixed: NoOffset, Hint: NoOffset},
-		{ID: 3, Name: "tmp", Size: 16, Start: 2, End: 3, Fixed: NoOffset, Hint: NoOffset},
+		{ID: 0, Name: "input", Tag: "input", Size: 64, Start: 0, End: 2},
+		{ID: 1, Name: "buf1", Tag: "weight", Size: 128, Align: 256, Stream: 3, Start: 0, End: 3},
+		{ID: 2, Name: "out", Size: 32, Start: 1, End: 3},
+		{ID: 3, Name: "tmp", Size: 16, Start: 2, End: 3},
 	}
 	if tr.Name != "step" || !reflect.DeepEqual(tr.Buffers, want) {
 		t.Errorf("trace\n got %+v\nwant %+v", tr.Buffers, want)

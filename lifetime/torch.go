@@ -411,8 +411,6 @@ func torchTrace(name string, dev int, evs []torchEvent, segs []torchSegment, has
 					Size:   e.size,
 					Start:  now,
 					Stream: e.stream,
-					Fixed:  NoOffset,
-					Hint:   NoOffset,
 				})
 			}
 			lastAlloc = now

@@ -59,7 +59,7 @@ func TestReadTorchSnapshotFixture(t *testing.T) {
 		t.Errorf("device 0 buffers\n got %+v\nwant %+v", got, want)
 	}
 	for _, b := range d0.Buffers {
-		if b.Fixed != NoOffset || b.Hint != NoOffset || b.Align != 0 {
+		if b.HasFixed || b.HasHint || b.Align != 0 {
 			t.Errorf("%s: Fixed %d Hint %d Align %d, want none", b.Name, b.Fixed, b.Hint, b.Align)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -14,14 +13,25 @@ import (
 // Trace.Buffers.
 type ID int
 
-// NoOffset marks a buffer without a fixed or prior offset.
+// NoOffset marks a missing offset where offsets are stored as plain
+// integers: Trace.Prior, the offset and hint columns of a CSV, plan files.
+// In a Buffer, HasFixed and HasHint say whether an offset was asked for.
 const NoOffset int64 = -1
+
+// Tags are the well-known buffer tags, longest-lived first: the order in
+// which a plan by tag (planner.RunByTag) stacks their regions.
+var Tags = []string{"weight", "kv", "input", "output", "intermediate"}
 
 // MaxSize bounds a single buffer's size and an arena's size (2^56 bytes,
 // far above any device) so that offset arithmetic never overflows int64.
 const MaxSize int64 = 1 << 56
 
 // Buffer is one allocation of a workload.
+//
+// The zero value of every optional field means "nothing asked for":
+// Buffer{Size: n, Start: s, End: e} is an ordinary buffer that a planner
+// may place anywhere. A fixed offset or a hint is explicit:
+// Buffer{..., Fixed: 4096, HasFixed: true}.
 type Buffer struct {
 	ID    ID
 	Name  string // free text: a tensor name, a CSV id, a snapshot address
@@ -31,14 +41,17 @@ type Buffer struct {
 	End   int64  // first logical time it is dead again; End > Start
 	// Stream is the stream the buffer was allocated on (0: default).
 	Stream int64
-	// Tag groups buffers by role: "weight", "input", "output", "kv",
-	// "intermediate", "" for unknown.
+	// Tag groups buffers by role: one of Tags, or another name, "" for
+	// unknown. An arena maps, pauses and resumes each tag's buffers as one
+	// region when the plan keeps them apart (planner.RunByTag).
 	Tag string
-	// Fixed, when not NoOffset, is an offset every planner must use.
-	Fixed int64
-	// Hint, when not NoOffset, is a suggested offset (MiniMalloc's hint
+	// Fixed, when HasFixed, is an offset every planner must use.
+	Fixed    int64
+	HasFixed bool
+	// Hint, when HasHint, is a suggested offset (MiniMalloc's hint
 	// column); planners may ignore it.
-	Hint int64
+	Hint    int64
+	HasHint bool
 	// Gaps are sub-intervals of [Start, End) during which the buffer is
 	// inactive (MiniMalloc's gaps column). During a gap with a window the
 	// buffer still occupies [Window.Lo, Window.Hi) relative to its offset.
@@ -113,10 +126,10 @@ func (t *Trace) Validate() error {
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
 		if err := b.validate(); err != nil {
-			return fmt.Errorf("trace %q: buffer %d (%s): %w", t.Name, i, b.Name, err)
+			return fmt.Errorf("trace %q: %s: %w", t.Name, Label(i, b.Name), err)
 		}
 		if b.ID != ID(i) {
-			return fmt.Errorf("trace %q: buffer %d (%s): id %d is not its index", t.Name, i, b.Name, b.ID)
+			return fmt.Errorf("trace %q: %s: id %d is not its index", t.Name, Label(i, b.Name), b.ID)
 		}
 	}
 	return nil
@@ -132,8 +145,16 @@ func (b *Buffer) validate() error {
 		return fmt.Errorf("lifetime [%d, %d) is empty", b.Start, b.End)
 	case b.Align < 0 || b.Align > MaxSize:
 		return fmt.Errorf("alignment %d is invalid", b.Align)
-	case b.Fixed != NoOffset && (b.Fixed < 0 || b.Fixed > MaxSize):
+	case b.HasFixed && (b.Fixed < 0 || b.Fixed > MaxSize):
 		return fmt.Errorf("fixed offset %d is invalid", b.Fixed)
+	case !b.HasFixed && b.Fixed != 0:
+		// Most likely a Buffer written before HasFixed existed (Fixed: -1
+		// for none) or one that forgot to ask: refuse rather than guess.
+		return fmt.Errorf("fixed offset %d is set but HasFixed is false", b.Fixed)
+	case b.HasHint && (b.Hint < 0 || b.Hint > MaxSize):
+		return fmt.Errorf("hint %d is invalid", b.Hint)
+	case !b.HasHint && b.Hint != 0:
+		return fmt.Errorf("hint %d is set but HasHint is false", b.Hint)
 	}
 	for _, g := range b.Gaps {
 		if g.Start < b.Start || g.End > b.End || g.End <= g.Start {
@@ -165,13 +186,19 @@ func gapsDisjoint(gaps []Gap) error {
 	return nil
 }
 
+// Label names buffer i of a trace as errors do: "buffer 3 (attn.q)", or
+// "buffer 3" when it has no name.
+func Label(i int, name string) string {
+	if name == "" {
+		return fmt.Sprintf("buffer %d", i)
+	}
+	return fmt.Sprintf("buffer %d (%s)", i, name)
+}
+
 // Overlaps reports whether two half-open lifetimes intersect.
 func Overlaps(aStart, aEnd, bStart, bEnd int64) bool {
 	return aStart < bEnd && bStart < aEnd
 }
-
-// ErrEmpty is returned by operations that need at least one buffer.
-var ErrEmpty = errors.New("trace has no buffers")
 
 // LowerBound returns the peak of live bytes over time, with every size
 // rounded up to align, and the first time at which that peak is reached.
@@ -251,7 +278,13 @@ func (t *Trace) Fingerprint() [32]byte {
 		put(b.Align)
 		put(b.Start)
 		put(b.End)
-		put(b.Fixed)
+		// -1 for "not fixed", as before HasFixed existed, so that plan
+		// files written then keep their fingerprints.
+		if b.HasFixed {
+			put(b.Fixed)
+		} else {
+			put(NoOffset)
+		}
 		put(int64(len(b.Gaps)))
 		for _, g := range b.Gaps {
 			put(g.Start)

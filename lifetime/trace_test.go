@@ -31,7 +31,7 @@ func TestGapsDisjointOracle(t *testing.T) {
 			s := rng.Int64N(40)
 			gaps[i] = Gap{Start: s, End: s + 1 + rng.Int64N(6)}
 		}
-		b := Buffer{Size: 8, Start: 0, End: 100, Fixed: NoOffset, Hint: NoOffset, Gaps: gaps}
+		b := Buffer{Size: 8, Start: 0, End: 100, Gaps: gaps}
 		err := b.validate()
 		if want := gapsOverlapOracle(gaps); (err != nil) != want {
 			t.Fatalf("iteration %d: gaps %v: validate says %v, oracle says overlap=%v", iter, gaps, err, want)
@@ -52,7 +52,7 @@ func TestValidateManyGaps(t *testing.T) {
 	for i := range gaps {
 		gaps[i] = Gap{Start: int64(2*i + 1), End: int64(2*i + 2)}
 	}
-	b := Buffer{Size: 8, Start: 0, End: 2*n + 1, Fixed: NoOffset, Hint: NoOffset, Gaps: gaps}
+	b := Buffer{Size: 8, Start: 0, End: 2*n + 1, Gaps: gaps}
 	if a := testing.AllocsPerRun(3, func() {
 		if err := b.validate(); err != nil {
 			t.Fatal(err)

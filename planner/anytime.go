@@ -52,7 +52,7 @@ import (
 // that ends before its budget returns the same plan whatever the timing,
 // and with Workers == 1 everything runs in one fixed order.
 
-func init() { register("auto", anytime) }
+func init() { register(Auto, anytime) }
 
 // reserve is the part of a budget kept for what follows the search, Run's
 // Check and the caller writing the plan, which grow with the trace (Check
@@ -257,10 +257,8 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 				continue
 			}
 			offs, _ := p.wideSkyline(hugePasses[i].order, p.lb/hugePasses[i].slack, quit)
-			if offs != nil {
-				for k := range offs {
-					offs[k] *= p.unit
-				}
+			for k := range offs {
+				offs[k] *= p.unit
 			}
 			results[i] = offs
 		}

@@ -129,8 +129,8 @@ func TestAutoRandomTraces(t *testing.T) {
 			if rng.IntN(5) == 0 {
 				tr.Buffers[i].Align = 2
 			}
-			if f := tr.Buffers[i].Fixed; f != lifetime.NoOffset && tr.Buffers[i].Align > 1 {
-				tr.Buffers[i].Fixed = f &^ 1
+			if b := &tr.Buffers[i]; b.HasFixed && b.Align > 1 {
+				b.Fixed &^= 1
 			}
 		}
 		opt := Options{Align: 1, Budget: 20 * time.Millisecond, Workers: 1 + k%2}

@@ -28,7 +28,7 @@ import (
 // fixed buffers, plus the gaps skipped because a buffer's own alignment or
 // a fixed buffer spoils them (none when every buffer has the plan's
 // alignment and nothing is fixed).
-func init() { register("bestfit", planBestFit) }
+func init() { register(BestFit, planBestFit) }
 
 func planBestFit(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
 	n := len(t.Buffers)
@@ -49,7 +49,7 @@ func planBestFit(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, er
 	evs := make([]event, 0, 2*n)
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
-		if b.Fixed != lifetime.NoOffset {
+		if b.HasFixed {
 			offsets[i] = b.Fixed
 			continue
 		}
@@ -83,7 +83,7 @@ func planBestFit(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, er
 		fit := func(from int64) int64 { return fx.firstFit(from, r.size, r.align, b.Start, b.End) }
 		off, err := fl.alloc(r.size, fit)
 		if err != nil {
-			return nil, fmt.Errorf("bestfit: buffer %d (%s): %w", e.id, b.Name, err)
+			return nil, fmt.Errorf("bestfit: %s: %w", lifetime.Label(int(e.id), b.Name), err)
 		}
 		offsets[e.id] = off
 	}
@@ -192,8 +192,8 @@ func requirements(t *lifetime.Trace, align int64) ([]requirement, error) {
 			// lcm(align, b.Align) = align/gcd * b.Align; bound it before
 			// multiplying so that it cannot overflow.
 			if f := align / gcd(align, b.Align); f > lifetime.MaxSize/b.Align {
-				return nil, fmt.Errorf("buffer %d (%s): alignment %d with plan alignment %d exceeds %d bytes",
-					i, b.Name, b.Align, align, lifetime.MaxSize)
+				return nil, fmt.Errorf("%s: alignment %d with plan alignment %d exceeds %d bytes",
+					lifetime.Label(i, b.Name), b.Align, align, lifetime.MaxSize)
 			}
 		}
 		size, a := Need(b, align)
@@ -219,18 +219,19 @@ type fixedSpan struct {
 func newFixedSet(t *lifetime.Trace, req []requirement, align int64) (*fixedSet, error) {
 	sub := &lifetime.Trace{Name: t.Name}
 	var offs []int64
+	var orig []int // orig[j]: the index in t of sub's buffer j
 	fx := &fixedSet{}
 	for i := range t.Buffers {
 		b := t.Buffers[i]
-		if b.Fixed == lifetime.NoOffset {
+		if !b.HasFixed {
 			continue
 		}
 		r := req[i]
 		if b.Fixed%r.align != 0 {
-			return nil, fmt.Errorf("buffer %d (%s): fixed offset %d is not a multiple of its alignment %d", i, b.Name, b.Fixed, r.align)
+			return nil, fmt.Errorf("%s: fixed offset %d is not a multiple of its alignment %d", lifetime.Label(i, b.Name), b.Fixed, r.align)
 		}
 		fx.spans = append(fx.spans, fixedSpan{b.Fixed, b.Fixed + r.size, b.Start, b.End})
-		b.Name = fmt.Sprintf("%d (%s)", i, b.Name)
+		orig = append(orig, i)
 		b.ID = lifetime.ID(len(sub.Buffers))
 		sub.Buffers = append(sub.Buffers, b)
 		offs = append(offs, b.Fixed)
@@ -239,7 +240,8 @@ func newFixedSet(t *lifetime.Trace, req []requirement, align int64) (*fixedSet, 
 		return fx, nil
 	}
 	p := &Plan{Align: align, Offsets: offs, Arena: ArenaSize(sub, offs, align)}
-	if err := Check(sub, p); err != nil {
+	label := func(j int) string { return lifetime.Label(orig[j], sub.Buffers[j].Name) }
+	if err := check(sub, p, label); err != nil {
 		return nil, fmt.Errorf("fixed offsets conflict: %w", err)
 	}
 	slices.SortFunc(fx.spans, func(a, b fixedSpan) int { return cmp.Compare(a.lo, b.lo) })

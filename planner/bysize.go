@@ -34,7 +34,7 @@ import (
 // buffers on real traces (spans of buffers packed side by side fuse), but
 // an adversarial trace with many holes can still make M, and so the whole,
 // quadratic.
-func init() { register("bysize", planBySize) }
+func init() { register(BySize, planBySize) }
 
 func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, error) {
 	n := len(t.Buffers)
@@ -53,7 +53,7 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 	order := make([]int, 0, n)
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
-		if b.Fixed != lifetime.NoOffset {
+		if b.HasFixed {
 			offsets[i] = b.Fixed
 			tr.insert(b.Start, b.End, memRange{b.Fixed, b.Fixed + req[i].size})
 			continue
@@ -82,7 +82,7 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 		scratch = tr.used(b.Start, b.End, scratch[:0])
 		off := bestGap(scratch, r.size, r.align)
 		if off > lifetime.MaxSize-r.size {
-			return nil, fmt.Errorf("bysize: buffer %d (%s): arena would exceed %d bytes", i, b.Name, lifetime.MaxSize)
+			return nil, fmt.Errorf("bysize: %s: arena would exceed %d bytes", lifetime.Label(i, b.Name), lifetime.MaxSize)
 		}
 		offsets[i] = off
 		tr.insert(b.Start, b.End, memRange{off, off + r.size})

@@ -191,8 +191,7 @@ func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
 	for i := range parent {
 		parent[i] = i
 	}
-	var find func(int) int
-	find = func(i int) int {
+	find := func(i int) int {
 		for parent[i] != i {
 			parent[i] = parent[parent[i]]
 			i = parent[i]
@@ -215,7 +214,7 @@ func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
 			return nil, fmt.Errorf("%s: a link must go to a later stage", name)
 		case from.Size != to.Size || max(from.Align, 1) != max(to.Align, 1):
 			return nil, fmt.Errorf("%s: sizes %d and %d or alignments %d and %d differ", name, from.Size, to.Size, from.Align, to.Align)
-		case from.Fixed != lifetime.NoOffset || to.Fixed != lifetime.NoOffset:
+		case from.HasFixed || to.HasFixed:
 			return nil, fmt.Errorf("%s: linked buffers cannot have fixed offsets", name)
 		case persistent(l.From) || persistent(l.To):
 			return nil, fmt.Errorf("%s: a persistent buffer cannot be linked", name)
@@ -271,7 +270,7 @@ func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
 				}
 				j := lifetime.ID(len(cp.Joint.Buffers))
 				jointOf[root] = j
-				b.ID, b.Start, b.End, b.Gaps, b.Hint = j, start, end, nil, lifetime.NoOffset
+				b.ID, b.Start, b.End, b.Gaps, b.Hint, b.HasHint = j, start, end, nil, 0, false
 				cp.Joint.Buffers = append(cp.Joint.Buffers, b)
 				cp.Stages[s].Joint[i] = j
 				cs := append([]int(nil), final[root]...)

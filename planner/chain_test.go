@@ -14,7 +14,7 @@ import (
 func chainTrace(name string, bs ...lifetime.Buffer) *lifetime.Trace {
 	t := &lifetime.Trace{Name: name}
 	for i, b := range bs {
-		b.ID, b.Fixed, b.Hint = lifetime.ID(i), lifetime.NoOffset, lifetime.NoOffset
+		b.ID, b.Fixed, b.HasFixed, b.Hint, b.HasHint = lifetime.ID(i), 0, false, 0, false
 		t.Buffers = append(t.Buffers, b)
 	}
 	return t
@@ -188,7 +188,7 @@ func containsInt(s []int, v int) bool {
 func TestChainErrors(t *testing.T) {
 	stages, _ := prefillDecodeHead()
 	fixed := chainTrace("fixed", cbuf("a", "", 100, 0, 2))
-	fixed.Buffers[0].Fixed = 0
+	fixed.Buffers[0].Fixed, fixed.Buffers[0].HasFixed = 0, true
 	cases := []struct {
 		name   string
 		stages []Stage
@@ -260,7 +260,7 @@ func TestChainGuardRandom(t *testing.T) {
 		for s := range 2 + rng.IntN(3) {
 			tr := genTrace(rng, genOptions{maxBuffers: 12, maxTime: 12, align: 256})
 			for i := range tr.Buffers {
-				tr.Buffers[i].Fixed = lifetime.NoOffset
+				tr.Buffers[i].Fixed, tr.Buffers[i].HasFixed = 0, false
 			}
 			stages = append(stages, Stage{Name: fmt.Sprint("g", s), Trace: tr})
 		}
@@ -276,7 +276,7 @@ func TestChainGuardRandom(t *testing.T) {
 			}
 			src := ta.Buffers[rng.IntN(len(ta.Buffers))]
 			nb := lifetime.Buffer{ID: lifetime.ID(len(tb.Buffers)), Name: src.Name + ".in", Size: src.Size, Align: src.Align,
-				Start: rng.Int64N(6), Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}
+				Start: rng.Int64N(6)}
 			nb.End = nb.Start + 1 + rng.Int64N(6)
 			tb.Buffers = append(tb.Buffers, nb)
 			links = append(links, Link{BufferRef{a, src.ID}, BufferRef{b, nb.ID}})

@@ -20,22 +20,30 @@ import (
 // It sweeps time once with the live rectangles ordered by offset, so it
 // costs O(n log n) for n buffers.
 func Check(t *lifetime.Trace, p *Plan) error {
+	if err := check(t, p, func(i int) string { return lifetime.Label(i, t.Buffers[i].Name) }); err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	return nil
+}
+
+// check is Check without its prefix; label names buffer i in errors.
+func check(t *lifetime.Trace, p *Plan, label func(int) string) error {
 	if p == nil {
-		return fmt.Errorf("check: no plan")
+		return fmt.Errorf("no plan")
 	}
 	if len(p.Offsets) != len(t.Buffers) {
-		return fmt.Errorf("check: plan has %d offsets for %d buffers", len(p.Offsets), len(t.Buffers))
+		return fmt.Errorf("plan has %d offsets for %d buffers", len(p.Offsets), len(t.Buffers))
 	}
 	if p.Align < 1 || p.Align > lifetime.MaxSize {
-		return fmt.Errorf("check: plan alignment %d is out of range", p.Align)
+		return fmt.Errorf("plan alignment %d is out of range", p.Align)
 	}
 	// A malformed trace (an empty lifetime, a negative size) would break
 	// the sweep's invariant that live pieces are disjoint and non-empty.
 	if err := t.Validate(); err != nil {
-		return fmt.Errorf("check: %w", err)
+		return err
 	}
 	if p.Arena < 0 || p.Arena > lifetime.MaxSize {
-		return fmt.Errorf("check: arena size %d is out of range", p.Arena)
+		return fmt.Errorf("arena size %d is out of range", p.Arena)
 	}
 	pieces := make([]piece, 0, len(t.Buffers)) // one per buffer without gaps
 	for i := range t.Buffers {
@@ -47,19 +55,19 @@ func Check(t *lifetime.Trace, p *Plan) error {
 		}
 		switch {
 		case off < 0:
-			return fmt.Errorf("check: buffer %d (%s) has negative offset %d", i, b.Name, off)
+			return fmt.Errorf("%s has negative offset %d", label(i), off)
 		case off%p.Align != 0:
-			return fmt.Errorf("check: buffer %d (%s) offset %d is not a multiple of the plan alignment %d", i, b.Name, off, p.Align)
+			return fmt.Errorf("%s offset %d is not a multiple of the plan alignment %d", label(i), off, p.Align)
 		case b.Align > 1 && off%b.Align != 0:
-			return fmt.Errorf("check: buffer %d (%s) offset %d is not a multiple of its alignment %d", i, b.Name, off, b.Align)
-		case b.Fixed != lifetime.NoOffset && off != b.Fixed:
-			return fmt.Errorf("check: buffer %d (%s) is fixed at %d but placed at %d", i, b.Name, b.Fixed, off)
+			return fmt.Errorf("%s offset %d is not a multiple of its alignment %d", label(i), off, b.Align)
+		case b.HasFixed && off != b.Fixed:
+			return fmt.Errorf("%s is fixed at %d but placed at %d", label(i), b.Fixed, off)
 		case off > p.Arena-size:
-			return fmt.Errorf("check: buffer %d (%s) %s ends beyond the arena of %d bytes", i, b.Name, byteRange(off, size), p.Arena)
+			return fmt.Errorf("%s %s ends beyond the arena of %d bytes", label(i), byteRange(off, size), p.Arena)
 		}
 		pieces = appendPieces(pieces, i, b, off, size)
 	}
-	return checkPieces(t, pieces)
+	return checkPieces(pieces, label)
 }
 
 // byteRange prints the byte range [off, off+size) exactly, also where the end
@@ -100,7 +108,7 @@ func appendPieces(ps []piece, i int, b *lifetime.Buffer, off, size int64) []piec
 	return ps
 }
 
-func checkPieces(t *lifetime.Trace, ps []piece) error {
+func checkPieces(ps []piece, label func(int) string) error {
 	type event struct {
 		time int64
 		end  bool
@@ -154,10 +162,9 @@ func checkPieces(t *lifetime.Trace, ps []piece) error {
 			})
 		}
 		if clash >= 0 {
-			a, b := &t.Buffers[cur.buf], &t.Buffers[ps[clash].buf]
 			q := ps[clash]
-			return fmt.Errorf("check: buffers %d (%s) and %d (%s) overlap: memory [%d, %d) and [%d, %d) both live at time %d",
-				cur.buf, a.Name, q.buf, b.Name, cur.lo, cur.hi, q.lo, q.hi, e.time)
+			return fmt.Errorf("%s and %s overlap: memory [%d, %d) and [%d, %d) both live at time %d",
+				label(cur.buf), label(q.buf), cur.lo, cur.hi, q.lo, q.hi, e.time)
 		}
 		live.ReplaceOrInsert(e.p)
 	}

@@ -2,9 +2,11 @@ package planner
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/arenaplan/arenaplan/lifetime"
 )
@@ -135,4 +137,99 @@ func mutateOffsets(rng *rand.Rand, tr *lifetime.Trace, p *Plan, align int64) []i
 		}
 	}
 	return offs
+}
+
+// TestZeroValueBuffers plans a trace written as a Go literal with nothing
+// but sizes and lifetimes: the zero value of Fixed/Hint means "free to
+// place", and an impossible fixed layout is reported with the buffers'
+// own names, not the name of the pass that found it.
+func TestZeroValueBuffers(t *testing.T) {
+	tr := &lifetime.Trace{Name: "lit", Buffers: []lifetime.Buffer{
+		{ID: 0, Size: 100, Start: 0, End: 2},
+		{ID: 1, Size: 100, Start: 1, End: 3},
+	}}
+	for _, algo := range Names() {
+		p, err := Run(context.Background(), algo, tr, Options{Workers: 1})
+		if err != nil {
+			t.Fatalf("%s: %v", algo, err)
+		}
+		if p.Arena != 512 {
+			t.Errorf("%s: arena %d, want 512 (two 256-byte buffers side by side)", algo, p.Arena)
+		}
+	}
+	fixed := &lifetime.Trace{Name: "lit", Buffers: []lifetime.Buffer{
+		{ID: 0, Size: 100, Start: 0, End: 2, Fixed: 0, HasFixed: true},
+		{ID: 1, Name: "kv", Size: 100, Start: 1, End: 3, Fixed: 0, HasFixed: true},
+	}}
+	for _, algo := range Names() {
+		_, err := Run(context.Background(), algo, fixed, Options{Workers: 1})
+		if err == nil {
+			t.Fatalf("%s: overlapping fixed buffers planned", algo)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "buffer 1 (kv) and buffer 0 overlap") {
+			t.Errorf("%s: %q does not name the buffers as the trace does", algo, msg)
+		}
+		for _, internal := range []string{"bysize", "bestfit", "auto:", "check:", "()"} {
+			if strings.Contains(msg, internal) {
+				t.Errorf("%s: %q names an internal pass or an empty name (%q)", algo, msg, internal)
+			}
+		}
+	}
+	stale := &lifetime.Trace{Name: "lit", Buffers: []lifetime.Buffer{{ID: 0, Size: 1, Start: 0, End: 1, Fixed: -1}}}
+	if _, err := Run(context.Background(), "bysize", stale, Options{}); err == nil || !strings.Contains(err.Error(), "HasFixed is false") {
+		t.Errorf("a Fixed offset without HasFixed: err = %v, want a refusal", err)
+	}
+}
+
+// TestOptionsValidate: bad options are refused by every planning call,
+// never quietly replaced by a default.
+func TestOptionsValidate(t *testing.T) {
+	tr := trace(buf(100, 0, 2), buf(100, 1, 3))
+	cases := []struct {
+		name string
+		opt  Options
+		msg  string // "" for valid
+	}{
+		{"zero value", Options{}, ""},
+		{"align 1", Options{Align: 1}, ""},
+		{"align 512", Options{Align: 512}, ""},
+		{"align 3", Options{Align: 3}, "Align 3 is not a power of two"},
+		{"align -8", Options{Align: -8}, "Align -8"},
+		{"align too big", Options{Align: MaxAlign * 2}, "Align"},
+		{"negative workers", Options{Workers: -1}, "Workers -1"},
+		{"negative budget", Options{Budget: -time.Second}, "Budget -1s"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.opt.Validate()
+			if c.msg == "" {
+				if err != nil {
+					t.Fatalf("Validate = %v, want nil", err)
+				}
+				if _, err := Run(context.Background(), BySize, tr, c.opt); err != nil {
+					t.Fatalf("Run = %v", err)
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), c.msg) {
+				t.Fatalf("Validate = %v, want ErrOptions saying %q", err, c.msg)
+			}
+			for name, call := range map[string]func() error{
+				"Run": func() error { _, err := Run(context.Background(), BySize, tr, c.opt); return err },
+				"RunGrouped": func() error {
+					_, _, err := RunGrouped(context.Background(), BySize, tr, c.opt, func(*lifetime.Buffer) string { return "" }, nil, 0)
+					return err
+				},
+				"PlanFamily": func() error {
+					_, err := PlanFamily(context.Background(), BySize, []Member{{Name: "m", Trace: tr}}, c.opt)
+					return err
+				},
+			} {
+				if err := call(); !errors.Is(err, ErrOptions) {
+					t.Errorf("%s = %v, want ErrOptions", name, err)
+				}
+			}
+		})
+	}
 }

@@ -133,7 +133,7 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 		if (best == nil || bestH > base+peak) && time.Until(deadline) >= time.Duration(len(ids))*fillCost {
 			all, _ := p.cut(ids, lo, hi, base, lo, hi)
 			for k, j := range core {
-				all.Buffers[j].Fixed = cp.Offsets[k]
+				all.Buffers[j].Fixed, all.Buffers[j].HasFixed = cp.Offsets[k], true
 			}
 			if q, err := planBySize(r.ctx, all, Options{Align: 1}); err == nil {
 				if h := base + ArenaSize(all, q.Offsets, 1); best == nil || h < bestH {
@@ -180,8 +180,8 @@ func (p *problem) cut(ids []int32, lo, hi int32, base int64, wlo, whi int32) (*l
 		if s >= e {
 			continue
 		}
-		fixed := lifetime.NoOffset
-		if it.fixed >= 0 {
+		fixed, hasFixed := int64(0), it.fixed >= 0
+		if hasFixed {
 			fixed = it.fixed - base
 		}
 		sub.Buffers = append(sub.Buffers, lifetime.Buffer{
@@ -190,7 +190,7 @@ func (p *problem) cut(ids []int32, lo, hi int32, base int64, wlo, whi int32) (*l
 			Align: it.align,
 			Start: int64(s),
 			End:   int64(e),
-			Fixed: fixed,
+			Fixed: fixed, HasFixed: hasFixed,
 		})
 		pos = append(pos, k)
 	}

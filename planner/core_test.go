@@ -81,7 +81,7 @@ func TestPeakCoreValidPlans(t *testing.T) {
 		align := []int64{1, 256, 512}[k%3]
 		for i := range tr.Buffers {
 			b := &tr.Buffers[i]
-			b.Fixed, b.Hint = lifetime.NoOffset, lifetime.NoOffset
+			b.Fixed, b.HasFixed, b.Hint, b.HasHint = 0, false, 0, false
 			switch {
 			case k%2 == 1 && rng.IntN(50) == 0 && b.End-b.Start > 2:
 				m := b.Start + 1
@@ -92,7 +92,7 @@ func TestPeakCoreValidPlans(t *testing.T) {
 		}
 		if k%4 == 2 {
 			// One fixed buffer at the bottom, live throughout.
-			tr.Buffers[0].Fixed = 0
+			tr.Buffers[0].Fixed, tr.Buffers[0].HasFixed = 0, true
 			tr.Buffers[0].Start, tr.Buffers[0].End = 0, 1<<40
 		}
 		if err := tr.Validate(); err != nil {

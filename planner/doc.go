@@ -7,13 +7,18 @@
 // runs the named algorithm and refuses any plan that Check rejects, so a
 // plan that leaves this package has been verified.
 //
-// Algorithms:
-//   - "bestfit": llama.cpp-style in-order best fit (a baseline).
-//   - "bysize": TFLite/XLA greedy by size (a baseline).
-//   - "auto": the best plan the package can find within the budget.
+// Algorithms (constants for their names):
+//   - BestFit ("bestfit"): llama.cpp-style in-order best fit (a baseline).
+//   - BySize ("bysize"): TFLite/XLA greedy by size (a baseline).
+//   - Auto ("auto"): the best plan the package can find within the budget.
 //
-// Beyond one trace: RunGrouped plans groups of buffers (tags) into separate
-// address regions; PlanFamily plans several members replayed one at a time
+// Options validate: a bad alignment, budget or worker count is an error
+// wrapping ErrOptions, never quietly replaced.
+//
+// Beyond one trace: RunGrouped plans groups of buffers into separate
+// address regions, and RunByTag, the one way to plan a tagged trace for an
+// arena (plan -o, graphexec and the PyTorch bridge all use it), groups them
+// by tag, so that an arena never merges tags of different pause policies; PlanFamily plans several members replayed one at a time
 // into one arena, shared buffers at one address in all of them; PlanChain
 // lays stages on one timeline so one stage's outputs feed the next without
 // copies, and its ChainGuard refuses a replay order that would overwrite

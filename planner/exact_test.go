@@ -14,10 +14,9 @@ func randomSmallTrace(rng *rand.Rand, k int, fixed bool) *lifetime.Trace {
 		s := rng.Int64N(6)
 		b := lifetime.Buffer{
 			ID: lifetime.ID(i), Size: 1 + rng.Int64N(4), Start: s, End: s + 1 + rng.Int64N(4),
-			Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset,
 		}
 		if fixed && rng.IntN(6) == 0 {
-			b.Fixed = rng.Int64N(4)
+			b.Fixed, b.HasFixed = rng.Int64N(4), true
 		}
 		t.Buffers = append(t.Buffers, b)
 	}
@@ -41,7 +40,7 @@ func bruteHeight(t *lifetime.Trace, limit int64) int64 {
 		}
 		b := &t.Buffers[i]
 		lo, hi := int64(0), limit-b.Size
-		if b.Fixed != lifetime.NoOffset {
+		if b.HasFixed {
 			lo, hi = b.Fixed, b.Fixed
 		}
 		for o := lo; o <= hi; o++ {

@@ -212,7 +212,10 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 	if _, ok := registry[algo]; !ok {
 		return nil, fmt.Errorf("planner: family: unknown algorithm %q (have %v)", algo, Names())
 	}
-	opt = opt.normalized()
+	opt, err := opt.prepared()
+	if err != nil {
+		return nil, fmt.Errorf("planner: family: %w", err)
+	}
 	start := time.Now()
 	shared, top, err := sharedLayout(members, opt.Align)
 	if err != nil {
@@ -228,7 +231,7 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 	for _, m := range members {
 		for i := range m.Trace.Buffers {
 			b := &m.Trace.Buffers[i]
-			if b.Fixed != lifetime.NoOffset {
+			if b.HasFixed {
 				return nil, fmt.Errorf("planner: family: %w: member %q: buffer %d (%s) has a fixed offset, which family plans do not support",
 					ErrFamily, m.Name, i, b.Name)
 			}
@@ -431,9 +434,7 @@ func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]Shar
 	}
 	// Shared ranges in offset order, for the disjointness search below.
 	shared := make([]SharedBuffer, 0, len(byKey))
-	for _, s := range fp.Shared {
-		shared = append(shared, s)
-	}
+	shared = append(shared, fp.Shared...)
 	mine := map[string]bool{}
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
@@ -443,11 +444,11 @@ func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]Shar
 			s, ok := byKey[k]
 			switch {
 			case !ok:
-				return fmt.Errorf("buffer %d (%s): shared key %q is not in the family's shared buffers", i, b.Name, k)
+				return fmt.Errorf("%s: shared key %q is not in the family's shared buffers", lifetime.Label(i, b.Name), k)
 			case mine[k]:
-				return fmt.Errorf("buffer %d (%s): shared key %q names two buffers", i, b.Name, k)
+				return fmt.Errorf("%s: shared key %q names two buffers", lifetime.Label(i, b.Name), k)
 			case off != s.Offset:
-				return fmt.Errorf("buffer %d (%s): shared key %q is at %d here but at %d in the family", i, b.Name, k, off, s.Offset)
+				return fmt.Errorf("%s: shared key %q is at %d here but at %d in the family", lifetime.Label(i, b.Name), k, off, s.Offset)
 			case size != s.Size || a != s.Align:
 				return fmt.Errorf("buffer %d (%s): shared key %q needs %d bytes aligned to %d here, the family records %d aligned to %d",
 					i, b.Name, k, size, a, s.Size, s.Align)

@@ -17,11 +17,10 @@ import (
 // with the batch live for a few operations; logits come out at the end.
 func decodeStep(rng *rand.Rand, batch int64, layers int) *lifetime.Trace {
 	const hidden, vocab, maxBatch, seq = 768, 50257, 64, 1024
-	no := lifetime.NoOffset
 	t := &lifetime.Trace{Name: fmt.Sprintf("gpt2-decode b%d", batch)}
 	add := func(name, tag string, size, start, end int64) {
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Tag: tag,
-			Size: size, Start: start, End: end, Fixed: no, Hint: no})
+			Size: size, Start: start, End: end})
 	}
 	steps := int64(6*layers + 4)
 	add("wte", "weight", vocab*hidden*2, 0, steps)
@@ -169,11 +168,10 @@ func TestFamilyCorruptionCaught(t *testing.T) {
 }
 
 func TestFamilyErrors(t *testing.T) {
-	no := lifetime.NoOffset
 	tr := func(bs ...lifetime.Buffer) *lifetime.Trace {
 		t := &lifetime.Trace{Name: "t"}
 		for i, b := range bs {
-			b.ID, b.Fixed, b.Hint = lifetime.ID(i), no, no
+			b.ID, b.Fixed, b.HasFixed, b.Hint, b.HasHint = lifetime.ID(i), 0, false, 0, false
 			if b.End == 0 {
 				b.End = 4
 			}
@@ -186,7 +184,7 @@ func TestFamilyErrors(t *testing.T) {
 	wa := lifetime.Buffer{Name: "w", Size: 1000, Align: 4096, Tag: "weight"}
 	x := lifetime.Buffer{Name: "x", Size: 10, Start: 1, End: 2}
 	fixed := tr(w, x)
-	fixed.Buffers[1].Fixed = 0
+	fixed.Buffers[1].Fixed, fixed.Buffers[1].HasFixed = 0, true
 	cases := []struct {
 		name    string
 		members []Member
@@ -283,14 +281,14 @@ func TestFamilyRandom(t *testing.T) {
 			tr := genTrace(rng, genOptions{maxBuffers: 25, maxTime: 20, align: align})
 			keys := make([]string, len(tr.Buffers))
 			for i := range tr.Buffers {
-				tr.Buffers[i].Fixed = lifetime.NoOffset
+				tr.Buffers[i].Fixed, tr.Buffers[i].HasFixed = 0, false
 			}
 			for i, s := range pool {
 				if rng.IntN(3) == 0 {
 					continue
 				}
 				b := lifetime.Buffer{ID: lifetime.ID(len(tr.Buffers)), Name: fmt.Sprint("s", i), Size: s.size, Align: s.align,
-					Start: rng.Int64N(10), Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}
+					Start: rng.Int64N(10)}
 				b.End = b.Start + 1 + rng.Int64N(15)
 				tr.Buffers = append(tr.Buffers, b)
 				keys = append(keys, b.Name)

@@ -17,6 +17,33 @@ type Region struct {
 	Lo, Hi int64
 }
 
+// RunByTag is the one way to plan a tagged trace for an arena, whoever
+// calls it (plan -o, graphexec, the PyTorch bridge): each tag's buffers
+// are planned in an address range of their own (RunGrouped by Tag, in the
+// order of lifetime.Tags, then other tags by name), so that an arena maps,
+// pauses and resumes every tag with its own policy and never merges two
+// tags into one region. A trace with a single tag (or none) is planned as
+// Run plans it, fixed offsets included; with several tags, fixed offsets
+// are refused.
+func RunByTag(ctx context.Context, algo string, t *lifetime.Trace, opt Options) (*Plan, []Region, error) {
+	tags := map[string]bool{}
+	for i := range t.Buffers {
+		tags[t.Buffers[i].Tag] = true
+	}
+	if len(tags) <= 1 {
+		p, err := Run(ctx, algo, t, opt)
+		if err != nil {
+			return nil, nil, err
+		}
+		var regions []Region
+		if len(t.Buffers) > 0 {
+			regions = []Region{{Group: t.Buffers[0].Tag, Lo: 0, Hi: p.Arena}}
+		}
+		return p, regions, nil
+	}
+	return RunGrouped(ctx, algo, t, opt, func(b *lifetime.Buffer) string { return b.Tag }, lifetime.Tags, opt.Align)
+}
+
 // RunGrouped plans each group of buffers (group(b) names it) separately
 // with the named algorithm and stacks the groups' arenas, in the order of
 // groups (groups not listed follow in name order), each starting at a
@@ -30,7 +57,10 @@ func RunGrouped(ctx context.Context, algo string, t *lifetime.Trace, opt Options
 	if err := t.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("planner: %w", err)
 	}
-	opt = opt.normalized()
+	opt, err := opt.prepared()
+	if err != nil {
+		return nil, nil, fmt.Errorf("planner: %w", err)
+	}
 	regionAlign = max(regionAlign, opt.Align)
 	members := map[string][]int{}
 	for i := range t.Buffers {
@@ -64,7 +94,7 @@ func RunGrouped(ctx context.Context, algo string, t *lifetime.Trace, opt Options
 		for j, i := range members[g] {
 			b := t.Buffers[i]
 			b.ID = lifetime.ID(j)
-			if b.Fixed != lifetime.NoOffset {
+			if b.HasFixed {
 				return nil, nil, fmt.Errorf("planner: grouped planning does not support fixed offsets (buffer %d, %s)", i, b.Name)
 			}
 			sub.Buffers = append(sub.Buffers, b)

@@ -19,7 +19,7 @@ func oracleCheck(t *lifetime.Trace, p *Plan) error {
 		off := p.Offsets[i]
 		sizes[i] = (b.Size + p.Align - 1) / p.Align * p.Align
 		if off < 0 || off%p.Align != 0 || (b.Align > 1 && off%b.Align != 0) ||
-			(b.Fixed != lifetime.NoOffset && off != b.Fixed) || off+sizes[i] > p.Arena {
+			(b.HasFixed && off != b.Fixed) || off+sizes[i] > p.Arena {
 			return fmt.Errorf("oracle: buffer %d misplaced", i)
 		}
 	}
@@ -74,7 +74,7 @@ func genTrace(rng *rand.Rand, o genOptions) *lifetime.Trace {
 	n := rng.IntN(o.maxBuffers + 1)
 	t := &lifetime.Trace{Name: "random"}
 	for i := 0; i < n; i++ {
-		b := lifetime.Buffer{ID: lifetime.ID(i), Name: fmt.Sprint("b", i), Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset}
+		b := lifetime.Buffer{ID: lifetime.ID(i), Name: fmt.Sprint("b", i)}
 		switch rng.IntN(4) {
 		case 0:
 			b.Size = 1 + rng.Int64N(16)
@@ -110,9 +110,9 @@ func genTrace(rng *rand.Rand, o genOptions) *lifetime.Trace {
 			// Try a fixed offset; keep it only if no earlier fixed buffer
 			// is in the way.
 			_, a := Need(&b, o.align)
-			t.Buffers[i].Fixed = a * rng.Int64N(1+4096/a)
+			t.Buffers[i].Fixed, t.Buffers[i].HasFixed = a*rng.Int64N(1+4096/a), true
 			if !fixedConsistent(t, o.align) {
-				t.Buffers[i].Fixed = lifetime.NoOffset
+				t.Buffers[i].Fixed, t.Buffers[i].HasFixed = 0, false
 			}
 		}
 	}
@@ -125,7 +125,7 @@ func fixedConsistent(t *lifetime.Trace, align int64) bool {
 	sub := &lifetime.Trace{}
 	var offs []int64
 	for _, b := range t.Buffers {
-		if b.Fixed != lifetime.NoOffset {
+		if b.HasFixed {
 			b.ID = lifetime.ID(len(sub.Buffers))
 			sub.Buffers = append(sub.Buffers, b)
 			offs = append(offs, b.Fixed)

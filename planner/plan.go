@@ -2,6 +2,7 @@ package planner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sort"
@@ -12,6 +13,24 @@ import (
 
 // DefaultAlign is CUDA's allocation alignment, used when Options.Align is 0.
 const DefaultAlign = 256
+
+// MaxAlign is the largest Options.Align (1 GiB).
+const MaxAlign = 1 << 30
+
+// The algorithms of this package, by the names Run and the other planning
+// calls take.
+const (
+	// Auto is the anytime search: the best plan the package can find
+	// within Options.Budget, never worse than the baselines.
+	Auto = "auto"
+	// BestFit is llama.cpp's in-order best fit (a baseline).
+	BestFit = "bestfit"
+	// BySize is TFLite/XLA's greedy by size (a baseline).
+	BySize = "bysize"
+)
+
+// ErrOptions is wrapped by every error about invalid Options.
+var ErrOptions = errors.New("invalid options")
 
 // DefaultBudget bounds a search when Options.Budget is 0.
 const DefaultBudget = 2 * time.Second
@@ -44,7 +63,8 @@ type Progress struct {
 	Elapsed          time.Duration
 }
 
-// Options tune an algorithm. The zero value is valid.
+// Options tune an algorithm. The zero value is valid; Validate says what
+// else is, and every planning call refuses what it rejects.
 type Options struct {
 	// Align rounds every size up and aligns every offset (0: DefaultAlign).
 	Align int64
@@ -59,14 +79,38 @@ type Options struct {
 	Progress func(Progress)
 }
 
+// Validate reports an invalid field: an Align that is not 0 or a power of
+// two up to MaxAlign, a negative Budget or a negative Workers. Errors wrap
+// ErrOptions.
+func (o Options) Validate() error {
+	switch {
+	case o.Align < 0 || o.Align > MaxAlign || o.Align&(o.Align-1) != 0:
+		return fmt.Errorf("%w: Align %d is not a power of two up to %d (0: %d)", ErrOptions, o.Align, MaxAlign, DefaultAlign)
+	case o.Budget < 0:
+		return fmt.Errorf("%w: Budget %v is negative (0: %v)", ErrOptions, o.Budget, DefaultBudget)
+	case o.Workers < 0:
+		return fmt.Errorf("%w: Workers %d is negative (0: GOMAXPROCS)", ErrOptions, o.Workers)
+	}
+	return nil
+}
+
+// prepared validates o and fills in the defaults of its zero fields.
+func (o Options) prepared() (Options, error) {
+	if err := o.Validate(); err != nil {
+		return o, err
+	}
+	return o.normalized(), nil
+}
+
+// normalized fills in the defaults of o's zero fields.
 func (o Options) normalized() Options {
-	if o.Align <= 0 {
+	if o.Align == 0 {
 		o.Align = DefaultAlign
 	}
-	if o.Budget <= 0 {
+	if o.Budget == 0 {
 		o.Budget = DefaultBudget
 	}
-	if o.Workers <= 0 {
+	if o.Workers == 0 {
 		o.Workers = runtime.GOMAXPROCS(0)
 	}
 	return o
@@ -93,7 +137,7 @@ func Names() []string {
 }
 
 // Baselines are the simple planners kept forever for comparison.
-var Baselines = []string{"bestfit", "bysize"}
+var Baselines = []string{BestFit, BySize}
 
 // Run validates t, plans it with the named algorithm and checks the result.
 // The returned plan always passed Check.
@@ -102,10 +146,22 @@ func Run(ctx context.Context, algo string, t *lifetime.Trace, opt Options) (*Pla
 	if !ok {
 		return nil, fmt.Errorf("planner: unknown algorithm %q (have %v)", algo, Names())
 	}
+	opt, err := opt.prepared()
+	if err != nil {
+		return nil, fmt.Errorf("planner: %w", err)
+	}
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("planner: %w", err)
 	}
-	opt = opt.normalized()
+	// Fixed offsets that no plan can honour are the trace's fault, not an
+	// algorithm's: say so before any algorithm runs.
+	req, err := requirements(t, opt.Align)
+	if err != nil {
+		return nil, fmt.Errorf("planner: %w", err)
+	}
+	if _, err := newFixedSet(t, req, opt.Align); err != nil {
+		return nil, fmt.Errorf("planner: %w", err)
+	}
 	start := time.Now()
 	p, err := f(ctx, t, opt)
 	if err != nil {

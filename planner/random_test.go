@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/arenaplan/arenaplan/lifetime"
 )
 
 // TestEveryAlgorithmOnRandomTraces is the metamorphic test: every
@@ -36,7 +34,7 @@ func TestEveryAlgorithmOnRandomTraces(t *testing.T) {
 		opt := Options{Align: align, Workers: 1, Budget: time.Millisecond}
 		lb, _ := tr.LowerBound(align)
 		for _, b := range tr.Buffers {
-			fixed += btoi(b.Fixed != lifetime.NoOffset)
+			fixed += btoi(b.HasFixed)
 			ownAlign += btoi(b.Align > 1)
 			for _, g := range b.Gaps {
 				gaps++

@@ -92,7 +92,7 @@ func newProblem(t *lifetime.Trace, align int64) (*problem, error) {
 			align: oa / p.unit,
 			fixed: -1,
 		}
-		if b.Fixed != lifetime.NoOffset {
+		if b.HasFixed {
 			if b.Fixed%oa != 0 {
 				return nil, fmt.Errorf("buffer %d (%s) fixed at %d: %w %d", i, b.Name, b.Fixed, errFixedMisaligned, oa)
 			}

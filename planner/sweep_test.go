@@ -70,8 +70,8 @@ func TestSweepFillValid(t *testing.T) {
 // offset of its own is not something the sweep can honour; it says so.
 func TestSweepFillRefusesOwnFixed(t *testing.T) {
 	tr := &lifetime.Trace{Buffers: []lifetime.Buffer{
-		{ID: 0, Size: 4, Start: 0, End: 2, Fixed: 8, Hint: lifetime.NoOffset},
-		{ID: 1, Size: 4, Start: 2, End: 4, Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset},
+		{ID: 0, Size: 4, Start: 0, End: 2, Fixed: 8, HasFixed: true},
+		{ID: 1, Size: 4, Start: 2, End: 4},
 	}}
 	p, err := newProblem(tr, 1)
 	if err != nil {

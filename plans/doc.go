@@ -74,7 +74,9 @@
 // kind byte 0 as the payload's last byte:
 //
 //	1 meta      trace fingerprint [32]byte, trace name, algorithm, alignment,
-//	            arena, lower bound, optimal (0/1), elapsed and to-best (ns)
+//	            arena, lower bound, optimal (0/1), elapsed and to-best (ns;
+//	            Encode writes 0, so that the same plan gives the same
+//	            bytes; files written before hold planning times)
 //	2 buffers   count, then per buffer: name, size, align, start (delta from
 //	            the previous buffer's start), end-start, stream, tag, fixed,
 //	            hint, offset, gap count, gaps (start-buffer start, length,
@@ -91,7 +93,7 @@
 // one member section per member, then the end byte 0:
 //
 //	16 family   algorithm, alignment, arena, lower bound, separate arenas,
-//	            elapsed (ns), shared count, then per shared key: key, offset,
+//	            elapsed (ns; 0 from EncodeFamily), shared count, then per shared key: key, offset,
 //	            size, alignment (in offset order), and the member count
 //	17 member   name, alone arena, then the member's own payload: sections
 //	            1 to 5 as above (its workload in section 5), an optional

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
@@ -12,11 +13,10 @@ import (
 
 func Example() {
 	// Two buffers that live one after the other share offset 0.
-	no := lifetime.NoOffset
 	tr := &lifetime.Trace{Name: "step", Buffers: []lifetime.Buffer{
-		{ID: 0, Name: "a", Size: 1000, Start: 0, End: 2, Fixed: no, Hint: no},
-		{ID: 1, Name: "b", Size: 300, Start: 1, End: 3, Fixed: no, Hint: no},
-		{ID: 2, Name: "c", Size: 500, Start: 2, End: 4, Fixed: no, Hint: no},
+		{ID: 0, Name: "a", Size: 1000, Start: 0, End: 2},
+		{ID: 1, Name: "b", Size: 300, Start: 1, End: 3},
+		{ID: 2, Name: "c", Size: 500, Start: 2, End: 4},
 	}}
 	p := &planner.Plan{Algo: "by hand", Align: 256, Offsets: []int64{0, 1024, 0}}
 	p.Arena = planner.ArenaSize(tr, p.Offsets, p.Align)
@@ -26,7 +26,7 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "plans")
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "step.plan")
-	w := &plans.Workload{Name: "toy", Shape: []plans.Dim{{Name: "batch", Value: 1}}}
+	w := &plans.Workload{Name: "toy", Shape: []graph.Dim{{Name: "batch", Value: 1}}}
 	if err := plans.Save(path, &plans.File{Trace: tr, Plan: p, Workload: w}); err != nil {
 		fmt.Println(err)
 		return

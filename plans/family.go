@@ -3,6 +3,7 @@ package plans
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/arenaplan/arenaplan/planner"
@@ -51,11 +52,28 @@ func EncodeFamily(f *Family) ([]byte, error) {
 	return data, nil
 }
 
+// familyWithoutTimes is f with every planning time cleared, as
+// withoutTimes does for one plan.
+func familyWithoutTimes(f *Family) *Family {
+	g, fp := *f, *f.Plan
+	fp.Elapsed = 0
+	fp.Members = slices.Clone(fp.Members)
+	for i := range fp.Members {
+		if p := fp.Members[i].Plan; p != nil {
+			q := *p
+			q.Elapsed, q.ToBest = 0, 0
+			fp.Members[i].Plan = &q
+		}
+	}
+	g.Plan = &fp
+	return &g
+}
+
 func encodeFamily(f *Family) ([]byte, error) {
 	if err := verifyFamily(f); err != nil {
 		return nil, err
 	}
-	raw := encodeFamilyPayload(f)
+	raw := encodeFamilyPayload(familyWithoutTimes(f))
 	if uint64(len(raw)) > MaxPayload {
 		return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrTooLarge, len(raw), uint64(MaxPayload))
 	}

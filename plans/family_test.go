@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -22,11 +22,10 @@ import (
 // Member 0 also carries gaps, own alignments, streams, prior offsets and
 // PyTorch statistics, so that every section of a member is exercised.
 func decodeMember(batch int64, extras bool) *lifetime.Trace {
-	no := lifetime.NoOffset
 	t := &lifetime.Trace{Name: fmt.Sprintf("decode b%d", batch)}
 	add := func(name, tag string, size, start, end int64) *lifetime.Buffer {
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Tag: tag,
-			Size: size, Start: start, End: end, Fixed: no, Hint: no})
+			Size: size, Start: start, End: end})
 		return &t.Buffers[len(t.Buffers)-1]
 	}
 	add("wte", "weight", 100000, 0, 12)
@@ -45,7 +44,7 @@ func decodeMember(batch int64, extras bool) *lifetime.Trace {
 	if extras {
 		t.Prior = make([]int64, len(t.Buffers))
 		for i := range t.Prior {
-			t.Prior[i] = no
+			t.Prior[i] = lifetime.NoOffset
 		}
 		t.Prior[3] = 4096
 		t.Torch = &lifetime.TorchStats{Device: 0, ReservedPeak: 9 << 20, LiveAtStart: 1 << 20, HasSegments: true}
@@ -60,14 +59,15 @@ func familyFile(t testing.TB, batches ...int64) *Family {
 	for i, b := range batches {
 		tr := decodeMember(b, i == 0)
 		ms = append(ms, planner.Member{Name: fmt.Sprintf("batch=%d", b), Trace: tr, Keys: planner.SharedByTag(tr, "weight", "kv")})
-		ws = append(ws, &Workload{Name: "gpt2-decode", Shape: []Dim{{"batch", b}, {"seq", 1024}}})
+		ws = append(ws, &Workload{Name: "gpt2-decode", Shape: []graph.Dim{{Name: "batch", Value: b}, {Name: "seq", Value: 1024}}})
 	}
 	ws[len(ws)-1] = nil // one member without a workload
 	fp, err := planner.PlanFamily(context.Background(), "bestfit", ms, planner.Options{Workers: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Family{Members: ms, Plan: fp, Workloads: ws}
+	// Without planning times, which files do not store.
+	return familyWithoutTimes(&Family{Members: ms, Plan: fp, Workloads: ws})
 }
 
 func TestFamilyRoundTrip(t *testing.T) {
@@ -293,40 +293,6 @@ func TestFamilyEncodeRefuses(t *testing.T) {
 	}
 }
 
-func TestFamilyReport(t *testing.T) {
-	f := familyFile(t, 1, 8, 64)
-	r := NewFamilyReport(f)
-	if r.Arena != f.Plan.Arena || r.SeparateArenas != f.Plan.SeparateArenas || len(r.Members) != 3 {
-		t.Fatalf("report %+v", r)
-	}
-	if r.Members[1].Batch == nil || *r.Members[1].Batch != 8 || r.Members[2].Batch != nil {
-		t.Fatalf("batches %v %v", r.Members[1].Batch, r.Members[2].Batch)
-	}
-	if r.Members[0].SharedKeys != 5 {
-		t.Fatalf("shared keys %d", r.Members[0].SharedKeys)
-	}
-	r.Members[0].ReplayUSPerStep = 751.5
-	var text bytes.Buffer
-	if err := r.WriteText(&text); err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range []string{"batch=64", "751.5", "separate arenas", "lower bound"} {
-		if !strings.Contains(text.String(), w) {
-			t.Errorf("text lacks %q:\n%s", w, text.String())
-		}
-	}
-	js, err := json.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range []string{`"separate_arenas_bytes":`, `"batch":1,`, `"replay_us_per_step":751.5`, `"lower_bound":`} {
-		if !bytes.Contains(js, []byte(w)) {
-			t.Errorf("json lacks %s: %s", w, js)
-		}
-	}
-	t.Logf("\n%s%s", text.String(), js)
-}
-
 // Family fuzz seeds live beside FuzzDecode's, under FuzzDecodeFamily.
 func familyFuzzSeeds(t testing.TB) map[string][]byte {
 	seeds := map[string][]byte{}
@@ -403,7 +369,8 @@ func checkFamilyAccepted(t *testing.T, f *Family) {
 	if err != nil {
 		t.Fatalf("re-encoded family does not decode: %v", err)
 	}
-	if !reflect.DeepEqual(back, f) {
+	// Files store no planning times (older ones may, as the seeds do).
+	if !reflect.DeepEqual(back, familyWithoutTimes(f)) {
 		t.Fatalf("round trip changed the family")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -26,13 +27,13 @@ func Save(path string, f *File) error {
 func writeAtomic(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return fmt.Errorf("plans: %s: %w", path, err)
+		return fmt.Errorf("plans: %s: %w", path, bare(err))
 	}
 	name := tmp.Name()
 	fail := func(err error) error {
 		tmp.Close()
 		os.Remove(name)
-		return fmt.Errorf("plans: %s: %w", path, err)
+		return fmt.Errorf("plans: %s: %w", path, bare(err))
 	}
 	if _, err := tmp.Write(data); err != nil {
 		return fail(err)
@@ -45,13 +46,28 @@ func writeAtomic(path string, data []byte) error {
 	}
 	if err := tmp.Close(); err != nil {
 		os.Remove(name)
-		return fmt.Errorf("plans: %s: %w", path, err)
+		return fmt.Errorf("plans: %s: %w", path, bare(err))
 	}
 	if err := os.Rename(name, path); err != nil {
 		os.Remove(name)
-		return fmt.Errorf("plans: %s: %w", path, err)
+		return fmt.Errorf("plans: %s: %w", path, bare(err))
 	}
 	return nil
+}
+
+// bare strips the temporary file's name from an error of the os package
+// (its *fs.PathError or *os.LinkError), keeping the cause for errors.Is:
+// the user asked for path and never heard of the temporary file.
+func bare(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return fmt.Errorf("%s: %w", le.Op, le.Err)
+	}
+	return err
 }
 
 // Load reads and decodes the plan file at path. It refuses what is not a

@@ -140,11 +140,24 @@ func Encode(f *File) ([]byte, error) {
 	return data, nil
 }
 
+// withoutTimes is f with its plan's planning times cleared: they are no
+// part of a plan, and a file of the same plan must be the same bytes.
+// Files written before times were left out still decode with theirs.
+func withoutTimes(f *File) *File {
+	if f.Plan.Elapsed == 0 && f.Plan.ToBest == 0 {
+		return f
+	}
+	g, p := *f, *f.Plan
+	p.Elapsed, p.ToBest = 0, 0
+	g.Plan = &p
+	return &g
+}
+
 func encode(f *File) ([]byte, error) {
 	if err := verify(f); err != nil {
 		return nil, err
 	}
-	raw := encodePayload(f)
+	raw := encodePayload(withoutTimes(f))
 	if uint64(len(raw)) > MaxPayload {
 		return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrTooLarge, len(raw), uint64(MaxPayload))
 	}

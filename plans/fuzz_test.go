@@ -100,7 +100,8 @@ func checkAccepted(t *testing.T, f *File) {
 	if err != nil {
 		t.Fatalf("re-encoded file does not decode: %v", err)
 	}
-	if !reflect.DeepEqual(back, f) {
+	// Files store no planning times (older ones may, as the seeds do).
+	if !reflect.DeepEqual(back, withoutTimes(f)) {
 		t.Fatalf("round trip changed the file")
 	}
 }

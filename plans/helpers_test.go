@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -35,20 +35,19 @@ func isSentinel(err error) bool {
 // own alignments, streams, tags, hints, gaps with and without a window,
 // prior offsets and PyTorch statistics.
 func smallTrace() *lifetime.Trace {
-	no := lifetime.NoOffset
 	t := &lifetime.Trace{
 		Name: "small step",
 		Buffers: []lifetime.Buffer{
-			{Name: "weights", Size: 1000, Start: 0, End: 10, Tag: "weight", Fixed: 0, Hint: no},
-			{Name: "x", Size: 300, Start: 0, End: 2, Tag: "input", Fixed: no, Hint: no},
-			{Name: "h1", Size: 512, Align: 512, Start: 1, End: 4, Stream: 1, Tag: "intermediate", Fixed: no, Hint: no,
+			{Name: "weights", Size: 1000, Start: 0, End: 10, Tag: "weight", Fixed: 0, HasFixed: true},
+			{Name: "x", Size: 300, Start: 0, End: 2, Tag: "input"},
+			{Name: "h1", Size: 512, Align: 512, Start: 1, End: 4, Stream: 1, Tag: "intermediate",
 				Gaps: []lifetime.Gap{{Start: 2, End: 3, HasWindow: true, Lo: 0, Hi: 100}}},
-			{Name: "h2", Size: 256, Start: 2, End: 5, Tag: "intermediate", Fixed: no, Hint: no,
+			{Name: "h2", Size: 256, Start: 2, End: 5, Tag: "intermediate",
 				Gaps: []lifetime.Gap{{Start: 3, End: 4}}},
-			{Name: "kv", Size: 700, Start: 4, End: 8, Stream: -3, Tag: "kv", Fixed: no, Hint: 2048},
-			{Name: "out \"ü\"", Size: 100, Start: 8, End: 10, Tag: "output", Fixed: no, Hint: no},
+			{Name: "kv", Size: 700, Start: 4, End: 8, Stream: -3, Tag: "kv", Hint: 2048, HasHint: true},
+			{Name: "out \"ü\"", Size: 100, Start: 8, End: 10, Tag: "output"},
 		},
-		Prior: []int64{0, 1024, no, 4096, no, 1024},
+		Prior: []int64{0, 1024, lifetime.NoOffset, 4096, lifetime.NoOffset, 1024},
 		Torch: &lifetime.TorchStats{Device: 1, ReservedPeak: 1 << 20, LiveAtStart: 4096, HasSegments: true},
 	}
 	for i := range t.Buffers {
@@ -58,7 +57,7 @@ func smallTrace() *lifetime.Trace {
 }
 
 func smallWorkload() *Workload {
-	w := &Workload{Name: "gpt2-decode", Shape: []Dim{{"batch", 1}, {"seq", 1024}, {"neg", -7}}}
+	w := &Workload{Name: "gpt2-decode", Shape: []graph.Dim{{Name: "batch", Value: 1}, {Name: "seq", Value: 1024}, {Name: "neg", Value: -7}}}
 	for i := range w.Fingerprint {
 		w.Fingerprint[i] = byte(i * 7)
 	}
@@ -76,7 +75,7 @@ func firstFit(t *lifetime.Trace, align int64) []int64 {
 	var fixed []int
 	order := make([]int, 0, len(t.Buffers))
 	for i := range t.Buffers {
-		if b := &t.Buffers[i]; b.Fixed != lifetime.NoOffset {
+		if b := &t.Buffers[i]; b.HasFixed {
 			offs[i] = b.Fixed
 			fixed = append(fixed, i)
 		} else {
@@ -124,8 +123,8 @@ func firstFit(t *lifetime.Trace, align int64) []int64 {
 
 // planFor makes a verified plan of t from the given offsets.
 func planFor(t *lifetime.Trace, algo string, align int64, offs []int64) *planner.Plan {
-	p := &planner.Plan{Algo: algo, Align: align, Offsets: offs,
-		Elapsed: 1234567 * time.Nanosecond, ToBest: 1000 * time.Nanosecond}
+	// No planning times: files do not store them (TestSamePlanSameBytes).
+	p := &planner.Plan{Algo: algo, Align: align, Offsets: offs}
 	p.Arena = planner.ArenaSize(t, offs, align)
 	p.LowerBound, _ = t.LowerBound(align)
 	p.Optimal = p.Arena == p.LowerBound
@@ -164,8 +163,7 @@ func synthTrace(n int, seed uint64) *lifetime.Trace {
 			Name:  "h." + strconv.Itoa(i/200) + "." + parts[rng.IntN(len(parts))] + "." + strconv.Itoa(i),
 			Size:  sizes[rng.IntN(len(sizes))] + int64(rng.IntN(3))*256,
 			Start: now, End: now + dur,
-			Tag:   tags[rng.IntN(len(tags))],
-			Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset,
+			Tag: tags[rng.IntN(len(tags))],
 		}
 	}
 	return t
@@ -202,7 +200,7 @@ func readCSV(path string) (*lifetime.Trace, error) {
 			}
 		}
 		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: f[0],
-			Start: v[0], End: v[1], Size: v[2], Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset})
+			Start: v[0], End: v[1], Size: v[2]})
 	}
 	return t, sc.Err()
 }

@@ -103,7 +103,7 @@ func buffersBomb(n, c int) []byte {
 func gapsFile(t testing.TB, n int) []byte {
 	t.Helper()
 	tr := &lifetime.Trace{Name: "gaps", Buffers: []lifetime.Buffer{{
-		Name: "b", Size: 256, Start: 0, End: int64(2*n + 1), Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset,
+		Name: "b", Size: 256, Start: 0, End: int64(2*n + 1),
 		Gaps: make([]lifetime.Gap, n),
 	}}}
 	for i := range tr.Buffers[0].Gaps {

@@ -14,28 +14,21 @@ import (
 // jsonHead is everything of a File except its buffers, in the order a
 // reader wants to see it.
 type jsonHead struct {
-	Format      string        `json:"format"`
-	Version     int           `json:"version"`
-	Trace       string        `json:"trace"`
-	Fingerprint string        `json:"fingerprint"`
-	Buffers     int           `json:"buffer_count"`
-	Algo        string        `json:"algo"`
-	Align       int64         `json:"align"`
-	Arena       int64         `json:"arena"`
-	LowerBound  int64         `json:"lower_bound"`
-	Ratio       float64       `json:"ratio"`
-	Optimal     bool          `json:"optimal"`
-	ElapsedMS   float64       `json:"elapsed_ms"`
-	ToBestMS    float64       `json:"to_best_ms"`
-	Torch       *jsonTorch    `json:"torch,omitempty"`
-	Workload    *jsonWorkload `json:"workload,omitempty"`
-}
-
-type jsonTorch struct {
-	Device       int   `json:"device"`
-	ReservedPeak int64 `json:"reserved_peak"`
-	LiveAtStart  int64 `json:"live_at_start"`
-	HasSegments  bool  `json:"has_segments"`
+	Format      string              `json:"format"`
+	Version     int                 `json:"version"`
+	Trace       string              `json:"trace"`
+	Fingerprint string              `json:"fingerprint"`
+	Buffers     int                 `json:"buffer_count"`
+	Algo        string              `json:"algo"`
+	Align       int64               `json:"align"`
+	Arena       int64               `json:"arena"`
+	LowerBound  int64               `json:"lower_bound"`
+	Ratio       float64             `json:"ratio"`
+	Optimal     bool                `json:"optimal"`
+	ElapsedMS   float64             `json:"elapsed_ms,omitempty"` // files written before timings left the payload
+	ToBestMS    float64             `json:"to_best_ms,omitempty"`
+	Torch       *lifetime.JSONTorch `json:"torch,omitempty"`
+	Workload    *jsonWorkload       `json:"workload,omitempty"`
 }
 
 type jsonWorkload struct {
@@ -49,27 +42,12 @@ type jsonDim struct {
 	Value int64  `json:"value"`
 }
 
+// jsonBuffer is a buffer as the JSON trace format of package lifetime
+// writes it (one schema for both), with its id and its offset in the plan.
 type jsonBuffer struct {
-	ID     int       `json:"id"`
-	Name   string    `json:"name"`
-	Offset int64     `json:"offset"`
-	Size   int64     `json:"size"`
-	Align  int64     `json:"align,omitempty"`
-	Start  int64     `json:"start"`
-	End    int64     `json:"end"`
-	Stream int64     `json:"stream,omitempty"`
-	Tag    string    `json:"tag,omitempty"`
-	Fixed  *int64    `json:"fixed,omitempty"`
-	Hint   *int64    `json:"hint,omitempty"`
-	Prior  *int64    `json:"prior,omitempty"`
-	Gaps   []jsonGap `json:"gaps,omitempty"`
-}
-
-type jsonGap struct {
-	Start int64  `json:"start"`
-	End   int64  `json:"end"`
-	Lo    *int64 `json:"lo,omitempty"`
-	Hi    *int64 `json:"hi,omitempty"`
+	ID     int   `json:"id"`
+	Offset int64 `json:"offset"`
+	lifetime.JSONBuffer
 }
 
 // WriteJSON writes f as one human-readable JSON object: the header fields
@@ -99,7 +77,7 @@ func WriteJSON(w io.Writer, f *File) error {
 		ToBestMS:    float64(p.ToBest.Microseconds()) / 1000,
 	}
 	if ts := t.Torch; ts != nil {
-		h.Torch = &jsonTorch{ts.Device, ts.ReservedPeak, ts.LiveAtStart, ts.HasSegments}
+		h.Torch = &lifetime.JSONTorch{Device: ts.Device, ReservedPeak: ts.ReservedPeak, LiveAtStart: ts.LiveAtStart, HasSegments: ts.HasSegments}
 	}
 	if wl := f.Workload; wl != nil {
 		jw := &jsonWorkload{Name: wl.Name, Shape: []jsonDim{}, Fingerprint: hex.EncodeToString(wl.Fingerprint[:])}
@@ -139,29 +117,9 @@ func WriteJSON(w io.Writer, f *File) error {
 }
 
 func jsonBufferOf(t *lifetime.Trace, offsets []int64, i int) jsonBuffer {
-	b := &t.Buffers[i]
-	jb := jsonBuffer{
-		ID: i, Name: b.Name, Offset: lifetime.NoOffset, Size: b.Size, Align: b.Align,
-		Start: b.Start, End: b.End, Stream: b.Stream, Tag: b.Tag,
-	}
+	jb := jsonBuffer{ID: i, Offset: lifetime.NoOffset, JSONBuffer: lifetime.NewJSONBuffer(t, i)}
 	if i < len(offsets) {
 		jb.Offset = offsets[i]
-	}
-	if b.Fixed != lifetime.NoOffset {
-		jb.Fixed = &b.Fixed
-	}
-	if b.Hint != lifetime.NoOffset {
-		jb.Hint = &b.Hint
-	}
-	if i < len(t.Prior) && t.Prior[i] != lifetime.NoOffset {
-		jb.Prior = &t.Prior[i]
-	}
-	for _, g := range b.Gaps {
-		jg := jsonGap{Start: g.Start, End: g.End}
-		if g.HasWindow {
-			jg.Lo, jg.Hi = &g.Lo, &g.Hi
-		}
-		jb.Gaps = append(jb.Gaps, jg)
 	}
 	return jb
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -93,8 +94,8 @@ func encodeSections(f *File, keys []string) []byte {
 			s.uvarint(uint64(b.End - b.Start))
 			s.varint(b.Stream)
 			s.str(b.Tag)
-			s.varint(b.Fixed)
-			s.varint(b.Hint)
+			s.varint(offsetOrNone(b.Fixed, b.HasFixed))
+			s.varint(offsetOrNone(b.Hint, b.HasHint))
 			var off int64 = -1
 			if i < len(p.Offsets) {
 				off = p.Offsets[i]
@@ -444,8 +445,12 @@ func decodeBuffers(s *reader, t *lifetime.Trace, p *planner.Plan) {
 		b.End = s.add(b.Start, s.int64(), "end")
 		b.Stream = s.varint()
 		b.Tag = s.str()
-		b.Fixed = s.varint()
-		b.Hint = s.varint()
+		if v := s.varint(); v != lifetime.NoOffset {
+			b.Fixed, b.HasFixed = v, true
+		}
+		if v := s.varint(); v != lifetime.NoOffset {
+			b.Hint, b.HasHint = v, true
+		}
 		p.Offsets[i] = s.int64()
 		ng := s.count("gaps", minGapBytes)
 		s.spend(ng, "gaps")
@@ -496,10 +501,19 @@ func decodeWorkload(s *reader) *Workload {
 	if s.err != nil || n == 0 {
 		return w
 	}
-	w.Shape = make([]Dim, n)
+	w.Shape = make([]graph.Dim, n)
 	for i := range w.Shape {
 		w.Shape[i].Name = s.str()
 		w.Shape[i].Value = s.varint()
 	}
 	return w
+}
+
+// offsetOrNone is a buffer's fixed offset or hint as the payload stores it:
+// lifetime.NoOffset (-1) where the buffer has none.
+func offsetOrNone(v int64, ok bool) int64 {
+	if !ok {
+		return lifetime.NoOffset
+	}
+	return v
 }

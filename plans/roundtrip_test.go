@@ -3,12 +3,15 @@ package plans
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -73,7 +76,7 @@ func TestEncodeRefusesInvalid(t *testing.T) {
 	badTrace := smallFile(t)
 	badTrace.Trace.Buffers[3].End = badTrace.Trace.Buffers[3].Start
 	dupDim := smallFile(t)
-	dupDim.Workload.Shape = append(dupDim.Workload.Shape, Dim{"seq", 1})
+	dupDim.Workload.Shape = append(dupDim.Workload.Shape, graph.Dim{Name: "seq", Value: 1})
 	cases := map[string]*File{
 		"nil":           nil,
 		"no plan":       {Trace: smallTrace()},
@@ -128,6 +131,8 @@ func TestSaveLoad(t *testing.T) {
 	}
 	if err := Save(filepath.Join(dir, "no", "such", "dir.plan"), f); err == nil {
 		t.Errorf("Save into a missing directory succeeded")
+	} else if !errors.Is(err, fs.ErrNotExist) || strings.Contains(err.Error(), ".tmp") {
+		t.Errorf("Save into a missing directory: %q; want ErrNotExist and no temporary file name", err)
 	}
 	if err := Save(filepath.Join(dir, "bad.plan"), &File{}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Save of an empty File: %v", err)
@@ -154,5 +159,54 @@ func TestLoadTooLarge(t *testing.T) {
 	}
 	if _, err := Load(t.TempDir()); err == nil {
 		t.Fatalf("Load of a directory succeeded")
+	}
+}
+
+// TestSamePlanSameBytes: two runs that find the same plan in different
+// times write the same file, single or family.
+func TestSamePlanSameBytes(t *testing.T) {
+	f := smallFile(t)
+	a, b := *f, *f
+	pa, pb := *f.Plan, *f.Plan
+	pa.Elapsed, pa.ToBest = 3*time.Second, time.Second
+	pb.Elapsed, pb.ToBest = 5*time.Millisecond, time.Millisecond
+	a.Plan, b.Plan = &pa, &pb
+	da, err := Encode(&a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := Encode(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(da, db) {
+		t.Fatalf("the same plan planned in different times gives different files (%d and %d bytes)", len(da), len(db))
+	}
+	back, err := Decode(da)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Plan.Elapsed != 0 || back.Plan.ToBest != 0 {
+		t.Errorf("decoded times %v, %v: want none stored", back.Plan.Elapsed, back.Plan.ToBest)
+	}
+	if pa.Elapsed != 3*time.Second {
+		t.Error("Encode changed the caller's plan")
+	}
+
+	fam := familyFile(t, 1, 2)
+	fa, fb := *fam, *fam
+	fpa, fpb := *fam.Plan, *fam.Plan
+	fpa.Elapsed, fpb.Elapsed = time.Second, time.Millisecond
+	fa.Plan, fb.Plan = &fpa, &fpb
+	ea, err := EncodeFamily(&fa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb, err := EncodeFamily(&fb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ea, eb) {
+		t.Fatal("the same family plan planned in different times gives different files")
 	}
 }

@@ -1,6 +1,11 @@
 package plans
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+
+	"github.com/arenaplan/arenaplan/graph"
+)
 
 // Workload describes what a trace was recorded from, so that an executor
 // can tell whether a plan still fits the workload it is about to run: the
@@ -9,18 +14,17 @@ import "fmt"
 // members (several shapes sharing one plan) in a later version.
 type Workload struct {
 	Name string
-	// Shape holds the workload's dimensions in the order they were given;
-	// names are unique and not empty.
-	Shape []Dim
-	// Fingerprint identifies the workload's kernels (zero when unknown);
-	// this package stores it and never interprets it.
-	Fingerprint [32]byte
+	// Shape holds the workload's dimensions in the order they were given
+	// (graph.Graph.Shape); names are unique and not empty.
+	Shape []graph.Dim
+	// Fingerprint identifies the workload (graph.Graph.Fingerprint; zero
+	// when unknown); this package stores it and never interprets it.
+	Fingerprint graph.Fingerprint
 }
 
-// Dim is one named dimension of a workload's shape.
-type Dim struct {
-	Name  string
-	Value int64
+// WorkloadOf describes g as a plan file records it.
+func WorkloadOf(g *graph.Graph) *Workload {
+	return &Workload{Name: g.Name, Shape: slices.Clone(g.Shape), Fingerprint: g.Fingerprint()}
 }
 
 // Dim returns the value of the named dimension.

@@ -35,6 +35,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/internal/tracegen"
 	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
 )
 
 // instance is one row: a trace, its alignment and budget, and the best
@@ -168,7 +169,7 @@ func run(data string, scaling bool, only string, n int) error {
 		if err != nil {
 			return err
 		}
-		bs, err := planOnce(plan, "bysize", in.path, in.align, in.budget)
+		bs, err := planOnce(plan, planner.BySize, in.path, in.align, in.budget)
 		if err != nil {
 			return err
 		}
@@ -197,11 +198,11 @@ func run(data string, scaling bool, only string, n int) error {
 			if err := writeCSV(path, tr); err != nil {
 				return err
 			}
-			bf, err := planOnce(plan, "bestfit", path, 1, 0)
+			bf, err := planOnce(plan, planner.BestFit, path, 1, 0)
 			if err != nil {
 				return err
 			}
-			bs, err := planOnce(plan, "bysize", path, 1, 0)
+			bs, err := planOnce(plan, planner.BySize, path, 1, 0)
 			if err != nil {
 				return err
 			}

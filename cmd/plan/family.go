@@ -9,9 +9,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/internal/famreport"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // parseBatchSizes reads "1,2,4": distinct positive sizes, in the order
@@ -33,13 +35,13 @@ func parseBatchSizes(s string) ([]int, error) {
 
 // familyGraphs builds the workload at each batch size, with the tensors
 // the members share sized for the largest.
-func familyGraphs(name string, base graphexec.Shape, sizes []int) ([]*graphexec.Graph, error) {
+func familyGraphs(name string, base workloads.Shape, sizes []int) ([]*graph.Graph, error) {
 	mb := slices.Max(sizes)
-	var gs []*graphexec.Graph
+	var gs []*graph.Graph
 	for _, b := range sizes {
 		s := base
 		s.Batch, s.MaxBatch = b, mb
-		g, err := graphexec.Build(name, s)
+		g, err := workloads.Build(name, s)
 		if err != nil {
 			return nil, err
 		}
@@ -57,18 +59,15 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 	}
 	gs, err := familyGraphs(c.workload, c.shape.Shape(), sizes)
 	if err != nil {
-		return err
+		return usageError{err} // a shape the flags gave
 	}
-	fp, members, err := graphexec.PlanFamily(ctx, c.algo, gs, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
+	fp, members, err := graph.PlanFamily(ctx, c.algo, gs, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
 	if err != nil {
 		return err
 	}
 	fam := &plans.Family{Members: members, Plan: fp}
 	for _, g := range gs {
-		w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-		for _, d := range g.Shape {
-			w.Shape = append(w.Shape, plans.Dim{Name: d.Name, Value: d.Value})
-		}
+		w := plans.WorkloadOf(g)
 		fam.Workloads = append(fam.Workloads, w)
 	}
 	if c.out != "" {
@@ -76,7 +75,7 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 			return err
 		}
 	}
-	r := plans.NewFamilyReport(fam)
+	r := famreport.NewFamilyReport(fam)
 	if c.jsonOut {
 		line, err := json.Marshal(r)
 		if err != nil {
@@ -90,7 +89,7 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 }
 
 func inspectFamily(path string, fam *plans.Family, asJSON bool, stdout io.Writer) error {
-	r := plans.NewFamilyReport(fam)
+	r := famreport.NewFamilyReport(fam)
 	if asJSON {
 		line, err := json.Marshal(r)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/arenaplan/arenaplan/internal/famreport"
 	"github.com/arenaplan/arenaplan/plans"
 )
 
@@ -38,7 +39,7 @@ func TestPlanBatchSizes(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("inspect: exit %d: %s", code, stderr)
 	}
-	var r plans.FamilyReport
+	var r famreport.FamilyReport
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil || len(r.Members) != 4 || r.SeparateArenas <= r.Arena {
 		t.Errorf("inspect --json: %v: %s", err, stdout)
 	}

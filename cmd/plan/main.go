@@ -6,10 +6,14 @@
 //	plan [flags] TRACE...
 //	plan inspect FILE.plan
 //
-// Exit status: 0 on success, 1 on bad input or failure (one line on
-// stderr), 2 on bad usage, 130 when interrupted: the first Ctrl-C stops
-// reading, decoding, validating or planning at once, a second one exits
-// whatever the command is doing.
+// Exit status: 0 on success (--help included: the usage goes to stdout), 1
+// on bad input or failure (one line on stderr; a trace without buffers is
+// bad input), 2 on bad usage, 130 when interrupted. Bad usage is one rule
+// for plan and run alike: an unknown flag, a flag value out of range (a
+// workload's shape included), a flag the mode does not take (a trace flag
+// with --workload, a workload flag with traces) or two flags that decide
+// the same thing. The first Ctrl-C stops reading, decoding, validating or
+// planning at once, a second one exits whatever the command is doing.
 package main
 
 import (
@@ -25,11 +29,12 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/internal/interrupt"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 func main() {
@@ -60,7 +65,7 @@ type config struct {
 	workers     int
 	exportCSV   string
 	workload    string
-	shape       *graphexec.ShapeFlags
+	shape       *workloads.ShapeFlags
 	batchSizes  string
 }
 
@@ -88,25 +93,38 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 		return inspect(ctx, args[1:], stdout, stderr)
 	}
 	var c config
+	// Three groups, shown apart by --help: flags of every plan, flags that
+	// only traces take, flags that only --workload takes.
+	common := pflag.NewFlagSet("plan", pflag.ContinueOnError)
+	common.StringVar(&c.algo, "algo", planner.Auto, "planning algorithm: "+strings.Join(planner.Names(), ", "))
+	common.Int64Var(&c.align, "align", planner.DefaultAlign, "round sizes up to and align offsets on this many bytes (a power of two)")
+	common.StringVarP(&c.out, "output", "o", "", "write the plan to this file (one trace only)")
+	common.BoolVar(&c.jsonOut, "json", false, "print one JSON object per trace per line")
+	common.DurationVar(&c.budget, "budget", planner.DefaultBudget, "time budget per trace for searching algorithms")
+	common.IntVar(&c.workers, "workers", 0, "goroutines a search may use (0: all cores; 1: deterministic)")
+	traceFlags := pflag.NewFlagSet("plan", pflag.ContinueOnError)
+	traceFlags.StringVar(&c.format, "format", "", "trace format: csv, torch or json (default: from the file extension)")
+	traceFlags.BoolVar(&c.compare, "compare", false, "also run the baselines ("+strings.Join(planner.Baselines, ", ")+") side by side")
+	traceFlags.StringVar(&c.svg, "svg", "", "draw the layout to this SVG file (one trace only)")
+	traceFlags.BoolVar(&c.keepOffsets, "keep-offsets", false, "treat a CSV offset column as fixed offsets instead of an earlier solution")
+	traceFlags.StringVar(&c.exportCSV, "export-csv", "", "also write the trace with an offset column to this CSV file (one trace only)")
+	workloadFlags := pflag.NewFlagSet("plan", pflag.ContinueOnError)
+	workloadFlags.StringVar(&c.workload, "workload", "", "plan a built-in workload's dry run instead of traces: "+strings.Join(workloads.Workloads(), ", "))
+	c.shape = workloads.AddShapeFlags(workloadFlags)
+	workloadFlags.StringVar(&c.batchSizes, "batch-sizes", "", "plan a family of these batch sizes (1,2,4,...) into one arena and one file; overrides --batch")
 	fs := pflag.NewFlagSet("plan", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.format, "format", "", "trace format: csv, torch or json (default: from the file extension)")
-	fs.StringVar(&c.algo, "algo", "auto", "planning algorithm: "+strings.Join(planner.Names(), ", "))
-	fs.Int64Var(&c.align, "align", planner.DefaultAlign, "round sizes up to and align offsets on this many bytes")
-	fs.StringVarP(&c.out, "output", "o", "", "write the plan to this file (one trace only)")
-	fs.BoolVar(&c.compare, "compare", false, "also run the baselines ("+strings.Join(planner.Baselines, ", ")+") side by side")
-	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object per trace per line")
-	fs.StringVar(&c.svg, "svg", "", "draw the layout to this SVG file (one trace only)")
-	fs.BoolVar(&c.keepOffsets, "keep-offsets", false, "treat a CSV offset column as fixed offsets instead of an earlier solution")
-	fs.DurationVar(&c.budget, "budget", planner.DefaultBudget, "time budget per trace for searching algorithms")
-	fs.IntVar(&c.workers, "workers", 0, "goroutines a search may use (0: all cores; 1: deterministic)")
-	fs.StringVar(&c.exportCSV, "export-csv", "", "also write the trace with an offset column to this CSV file (one trace only)")
-	fs.StringVar(&c.workload, "workload", "", "plan a built-in workload's dry run instead of traces: "+strings.Join(graphexec.Workloads(), ", "))
-	c.shape = graphexec.AddShapeFlags(fs)
-	fs.StringVar(&c.batchSizes, "batch-sizes", "", "with --workload: plan a family of these batch sizes (1,2,4,...) into one arena and one file; overrides --batch")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: plan [flags] TRACE...\n       plan --workload NAME [shape flags] [-o FILE.plan]\n       plan inspect FILE.plan\n\nflags:\n%s", fs.FlagUsages())
+	fs.AddFlagSet(common)
+	fs.AddFlagSet(traceFlags)
+	fs.AddFlagSet(workloadFlags)
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "usage: plan [flags] [trace flags] TRACE...\n       plan --workload NAME [workload flags] [flags]\n       plan inspect [--json] FILE.plan\n\n"+
+			"flags:\n%s\ntrace flags (TRACE...):\n%s\nworkload flags (--workload):\n%s",
+			common.FlagUsages(), traceFlags.FlagUsages(), workloadFlags.FlagUsages())
 	}
+	// --help asks for the usage: it goes to stdout and exits 0. A usage
+	// error prints it to stderr.
+	fs.Usage = func() { usage(stdout) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
@@ -124,16 +142,18 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 		return usageError{fmt.Errorf("%s needs --workload", strings.Join(c.shape.Changed(), ", "))}
 	}
 	switch {
-	case c.workload != "":
-	case len(paths) == 0:
-		fs.Usage()
+	case c.workload == "" && len(paths) == 0:
+		usage(stderr)
 		return usageError{errors.New("no trace given")}
-	case c.align < 1 || c.align > 1<<30:
-		return usageError{fmt.Errorf("--align %d: must be between 1 and 2^30", c.align)}
+	case c.align < 1 || c.align > planner.MaxAlign || c.align&(c.align-1) != 0:
+		return usageError{fmt.Errorf("--align %d: must be a power of two from 1 to 2^30", c.align)}
 	case c.budget <= 0:
 		return usageError{fmt.Errorf("--budget %v: must be positive", c.budget)}
 	case c.workers < 0:
 		return usageError{fmt.Errorf("--workers %d: must not be negative", c.workers)}
+	}
+	if err := c.options().Validate(); err != nil {
+		return usageError{err}
 	}
 	if !known(c.algo) {
 		return usageError{fmt.Errorf("--algo %q: unknown (have %s)", c.algo, strings.Join(planner.Names(), ", "))}
@@ -151,7 +171,13 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, tty 
 		if err != nil {
 			return err
 		}
+		if len(ts) == 0 {
+			return fmt.Errorf("%s: no trace in the file", p)
+		}
 		for _, t := range ts {
+			if len(t.Buffers) == 0 {
+				return fmt.Errorf("%s: trace %q has no buffers: nothing to plan", p, t.Name)
+			}
 			traces = append(traces, t)
 			sources = append(sources, p)
 		}
@@ -211,23 +237,20 @@ func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
 	if c.batchSizes != "" {
 		return planFamily(ctx, c, stdout)
 	}
-	g, err := graphexec.Build(c.workload, c.shape.Shape())
+	g, err := workloads.Build(c.workload, c.shape.Shape())
 	if err != nil {
-		return err
+		return usageError{err} // a shape the flags gave
 	}
 	d, err := g.DryRun()
 	if err != nil {
 		return err
 	}
 	t := d.Trace
-	p, err := graphexec.PlanWith(ctx, c.algo, t, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
+	p, err := graph.PlanWith(ctx, c.algo, t, planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers})
 	if err != nil {
 		return err
 	}
-	w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-	for _, dim := range g.Shape {
-		w.Shape = append(w.Shape, plans.Dim{Name: dim.Name, Value: dim.Value})
-	}
+	w := plans.WorkloadOf(g)
 	if c.out != "" {
 		if err := plans.Save(c.out, &plans.File{Trace: t, Plan: p, Workload: w}); err != nil {
 			return err
@@ -249,6 +272,11 @@ func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
 	printTable(stdout, []report{r}, false)
 	fmt.Fprintf(stdout, "workload fingerprint %s\n", r.Fingerprint)
 	return nil
+}
+
+// options are the planner options the flags ask for.
+func (c config) options() planner.Options {
+	return planner.Options{Align: c.align, Budget: c.budget, Workers: c.workers}
 }
 
 func known(algo string) bool {
@@ -284,7 +312,8 @@ func planOne(ctx context.Context, c config, source string, t *lifetime.Trace, st
 	if tty {
 		opt.Progress = progressLine(stderr, source)
 	}
-	p, err := planner.Run(ctx, c.algo, t, opt)
+	// By tag, as graphexec and the bridge plan: the file is arena-ready.
+	p, _, err := planner.RunByTag(ctx, c.algo, t, opt)
 	if opt.Progress != nil {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
@@ -299,7 +328,7 @@ func planOne(ctx context.Context, c config, source string, t *lifetime.Trace, st
 	if c.compare {
 		r.Baselines = map[string]int64{}
 		for _, b := range planner.Baselines {
-			bp, err := planner.Run(ctx, b, t, planner.Options{Align: c.align, Workers: c.workers})
+			bp, _, err := planner.RunByTag(ctx, b, t, planner.Options{Align: c.align, Workers: c.workers})
 			if err != nil {
 				return report{}, nil, fmt.Errorf("%s: %w", source, err)
 			}
@@ -441,6 +470,7 @@ func inspect(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := pflag.NewFlagSet("plan inspect", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the whole plan as JSON (every buffer and its offset)")
+	fs.Usage = func() { fmt.Fprintf(stdout, "usage: plan inspect [--json] FILE.plan\n\nflags:\n%s", fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,6 +99,7 @@ func TestWritesCheckedPlanAndInspects(t *testing.T) {
 func TestExitCodes(t *testing.T) {
 	good := writeTemp(t, "toy.csv", toyCSV)
 	bad := writeTemp(t, "bad.csv", "id,lower,upper,size\nx,5,1,4\n")
+	empty := writeTemp(t, "empty.csv", "id,lower,upper,size\n")
 	cases := []struct {
 		name string
 		args []string
@@ -107,10 +109,17 @@ func TestExitCodes(t *testing.T) {
 		{"no trace", nil, 2, "no trace"},
 		{"unknown flag", []string{"--frobnicate", good}, 2, "frobnicate"},
 		{"bad align", []string{"--align", "0", good}, 2, "--align"},
+		{"align not a power of two", []string{"--align", "3", good}, 2, "power of two"},
+		{"workload align not a power of two", []string{"--workload", "mlp", "--align", "3"}, 2, "power of two"},
 		{"unknown algo", []string{"--algo", "magic", good}, 2, "magic"},
 		{"missing file", []string{"/nonexistent/x.csv"}, 1, "/nonexistent/x.csv"},
 		{"bad trace", []string{bad}, 1, "bad.csv"},
 		{"two traces one output", []string{"-o", "x.plan", good, good}, 2, "exactly one"},
+		{"empty trace", []string{empty}, 1, "has no buffers"},
+		{"output in a missing directory", []string{"-o", "/nonexistent/x.plan", good}, 1, "/nonexistent/x.plan: open: no such file"},
+		{"bad workload shape", []string{"--workload", "mlp", "--layers", "-4"}, 2, "--layers -4"},
+		{"trace flag with a workload", []string{"--workload", "mlp", "--svg", "x.svg"}, 2, "--svg"},
+		{"workload flag with a trace", []string{"--layers", "4", good}, 2, "--layers"},
 		{"ok", []string{good}, 0, ""},
 	}
 	for _, c := range cases {
@@ -122,6 +131,47 @@ func TestExitCodes(t *testing.T) {
 			if c.msg != "" && !strings.Contains(errs, c.msg) {
 				t.Errorf("stderr %q lacks %q", errs, c.msg)
 			}
+			if strings.Contains(errs, ".tmp") {
+				t.Errorf("stderr %q names a temporary file", errs)
+			}
 		})
+	}
+}
+
+// TestSamePlanSameFile: planning the same trace twice writes the same
+// bytes (planning times stay out of the file).
+func TestSamePlanSameFile(t *testing.T) {
+	dir := t.TempDir()
+	p := writeTemp(t, "toy.csv", toyCSV)
+	var files [][]byte
+	for i := range 2 {
+		out := filepath.Join(dir, fmt.Sprintf("toy%d.plan", i))
+		if code, _, errs := runPlan(t, "-o", out, "--workers", "1", p); code != 0 {
+			t.Fatalf("exit %d: %s", code, errs)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, b)
+	}
+	if !bytes.Equal(files[0], files[1]) {
+		t.Error("two plans of the same trace differ byte for byte")
+	}
+}
+
+// TestHelp: --help is a request, not an error: usage on stdout, exit 0,
+// with the trace flags and the workload flags apart.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"inspect", "--help"}} {
+		code, out, errs := runPlan(t, args...)
+		if code != 0 || errs != "" || !strings.Contains(out, "usage: plan") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 0 and the usage on stdout", args, code, out, errs)
+		}
+	}
+	_, out, _ := runPlan(t, "--help")
+	tr, wl := strings.Index(out, "trace flags (TRACE...):"), strings.Index(out, "workload flags (--workload):")
+	if tr < 0 || wl < tr || strings.Index(out, "--svg") > wl || strings.Index(out, "--kv-len") < wl {
+		t.Errorf("help does not show trace flags (--svg) and workload flags (--kv-len) apart:\n%s", out)
 	}
 }

@@ -7,8 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 func TestPlanWorkload(t *testing.T) {
@@ -21,12 +22,12 @@ func TestPlanWorkload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := graphexec.Build("mlp", graphexec.Shape{Layers: 4, Width: 32})
+	g, err := workloads.Build("mlp", workloads.Shape{Layers: 4, Width: 32})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := f.Workload
-	if w == nil || w.Name != "mlp" || graphexec.Fingerprint(w.Fingerprint) != g.Fingerprint() {
+	if w == nil || w.Name != "mlp" || graph.Fingerprint(w.Fingerprint) != g.Fingerprint() {
 		t.Fatalf("workload %+v, want mlp with fingerprint %s", w, g.Fingerprint())
 	}
 	if v, _ := w.Dim("layers"); v != 4 {

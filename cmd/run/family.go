@@ -9,15 +9,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/internal/famreport"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // FamilyRun is what a family run adds to the report.
 type FamilyRun struct {
-	Members []plans.MemberReport `json:"members"`
+	Members []famreport.MemberReport `json:"members"`
 	// SeparateArenas is the planner's sum of the members' own arenas, each
 	// member planned alone as it is in the family (shared tensors sized
 	// for the largest member).
@@ -55,32 +58,23 @@ func planFor(ctx context.Context, c *config) (*plans.File, *plans.Family, error)
 
 // familyGraphs builds every member's workload from the file's names and
 // shapes (with --seed) and verifies each against its member's plan.
-func familyGraphs(c *config, fam *plans.Family) ([]*graphexec.Graph, error) {
-	if ch := c.shape.Changed(); len(ch) > 0 || c.workload != "" {
-		return nil, usageError{fmt.Errorf("%s: a family plan names its workloads and shapes; --workload and %s do not apply",
-			c.planPath, strings.Join(ch, ", "))}
-	}
-	var gs []*graphexec.Graph
+func familyGraphs(c *config, fam *plans.Family) ([]*graph.Graph, error) {
+	var gs []*graph.Graph
 	for i, m := range fam.Members {
 		w := fam.Workload(i)
 		if w == nil {
 			return nil, fmt.Errorf("%s: member %q records no workload", c.planPath, m.Name)
 		}
-		var dims []graphexec.Dim
-		for _, d := range w.Shape {
-			dims = append(dims, graphexec.Dim{Name: d.Name, Value: d.Value})
-		}
-		s, err := graphexec.ShapeOf(dims)
+		s, err := workloads.ShapeOf(w.Shape)
 		if err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}
 		s.Seed = c.shape.Shape().Seed
-		g, err := graphexec.Build(w.Name, s)
+		g, err := workloads.BuildWith(w.Name, s, c.kernels)
 		if err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}
-		var fp graphexec.Fingerprint = w.Fingerprint
-		if err := graphexec.VerifyPlan(g, planLabel(w), fp, m.Trace, fam.Plan.Members[i].Plan); err != nil {
+		if err := graph.VerifyPlan(g, planLabel(w), w.Fingerprint, m.Trace, fam.Plan.Members[i].Plan); err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}
 		gs = append(gs, g)
@@ -179,7 +173,7 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 	if fr.SeparateStandalone, err = standaloneArenas(ctx, gs, fp.Align, c.budget); err != nil {
 		return nil, err
 	}
-	fr.Members = plans.NewFamilyReport(fam).Members
+	fr.Members = famreport.NewFamilyReport(fam).Members
 	for _, m := range seq {
 		if b := fr.Members[m].Batch; b != nil {
 			fr.Sequence = append(fr.Sequence, *b)
@@ -299,12 +293,12 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 }
 
 // outputs reads a member's output tensors.
-func outputs(e *graphexec.Executor) ([]byte, error) { return readRole(e, graphexec.Output) }
+func outputs(e *graphexec.Executor) ([]byte, error) { return readRole(e, graph.Output) }
 
 // state reads a member's state tensors (the shared KV cache).
-func state(e *graphexec.Executor) ([]byte, error) { return readRole(e, graphexec.State) }
+func state(e *graphexec.Executor) ([]byte, error) { return readRole(e, graph.State) }
 
-func readRole(e *graphexec.Executor, r graphexec.Role) ([]byte, error) {
+func readRole(e *graphexec.Executor, r graph.Role) ([]byte, error) {
 	var out []byte
 	for _, t := range e.Graph().TensorsWith(r) {
 		b, err := e.Read(t)
@@ -321,7 +315,7 @@ func readRole(e *graphexec.Executor, r graphexec.Role) ([]byte, error) {
 // intermediates what is left of the arena for them: the arena less the
 // shared region and the inputs and outputs of the member that needs the
 // most of those.
-func regionBytes(rep *report, fam *plans.Family, gs []*graphexec.Graph) {
+func regionBytes(rep *report, fam *plans.Family, gs []*graph.Graph) {
 	fp := fam.Plan
 	align := fp.Align
 	var io, maxIn int64
@@ -333,17 +327,17 @@ func regionBytes(rep *report, fam *plans.Family, gs []*graphexec.Graph) {
 			switch {
 			case key != "" && i == 0:
 				switch t.Role {
-				case graphexec.Weight:
+				case graph.Weight:
 					rep.WeightBytes += n
-				case graphexec.State:
+				case graph.State:
 					rep.KVBytes += n
-				case graphexec.Input:
+				case graph.Input:
 					rep.InputBytes += n
 				}
 			case key != "":
-			case t.Role == graphexec.Input:
+			case t.Role == graph.Input:
 				in += n
-			case t.Role == graphexec.Output:
+			case t.Role == graph.Output:
 				out += n
 			}
 		}
@@ -357,15 +351,15 @@ func regionBytes(rep *report, fam *plans.Family, gs []*graphexec.Graph) {
 
 // standaloneArenas plans each member's workload built alone (shared
 // tensors sized for its own batch) and sums the arenas.
-func standaloneArenas(ctx context.Context, gs []*graphexec.Graph, align int64, budget time.Duration) (int64, error) {
+func standaloneArenas(ctx context.Context, gs []*graph.Graph, align int64, budget time.Duration) (int64, error) {
 	var sum int64
 	for _, g := range gs {
-		s, err := graphexec.ShapeOf(g.Shape)
+		s, err := workloads.ShapeOf(g.Shape)
 		if err != nil {
 			return 0, err
 		}
 		s.MaxBatch = 0
-		alone, err := graphexec.Build(g.Name, s)
+		alone, err := workloads.Build(g.Name, s)
 		if err != nil {
 			return 0, err
 		}
@@ -373,7 +367,7 @@ func standaloneArenas(ctx context.Context, gs []*graphexec.Graph, align int64, b
 		if err != nil {
 			return 0, err
 		}
-		p, err := planner.Run(ctx, "auto", d.Trace, planner.Options{Align: align, Budget: budget})
+		p, err := planner.Run(ctx, planner.Auto, d.Trace, planner.Options{Align: align, Budget: budget})
 		if err != nil {
 			return 0, fmt.Errorf("standalone %s: %w", alone.Label(), err)
 		}
@@ -386,7 +380,7 @@ func printFamily(w io.Writer, r *report) {
 	fr := r.FamilyRun
 	fmt.Fprintf(w, "family\t%d members; mixed sequence of %d steps (batches %v...) replayed equal to eager: %v\n",
 		len(fr.Members), fr.SequenceSteps, head(fr.Sequence, 16), fr.MixedOutputsEqual)
-	fam := &plans.FamilyReport{Algo: r.PlanAlgo, Arena: r.ArenaBytes, LowerBound: r.LowerBound, Shared: fr.SharedBytes,
+	fam := &famreport.FamilyReport{Algo: r.PlanAlgo, Arena: r.ArenaBytes, LowerBound: r.LowerBound, Shared: fr.SharedBytes,
 		SeparateArenas: fr.SeparateArenas, Members: fr.Members}
 	if r.LowerBound > 0 {
 		fam.Ratio = float64(r.ArenaBytes) / float64(r.LowerBound)

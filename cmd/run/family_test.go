@@ -6,8 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // saveFamily writes a family plan of gpt2-decode at the given batch
@@ -18,21 +19,18 @@ func saveFamily(t *testing.T, batches ...int) string {
 	for _, b := range batches {
 		mb = max(mb, b)
 	}
-	var gs []*graphexec.Graph
+	var gs []*graph.Graph
 	fam := &plans.Family{}
 	for _, b := range batches {
-		g, err := graphexec.Build("gpt2-decode", graphexec.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: b, MaxBatch: mb})
+		g, err := workloads.Build("gpt2-decode", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: b, MaxBatch: mb})
 		if err != nil {
 			t.Fatal(err)
 		}
 		gs = append(gs, g)
-		w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-		for _, d := range g.Shape {
-			w.Shape = append(w.Shape, plans.Dim{Name: d.Name, Value: d.Value})
-		}
+		w := plans.WorkloadOf(g)
 		fam.Workloads = append(fam.Workloads, w)
 	}
-	fp, members, err := graphexec.PlanFamily(context.Background(), "bestfit", gs, graphexec.PlanOptions{})
+	fp, members, err := graph.PlanFamily(context.Background(), "bestfit", gs, graph.PlanOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

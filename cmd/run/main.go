@@ -8,9 +8,13 @@
 //	run [--plan FILE.plan | --workload NAME] [shape flags] [--steps N]
 //	    [--device auto|sim|cuda|cuda:N] [--check] [--budget D] [--json]
 //
-// Exit status: 0 on success, 1 on failure (also when replayed outputs
-// differ from eager ones, or --check finds a difference beyond tolerance),
-// 2 on bad usage, 130 when interrupted: the first Ctrl-C ends the run at
+// Exit status: 0 on success (--help included: the usage goes to stdout), 1
+// on failure (also when replayed outputs differ from eager ones, or --check
+// finds a difference beyond tolerance), 2 on bad usage (plan's rule: an
+// unknown flag, a value out of range, a workload's shape included, a flag
+// the mode does not take, or two that decide the same thing: --plan names
+// the workload and shape, so --workload and shape flags beside it are
+// refused), 130 when interrupted: the first Ctrl-C ends the run at
 // once (the device is released by the process's exit), a second one exits
 // whatever it is doing.
 package main
@@ -23,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"os"
 	"strconv"
@@ -34,12 +37,13 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/internal/interrupt"
 	"github.com/arenaplan/arenaplan/internal/regfile"
-	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 func main() {
@@ -71,7 +75,9 @@ type config struct {
 	noPDL    bool
 	pause    bool
 	spillPTX string
-	shape    *graphexec.ShapeFlags
+	stages   string
+	kernels  workloads.Kernels // the embedded ones, or --ptx and --spill-ptx
+	shape    *workloads.ShapeFlags
 	fs       *pflag.FlagSet
 }
 
@@ -97,9 +103,10 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	c.fs = fs
 	fs.StringVar(&c.planPath, "plan", "", "run on this plan file's addresses (from plan --workload); it names the workload and shape")
-	fs.StringVar(&c.workload, "workload", "", "built-in workload: "+strings.Join(graphexec.Workloads(), ", "))
-	c.shape = graphexec.AddShapeFlags(fs)
+	fs.StringVar(&c.workload, "workload", "", "built-in workload: "+strings.Join(workloads.Workloads(), ", "))
+	c.shape = workloads.AddShapeFlags(fs)
 	fs.StringVar(&c.sequence, "sequence", "", "with a family plan: the batch sizes to run, in order (8,1,64,...); default: the members round robin for --steps steps")
+	fs.StringVar(&c.stages, "stages", "", "with --workload mlp: split it at these layers (16,32,...) into a chain of graphs that read each other's outputs in place from one arena, replayed in order")
 	fs.IntVar(&c.steps, "steps", 100, "timed steps, eager and replayed")
 	fs.IntVar(&c.warmup, "warmup", 3, "untimed steps before each timed run")
 	fs.StringVar(&c.device, "device", "auto", "auto (GPU 0 when a driver is present, else sim), sim, cuda or cuda:N")
@@ -112,9 +119,12 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.noPDL, "no-pdl", false, "launch every kernel plainly, without programmatic dependent launch on compute capability 9.0 and later (for comparison)")
 	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
 	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: run [--plan FILE.plan | --workload NAME] [shape flags] [flags]\n\nflags:\n%s", fs.FlagUsages())
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "usage: run [--plan FILE.plan | --workload NAME] [shape flags] [flags]\n\nflags:\n%s", fs.FlagUsages())
 	}
+	// --help asks for the usage: it goes to stdout and exits 0. A usage
+	// error prints it to stderr.
+	fs.Usage = func() { usage(stdout) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
@@ -125,8 +135,16 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case fs.NArg() > 0:
 		return usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
 	case c.planPath == "" && c.workload == "":
-		fs.Usage()
+		usage(stderr)
 		return usageError{errors.New("give --plan FILE or --workload NAME")}
+	case c.planPath != "" && (c.workload != "" || len(c.shape.Changed()) > 0):
+		// One rule for every command: flags that decide the same thing
+		// twice are a usage error, never one silently preferred.
+		given := c.shape.Changed()
+		if c.workload != "" {
+			given = append([]string{"--workload"}, given...)
+		}
+		return usageError{fmt.Errorf("--plan names the workload and its shape; flags that do not apply beside it: %s", strings.Join(given, ", "))}
 	case c.steps < 1:
 		return usageError{fmt.Errorf("--steps %d: must be at least 1", c.steps)}
 	case c.warmup < 0:
@@ -134,19 +152,20 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case c.budget <= 0:
 		return usageError{fmt.Errorf("--budget %v: must be positive", c.budget)}
 	}
+	c.kernels = workloads.EmbeddedKernels()
 	if c.ptx != "" {
 		data, err := readPTX(ctx, "--ptx", c.ptx)
 		if err != nil {
 			return err
 		}
-		kernels.PTX = data
+		c.kernels.PTX, c.kernels.PTX90 = data, nil // loaded as given, on every device
 	}
 	if c.spillPTX != "" {
 		data, err := readPTX(ctx, "--spill-ptx", c.spillPTX)
 		if err != nil {
 			return err
 		}
-		kernels.SpillPTX = data
+		c.kernels.SpillPTX = data
 	}
 	rep, err := execute(ctx, &c, stderr)
 	if err != nil {
@@ -164,6 +183,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case !rep.OutputsEqual:
 		return failedError{errors.New("replayed outputs differ from eager outputs")}
+	case rep.ChainRun != nil && !rep.ChainRun.MatchesWhole:
+		return failedError{errors.New("the chain's output differs from the whole workload's")}
 	case rep.Pause != nil && !rep.Pause.OutputsEqual:
 		return failedError{errors.New("outputs after pause and resume differ from eager outputs")}
 	case rep.CheckOK != nil && !*rep.CheckOK:
@@ -231,24 +252,21 @@ type report struct {
 	Pause *PauseRun `json:"pause,omitempty"`
 	// A family plan's run adds its members and what separate arenas cost.
 	*FamilyRun
+	// A chain run (--stages) adds its stages.
+	*ChainRun
 }
 
 func openDevice(spec string) (cuda.Device, string, error) {
-	sim := func() (cuda.Device, error) { return cuda.OpenSim(simConfig()) }
 	switch {
 	case spec == "sim":
-		d, err := sim()
+		d, err := cuda.OpenSim(simConfig())
 		return d, "sim", err
 	case spec == "auto":
-		d, err := cuda.Open(0)
-		if err == nil {
-			return d, "auto: cuda:0, a CUDA driver is present", nil
+		d, why, err := cuda.OpenAuto(simConfig())
+		if err != nil {
+			return nil, "", fmt.Errorf("--device auto: %w", err)
 		}
-		if !errors.Is(err, cuda.ErrNoDriver) {
-			return nil, "", fmt.Errorf("--device auto: a CUDA driver is present but GPU 0 did not open: %w", err)
-		}
-		s, serr := sim()
-		return s, "auto: sim, no CUDA driver", serr
+		return d, "auto: " + why, nil
 	case spec == "cuda" || strings.HasPrefix(spec, "cuda:"):
 		n := 0
 		if spec != "cuda" {
@@ -264,58 +282,34 @@ func openDevice(spec string) (cuda.Device, string, error) {
 	return nil, "", usageError{fmt.Errorf("--device %q: want auto, sim, cuda or cuda:N", spec)}
 }
 
-// workloadFor decides the workload and shape: the plan file's, with any
-// explicitly given --workload and shape flags taking precedence (a plan
-// that does not fit them is then refused by fingerprint).
-func workloadFor(c *config, f *plans.File) (*graphexec.Graph, *plans.File, error) {
+// workloadFor decides the workload and shape: the plan file's (dispatch
+// refuses --workload and shape flags beside --plan), else the flags'.
+func workloadFor(c *config, f *plans.File) (*graph.Graph, *plans.File, error) {
 	name := c.workload
 	shape := c.shape.Shape()
 	if f != nil {
 		if f.Workload == nil {
 			return nil, nil, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
 		}
-		if name == "" {
-			name = f.Workload.Name
+		name = f.Workload.Name
+		ps, err := workloads.ShapeOf(f.Workload.Shape)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
-		if name == f.Workload.Name {
-			var dims []graphexec.Dim
-			for _, d := range f.Workload.Shape {
-				dims = append(dims, graphexec.Dim{Name: d.Name, Value: d.Value})
-			}
-			ps, err := graphexec.ShapeOf(dims)
-			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
-			}
-			for _, ch := range c.shape.Changed() {
-				switch ch {
-				case "--layers":
-					ps.Layers = shape.Layers
-				case "--width":
-					ps.Width = shape.Width
-				case "--heads":
-					ps.Heads = shape.Heads
-				case "--kv-len":
-					ps.KVLen = shape.KVLen
-				case "--batch":
-					ps.Batch = shape.Batch
-				case "--vocab":
-					ps.Vocab = shape.Vocab
-				}
-			}
-			ps.Seed = shape.Seed
-			shape = ps
-		}
-	}
-	if err := c.shape.Check(name); err != nil {
+		ps.Seed = shape.Seed
+		shape = ps
+	} else if err := c.shape.Check(name); err != nil {
 		return nil, nil, usageError{err}
 	}
-	g, err := graphexec.Build(name, shape)
+	g, err := workloads.BuildWith(name, shape, c.kernels)
 	if err != nil {
-		return nil, nil, err
+		if f == nil {
+			return nil, nil, usageError{err} // a shape the flags gave
+		}
+		return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 	}
 	if f != nil {
-		var fp graphexec.Fingerprint = f.Workload.Fingerprint
-		if err := graphexec.VerifyPlan(g, planLabel(f.Workload), fp, f.Trace, f.Plan); err != nil {
+		if err := graph.VerifyPlan(g, planLabel(f.Workload), f.Workload.Fingerprint, f.Trace, f.Plan); err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
 	}
@@ -334,6 +328,9 @@ func planLabel(w *plans.Workload) string {
 }
 
 func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) {
+	if c.stages != "" {
+		return executeChain(ctx, c)
+	}
 	file, fam, err := planFor(ctx, c)
 	if err != nil {
 		return nil, err
@@ -356,7 +353,7 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 		return nil, err
 	}
 	defer dev.Close()
-	opt := graphexec.Options{Plan: graphexec.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse, NoPDL: c.noPDL}
+	opt := graphexec.Options{Plan: graph.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse, NoPDL: c.noPDL}
 	var plan *planner.Plan
 	source := "memory"
 	if f != nil {
@@ -468,10 +465,10 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 }
 
 // results reads the outputs and the state tensors.
-func results(e *graphexec.Executor, g *graphexec.Graph) ([][]byte, error) {
+func results(e *graphexec.Executor, g *graph.Graph) ([][]byte, error) {
 	var out [][]byte
 	for _, t := range g.Tensors {
-		if t.Role == graphexec.Output || t.Role == graphexec.State {
+		if t.Role == graph.Output || t.Role == graph.State {
 			b, err := e.Read(t)
 			if err != nil {
 				return nil, err
@@ -485,7 +482,7 @@ func results(e *graphexec.Executor, g *graphexec.Graph) ([][]byte, error) {
 // check runs the same steps eagerly on a simulated device, whose kernels
 // are the Go references, and compares every output and state tensor with
 // the device's replayed ones.
-func check(c *config, g *graphexec.Graph, p *planner.Plan, got [][]byte, rep *report) error {
+func check(c *config, g *graph.Graph, p *planner.Plan, got [][]byte, rep *report) error {
 	sim, err := cuda.OpenSim(simConfig())
 	if err != nil {
 		return err
@@ -563,6 +560,10 @@ func printReport(w io.Writer, r *report) {
 	if r.Pause != nil {
 		printPause(tw, r.Pause)
 	}
+	if cr := r.ChainRun; cr != nil {
+		fmt.Fprintf(tw, "chain\t%d stages %v (layers [from, to)), %d tensors read in place; output equals the whole mlp's bit for bit: %v\n",
+			len(cr.Stages), cr.Stages, cr.Links, cr.MatchesWhole)
+	}
 	if r.CheckOK != nil {
 		fmt.Fprintf(tw, "check\tmax abs diff vs Go reference %.3g (max |ref| %.3g, tolerance %.3g): %v\n", *r.CheckMaxAbsDiff, *r.CheckMaxAbsRef, *r.CheckTolerance, *r.CheckOK)
 	}
@@ -595,12 +596,9 @@ func launchStr(r *report) string {
 	return fmt.Sprintf("plain (%s)", target)
 }
 
-// simKernels are the Go references of every embedded PTX module.
-func simKernels() map[string]cuda.KernelFunc {
-	k := kernels.Reference()
-	maps.Copy(k, kernels.SpillReference())
-	return k
-}
+// simConfig is the simulated device: sized to this host, running the
+// built-in workloads' Go references.
+func simConfig() cuda.SimConfig { return cuda.SizedSimConfig(workloads.SimKernels()) }
 
 func bytesStr(n int64) string {
 	switch {
@@ -616,7 +614,7 @@ func bytesStr(n int64) string {
 }
 
 // profile prints the device time of each kind of op in one eager step.
-func profile(e *graphexec.Executor, g *graphexec.Graph, w io.Writer) error {
+func profile(e *graphexec.Executor, g *graph.Graph, w io.Writer) error {
 	for range 2 { // the first step warms the caches and the JIT
 		if _, err := e.ProfileOps(0); err != nil {
 			return err

@@ -8,8 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/plans"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 var small = []string{"--workload", "gpt2-decode", "--layers", "2", "--width", "64", "--heads", "2", "--kv-len", "32", "--vocab", "100"}
@@ -49,20 +50,17 @@ func TestRunSim(t *testing.T) {
 }
 
 // savePlan writes a plan of a built workload, as plan --workload does.
-func savePlan(t *testing.T, g *graphexec.Graph, align int64) string {
+func savePlan(t *testing.T, g *graph.Graph, align int64) string {
 	t.Helper()
 	d, err := g.DryRun()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := graphexec.Plan(context.Background(), d.Trace, graphexec.PlanOptions{Align: align})
+	p, err := graph.Plan(context.Background(), d.Trace, graph.PlanOptions{Align: align})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-	for _, dim := range g.Shape {
-		w.Shape = append(w.Shape, plans.Dim{Name: dim.Name, Value: dim.Value})
-	}
+	w := plans.WorkloadOf(g)
 	path := filepath.Join(t.TempDir(), "w.plan")
 	if err := plans.Save(path, &plans.File{Trace: d.Trace, Plan: p, Workload: w}); err != nil {
 		t.Fatal(err)
@@ -71,7 +69,7 @@ func savePlan(t *testing.T, g *graphexec.Graph, align int64) string {
 }
 
 func TestRunPlanFile(t *testing.T) {
-	g, err := graphexec.Build("mlp", graphexec.Shape{Layers: 5, Width: 32, Batch: 2})
+	g, err := workloads.Build("mlp", workloads.Shape{Layers: 5, Width: 32, Batch: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,20 +85,21 @@ func TestRunPlanFile(t *testing.T) {
 		t.Errorf("shape %v, want the plan's", r.Shape)
 	}
 
-	// Another shape on the command line: refused, naming both fingerprints.
-	other, _ := graphexec.Build("mlp", graphexec.Shape{Layers: 5, Width: 64, Batch: 2})
+	// Another shape or workload on the command line conflicts with the
+	// plan's: a usage error (issue 13: conflicting flags exit 2, never one
+	// silently preferred), before any file is read.
 	_, code, stderr = runJSON(t, "--plan", path, "--width", "64", "--steps", "1")
-	if code != 1 || !strings.Contains(stderr, g.Fingerprint().Short()) || !strings.Contains(stderr, other.Fingerprint().Short()) {
+	if code != 2 || !strings.Contains(stderr, "do not apply beside it: --width") {
 		t.Errorf("foreign shape: exit %d, %q", code, stderr)
 	}
-	_, code, stderr = runJSON(t, "--plan", path, "--workload", "gpt2-decode", "--steps", "1")
-	if code != 1 || !strings.Contains(stderr, "plan was made for workload mlp") {
-		t.Errorf("foreign workload: exit %d, %q", code, stderr)
+	_, code, stderr = runJSON(t, "--plan", path, "--workload", "mlp", "--steps", "1")
+	if code != 2 || !strings.Contains(stderr, "do not apply beside it: --workload") {
+		t.Errorf("--workload beside --plan: exit %d, %q", code, stderr)
 	}
 }
 
 func TestRunRefusesLowAlignment(t *testing.T) {
-	g, err := graphexec.Build("mlp", graphexec.Shape{Layers: 3, Width: 32})
+	g, err := workloads.Build("mlp", workloads.Shape{Layers: 3, Width: 32})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,14 +108,11 @@ func TestRunRefusesLowAlignment(t *testing.T) {
 	for i := range d.Trace.Buffers {
 		d.Trace.Buffers[i].Align = 0
 	}
-	p, err := graphexec.Plan(context.Background(), d.Trace, graphexec.PlanOptions{Align: 8})
+	p, err := graph.Plan(context.Background(), d.Trace, graph.PlanOptions{Align: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &plans.Workload{Name: g.Name, Fingerprint: g.Fingerprint()}
-	for _, dim := range g.Shape {
-		w.Shape = append(w.Shape, plans.Dim{Name: dim.Name, Value: dim.Value})
-	}
+	w := plans.WorkloadOf(g)
 	path := filepath.Join(t.TempDir(), "a.plan")
 	if err := plans.Save(path, &plans.File{Trace: d.Trace, Plan: p, Workload: w}); err != nil {
 		t.Fatal(err)
@@ -133,10 +129,18 @@ func TestRunUsage(t *testing.T) {
 		{"--workload", "mlp", "--steps", "0"},
 		{"--workload", "mlp", "--heads", "4"},
 		{"--workload", "mlp", "--device", "tpu"},
+		{"--workload", "mlp", "--layers", "-4"}, // a bad shape value, as --steps 0 is
 	} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), args, &out, &errb); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
 		}
+	}
+}
+
+func TestRunHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"--help"}, &out, &errb); code != 0 || errb.Len() != 0 || !strings.Contains(out.String(), "usage: run") {
+		t.Errorf("--help: exit %d, stdout %q, stderr %q; want 0 and the usage on stdout", code, out.String(), errb.String())
 	}
 }

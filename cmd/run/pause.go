@@ -8,6 +8,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
 )
 
@@ -35,7 +36,7 @@ type PauseRun struct {
 // pausing and resuming the arena twice after half of it (the executor
 // backs up weights and KV cache and drops the rest), then finishes it:
 // the captured graph must go on as if nothing happened.
-func pauseRun(dev cuda.Device, e *graphexec.Executor, g *graphexec.Graph, steps int, eagerOut [][]byte) (*PauseRun, error) {
+func pauseRun(dev cuda.Device, e *graphexec.Executor, g *graph.Graph, steps int, eagerOut [][]byte) (*PauseRun, error) {
 	if err := e.ResetState(); err != nil {
 		return nil, err
 	}

@@ -3,7 +3,8 @@ package main
 import (
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // pauseArgs are small shapes of every built-in workload for --pause.
@@ -21,7 +22,7 @@ var pauseArgs = map[string][]string{
 // number of steps. (With a family plan it is a usage error:
 // TestRunFamilyUsage.)
 func TestRunPause(t *testing.T) {
-	for _, name := range graphexec.Workloads() {
+	for _, name := range workloads.Workloads() {
 		base, ok := pauseArgs[name]
 		if !ok {
 			t.Errorf("workload %s: no --pause case", name)
@@ -60,15 +61,15 @@ func TestRunPause(t *testing.T) {
 // rather than fed each step.
 func constantInput(t *testing.T, name string, shape map[string]int64) bool {
 	t.Helper()
-	w, err := graphexec.Lookup(name)
+	w, err := workloads.Lookup(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dims []graphexec.Dim
+	var dims []graph.Dim
 	for k, v := range shape {
-		dims = append(dims, graphexec.Dim{Name: k, Value: v})
+		dims = append(dims, graph.Dim{Name: k, Value: v})
 	}
-	s, err := graphexec.ShapeOf(dims)
+	s, err := workloads.ShapeOf(dims)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func constantInput(t *testing.T, name string, shape map[string]int64) bool {
 		t.Fatal(err)
 	}
 	for _, x := range g.Tensors {
-		if x.Role == graphexec.Input && !x.HasFeed() {
+		if x.Role == graph.Input && !x.HasFeed() {
 			return true
 		}
 	}

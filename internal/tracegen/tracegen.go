@@ -82,7 +82,6 @@ func (g *gen) add(size, start, end int64) {
 	g.t.Buffers = append(g.t.Buffers, lifetime.Buffer{
 		ID: lifetime.ID(len(g.t.Buffers)), Name: fmt.Sprintf("b%d", len(g.t.Buffers)),
 		Size: size, Start: start, End: end,
-		Fixed: lifetime.NoOffset, Hint: lifetime.NoOffset,
 	})
 }
 

@@ -1,8 +1,15 @@
-// Microbenchmark of the kernels of kernels.cu against the previous ones
-// (old_kernels.cu), in the launch shapes that graphexec/builtin.go uses,
-// timed as CUDA graph replays with events. Build and run on a GPU machine:
+// Microbenchmark of the kernels of kernels.cu against a baseline, in the
+// launch shapes that workloads/builtin.go uses, timed as CUDA graph
+// replays with events. Build and run on a GPU machine:
 //
 //	nvcc -O3 -arch=sm_90 -o /tmp/bench kernels/bench/bench.cu && /tmp/bench
+//
+// The baseline ("old") is kernels.cu itself unless OLD_KERNELS names a
+// file of earlier kernels renamed old_*, for example those of commit
+// 1d2141d (before the rewrite of linear and the attention prefetch):
+//
+//	git show 1d2141d:kernels/kernels.cu | sed -E 's/\b(warp_sum|warp_max|block_sum|block_max|gelu_tanh|embed|linear|attention)\b/old_\1/g' >/tmp/old_kernels.cu
+//	nvcc -O3 -arch=sm_90 -DOLD_KERNELS='"/tmp/old_kernels.cu"' -o /tmp/bench kernels/bench/bench.cu
 //
 // It prints, per case, the time per graph node (median of 15 timings of
 // 20 back-to-back replays each) and, for the GEMVs and attention, the
@@ -10,7 +17,12 @@
 // copies to exceed the L2 (except mlp, whose 16 MB of weights stay in L2 as
 // in the workload). Outputs of old and new kernels are compared.
 #include "../kernels.cu"
-#include "old_kernels.cu"
+#ifdef OLD_KERNELS
+#include OLD_KERNELS
+#else
+#define old_linear linear
+#define old_attention attention
+#endif
 
 #include <algorithm>
 #include <cmath>

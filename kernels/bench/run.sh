@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device run for kernel work (the device machine has nvcc and no Go):
 # compile kernels.cu to PTX ($OUT/kernels.ptx and $OUT/kernels_90.ptx, the
-# files to commit as kernels/kernels.ptx and kernels/kernels_90.ptx), the ptxas resource report, the microbenchmark
+# files to commit as kernels/kernels.ptx and kernels/kernels_90.ptx, with the
+# kernels/ptx.sum that scripts/gpu-ptx.sh writes), the ptxas resource report, the microbenchmark
 # (kernels/bench/bench.cu), the executor's runs (cmd/run, built beforehand
 # on a machine with Go: CGO_ENABLED=0 go build -o .dev/run ./cmd/run, and
 # carried as .dev/run) on the embedded PTX (before) and on the new PTX

@@ -1,4 +1,4 @@
-package graphexec
+package graph
 
 import (
 	"context"
@@ -70,13 +70,13 @@ func (g *Graph) DryRun() (*DryRun, error) {
 				lifetime.Tag(Intermediate.Tag()), lifetime.Align(g.Align))
 			d.Workspace[op.index] = id
 			if err := r.Free(id); err != nil {
-				return nil, fmt.Errorf("graphexec: %s: dry run: %w", g.Name, err)
+				return nil, fmt.Errorf("graph: %s: dry run: %w", g.Name, err)
 			}
 		}
 		for _, a := range op.Args {
 			if t := a.tensor; t != nil && t.Role == Intermediate && !t.unplanned && last[t.index] == op.index {
 				if err := r.Free(d.Tensor[t.index]); err != nil {
-					return nil, fmt.Errorf("graphexec: %s: dry run: %w", g.Name, err)
+					return nil, fmt.Errorf("graph: %s: dry run: %w", g.Name, err)
 				}
 				last[t.index] = -2
 			}
@@ -84,7 +84,7 @@ func (g *Graph) DryRun() (*DryRun, error) {
 	}
 	d.Trace = r.Trace()
 	if err := d.Trace.Validate(); err != nil {
-		return nil, fmt.Errorf("graphexec: %s: dry run: %w", g.Name, err)
+		return nil, fmt.Errorf("graph: %s: dry run: %w", g.Name, err)
 	}
 	return d, nil
 }
@@ -93,19 +93,19 @@ func (g *Graph) DryRun() (*DryRun, error) {
 type PlanOptions = planner.Options
 
 // Plan plans a dry run's trace with the "auto" planner, one region per tag
-// (planner.RunGrouped in the order of Tags), so that each role's buffers
+// (planner.RunByTag, in the order of Tags), so that each role's buffers
 // form their own address range that the arena can map and pause alone.
 // Regions are aligned only to the plan's alignment: the arena pads them to
 // its granularity in virtual addresses, not in plan bytes.
 func Plan(ctx context.Context, t *lifetime.Trace, opt PlanOptions) (*planner.Plan, error) {
-	return PlanWith(ctx, "auto", t, opt)
+	return PlanWith(ctx, planner.Auto, t, opt)
 }
 
 // PlanWith is Plan with the named planning algorithm for every region.
 func PlanWith(ctx context.Context, algo string, t *lifetime.Trace, opt PlanOptions) (*planner.Plan, error) {
-	p, _, err := planner.RunGrouped(ctx, algo, t, opt, func(b *lifetime.Buffer) string { return b.Tag }, Tags, opt.Align)
+	p, _, err := planner.RunByTag(ctx, algo, t, opt)
 	if err != nil {
-		return nil, fmt.Errorf("graphexec: planning %s: %w", t.Name, err)
+		return nil, fmt.Errorf("graph: planning %s: %w", t.Name, err)
 	}
 	return p, nil
 }
@@ -174,10 +174,10 @@ func (g *Graph) Fingerprint() Fingerprint {
 		for _, a := range op.Args {
 			u(uint64(a.kind))
 			switch a.kind {
-			case argTensor:
+			case ArgTensor:
 				u(uint64(a.tensor.index))
 				u(uint64(a.access))
-			case argScalar:
+			case ArgScalar:
 				u(uint64(a.scalar.Kind))
 				u(a.scalar.Bits)
 			}
@@ -189,10 +189,10 @@ func (g *Graph) Fingerprint() Fingerprint {
 	return f
 }
 
-// topology is what a captured graph's exec can be updated across: the
+// Topology is what a captured graph's exec can be updated across: the
 // sequence of kernels and their argument kinds. Scalars, launch shapes
 // and addresses may differ.
-func (g *Graph) topology() string {
+func (g *Graph) Topology() string {
 	h := sha256.New()
 	for _, op := range g.Ops {
 		fmt.Fprintf(h, "%d:%s:%d|", op.Module, op.Kernel, len(op.Args))

@@ -1,12 +1,13 @@
-package graphexec
+package workloads
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
 
-	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/launch"
 )
 
 func init() {
@@ -46,12 +47,12 @@ const (
 )
 
 // linearLaunch is one launch of kernels.Linear; see kernels.cu.
-func linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *Tensor, inDim, outDim, batch int, mode uint32) Launch {
-	opt := func(t *Tensor) Arg {
+func linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
+	opt := func(t *graph.Tensor) graph.Arg {
 		if t == nil {
-			return Null()
+			return graph.Null()
 		}
-		return In(t)
+		return graph.In(t)
 	}
 	warps := uint32(linearBlock / 32)
 	grid := min((uint32(outDim)+warps-1)/warps, linearMaxGrid)
@@ -63,13 +64,13 @@ func linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *Tensor, inDim,
 	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
 		kernel, shared = kernels.LinearLN, uint32(st)
 	}
-	return Launch{
+	return graph.Launch{
 		Name: name, Kernel: kernel,
-		Grid: cuda.D1(grid), Block: cuda.D1(linearBlock), Shared: shared,
-		Args: []Arg{
-			Out(out), In(in), In(w), opt(bias), opt(resid), opt(lnG), opt(lnB),
-			Scalar(cuda.U32(uint32(inDim))), Scalar(cuda.U32(uint32(outDim))), Scalar(cuda.U32(uint32(batch))),
-			Scalar(cuda.U32(mode)), Scalar(cuda.F32(layerNormEps)),
+		Grid: launch.D1(grid), Block: launch.D1(linearBlock), Shared: shared,
+		Args: []graph.Arg{
+			graph.Out(out), graph.In(in), graph.In(w), opt(bias), opt(resid), opt(lnG), opt(lnB),
+			graph.Scalar(launch.U32(uint32(inDim))), graph.Scalar(launch.U32(uint32(outDim))), graph.Scalar(launch.U32(uint32(batch))),
+			graph.Scalar(launch.U32(mode)), graph.Scalar(launch.F32(layerNormEps)),
 		},
 	}
 }
@@ -84,28 +85,28 @@ func DecodeToken(seed uint64, vocab, batch, step, b int) uint32 {
 	return uint32(splitmix(seed^uint64(step*batch+b)*0x2545f4914f6cdd1d) % uint64(vocab))
 }
 
-func buildGPT2(s Shape) (*Graph, error) {
+func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 	L, W, H, T, B, V := s.Layers, s.Width, s.Heads, s.KVLen, s.Batch, s.Vocab
 	switch {
 	case L < 1 || L > 1024:
-		return nil, fmt.Errorf("graphexec: gpt2-decode: --layers %d: want 1..1024", L)
+		return nil, fmt.Errorf("workloads: gpt2-decode: --layers %d: want 1..1024", L)
 	case W < 4 || W%4 != 0 || W > 1<<16:
-		return nil, fmt.Errorf("graphexec: gpt2-decode: --width %d: want a multiple of 4, at most 65536", W)
+		return nil, fmt.Errorf("workloads: gpt2-decode: --width %d: want a multiple of 4, at most 65536", W)
 	case H < 1 || W%H != 0 || (W/H)%4 != 0 || W/H > kernels.MaxAttentionHead:
-		return nil, fmt.Errorf("graphexec: gpt2-decode: --heads %d: the head size width/heads must be a whole multiple of 4, at most %d", H, kernels.MaxAttentionHead)
+		return nil, fmt.Errorf("workloads: gpt2-decode: --heads %d: the head size width/heads must be a whole multiple of 4, at most %d", H, kernels.MaxAttentionHead)
 	case T < 1 || T > maxKVLen:
-		return nil, fmt.Errorf("graphexec: gpt2-decode: --kv-len %d: want 1..%d", T, maxKVLen)
+		return nil, fmt.Errorf("workloads: gpt2-decode: --kv-len %d: want 1..%d", T, maxKVLen)
 	case B < 1 || B > 1024:
-		return nil, fmt.Errorf("graphexec: gpt2-decode: --batch %d: want 1..1024", B)
+		return nil, fmt.Errorf("workloads: gpt2-decode: --batch %d: want 1..1024", B)
 	case V < 1 || V > 1<<24:
-		return nil, fmt.Errorf("graphexec: gpt2-decode: --vocab %d: want 1..2^24", V)
+		return nil, fmt.Errorf("workloads: gpt2-decode: --vocab %d: want 1..2^24", V)
 	case s.MaxBatch > 1024:
-		return nil, fmt.Errorf("graphexec: gpt2-decode: max batch %d: want at most 1024", s.MaxBatch)
+		return nil, fmt.Errorf("workloads: gpt2-decode: max batch %d: want at most 1024", s.MaxBatch)
 	}
 	hd := W / H
 	seed := s.Seed
-	b := NewBuilder("gpt2-decode")
-	for _, d := range []Dim{{"layers", int64(L)}, {"width", int64(W)}, {"heads", int64(H)}, {"kv_len", int64(T)}, {"batch", int64(B)}, {"vocab", int64(V)}} {
+	b := graph.NewBuilder("gpt2-decode")
+	for _, d := range []graph.Dim{{Name: "layers", Value: int64(L)}, {Name: "width", Value: int64(W)}, {Name: "heads", Value: int64(H)}, {Name: "kv_len", Value: int64(T)}, {Name: "batch", Value: int64(B)}, {Name: "vocab", Value: int64(V)}} {
 		b.Dim(d.Name, d.Value)
 	}
 	// The KV cache and the attention counters are sized for the family's
@@ -114,16 +115,16 @@ func buildGPT2(s Shape) (*Graph, error) {
 	if mb > int64(B) {
 		b.Dim("max_batch", mb)
 	}
-	b.Module(kernels.PTX)
+	k.module(b)
 	w, bb, l := int64(W), int64(B), int64(T)
 	const std = 0.0346 // uniform half-width for GPT-2's N(0, 0.02) init
-	weight := func(name string, a float32, shape ...int64) *Tensor {
-		return b.Tensor(name, F32, Weight, shape...).SetInit(uniform(seed, name, 0, a))
+	weight := func(name string, a float32, shape ...int64) *graph.Tensor {
+		return b.Tensor(name, graph.F32, graph.Weight, shape...).SetInit(uniform(seed, name, 0, a))
 	}
-	gain := func(name string) *Tensor {
-		return b.Tensor(name, F32, Weight, w).SetInit(uniform(seed, name, 1, 0.1))
+	gain := func(name string) *graph.Tensor {
+		return b.Tensor(name, graph.F32, graph.Weight, w).SetInit(uniform(seed, name, 1, 0.1))
 	}
-	step := b.Tensor("step", U32, Input, 1+bb).SetFeed(func(s int, dst []byte) {
+	step := b.Tensor("step", graph.U32, graph.Input, 1+bb).SetFeed(func(s int, dst []byte) {
 		binary.LittleEndian.PutUint32(dst, uint32(DecodePosition(T, s)))
 		for r := 0; r < B; r++ {
 			binary.LittleEndian.PutUint32(dst[4+4*r:], DecodeToken(seed, V, B, s, r))
@@ -131,11 +132,11 @@ func buildGPT2(s Shape) (*Graph, error) {
 	})
 	wte := weight("wte", std, int64(V), w)
 	wpe := weight("wpe", std/2, l, w)
-	x := b.Tensor("x0", F32, Intermediate, bb, w)
-	b.Launch(Launch{
+	x := b.Tensor("x0", graph.F32, graph.Intermediate, bb, w)
+	b.Launch(graph.Launch{
 		Name: "embed", Kernel: kernels.Embed,
-		Grid: cuda.Dim3{X: uint32((W + 255) / 256), Y: uint32(B), Z: 1}, Block: cuda.D1(256),
-		Args: []Arg{Out(x), In(wte), In(wpe), In(step), Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(V))), Scalar(cuda.U32(uint32(T)))},
+		Grid: launch.Dim3{X: uint32((W + 255) / 256), Y: uint32(B), Z: 1}, Block: launch.D1(256),
+		Args: []graph.Arg{graph.Out(x), graph.In(wte), graph.In(wpe), graph.In(step), graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(V))), graph.Scalar(launch.U32(uint32(T)))},
 	})
 	projStd := float32(std / math.Sqrt(float64(2*L)))
 	splits := max(1, min(attentionBlocks/(H*B), (T+31)/32))
@@ -149,28 +150,28 @@ func buildGPT2(s Shape) (*Graph, error) {
 		ln2g, ln2b := gain(p+"ln2.g"), weight(p+"ln2.b", 0.05, w)
 		wfc, bfc := weight(p+"mlp.w_fc", std, 4*w, w), weight(p+"mlp.b_fc", 0.01, 4*w)
 		wpr, bpr := weight(p+"mlp.w_proj", projStd, w, 4*w), weight(p+"mlp.b_proj", 0.01, w)
-		kc := b.Tensor(p+"k_cache", F32, State, mb, l, w).SetInit(uniform(seed, p+"k_cache", 0, 1)).Share(p + "k_cache")
-		vc := b.Tensor(p+"v_cache", F32, State, mb, l, w).SetInit(uniform(seed, p+"v_cache", 0, 1)).Share(p + "v_cache")
+		kc := b.Tensor(p+"k_cache", graph.F32, graph.State, mb, l, w).SetInit(uniform(seed, p+"k_cache", 0, 1)).Share(p + "k_cache")
+		vc := b.Tensor(p+"v_cache", graph.F32, graph.State, mb, l, w).SetInit(uniform(seed, p+"v_cache", 0, 1)).Share(p + "v_cache")
 
-		qkv := b.Tensor(p+"qkv", F32, Intermediate, bb, 3*w)
-		part := b.Tensor(p+"attn.part", F32, Intermediate, bb*int64(H*splits*kernels.AttentionPartStride(hd)))
-		att := b.Tensor(p+"attn", F32, Intermediate, bb, w)
-		xm := b.Tensor(p+"x_mid", F32, Intermediate, bb, w)
-		hid := b.Tensor(p+"mlp.h", F32, Intermediate, bb, 4*w)
-		xn := b.Tensor(fmt.Sprintf("x%d", i+1), F32, Intermediate, bb, w)
+		qkv := b.Tensor(p+"qkv", graph.F32, graph.Intermediate, bb, 3*w)
+		part := b.Tensor(p+"attn.part", graph.F32, graph.Intermediate, bb*int64(H*splits*kernels.AttentionPartStride(hd)))
+		att := b.Tensor(p+"attn", graph.F32, graph.Intermediate, bb, w)
+		xm := b.Tensor(p+"x_mid", graph.F32, graph.Intermediate, bb, w)
+		hid := b.Tensor(p+"mlp.h", graph.F32, graph.Intermediate, bb, 4*w)
+		xn := b.Tensor(fmt.Sprintf("x%d", i+1), graph.F32, graph.Intermediate, bb, w)
 
 		b.Launch(linearLaunch(p+"ln1+qkv", qkv, x, wqkv, bqkv, nil, ln1g, ln1b, W, 3*W, B, 0))
-		b.Launch(Launch{
+		b.Launch(graph.Launch{
 			Name: p + "attention", Kernel: kernels.AttentionPart,
-			Grid: cuda.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: cuda.D1(attentionBlock),
-			Args: []Arg{Out(part), In(qkv), InOut(kc), InOut(vc), In(step),
-				Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(H))), Scalar(cuda.U32(uint32(T))),
-				Scalar(cuda.U32(uint32(splits))), Scalar(cuda.F32(scale))},
+			Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: launch.D1(attentionBlock),
+			Args: []graph.Arg{graph.Out(part), graph.In(qkv), graph.InOut(kc), graph.InOut(vc), graph.In(step),
+				graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(T))),
+				graph.Scalar(launch.U32(uint32(splits))), graph.Scalar(launch.F32(scale))},
 		})
-		b.Launch(Launch{
+		b.Launch(graph.Launch{
 			Name: p + "attention_combine", Kernel: kernels.AttentionCombine,
-			Grid: cuda.Dim3{X: uint32(H), Y: uint32(B), Z: 1}, Block: cuda.D1(combineBlock),
-			Args: []Arg{Out(att), In(part), Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(uint32(H))), Scalar(cuda.U32(uint32(splits)))},
+			Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: 1}, Block: launch.D1(combineBlock),
+			Args: []graph.Arg{graph.Out(att), graph.In(part), graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(splits)))},
 		})
 		b.Launch(linearLaunch(p+"proj+residual", xm, att, wo, bo, x, nil, nil, W, W, B, kernels.ModeResidual))
 		b.Launch(linearLaunch(p+"ln2+fc+gelu", hid, xm, wfc, bfc, nil, ln2g, ln2b, W, 4*W, B, kernels.ModeGELU))
@@ -178,25 +179,25 @@ func buildGPT2(s Shape) (*Graph, error) {
 		x = xn
 	}
 	lnfg, lnfb := gain("ln_f.g"), weight("ln_f.b", 0.05, w)
-	logits := b.Tensor("logits", F32, Output, bb, int64(V))
+	logits := b.Tensor("logits", graph.F32, graph.Output, bb, int64(V))
 	b.Launch(linearLaunch("ln_f+logits", logits, x, wte, nil, nil, lnfg, lnfb, W, V, B, 0))
 	return b.Build()
 }
 
-func buildMLP(s Shape) (*Graph, error) {
+func buildMLP(s Shape, k Kernels) (*graph.Graph, error) {
 	L, W, B := s.Layers, s.Width, s.Batch
 	switch {
 	case L < 1 || L > 1<<16:
-		return nil, fmt.Errorf("graphexec: mlp: --layers %d: want 1..65536", L)
+		return nil, fmt.Errorf("workloads: mlp: --layers %d: want 1..65536", L)
 	case W < 4 || W%4 != 0 || W > 1<<16:
-		return nil, fmt.Errorf("graphexec: mlp: --width %d: want a multiple of 4, at most 65536", W)
+		return nil, fmt.Errorf("workloads: mlp: --width %d: want a multiple of 4, at most 65536", W)
 	case B < 1 || B > 1<<16:
-		return nil, fmt.Errorf("graphexec: mlp: --batch %d: want 1..65536", B)
+		return nil, fmt.Errorf("workloads: mlp: --batch %d: want 1..65536", B)
 	case s.MaxBatch > 1<<16:
-		return nil, fmt.Errorf("graphexec: mlp: max batch %d: want at most 65536", s.MaxBatch)
+		return nil, fmt.Errorf("workloads: mlp: max batch %d: want at most 65536", s.MaxBatch)
 	}
 	seed := s.Seed
-	b := NewBuilder("mlp")
+	b := graph.NewBuilder("mlp")
 	b.Dim("layers", int64(L))
 	b.Dim("width", int64(W))
 	b.Dim("batch", int64(B))
@@ -206,19 +207,19 @@ func buildMLP(s Shape) (*Graph, error) {
 	if mb > int64(B) {
 		b.Dim("max_batch", mb)
 	}
-	b.Module(kernels.PTX)
+	k.module(b)
 	w, bb := int64(W), int64(B)
 	a := float32(math.Sqrt(6.5 / float64(W))) // He-like variance 2.2/W keeps activations near unit scale through GELU
-	x := b.Tensor("x", F32, Input, mb, w).SetInit(uniform(seed, "x", 0, 1)).Share("x")
+	x := b.Tensor("x", graph.F32, graph.Input, mb, w).SetInit(uniform(seed, "x", 0, 1)).Share("x")
 	for i := 0; i < L; i++ {
 		p := fmt.Sprintf("l%d.", i)
-		wt := b.Tensor(p+"w", F32, Weight, w, w).SetInit(uniform(seed, p+"w", 0, a))
-		bias := b.Tensor(p+"b", F32, Weight, w).SetInit(uniform(seed, p+"b", 0, 0.1))
-		role, name := Intermediate, fmt.Sprintf("h%d", i+1)
+		wt := b.Tensor(p+"w", graph.F32, graph.Weight, w, w).SetInit(uniform(seed, p+"w", 0, a))
+		bias := b.Tensor(p+"b", graph.F32, graph.Weight, w).SetInit(uniform(seed, p+"b", 0, 0.1))
+		role, name := graph.Intermediate, fmt.Sprintf("h%d", i+1)
 		if i == L-1 {
-			role, name = Output, "y"
+			role, name = graph.Output, "y"
 		}
-		y := b.Tensor(name, F32, role, bb, w)
+		y := b.Tensor(name, graph.F32, role, bb, w)
 		b.Launch(linearLaunch(p+"linear+gelu", y, x, wt, bias, nil, nil, nil, W, W, B, kernels.ModeGELU))
 		x = y
 	}

@@ -1,9 +1,15 @@
-package plans
+// Package famreport is what the plan and run commands show about a family
+// plan (text and JSON): presentation, kept out of the file format of
+// package plans. It is not a file format and computes nothing a plan does
+// not hold.
+package famreport
 
 import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+
+	"github.com/arenaplan/arenaplan/plans"
 )
 
 // FamilyReport is what a command shows about a family plan: per member and
@@ -40,7 +46,7 @@ type MemberReport struct {
 }
 
 // NewFamilyReport summarises f.
-func NewFamilyReport(f *Family) *FamilyReport {
+func NewFamilyReport(f *plans.Family) *FamilyReport {
 	fp := f.Plan
 	r := &FamilyReport{
 		Algo: fp.Algo, Align: fp.Align, Arena: fp.Arena, LowerBound: fp.LowerBound, Ratio: fp.Ratio(),

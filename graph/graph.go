@@ -1,4 +1,4 @@
-package graphexec
+package graph
 
 import (
 	"errors"
@@ -6,7 +6,8 @@ import (
 	"regexp"
 	"strconv"
 
-	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/launch"
+	"github.com/arenaplan/arenaplan/lifetime"
 )
 
 // DType is a tensor's element type.
@@ -65,8 +66,8 @@ const (
 )
 
 // Tags are the lifetime tags of the roles, one arena region each, in
-// region order.
-var Tags = []string{"weight", "kv", "input", "output", "intermediate"}
+// region order (lifetime.Tags).
+var Tags = lifetime.Tags
 
 // Tag is the lifetime tag of the role's buffers.
 func (r Role) Tag() string {
@@ -131,6 +132,12 @@ func (t *Tensor) SetInit(f func(dst []byte)) *Tensor { t.init = f; return t }
 // steps: its bytes change, its address does not.
 func (t *Tensor) SetFeed(f func(step int, dst []byte)) *Tensor { t.feed = f; return t }
 
+// InitFunc is the function SetInit set, or nil.
+func (t *Tensor) InitFunc() func(dst []byte) { return t.init }
+
+// FeedFunc is the function SetFeed set, or nil.
+func (t *Tensor) FeedFunc() func(step int, dst []byte) { return t.feed }
+
 // HasFeed reports whether the tensor is written before every step.
 func (t *Tensor) HasFeed() bool { return t.feed != nil }
 
@@ -142,42 +149,51 @@ const (
 	Write
 )
 
-type argKind uint8
+// ArgKind is what an Arg passes: a tensor's address, the op's workspace
+// address, a null pointer or a scalar.
+type ArgKind uint8
 
+// The kinds of Arg.
 const (
-	argTensor argKind = iota + 1
-	argWorkspace
-	argNull
-	argScalar
+	ArgTensor ArgKind = iota + 1
+	ArgWorkspace
+	ArgNull
+	ArgScalar
 )
 
 // Arg is one kernel argument of an op: a tensor's address, the op's
 // workspace address, a null pointer or a scalar.
 type Arg struct {
-	kind   argKind
+	kind   ArgKind
 	tensor *Tensor
 	access Access
-	scalar cuda.KernelArg
+	scalar launch.KernelArg
 }
 
 // In passes t's address to a kernel that reads it.
-func In(t *Tensor) Arg { return Arg{kind: argTensor, tensor: t, access: Read} }
+func In(t *Tensor) Arg { return Arg{kind: ArgTensor, tensor: t, access: Read} }
 
 // Out passes t's address to a kernel that writes it.
-func Out(t *Tensor) Arg { return Arg{kind: argTensor, tensor: t, access: Write} }
+func Out(t *Tensor) Arg { return Arg{kind: ArgTensor, tensor: t, access: Write} }
 
 // InOut passes t's address to a kernel that reads and writes it.
-func InOut(t *Tensor) Arg { return Arg{kind: argTensor, tensor: t, access: Read | Write} }
+func InOut(t *Tensor) Arg { return Arg{kind: ArgTensor, tensor: t, access: Read | Write} }
 
 // Workspace passes the address of the op's workspace (Launch.Workspace
 // bytes, planned like an intermediate that lives for the op alone).
-func Workspace() Arg { return Arg{kind: argWorkspace} }
+func Workspace() Arg { return Arg{kind: ArgWorkspace} }
 
 // Null passes a null pointer.
-func Null() Arg { return Arg{kind: argNull} }
+func Null() Arg { return Arg{kind: ArgNull} }
 
 // Scalar passes a scalar by value.
-func Scalar(a cuda.KernelArg) Arg { return Arg{kind: argScalar, scalar: a} }
+func Scalar(a launch.KernelArg) Arg { return Arg{kind: ArgScalar, scalar: a} }
+
+// Kind is what the argument passes.
+func (a Arg) Kind() ArgKind { return a.kind }
+
+// Value is a scalar argument's value.
+func (a Arg) Value() launch.KernelArg { return a.scalar }
 
 // Tensor returns the argument's tensor and how the kernel uses it, or nil.
 func (a Arg) Tensor() (*Tensor, Access) { return a.tensor, a.access }
@@ -186,8 +202,8 @@ func (a Arg) Tensor() (*Tensor, Access) { return a.tensor, a.access }
 type Launch struct {
 	Name   string // for errors and reports; default the kernel's name
 	Kernel string // the PTX entry
-	Grid   cuda.Dim3
-	Block  cuda.Dim3
+	Grid   launch.Dim3
+	Block  launch.Dim3
 	Shared uint32 // dynamic shared memory bytes
 	// Workspace is the scratch bytes the op needs (0: none); a Workspace()
 	// argument receives its address.
@@ -230,6 +246,10 @@ type Graph struct {
 	Tensors []*Tensor
 	Ops     []*Op
 	Modules [][]byte
+	// Variants are other builds of each module's kernels, indexed like
+	// Modules (nil where none); see Builder.Variant. They are no part of
+	// the fingerprint: they change how a kernel runs, not what it does.
+	Variants [][]Variant
 	// Align is the smallest alignment in bytes that the kernels need for
 	// every tensor address; a plan of a smaller alignment is refused.
 	Align int64
@@ -287,7 +307,7 @@ func NewBuilder(name string) *Builder {
 
 func (b *Builder) fail(format string, args ...any) {
 	if b.err == nil {
-		b.err = fmt.Errorf("graphexec: %s: "+format, append([]any{b.g.Name}, args...)...)
+		b.err = fmt.Errorf("graph: %s: "+format, append([]any{b.g.Name}, args...)...)
 	}
 }
 
@@ -319,7 +339,46 @@ func (b *Builder) RequireAlign(n int64) {
 // Module adds a PTX module; later launches name entries of it.
 func (b *Builder) Module(ptx []byte) {
 	b.g.Modules = append(b.g.Modules, ptx)
+	b.g.Variants = append(b.g.Variants, nil)
 	b.module = len(b.g.Modules) - 1
+}
+
+// Variant is another build of a module's kernels, with the same entries
+// and parameters, for devices of compute capability MinMajor.0 and later
+// (compute_90 PTX with programmatic dependent launch, say).
+type Variant struct {
+	MinMajor int
+	PTX      []byte
+}
+
+// Variant adds a build of the last module's kernels for devices of
+// compute capability minMajor.0 and later; an executor loads the variant
+// of the highest MinMajor its device reaches (Graph.ModulePTX). Empty PTX
+// adds nothing.
+func (b *Builder) Variant(minMajor int, ptx []byte) {
+	if len(ptx) == 0 {
+		return
+	}
+	if len(b.g.Modules) == 0 {
+		b.fail("graph: %s: Variant before any Module", b.g.Name)
+		return
+	}
+	b.g.Variants[b.module] = append(b.g.Variants[b.module], Variant{MinMajor: minMajor, PTX: ptx})
+}
+
+// ModulePTX is the PTX of module i to load on a device of compute
+// capability major.x: the variant of the highest MinMajor at most major,
+// else the module itself.
+func (g *Graph) ModulePTX(i, major int) []byte {
+	ptx, best := g.Modules[i], -1
+	if i < len(g.Variants) {
+		for _, v := range g.Variants[i] {
+			if v.MinMajor <= major && v.MinMajor > best {
+				ptx, best = v.PTX, v.MinMajor
+			}
+		}
+	}
+	return ptx
 }
 
 // Tensor adds a tensor.
@@ -372,13 +431,13 @@ func (b *Builder) Launch(l Launch) *Op {
 	ws := 0
 	for i, a := range l.Args {
 		switch a.kind {
-		case argTensor:
+		case ArgTensor:
 			if a.tensor == nil || a.tensor.index >= len(b.g.Tensors) || b.g.Tensors[a.tensor.index] != a.tensor {
 				b.fail("op %s: argument %d is not a tensor of this builder", l.Name, i)
 			}
-		case argWorkspace:
+		case ArgWorkspace:
 			ws++
-		case argNull, argScalar:
+		case ArgNull, ArgScalar:
 		default:
 			b.fail("op %s: argument %d is the zero Arg", l.Name, i)
 		}
@@ -411,7 +470,7 @@ func (b *Builder) Build() (*Graph, error) {
 	}
 	g := b.g
 	if len(g.Ops) == 0 {
-		return nil, fmt.Errorf("graphexec: %s: no ops", g.Name)
+		return nil, fmt.Errorf("graph: %s: no ops", g.Name)
 	}
 	if err := checkUnplanned(g); err != nil {
 		return nil, err
@@ -426,7 +485,7 @@ func (b *Builder) Build() (*Graph, error) {
 			}
 			used[t.index] = true
 			if a.access&Read != 0 && !written[t.index] && (t.Role == Intermediate || t.Role == Output) {
-				return nil, fmt.Errorf("graphexec: %s: op %d (%s) reads %s %s before any op writes it", g.Name, op.index, op.Name, t.Role, t.Name)
+				return nil, fmt.Errorf("graph: %s: op %d (%s) reads %s %s before any op writes it", g.Name, op.index, op.Name, t.Role, t.Name)
 			}
 		}
 		for _, a := range op.Args {
@@ -435,7 +494,7 @@ func (b *Builder) Build() (*Graph, error) {
 				continue
 			}
 			if t.Role == Weight || t.Role == Input {
-				return nil, fmt.Errorf("graphexec: %s: op %d (%s) writes %s %s", g.Name, op.index, op.Name, t.Role, t.Name)
+				return nil, fmt.Errorf("graph: %s: op %d (%s) writes %s %s", g.Name, op.index, op.Name, t.Role, t.Name)
 			}
 			written[t.index] = true
 		}
@@ -443,17 +502,17 @@ func (b *Builder) Build() (*Graph, error) {
 	for _, t := range g.Tensors {
 		switch {
 		case !used[t.index]:
-			return nil, fmt.Errorf("graphexec: %s: tensor %s is used by no op", g.Name, t.Name)
+			return nil, fmt.Errorf("graph: %s: tensor %s is used by no op", g.Name, t.Name)
 		case t.feed != nil && t.Role != Input:
-			return nil, fmt.Errorf("graphexec: %s: %s %s has a feed; only inputs do", g.Name, t.Role, t.Name)
+			return nil, fmt.Errorf("graph: %s: %s %s has a feed; only inputs do", g.Name, t.Role, t.Name)
 		case t.init != nil && (t.Role == Intermediate || t.Role == Output):
-			return nil, fmt.Errorf("graphexec: %s: %s %s has an init function", g.Name, t.Role, t.Name)
+			return nil, fmt.Errorf("graph: %s: %s %s has an init function", g.Name, t.Role, t.Name)
 		case t.feed != nil && t.init != nil:
-			return nil, fmt.Errorf("graphexec: %s: input %s has both a feed and an init function", g.Name, t.Name)
+			return nil, fmt.Errorf("graph: %s: input %s has both a feed and an init function", g.Name, t.Name)
 		case (t.Role == Output) && !written[t.index]:
-			return nil, fmt.Errorf("graphexec: %s: output %s is never written", g.Name, t.Name)
+			return nil, fmt.Errorf("graph: %s: output %s is never written", g.Name, t.Name)
 		}
 	}
-	b.err = errors.New("graphexec: Builder already built")
+	b.err = errors.New("graph: Builder already built")
 	return g, nil
 }

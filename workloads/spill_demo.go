@@ -1,12 +1,13 @@
-package graphexec
+package workloads
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
 
-	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/launch"
 )
 
 func init() {
@@ -36,51 +37,51 @@ const spillDemoBlock = 256 // threads per block of the demo's kernels
 // without it every block waits for the end of the capture: K blocks.
 // acc, the output, sums every block, so a block reused too early would
 // change it.
-func buildSpillDemo(s Shape) (*Graph, error) {
+func buildSpillDemo(s Shape, k Kernels) (*graph.Graph, error) {
 	K, J, W := s.Iters, s.JoinEvery, s.Width
 	switch {
 	case K < 1 || K > 1<<16:
-		return nil, fmt.Errorf("graphexec: spill-demo: --iters %d: want 1..65536", K)
+		return nil, fmt.Errorf("workloads: spill-demo: --iters %d: want 1..65536", K)
 	case J < 1 || J > K:
-		return nil, fmt.Errorf("graphexec: spill-demo: --join-every %d: want 1..--iters (%d)", J, K)
+		return nil, fmt.Errorf("workloads: spill-demo: --join-every %d: want 1..--iters (%d)", J, K)
 	case W < 1 || W > 1<<28:
-		return nil, fmt.Errorf("graphexec: spill-demo: --width %d: want 1..2^28", W)
+		return nil, fmt.Errorf("workloads: spill-demo: --width %d: want 1..2^28", W)
 	}
 	seed := s.Seed
-	b := NewBuilder("spill-demo")
+	b := graph.NewBuilder("spill-demo")
 	b.Dim("iters", int64(K))
 	b.Dim("join_every", int64(J))
 	b.Dim("width", int64(W))
-	b.Module(kernels.SpillPTX)
+	b.Module(k.SpillPTX)
 	w := int64(W)
-	x := b.Tensor("x", F32, Input, w).SetFeed(func(step int, dst []byte) {
+	x := b.Tensor("x", graph.F32, graph.Input, w).SetFeed(func(step int, dst []byte) {
 		for i := 0; i+4 <= len(dst); i += 4 {
 			r := splitmix(seed ^ uint64(step)<<32 ^ uint64(i))
 			binary.LittleEndian.PutUint32(dst[i:], math.Float32bits(float32(r>>40)/(1<<24)-0.5))
 		}
 	})
-	acc := b.Tensor("acc", F32, Output, w)
-	grid := cuda.D1(uint32((W + spillDemoBlock - 1) / spillDemoBlock))
+	acc := b.Tensor("acc", graph.F32, graph.Output, w)
+	grid := launch.D1(uint32((W + spillDemoBlock - 1) / spillDemoBlock))
 	for i := 0; i < K; i++ {
-		blk := b.Tensor(fmt.Sprintf("blk%d", i), F32, Intermediate, w).SetUnplanned()
+		blk := b.Tensor(fmt.Sprintf("blk%d", i), graph.F32, graph.Intermediate, w).SetUnplanned()
 		var join []int
 		if i > 0 && i%J == 0 {
 			join = []int{1}
 		}
-		b.Launch(Launch{
+		b.Launch(graph.Launch{
 			Name: fmt.Sprintf("it%d.fill", i), Kernel: kernels.SpillFill,
-			Grid: grid, Block: cuda.D1(spillDemoBlock), Stream: 0, Wait: join,
-			Args: []Arg{Out(blk), In(x), Scalar(cuda.U32(uint32(W))),
-				Scalar(cuda.F32(float32(i + 1))), Scalar(cuda.F32(float32(i)))},
+			Grid: grid, Block: launch.D1(spillDemoBlock), Stream: 0, Wait: join,
+			Args: []graph.Arg{graph.Out(blk), graph.In(x), graph.Scalar(launch.U32(uint32(W))),
+				graph.Scalar(launch.F32(float32(i + 1))), graph.Scalar(launch.F32(float32(i)))},
 		})
-		out, first := InOut(acc), uint32(0)
+		out, first := graph.InOut(acc), uint32(0)
 		if i == 0 {
-			out, first = Out(acc), 1
+			out, first = graph.Out(acc), 1
 		}
-		b.Launch(Launch{
+		b.Launch(graph.Launch{
 			Name: fmt.Sprintf("it%d.accumulate", i), Kernel: kernels.SpillAccumulate,
-			Grid: grid, Block: cuda.D1(spillDemoBlock), Stream: 1, Wait: []int{0},
-			Args: []Arg{out, In(blk), Scalar(cuda.U32(uint32(W))), Scalar(cuda.U32(first))},
+			Grid: grid, Block: launch.D1(spillDemoBlock), Stream: 1, Wait: []int{0},
+			Args: []graph.Arg{out, graph.In(blk), graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(first))},
 		})
 	}
 	return b.Build()

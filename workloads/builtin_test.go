@@ -1,10 +1,10 @@
-package graphexec_test
+package workloads_test
 
 import (
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // gpt2-decode's layer-norm linears (QKV, MLP in, logits) run as linear_ln
@@ -17,8 +17,11 @@ func TestGPT2LayerNormLaunches(t *testing.T) {
 	}{
 		{64, 1, true}, {64, 3, true}, {768, 8, true}, {768, 20, true}, {1536, 8, true}, {2048, 8, false}, {2048, 4, true},
 	} {
-		s := graphexec.Shape{Layers: 2, Width: tc.width, Heads: tc.width / 64, KVLen: 16, Vocab: 50, Batch: tc.batch}
-		g := build(t, "gpt2-decode", s)
+		s := workloads.Shape{Layers: 2, Width: tc.width, Heads: tc.width / 64, KVLen: 16, Vocab: 50, Batch: tc.batch}
+		g, err := workloads.Build("gpt2-decode", s)
+		if err != nil {
+			t.Fatal(err)
+		}
 		ln, plain := 0, 0
 		for _, op := range g.Ops {
 			switch op.Kernel {

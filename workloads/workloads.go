@@ -1,14 +1,18 @@
-package graphexec
+package workloads
 
 import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
 
+	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/kernels"
+	"github.com/arenaplan/arenaplan/launch"
 	"github.com/spf13/pflag"
 )
 
@@ -36,7 +40,7 @@ type Workload struct {
 	Defaults Shape
 	// Dims are the shape fields the workload uses, by flag name.
 	Dims  []string
-	build func(Shape) (*Graph, error)
+	build func(Shape, Kernels) (*graph.Graph, error)
 }
 
 var workloads = map[string]*Workload{}
@@ -57,23 +61,60 @@ func Workloads() []string {
 func Lookup(name string) (*Workload, error) {
 	w, ok := workloads[name]
 	if !ok {
-		return nil, fmt.Errorf("graphexec: unknown workload %q (have %s)", name, strings.Join(Workloads(), ", "))
+		return nil, fmt.Errorf("workloads: unknown workload %q (have %s)", name, strings.Join(Workloads(), ", "))
 	}
 	return w, nil
 }
 
-// Build builds the named workload with shape s (zero fields: defaults).
-func Build(name string, s Shape) (*Graph, error) {
+// Build builds the named workload with shape s (zero fields: defaults)
+// from the embedded kernels.
+func Build(name string, s Shape) (*graph.Graph, error) {
+	return BuildWith(name, s, EmbeddedKernels())
+}
+
+// BuildWith is Build with other kernels (development: PTX built from a
+// modified kernels.cu).
+func BuildWith(name string, s Shape, k Kernels) (*graph.Graph, error) {
 	w, err := Lookup(name)
 	if err != nil {
 		return nil, err
 	}
-	return w.Build(s)
+	return w.BuildWith(s, k)
 }
 
-// Build builds the workload with shape s (zero fields: defaults).
-func (w *Workload) Build(s Shape) (*Graph, error) {
-	return w.build(w.Resolve(s))
+// Build builds the workload with shape s (zero fields: defaults) from the
+// embedded kernels.
+func (w *Workload) Build(s Shape) (*graph.Graph, error) {
+	return w.BuildWith(s, EmbeddedKernels())
+}
+
+// BuildWith is Build with other kernels.
+func (w *Workload) BuildWith(s Shape, k Kernels) (*graph.Graph, error) {
+	return w.build(w.Resolve(s), k)
+}
+
+// Kernels are the PTX modules the built-in workloads load. The graphs
+// they build hold them; nothing global is changed.
+type Kernels struct {
+	// PTX holds the entries of package kernels (gpt2-decode, mlp): the
+	// compute_80 build, which every device since sm_80 can JIT.
+	PTX []byte
+	// PTX90 is the same kernels built for compute_90 (programmatic
+	// dependent launch), loaded on devices of 9.0 and later; nil: none.
+	PTX90 []byte
+	// SpillPTX holds spill-demo's entries.
+	SpillPTX []byte
+}
+
+// EmbeddedKernels are the kernels embedded in package kernels.
+func EmbeddedKernels() Kernels {
+	return Kernels{PTX: kernels.PTX, PTX90: kernels.PTX90, SpillPTX: kernels.SpillPTX}
+}
+
+// module adds k's kernels to b, with their compute_90 variant.
+func (k Kernels) module(b *graph.Builder) {
+	b.Module(k.PTX)
+	b.Variant(9, k.PTX90)
 }
 
 // Resolve fills s's zero fields from the workload's defaults.
@@ -98,11 +139,11 @@ func (w *Workload) Resolve(s Shape) Shape {
 }
 
 // ShapeOf reads a shape back from a graph's (or a plan file's) dimensions.
-func ShapeOf(dims []Dim) (Shape, error) {
+func ShapeOf(dims []graph.Dim) (Shape, error) {
 	var s Shape
 	for _, d := range dims {
 		if d.Value < 1 || d.Value > 1<<31 {
-			return Shape{}, fmt.Errorf("graphexec: shape dimension %s=%d out of range", d.Name, d.Value)
+			return Shape{}, fmt.Errorf("workloads: shape dimension %s=%d out of range", d.Name, d.Value)
 		}
 		v := int(d.Value)
 		switch d.Name {
@@ -125,7 +166,7 @@ func ShapeOf(dims []Dim) (Shape, error) {
 		case "max_batch":
 			s.MaxBatch = v
 		default:
-			return Shape{}, fmt.Errorf("graphexec: unknown shape dimension %q", d.Name)
+			return Shape{}, fmt.Errorf("workloads: unknown shape dimension %q", d.Name)
 		}
 	}
 	return s, nil
@@ -213,4 +254,13 @@ func splitmix(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// SimKernels are the Go references of every built-in workload's kernels,
+// by PTX entry name, for the simulated device (cuda.SimConfig.Kernels,
+// cuda.SizedSimConfig). Each call returns a new map.
+func SimKernels() map[string]launch.KernelFunc {
+	k := kernels.Reference()
+	maps.Copy(k, kernels.SpillReference())
+	return k
 }

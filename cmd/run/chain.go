@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/graphexec"
+	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/workloads"
+)
+
+// ChainRun is what a chain run (--stages) adds to the report.
+type ChainRun struct {
+	// Stages are the stages' layer ranges [from, to).
+	Stages [][2]int64 `json:"stages"`
+	// Links is how many tensors a stage reads in place from an earlier one.
+	Links int `json:"links"`
+	// MatchesWhole: the last stage's output equals the whole mlp's, run
+	// eagerly on its own arena, bit for bit.
+	MatchesWhole bool `json:"chain_matches_whole"`
+}
+
+// parseCuts reads --stages: the layers at which the mlp is cut, strictly
+// increasing.
+func parseCuts(s string) ([]int, error) {
+	var cuts []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("--stages %q: %q is not a positive layer number", s, f)
+		}
+		cuts = append(cuts, v)
+	}
+	return cuts, nil
+}
+
+// executeChain runs the mlp split at --stages into graphs that read each
+// other's outputs in place from one arena (planner.PlanChain): every step
+// runs the stages in order, eagerly, then the same steps are replayed from
+// one captured graph per stage and compared bit for bit; the chain's guard
+// refuses any order that would read a value not yet produced or
+// overwrite one not yet read.
+func executeChain(ctx context.Context, c *config) (*report, error) {
+	switch {
+	case c.workload != "mlp":
+		return nil, usageError{fmt.Errorf("--stages splits the mlp workload, not %q", c.workload)}
+	case c.pause || c.check || c.sequence != "" || c.profile:
+		return nil, usageError{errors.New("--stages runs a chain: --pause, --check, --sequence and --profile do not apply")}
+	}
+	cuts, err := parseCuts(c.stages)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	if err := c.shape.Check(c.workload); err != nil {
+		return nil, usageError{err}
+	}
+	shape := c.shape.Shape()
+	gs, err := workloads.MLPStagesWith(shape, c.kernels, cuts...)
+	if err != nil {
+		return nil, usageError{err} // the flags' shape or cuts
+	}
+	whole, err := workloads.BuildWith("mlp", shape, c.kernels)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	links, err := graph.LinkByName(gs)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := graph.PlanChain(ctx, planner.Auto, gs, links, graph.PlanOptions{Budget: c.budget})
+	if err != nil {
+		return nil, err
+	}
+	dev, choice, err := openDevice(c.device)
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Close()
+	ch, err := graphexec.NewChain(dev, gs, links, cp, graphexec.Options{NoPDL: c.noPDL})
+	if err != nil {
+		return nil, err
+	}
+	defer ch.Close()
+	cr := &ChainRun{Links: len(links)}
+	rep := &report{
+		Workload: whole.Name, Shape: map[string]int64{}, Fingerprint: whole.Fingerprint().String(),
+		Device: dev.Name(), DeviceChoice: choice, Storage: "fp32",
+		PlanSource: fmt.Sprintf("memory: a chain of %d stages", len(gs)), PlanAlgo: cp.Plan.Algo,
+		ArenaBytes: cp.Plan.Arena, LowerBound: cp.Plan.LowerBound, MappedBytes: ch.Arena().Mapped(),
+		Steps: c.steps, ChainRun: cr,
+	}
+	for _, d := range whole.Shape {
+		rep.Shape[d.Name] = d.Value
+	}
+	for _, g := range gs {
+		from, _ := g.Dim("from")
+		to, _ := g.Dim("to")
+		cr.Stages = append(cr.Stages, [2]int64{from, to})
+		rep.Launches += len(g.Ops)
+	}
+	last := len(gs) - 1
+	if err := ch.Init(); err != nil {
+		return nil, err
+	}
+	// One step runs every stage in order; the chain's guard checks it.
+	step := func(run func(s, step int) error) func(int) error {
+		return func(i int) error {
+			for s := range gs {
+				if err := run(s, i); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	timed := func(f func(int) error) (time.Duration, error) {
+		for s := 0; s < c.warmup; s++ {
+			if err := f(s); err != nil {
+				return 0, err
+			}
+		}
+		if err := ch.ResetState(); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		for s := 0; s < c.steps; s++ {
+			if ctx.Err() != nil {
+				return 0, ctx.Err()
+			}
+			if err := f(s); err != nil {
+				return 0, err
+			}
+		}
+		if err := ch.Stage(last).Synchronize(); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	}
+	eager, err := timed(step(ch.Eager))
+	if err != nil {
+		return nil, err
+	}
+	eagerOut, err := outputs(ch.Stage(last))
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.ResetState(); err != nil {
+		return nil, err
+	}
+	capture, err := ch.Capture()
+	if err != nil {
+		return nil, err
+	}
+	for s := range gs {
+		_, n := ch.Stage(s).Captured()
+		rep.GraphNodes += n
+	}
+	replay, err := timed(step(ch.Replay))
+	if err != nil {
+		return nil, err
+	}
+	replayOut, err := outputs(ch.Stage(last))
+	if err != nil {
+		return nil, err
+	}
+	rep.OutputsEqual = bytes.Equal(eagerOut, replayOut)
+	rep.CaptureMS = float64(capture.Microseconds()) / 1000
+	rep.EagerUS = float64(eager.Nanoseconds()) / 1000 / float64(c.steps)
+	rep.ReplayUS = float64(replay.Nanoseconds()) / 1000 / float64(c.steps)
+	if rep.ReplayUS > 0 {
+		rep.Speedup = rep.EagerUS / rep.ReplayUS
+	}
+
+	// The whole mlp on an arena of its own: the chain must compute it.
+	e, err := graphexec.New(dev, whole, nil, graphexec.Options{Plan: graph.PlanOptions{Budget: c.budget}, NoPDL: c.noPDL})
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	if err := e.Init(); err != nil {
+		return nil, err
+	}
+	if err := e.Eager(0); err != nil {
+		return nil, err
+	}
+	wholeOut, err := outputs(e)
+	if err != nil {
+		return nil, err
+	}
+	cr.MatchesWhole = bytes.Equal(wholeOut, eagerOut)
+	return rep, nil
+}
