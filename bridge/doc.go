@@ -17,6 +17,13 @@
 //     between Begin and End: sizes, order, frees, record_stream), plans them
 //     at the lower bound (planner "auto", proved by planner.Check) into one
 //     arena.Arena, and then serves later runs of that step from the plan.
+//   - A Family is several steps (one model's step at several batch sizes)
+//     planned jointly into one arena as large as its largest member needs;
+//     members run one at a time and overlap by design.
+//   - Regions (BeginRegion, per thread) set memory apart by tag; Pause
+//     releases the physical memory of tags and of the graphs (GraphsTag:
+//     every arena and graph pool) keeping every address, backing up the
+//     regions that asked for it, and Resume maps it back.
 //
 // # Serving a plan
 //

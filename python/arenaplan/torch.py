@@ -14,6 +14,13 @@ replayed forever.
     eager = ap.eager(lambda: model(x))            # repeated eager steps, same addresses every time
     out = eager()
 
+    fam = ap.graphs({b: step_for(b) for b in (8, 4, 2, 1)})   # a batch-size family in one arena
+    fam.replay(4)
+
+    with ap.region("weights", backup=True):       # torch_memory_saver-style sleep/wake
+        model = build().cuda()
+    ap.pause(); ap.resume()                       # memory given back, addresses kept
+
 How it works: :func:`install` makes ``libarenaplan.so`` PyTorch's CUDA
 allocator (``torch.cuda.memory.change_current_allocator``), so it sees every
 tensor. Everything outside a planned step (weights, inputs, KV caches,
