@@ -198,6 +198,7 @@ def main():
     ap_.add_argument("--model", choices=MODELS, required=True)
     ap_.add_argument("--iters", type=int, default=50)
     ap_.add_argument("--quick", action="store_true", help="few iterations (for compute-sanitizer)")
+    ap_.add_argument("--eager-only", action="store_true", help="time eager steps only (20 blocks), then exit")
     ap_.add_argument("--save-plan", help="ours: write the step's plan to this file")
     ap_.add_argument("--plan", help="ours: capture once from this plan file (no recording capture)")
     args = ap_.parse_args()
@@ -219,6 +220,11 @@ def main():
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     r["eager_us"] = timed(torch, step, iters, blocks=10)
+    if args.eager_only:
+        r["mode"] = args.mode + "-eager"
+        r["eager_us_20_blocks"] = timed(torch, step, iters, blocks=20)
+        print(json.dumps(r), flush=True)
+        return
     snap = snapshot(torch, state) if state else None
     if snap:
         restore(torch, state, snap)
