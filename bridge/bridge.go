@@ -30,6 +30,11 @@ type Config struct {
 	// SpillPlain grows the spill allocator with cuMemAlloc outside
 	// captures (arena.WithPlainSegments; ARENAPLAN_SPILL_PLAIN=1).
 	SpillPlain bool
+	// Rank and WorldSize say which process of a tensor-parallel job this
+	// is (torchrun's RANK and WORLD_SIZE): plan files record them and a
+	// plan made by another rank or world size is refused. Zero values: a
+	// single process.
+	Rank, WorldSize int
 	// ThreadID names the calling thread for regions (BeginRegion); nil:
 	// the operating system's thread id (gettid on Linux), which the host
 	// program knows too (Python's threading.get_native_id).
@@ -38,7 +43,7 @@ type Config struct {
 
 // ConfigFromEnv reads ARENAPLAN_DEVICE ("sim" or "cuda", default cuda),
 // ARENAPLAN_SIM_MEMORY, ARENAPLAN_SPILL_ADDRESS_SPACE and
-// ARENAPLAN_SPILL_CHUNK (bytes) with
+// ARENAPLAN_SPILL_CHUNK (bytes), and torchrun's RANK and WORLD_SIZE, with
 // getenv (nil: os.Getenv). A Go shared library must pass C's getenv: its
 // os.Getenv sees the environment the process started with, not what the
 // host program set since.
@@ -60,6 +65,22 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		c.SpillPlain = true
 	default:
 		return c, fmt.Errorf("bridge: ARENAPLAN_SPILL_PLAIN=%q: want 0 or 1", v)
+	}
+	for _, e := range []struct {
+		name string
+		dst  *int
+		min  int
+	}{{"RANK", &c.Rank, 0}, {"WORLD_SIZE", &c.WorldSize, 1}} {
+		if v := getenv(e.name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < e.min {
+				return c, fmt.Errorf("bridge: %s=%q: want a whole number of at least %d", e.name, v, e.min)
+			}
+			*e.dst = n
+		}
+	}
+	if c.Rank >= max(c.WorldSize, 1) {
+		return c, fmt.Errorf("bridge: RANK=%d is not below WORLD_SIZE=%d", c.Rank, max(c.WorldSize, 1))
 	}
 	for _, e := range []struct {
 		name string

@@ -147,7 +147,11 @@ func (f *Family) Save(path string) error {
 	if fp == nil {
 		return f.errorf("has no plan to save")
 	}
-	if err := plans.SaveFamily(path, &plans.Family{Members: ms, Plan: fp}); err != nil {
+	ws := make([]*plans.Workload, len(ms))
+	for i := range ws {
+		ws[i] = f.b.workload()
+	}
+	if err := plans.SaveFamily(path, &plans.Family{Members: ms, Plan: fp, Workloads: ws}); err != nil {
 		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
 	}
 	return nil
@@ -162,6 +166,11 @@ func (f *Family) Load(path string) error {
 	ff, err := plans.LoadFamily(path)
 	if err != nil {
 		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
+	}
+	for i := range ff.Members {
+		if err := f.b.checkRank(path, ff.Workload(i)); err != nil {
+			return f.errorf("%v", err)
+		}
 	}
 	f.d.mu.Lock()
 	n := len(f.members)

@@ -401,6 +401,9 @@ func (s *Step) Load(path string) error {
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): %w", s.id, s.name, err)
 	}
+	if err := s.b.checkRank(path, f.Workload); err != nil {
+		return s.errorf("%v", err)
+	}
 	s.d.mu.Lock()
 	ok := s.state == stepIdle && s.plan == nil && !s.closing
 	s.d.mu.Unlock()
@@ -418,7 +421,7 @@ func (s *Step) Save(path string) error {
 	if p == nil {
 		return s.errorf("has no plan to save")
 	}
-	f := &plans.File{Trace: t, Plan: p, Workload: &plans.Workload{Name: "torch-step"}}
+	f := &plans.File{Trace: t, Plan: p, Workload: s.b.workload()}
 	if err := plans.Save(path, f); err != nil {
 		return fmt.Errorf("bridge: step %d (%s): %w", s.id, s.name, err)
 	}
