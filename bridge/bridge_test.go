@@ -361,6 +361,28 @@ func TestPlanFile(t *testing.T) {
 		t.Fatalf("%d divergences, want the extra allocation's 1", r.Divergences)
 	}
 	p.free(ws)
+	// An extra allocation the size of a planned buffer just ahead (a
+	// 64 KiB workspace, as each layer's) takes that buffer's place; the
+	// buffer's own allocation then spills. The plan still stands.
+	s5, _ := b.NewStep(0, "steal")
+	if err := s5.Load(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s5.Serve(p.stream, false); err != nil {
+		t.Fatal(err)
+	}
+	ws = p.alloc(65536)
+	p.free(p.run())
+	if err := s5.End(false); err != nil {
+		t.Fatalf("the plan's step with an extra allocation of a planned size refused: %v", err)
+	}
+	// The buffers whose planned range the extra one (kept live) covers
+	// spill: here every layer's workspace. The buffers skipped on the way
+	// find their places behind the cursor, so nothing else diverges.
+	if r := s5.Report(); r.Divergences == 0 || r.Divergences > uint64(p.layers)+1 {
+		t.Fatalf("%d divergences (%s), want the %d workspaces' (and at most one more)", r.Divergences, r.FirstDivergence, p.layers)
+	}
+	p.free(ws)
 	other := &program{t: t, b: b, stream: 0x78, layers: 7}
 	s3, _ := b.NewStep(0, "other")
 	if err := s3.Load(path); err != nil {

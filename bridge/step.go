@@ -45,7 +45,8 @@ type Step struct {
 	need   []uint64 // planned range length per buffer
 	live   *btree.BTreeG[span]
 	isLive []bool
-	held   []int // freed slots that another stream used: taken until End
+	taken  []bool // planned buffers served in the run underway
+	held   []int  // freed slots that another stream used: taken until End
 
 	capture  *arena.Capture // the capture of the run underway, if joined
 	pool     *arena.Pool    // private pool of the serving captures' spills
@@ -85,7 +86,6 @@ type runLog struct {
 	start []int64
 	end   []int64 // -1 while live
 	other []bool  // record_stream on another stream
-	plan  []bool  // served from the plan (while serving)
 	ids   map[cuda.DevicePtr]int
 }
 
@@ -99,7 +99,6 @@ func (r *runLog) alloc(p cuda.DevicePtr, size uint64) {
 	r.start = append(r.start, r.now)
 	r.end = append(r.end, -1)
 	r.other = append(r.other, false)
-	r.plan = append(r.plan, false)
 	r.now++
 }
 
@@ -126,14 +125,12 @@ func (r *runLog) trace(name string) *lifetime.Trace {
 	return t
 }
 
-// servedTrace is the trace of the run's allocations served from the plan
-// alone, times renumbered as if the others (spilled) had not happened: a
-// run of the plan's own step, plus a workspace made lazily, gives the
-// plan's trace back.
-func (r *runLog) servedTrace(name string) *lifetime.Trace {
+// subTrace is the trace of the run's allocations that keep selects, times
+// renumbered as if the others had not happened.
+func (r *runLog) subTrace(name string, keep []bool) *lifetime.Trace {
 	var ticks []int64
 	for i := range r.sizes {
-		if r.plan[i] {
+		if keep[i] {
 			ticks = append(ticks, r.start[i])
 			if r.end[i] >= 0 {
 				ticks = append(ticks, r.end[i]-1)
@@ -148,7 +145,7 @@ func (r *runLog) servedTrace(name string) *lifetime.Trace {
 	now := int64(len(rank))
 	t := &lifetime.Trace{Name: name}
 	for i := range r.sizes {
-		if !r.plan[i] {
+		if !keep[i] {
 			continue
 		}
 		end := now + 1
@@ -159,6 +156,26 @@ func (r *runLog) servedTrace(name string) *lifetime.Trace {
 			Size: r.sizes[i], Start: rank[r.start[i]], End: end})
 	}
 	return t
+}
+
+// embeds says whether the run made the plan's step: the plan's buffers,
+// matched in order by size to the run's allocations (skipping extra ones,
+// such as a workspace PyTorch makes lazily in one capture), live as in the
+// plan once the extras are taken out. nil: it did; else what differs.
+func (r *runLog) embeds(name string, plan *lifetime.Trace) error {
+	keep := make([]bool, len(r.sizes))
+	j := 0
+	for i := range plan.Buffers {
+		for j < len(r.sizes) && r.sizes[j] != plan.Buffers[i].Size {
+			j++
+		}
+		if j == len(r.sizes) {
+			return fmt.Errorf("the plan's allocation %d (%d bytes) never came: the step made %d allocations", i, plan.Buffers[i].Size, len(r.sizes))
+		}
+		keep[j] = true
+		j++
+	}
+	return sameSteps(plan, r.subTrace(name, keep))
 }
 
 // NewStep makes an empty step on device ordinal.
@@ -204,6 +221,9 @@ func (s *Step) begin(stream uintptr, state stepState) error {
 	}
 	d.active[stream] = s
 	s.state, s.stream, s.cursor = state, stream, 0
+	if s.taken != nil {
+		clear(s.taken)
+	}
 	s.run.reset()
 	return nil
 }
@@ -315,9 +335,9 @@ func (s *Step) End(failed bool) error {
 		}
 	}
 	run := s.run.trace(s.name)
-	var servedRun *lifetime.Trace
-	if state == stepServing && s.loaded != "" {
-		servedRun = s.run.servedTrace(s.name)
+	var embedded error
+	if state == stepServing && s.loaded != "" && !failed {
+		embedded = s.run.embeds(s.name, s.trace)
 	}
 	s.run.reset()
 	switch state {
@@ -336,18 +356,16 @@ func (s *Step) End(failed bool) error {
 			s.release(k)
 		}
 		s.held = s.held[:0]
-		if s.loaded != "" && !failed {
-			// The allocations served from the plan must be the plan's
-			// step exactly; an extra one (a workspace made lazily in this
+		if embedded != nil {
+			// An extra allocation (a workspace made lazily in this
 			// capture, say) spills and counts as a divergence without
-			// refusing the plan.
-			if sameSteps(s.trace, servedRun) != nil {
-				why := sameSteps(s.trace, run)
-				if why == nil {
-					why = sameSteps(s.trace, servedRun)
-				}
-				errs = append(errs, s.errorf("plan %s was made for another step: %v", s.loaded, why))
+			// refusing the plan; a plan the run does not contain is
+			// refused.
+			why := sameSteps(s.trace, run)
+			if why == nil {
+				why = embedded
 			}
+			errs = append(errs, s.errorf("plan %s was made for another step: %v", s.loaded, why))
 		}
 	}
 	return errors.Join(errs...)
@@ -461,6 +479,7 @@ func (s *Step) setPlan(t *lifetime.Trace, p *planner.Plan, from string, a *arena
 	s.trace, s.plan, s.loaded, s.ar, s.addrs, s.need = t, p, from, a, addrs, need
 	s.live = btree.NewG[span](16, lessSpan)
 	s.isLive = make([]bool, len(t.Buffers))
+	s.taken = make([]bool, len(t.Buffers))
 }
 
 // alloc serves an allocation on the step's stream; d.mu is held.
@@ -479,12 +498,12 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 		p := s.addrs[k]
 		s.live.ReplaceOrInsert(span{uint64(p), uint64(p) + s.need[k]})
 		s.isLive[k] = true
-		s.cursor = k + 1
+		s.taken[k] = true
+		s.cursor = max(s.cursor, k+1)
 		d.planned[p] = slot{s, k}
 		d.st.Planned++
 		s.served++
 		s.run.alloc(p, size)
-		s.run.plan[len(s.run.plan)-1] = true
 		return p, nil
 	}
 	why := s.divergence(n, size)
@@ -506,17 +525,30 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 	return p, nil
 }
 
-// lookahead is how many planned buffers past the cursor an allocation may
-// skip to find its own: a run that lacks a recorded allocation (a lazily
-// made workspace, say) falls back into step after it.
+// lookahead is how far from the cursor an allocation may find its planned
+// buffer: forward, past recorded allocations this run lacks; backward, to
+// buffers skipped when an extra allocation (a workspace PyTorch makes
+// lazily in one capture, say) took a buffer ahead of its turn.
 const lookahead = 8
 
 // match finds the planned buffer for an allocation of size: the one at the
-// cursor, or the first of the next few with that size; it must be free and
+// cursor; else the first untaken one of that size among the few behind it;
+// else among the few ahead. It must be untaken in this run, not live, and
 // its range clear of every live buffer.
 func (s *Step) match(size uint64) (int, bool) {
-	for k := s.cursor; k < len(s.addrs) && k <= s.cursor+lookahead; k++ {
-		if uint64(s.trace.Buffers[k].Size) == size && !s.isLive[k] && !s.overlaps(k) {
+	fits := func(k int) bool {
+		return uint64(s.trace.Buffers[k].Size) == size && !s.taken[k] && !s.isLive[k] && !s.overlaps(k)
+	}
+	if s.cursor < len(s.addrs) && fits(s.cursor) {
+		return s.cursor, true
+	}
+	for k := max(0, s.cursor-lookahead); k < s.cursor; k++ {
+		if fits(k) {
+			return k, true
+		}
+	}
+	for k := s.cursor + 1; k < len(s.addrs) && k <= s.cursor+lookahead; k++ {
+		if fits(k) {
 			return k, true
 		}
 	}
