@@ -30,7 +30,9 @@
 // While a step serves on stream S, the k-th allocation on S gets the k-th
 // buffer's planned address when its size equals the recorded one and no live
 // buffer of the arena overlaps the planned range (an ordered set of live
-// ranges: one lookup). Anything else spills to the spillover allocator and
+// ranges: one lookup); a run that lacks a recorded allocation, or makes an
+// extra one, finds its buffers within 8 of that position, ahead or behind.
+// Anything else spills to the spillover allocator and
 // counts as a divergence; with Strict it is an error instead. So an address
 // is never wrong and two live allocations never share memory, whatever the
 // program does (frees later than recorded, tensors kept across steps, other
