@@ -274,7 +274,7 @@ def main():
     if not r["replay_equal"]:
         r["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
     r["replay_us"] = timed(torch, replay, iters)
-    r["captures_before_replay"] = 1 if args.mode == "torch" else 2
+    r["captures_before_replay"] = 1 if args.mode == "torch" or args.plan else 2
     if args.mode == "torch" and not args.quick:
         # The driver replays every graph of a decode step slower once a
         # process has made a few stream captures (bench/torch_replay_diag.py

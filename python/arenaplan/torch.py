@@ -229,20 +229,6 @@ def _recording_graph() -> "torch.cuda.CUDAGraph":
         return torch.cuda.CUDAGraph()
 
 
-def _throwaway_capture(lib: Library, dev: int, fn: Callable[[], Any], stream: "torch.cuda.Stream") -> None:
-    """Capture fn once and throw the graph away (never instantiated), its
-    memory given back: a recording into a step closed at once."""
-    sid = lib.step_new(dev, "throwaway")
-    try:
-        lib.step_record(sid, stream.cuda_stream)
-        g = _recording_graph()
-        out = _capture(lib, sid, fn, stream, g)
-        del out
-        g.reset()
-    finally:
-        lib.step_close(sid)
-
-
 def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3, strict: bool = False,
           budget: float = 1.0, name: Optional[str] = None, device: Optional[int] = None) -> Graph:
     """Capture ``fn()`` (no arguments; close over static inputs) into a CUDA
@@ -250,10 +236,10 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
 
     Steps: ``warmup`` eager runs on the capture stream (cuBLAS workspaces,
     lazy state), one recording capture (thrown away), planning at the lower
-    bound within ``budget`` seconds (or ``plan``: a plan file, after a
-    throwaway capture so that what PyTorch makes lazily in a stream's first
-    capture is made outside the served one, verified on
-    load and refused with :class:`PlanMismatchError` if the step differs),
+    bound within ``budget`` seconds (or ``plan``: a plan file, verified on
+    load and refused with :class:`PlanMismatchError` if the step differs;
+    an extra allocation, such as a workspace PyTorch makes lazily in a
+    process's first capture, spills and counts as a divergence),
     then the real capture. With ``strict`` an allocation the plan cannot
     serve raises instead of spilling. Call outside any capture; costs a
     few captures' time (milliseconds to a second for large models).
@@ -276,7 +262,6 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
             t1 = time.perf_counter()
             lib.step_plan(sid, budget)
         else:
-            _throwaway_capture(lib, dev, fn, stream)
             t1 = time.perf_counter()
             lib.step_load(sid, plan)
         t2 = time.perf_counter()
@@ -454,13 +439,6 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
             t1 = time.perf_counter()
             lib.family_plan(fid, budget)
         else:
-            # A throwaway capture of each member first, as the recording
-            # run had: what PyTorch makes lazily in a stream's first
-            # captures (workspaces) is then made outside the served one.
-            for key, fn in fns.items():
-                t = time.perf_counter()
-                _throwaway_capture(lib, dev, fn, stream)
-                cap_ms[key] = (time.perf_counter() - t) * 1e3
             t1 = time.perf_counter()
             lib.family_load(fid, plan)
         plan_ms = (time.perf_counter() - t1) * 1e3
