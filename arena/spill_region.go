@@ -160,8 +160,10 @@ func (s *Spill) ResumePools(pools ...*Pool) error {
 		if p == nil {
 			return fmt.Errorf("arena: ResumePools: nil pool")
 		}
-		if err := s.checkPool("ResumePools", p); err != nil {
-			return err
+		// A pool released while paused (its graph destroyed) still
+		// resumes: tensors made in it may be alive.
+		if p.s != s || !p.private || !s.pools[p] {
+			return fmt.Errorf("arena: ResumePools: %s is not a live pool of this allocator", p)
 		}
 		if !p.paused {
 			return fmt.Errorf("arena: ResumePools: %s: %w", p, ErrNotPaused)

@@ -190,3 +190,35 @@ func TestRegionPoolCloseWhilePaused(t *testing.T) {
 		t.Error("PausePools on the default pool accepted")
 	}
 }
+
+// A graph pool released while paused still resumes (tensors made in it
+// may be alive), and its memory goes back once it is free.
+func TestPausedPoolReleased(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	st := e.stream(t)
+	gp, err := s.NewSharedPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.AllocIn(gp, 1*MiB, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PausePools(gp); err != nil {
+		t.Fatal(err)
+	}
+	if err := gp.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ResumePools(gp); err != nil {
+		t.Fatalf("resuming a pool released while paused: %v", err)
+	}
+	mustFree(t, s, p)
+	if err := s.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Mapped != 0 || st.Paused != 0 {
+		t.Fatalf("after free and EmptyCache: mapped %d paused %d", st.Mapped, st.Paused)
+	}
+}

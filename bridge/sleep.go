@@ -250,7 +250,9 @@ func (b *Bridge) Resume(ordinal int, tags ...string) error {
 	if graphs {
 		gp := d.graphs
 		for len(gp.arenas) > 0 {
-			if err := gp.arenas[0].Resume(); err != nil {
+			// An arena closed while paused (its step closed) has nothing
+			// to map back.
+			if err := gp.arenas[0].Resume(); err != nil && !errors.Is(err, arena.ErrClosed) {
 				return fmt.Errorf("bridge: %s: graph arena: %w", op, err)
 			}
 			gp.arenas = gp.arenas[1:]

@@ -164,3 +164,31 @@ func TestRegionMisuse(t *testing.T) {
 		t.Errorf("Resume with nothing paused: %v", err)
 	}
 }
+
+// TestCloseWhilePaused: a step closed while its graphs are paused leaves
+// nothing for Resume to trip on, and nothing mapped behind.
+func TestCloseWhilePaused(t *testing.T) {
+	b := newTestBridge(t)
+	p := &program{t: t, b: b, stream: 0x77, layers: 6}
+	s := recordAndPlan(t, b, p)
+	if err := s.Serve(p.stream, true); err != nil {
+		t.Fatal(err)
+	}
+	p.free(p.run())
+	if err := s.End(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Pause(0, GraphsTag); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Resume(0, GraphsTag); err != nil {
+		t.Fatalf("Resume after the step closed: %v", err)
+	}
+	st, _ := b.Stats(0)
+	if st.ArenaMapped != 0 || st.ArenaBytes != 0 || st.Spill.Paused != 0 {
+		t.Fatalf("after close and resume: %+v", st)
+	}
+}
