@@ -390,45 +390,13 @@ func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, er
 			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
 		}
 	}
-	pool := s.def
-	if in != nil {
-		pool = in
-		goto serve
-	}
-	if s.cfg.foreign && len(s.captures) > 0 {
-		if err := s.sweepJoined(); err != nil {
-			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+	pool := in
+	if pool == nil {
+		var err error
+		if pool, err = s.routePool(size, st); err != nil {
+			return 0, err
 		}
 	}
-	if len(s.captures) > 0 || (s.cfg.foreign && (!s.hinted || s.foreignN > 0)) {
-		info, err := s.dev.CaptureInfo(st)
-		if err != nil {
-			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
-		}
-		switch info.Status {
-		case cuda.CaptureActive:
-			c := s.captures[info.ID]
-			if c == nil && s.cfg.foreign {
-				// Kept until Close: nothing tells the allocator when the
-				// owner destroys the graph.
-				c = s.register(st, info.ID, nil)
-				c.joined, c.auto = true, true
-			}
-			if c == nil {
-				return 0, fmt.Errorf("arena: Spill.Alloc(%d): stream is capturing (capture %d) but the capture was not begun with Spill.BeginCapture or JoinCapture", size, info.ID)
-			}
-			pool = c.pool
-			if !s.cfg.noReuse {
-				if err := s.reclaim(c, st, info); err != nil {
-					return 0, fmt.Errorf("arena: Spill.Alloc(%d): capture-time reuse: %w", size, err)
-				}
-			}
-		case cuda.CaptureInvalidated:
-			return 0, fmt.Errorf("arena: Spill.Alloc(%d): the stream's capture %d was invalidated: %w", size, info.ID,
-				&cuda.Error{Op: "cuStreamGetCaptureInfo_v3", Code: cuda.ErrorStreamCaptureInvalidated})
-		}
-	}
-serve:
 	if pool.paused {
 		return 0, fmt.Errorf("arena: Spill.Alloc(%d) in %s: %w", size, pool, ErrPaused)
 	}
@@ -449,6 +417,47 @@ serve:
 	s.st.Allocs++
 	s.st.PeakInUse = max(s.st.PeakInUse, s.st.InUse)
 	return cuda.DevicePtr(b.addr), nil
+}
+
+// routePool picks the pool for an Alloc on st: the default one, or the
+// pool of the capture underway on st (joining a foreign capture when the
+// allocator was told to), after the capture-time reuse walk; s.mu is held.
+func (s *Spill) routePool(size uint64, st cuda.Stream) (*Pool, error) {
+	pool := s.def
+	if s.cfg.foreign && len(s.captures) > 0 {
+		if err := s.sweepJoined(); err != nil {
+			return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+		}
+	}
+	if len(s.captures) > 0 || (s.cfg.foreign && (!s.hinted || s.foreignN > 0)) {
+		info, err := s.dev.CaptureInfo(st)
+		if err != nil {
+			return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+		}
+		switch info.Status {
+		case cuda.CaptureActive:
+			c := s.captures[info.ID]
+			if c == nil && s.cfg.foreign {
+				// Kept until Close: nothing tells the allocator when the
+				// owner destroys the graph.
+				c = s.register(st, info.ID, nil)
+				c.joined, c.auto = true, true
+			}
+			if c == nil {
+				return nil, fmt.Errorf("arena: Spill.Alloc(%d): stream is capturing (capture %d) but the capture was not begun with Spill.BeginCapture or JoinCapture", size, info.ID)
+			}
+			pool = c.pool
+			if !s.cfg.noReuse {
+				if err := s.reclaim(c, st, info); err != nil {
+					return nil, fmt.Errorf("arena: Spill.Alloc(%d): capture-time reuse: %w", size, err)
+				}
+			}
+		case cuda.CaptureInvalidated:
+			return nil, fmt.Errorf("arena: Spill.Alloc(%d): the stream's capture %d was invalidated: %w", size, info.ID,
+				&cuda.Error{Op: "cuStreamGetCaptureInfo_v3", Code: cuda.ErrorStreamCaptureInvalidated})
+		}
+	}
+	return pool, nil
 }
 
 func (p *Pool) String() string {

@@ -194,19 +194,14 @@ func arenaplan_step_new(device C.int, name *C.char, id *C.int) (e *C.char) {
 }
 
 // step runs f on step id.
-func step(id C.int, f func(*bridge.Step) error) (e *C.char) {
-	var err error
-	defer func() { guard(&err); e = cerr(err) }()
-	b, err := get()
-	if err != nil {
-		return
-	}
-	s, err := b.Step(int(id))
-	if err != nil {
-		return
-	}
-	err = f(s)
-	return
+func step(id C.int, f func(*bridge.Step) error) *C.char {
+	return bridgeCall(func(b *bridge.Bridge) error {
+		s, err := b.Step(int(id))
+		if err != nil {
+			return err
+		}
+		return f(s)
+	})
 }
 
 //export arenaplan_step_record
@@ -268,22 +263,18 @@ func arenaplan_step_report(id C.int, out **C.char) *C.char {
 // arenaplan_stats sets *out to device's counters as JSON.
 //
 //export arenaplan_stats
-func arenaplan_stats(device C.int, out **C.char) (e *C.char) {
-	var err error
-	defer func() { guard(&err); e = cerr(err) }()
-	b, err := get()
-	if err != nil {
-		return
-	}
-	st, err := b.Stats(int(device))
-	if err != nil {
-		return
-	}
-	js, err := json.Marshal(st)
-	if err == nil {
-		*out = C.CString(string(js))
-	}
-	return
+func arenaplan_stats(device C.int, out **C.char) *C.char {
+	return bridgeCall(func(b *bridge.Bridge) error {
+		st, err := b.Stats(int(device))
+		if err != nil {
+			return err
+		}
+		js, err := json.Marshal(st)
+		if err == nil {
+			*out = C.CString(string(js))
+		}
+		return err
+	})
 }
 
 // bridgeCall runs f on the bridge and returns its error as a C string.

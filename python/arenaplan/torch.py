@@ -537,6 +537,6 @@ def resume(*tags: str, device: Optional[int] = None) -> None:
         _graphs_paused = False
 
 
-def paused(device: Optional[int] = None) -> bool:
-    """Whether the graphs' memory is paused now."""
+def paused() -> bool:
+    """Whether the graphs' memory is paused now (replays are refused)."""
     return _graphs_paused
