@@ -73,6 +73,8 @@ type Spill struct {
 
 	hinted   bool // ForeignCaptures was called: trust its count
 	foreignN int
+
+	copyStream cuda.Stream // backups and restores of paused pools (copier)
 }
 
 // ForeignCaptures tells the allocator how many captures that it did not
@@ -870,6 +872,12 @@ func (s *Spill) Close() error {
 		ev.Close()
 	}
 	s.events, s.pending, s.untilNone, s.live = nil, nil, nil, nil
+	if s.copyStream != nil {
+		if err := s.copyStream.Close(); err != nil && first == nil {
+			first = err
+		}
+		s.copyStream = nil
+	}
 	if err := s.dev.AddressFree(s.base, s.cfg.addressSpace); err != nil && first == nil {
 		first = err
 	}

@@ -108,6 +108,9 @@ func (s *Spill) PausePools(pools ...*Pool) error {
 	if err := s.dev.Synchronize(); err != nil {
 		return fmt.Errorf("arena: PausePools: %w", err)
 	}
+	// Back up: copies into page-locked memory are enqueued back to back
+	// on one stream and waited for once; others are synchronous.
+	var cp cuda.Stream
 	for _, p := range pools {
 		if !p.backup {
 			continue
@@ -121,9 +124,23 @@ func (s *Spill) PausePools(pools ...*Pool) error {
 				}
 				s.st.Backup += seg.size
 			}
-			if err := s.dev.CopyDtoH(seg.host, seg.addr); err != nil {
+			var err error
+			if seg.pinned && s.copier(&cp) {
+				err = s.dev.CopyDtoHAsync(seg.host, seg.addr, cp)
+			} else {
+				err = s.dev.CopyDtoH(seg.host, seg.addr)
+			}
+			if err != nil {
+				if cp != nil {
+					cp.Synchronize()
+				}
 				return fmt.Errorf("arena: PausePools: backing up %s (%s at %#x): %w", p, fmtBytes(seg.size), uint64(seg.addr), err)
 			}
+		}
+	}
+	if cp != nil {
+		if err := cp.Synchronize(); err != nil {
+			return fmt.Errorf("arena: PausePools: backing up: %w", err)
 		}
 	}
 	var errs []error
@@ -169,22 +186,51 @@ func (s *Spill) ResumePools(pools ...*Pool) error {
 			return fmt.Errorf("arena: ResumePools: %s: %w", p, ErrNotPaused)
 		}
 	}
+	// Restores from page-locked memory are enqueued on one stream while
+	// the next segments are mapped, and waited for once at the end.
+	var cp cuda.Stream
+	var err error
+resume:
 	for _, p := range pools {
 		for _, seg := range s.poolSegments(p) {
 			if !seg.paused {
 				continue // mapped by an earlier call that stopped half way
 			}
-			if err := s.remap(seg); err != nil {
-				return fmt.Errorf("arena: ResumePools: %s: %w", p, err)
+			if err = s.remap(seg, &cp); err != nil {
+				err = fmt.Errorf("arena: ResumePools: %s: %w", p, err)
+				break resume
 			}
 		}
 		p.paused = false
 	}
-	return nil
+	if cp != nil {
+		if serr := cp.Synchronize(); serr != nil && err == nil {
+			err = fmt.Errorf("arena: ResumePools: restoring: %w", serr)
+		}
+	}
+	return err
 }
 
-// remap maps new memory under a paused segment and restores its backup.
-func (s *Spill) remap(seg *segment) error {
+// copier sets *cp to the allocator's stream for host copies, made on first
+// use; false if it cannot be made (then copies are synchronous).
+func (s *Spill) copier(cp *cuda.Stream) bool {
+	if *cp != nil {
+		return true
+	}
+	if s.copyStream == nil {
+		st, err := s.dev.NewStream()
+		if err != nil {
+			return false
+		}
+		s.copyStream = st
+	}
+	*cp = s.copyStream
+	return true
+}
+
+// remap maps new memory under a paused segment and restores its backup:
+// from page-locked memory enqueued on *cp (see copier), else at once.
+func (s *Spill) remap(seg *segment, cp *cuda.Stream) error {
 	h, err := s.dev.MemCreate(seg.size)
 	if err != nil {
 		if errors.Is(err, cuda.ErrorOutOfMemory) {
@@ -202,7 +248,13 @@ func (s *Spill) remap(seg *segment) error {
 		return err
 	}
 	if seg.host != nil {
-		if err := s.dev.CopyHtoD(seg.addr, seg.host); err != nil {
+		var err error
+		if seg.pinned && s.copier(cp) {
+			err = s.dev.CopyHtoDAsync(seg.addr, seg.host, *cp)
+		} else {
+			err = s.dev.CopyHtoD(seg.addr, seg.host)
+		}
+		if err != nil {
 			s.dev.MemUnmap(seg.addr, seg.size)
 			s.dev.MemRelease(h)
 			return fmt.Errorf("restoring %s at %#x: %w", fmtBytes(seg.size), uint64(seg.addr), err)

@@ -201,6 +201,8 @@ def main():
     ap_.add_argument("--eager-only", action="store_true", help="time eager steps only (20 blocks), then exit")
     ap_.add_argument("--save-plan", help="ours: write the step's plan to this file")
     ap_.add_argument("--plan", help="ours: capture once from this plan file (no recording capture)")
+    ap_.add_argument("--record", default="auto", choices=["auto", "eager", "capture"],
+                     help="ours: how ap.graph records the step (see arenaplan.torch.graph)")
     args = ap_.parse_args()
     iters = 3 if args.quick else args.iters
     if args.mode == "ours":
@@ -241,16 +243,20 @@ def main():
         r["graph_bytes"] = torch.cuda.memory_reserved() - before
         replay, cs = g.replay, s
     else:
-        gs = ap.graph(step, plan=args.plan)
+        gs = ap.graph(step, plan=args.plan, record=args.record)
         if args.plan:
             r["mode"] = "ours-plan"
         if args.save_plan:
             gs.save(args.save_plan)
         rep = gs.report()
-        r["capture_ms"] = rep["capture_ms"]  # recording capture + plan + capture, warm-up excluded
+        # The recording run (the last warm-up, eager; or a throwaway
+        # capture) + planning + the served capture(s); the other warm-up
+        # runs excluded, as for PyTorch.
+        r["capture_ms"] = rep["capture_ms"]
         r.update({k: rep[k] for k in ("lower_bound", "arena", "ratio", "optimal", "arena_mapped", "spill_held",
                                       "graph_bytes", "buffers", "divergences", "first_divergence", "record_ms",
-                                      "plan_build_ms", "plan_ms") if k in rep})
+                                      "plan_build_ms", "plan_ms", "captures", "served_capture_ms", "replans",
+                                      "replan_reason") if k in rep})
         out = gs.outputs
         replay, cs = gs.replay, gs.stream
     # The eager reference runs on the capture stream (same cuBLAS handle
@@ -274,7 +280,7 @@ def main():
     if not r["replay_equal"]:
         r["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
     r["replay_us"] = timed(torch, replay, iters)
-    r["captures_before_replay"] = 1 if args.mode == "torch" or args.plan else 2
+    r["captures_before_replay"] = 1 if args.mode == "torch" else r["captures"]
     if args.mode == "torch" and not args.quick:
         # The driver replays every graph of a decode step slower once a
         # process has made a few stream captures (bench/torch_replay_diag.py

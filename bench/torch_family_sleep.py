@@ -121,6 +121,8 @@ def main():
     a.add_argument("--checked-cycles", type=int, default=10)
     a.add_argument("--save-plan", help="ours: write the family plan here")
     a.add_argument("--plan", help="ours: capture once per size from this family plan file")
+    a.add_argument("--record", default="auto", choices=["auto", "eager", "capture"],
+                   help="ours: how ap.graphs records each member (see arenaplan.torch.graph)")
     a.add_argument("--nondeterministic", action="store_true",
                    help="leave PyTorch's nondeterministic kernels on (then eager steps at larger batches do not repeat bit for bit)")
     args = a.parse_args()
@@ -203,7 +205,7 @@ def main():
         replay = lambda B: (graphs[B].replay(), outs[B])[1]  # noqa: E731
     else:
         t0 = time.perf_counter()
-        fam = ap.graphs(steps, warmup=2, plan=args.plan)
+        fam = ap.graphs(steps, warmup=2, plan=args.plan, record=args.record)
         if args.save_plan:
             fam.save(args.save_plan)
         r["family_total_ms"] = (time.perf_counter() - t0) * 1e3
@@ -215,7 +217,10 @@ def main():
         r["spill_held"] = rep["spill_held"]
         r["graph_bytes"] = rep["graph_bytes"]
         r["plan_ms"] = rep["plan_build_ms"]
-        cap_ms = rep["capture_ms"]
+        cap_ms = rep["capture_ms"]  # the served capture(s) of each member
+        r["record_ms"] = {str(k): round(v, 1) for k, v in rep["record_ms"].items()}
+        r["captures"] = {str(k): v for k, v in rep["captures"].items()}
+        r["replans"] = {mm["name"]: mm["replans"] for mm in rep["members"]}
         r["divergences"] = sum(mm["divergences"] for mm in rep["members"])
         # What each size adds, largest first: the arena grows to the
         # largest member's end so far; spill held per member adds.
@@ -229,6 +234,10 @@ def main():
         replay = fam.replay
     r["device_bytes_for_graphs"] = free0 - torch.cuda.mem_get_info()[0]
     r["capture_ms"] = {str(k): round(v, 1) for k, v in cap_ms.items()}
+    # Per size, as the target counts it: capture(s) plus an equal share of
+    # the family's planning (ours); PyTorch: its capture.
+    share = r.get("plan_ms", 0.0) / len(cap_ms)
+    r["per_size_ms"] = {str(k): round(v + share, 1) for k, v in cap_ms.items()}
     r["max_added_bytes"] = max(b - a for (_, a), (_, b) in zip(r["curve"], r["curve"][1:])) if len(sizes) > 1 else 0
 
     def restore_kv():

@@ -26,8 +26,10 @@ type program struct {
 	layers int
 	extra  uint64 // added to layer 3's activation size (a divergent step)
 	scale  uint64 // multiplies every size (a batch size); 0 means 1
-	// addrs collects every address the step got, in order.
+	// addrs collects every address the step got, in order, and sizes
+	// their sizes.
 	addrs []cuda.DevicePtr
+	sizes []uint64
 }
 
 func (p *program) alloc(size uint64) cuda.DevicePtr {
@@ -37,6 +39,7 @@ func (p *program) alloc(size uint64) cuda.DevicePtr {
 		p.t.Fatalf("Alloc(%d): %v", size, err)
 	}
 	p.addrs = append(p.addrs, a)
+	p.sizes = append(p.sizes, size)
 	return a
 }
 
@@ -49,7 +52,7 @@ func (p *program) free(a cuda.DevicePtr) {
 
 // run makes the step's allocations and returns its output, still live.
 func (p *program) run() cuda.DevicePtr {
-	p.addrs = nil
+	p.addrs, p.sizes = nil, nil
 	var acts []cuda.DevicePtr
 	for i := range p.layers {
 		k := max(p.scale, 1)

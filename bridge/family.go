@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/arenaplan/arenaplan/arena"
@@ -250,6 +251,64 @@ func (f *Family) install(ms []planner.Member, fp *planner.FamilyPlan, from strin
 		s.setPlan(t, mp, from, a, addrs, need)
 	}
 	f.plan, f.ar, f.loaded = fp, a, from
+	return nil
+}
+
+// replan gives member s the plan p of its served run t, inside the
+// family arena (Step.Replan).
+func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
+	d := f.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := s.replanReady(); err != nil {
+		return err
+	}
+	if f.plan == nil || f.ar == nil || f.closing {
+		return f.errorf("replan of member %q: the family has no arena", s.name)
+	}
+	if p.Arena > f.plan.Arena {
+		return f.errorf("member %q: its served run needs an arena of %s, more than the family's %s: it keeps its plan",
+			s.name, fmtBytes(uint64(p.Arena)), fmtBytes(uint64(f.plan.Arena)))
+	}
+	i := slices.Index(f.members, s)
+	fp := *f.plan
+	fp.Members = slices.Clone(f.plan.Members)
+	fp.Members[i] = planner.MemberPlan{Name: s.name, Plan: p, Alone: p.Arena}
+	fp.Arena, fp.LowerBound, fp.SeparateArenas = fp.SharedRegion.Hi, 0, 0
+	ms := make([]planner.Member, len(f.members))
+	for j, m := range f.members {
+		ms[j] = planner.Member{Name: m.name, Trace: m.trace}
+		mp := fp.Members[j].Plan
+		fp.Arena = max(fp.Arena, mp.Arena)
+		fp.LowerBound = max(fp.LowerBound, mp.LowerBound)
+		fp.SeparateArenas += fp.Members[j].Alone
+	}
+	ms[i].Trace = t
+	if err := planner.CheckFamily(ms, &fp); err != nil {
+		return fmt.Errorf("bridge: family %d (%s): member %q replanned: %w", f.id, f.name, s.name, err)
+	}
+	base, err := f.ar.Ptr(0)
+	if err != nil {
+		return err
+	}
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	if err := s.dropCaptures(); err != nil {
+		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
+	}
+	addrs := make([]cuda.DevicePtr, len(t.Buffers))
+	need := make([]uint64, len(t.Buffers))
+	for j := range t.Buffers {
+		addrs[j] = base.Add(uint64(p.Offsets[j]))
+		n, _ := planner.Need(&t.Buffers[j], p.Align)
+		need[j] = uint64(n)
+	}
+	s.setPlan(t, p, "", f.ar, addrs, need)
+	s.replanned()
+	f.plan = &fp
 	return nil
 }
 

@@ -33,6 +33,13 @@ type Report struct {
 	Served          uint64 `json:"served"`
 	Divergences     uint64 `json:"divergences"`
 	FirstDivergence string `json:"first_divergence,omitempty"`
+	// LastRunDivergences are the last finished served run's. Replans is
+	// how often the step was planned again from a served run (Replan),
+	// ReplanReason what the run replanned last had diverged by; Runs,
+	// Served and the divergences count from the last plan on.
+	LastRunDivergences uint64 `json:"last_run_divergences"`
+	Replans            int    `json:"replans"`
+	ReplanReason       string `json:"replan_reason,omitempty"`
 }
 
 // Report describes the step.
@@ -41,7 +48,9 @@ func (s *Step) Report() Report {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r := Report{ID: s.id, Name: s.name, Device: d.ordinal, State: s.state.String(), Loaded: s.loaded,
-		Runs: s.runs, Served: s.served, Divergences: s.divergences, FirstDivergence: s.firstDivergence}
+		Runs: s.runs, Served: s.served, Divergences: s.divergences, FirstDivergence: s.firstDivergence,
+		LastRunDivergences: s.lastRunDivergences, Replans: s.replans,
+		ReplanReason: s.replanReason}
 	if s.closing {
 		r.State = "closed"
 	}

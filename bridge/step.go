@@ -56,6 +56,14 @@ type Step struct {
 	firstDivergence           string
 	closing                   bool
 
+	// runDivergences counts the divergences of the run underway; rerun
+	// is the last served run's trace when it diverged (for Replan).
+	runDivergences     uint64
+	lastRunDivergences uint64
+	rerun              *lifetime.Trace
+	replans            int
+	replanReason       string
+
 	fam *Family // the family whose arena it shares, if any
 }
 
@@ -221,6 +229,7 @@ func (s *Step) begin(stream uintptr, state stepState) error {
 	}
 	d.active[stream] = s
 	s.state, s.stream, s.cursor = state, stream, 0
+	s.runDivergences = 0
 	if s.taken != nil {
 		clear(s.taken)
 	}
@@ -352,6 +361,10 @@ func (s *Step) End(failed bool) error {
 		s.trace = run
 	case stepServing:
 		s.runs++
+		s.rerun, s.lastRunDivergences = nil, s.runDivergences
+		if s.runDivergences > 0 && !failed {
+			s.rerun = run
+		}
 		for _, k := range s.held {
 			s.release(k)
 		}
@@ -406,6 +419,97 @@ func (s *Step) Plan(budget time.Duration) error {
 		return fmt.Errorf("bridge: step %d (%s): planning: %w", s.id, s.name, err)
 	}
 	return s.install(t, p, "")
+}
+
+// Replan plans the step again from its last served run when that run
+// diverged from the plan: a capture whose allocations differ from the
+// eager run the plan was recorded from (code that tests whether it is
+// being captured) is itself a recording of what every later capture
+// makes. Destroy the graph captured in that run and free its outputs
+// first: Replan releases the step's capture pools and replaces its plan
+// and arena. A family member's new plan must fit in the family's arena;
+// if it does not, Replan fails and the member keeps its plan. Not for
+// steps whose plan came from a file (their plan is what the file says).
+func (s *Step) Replan(budget time.Duration) error {
+	d := s.d
+	d.mu.Lock()
+	t, err := s.replanReady()
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	p, _, err := planner.RunByTag(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
+	if err != nil {
+		return fmt.Errorf("bridge: step %d (%s): planning its served run: %w", s.id, s.name, err)
+	}
+	if s.fam != nil {
+		return s.fam.replan(s, t, p)
+	}
+	d.mu.Lock()
+	if _, err := s.replanReady(); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	errs := []error{s.dropCaptures()}
+	old := s.ar
+	s.ar, s.addrs, s.plan = nil, nil, nil
+	s.replanned()
+	if old != nil {
+		errs = append(errs, old.Close())
+	}
+	restore()
+	d.mu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bridge: step %d (%s): replan: %w", s.id, s.name, err)
+	}
+	return s.install(t, p, "")
+}
+
+// replanned counts a replan: the counters start again under the new plan;
+// d.mu is held.
+func (s *Step) replanned() {
+	s.replans++
+	s.replanReason = fmt.Sprintf("%d divergences, the first: %s", s.lastRunDivergences, s.firstDivergence)
+	s.rerun = nil
+	s.runs, s.served, s.divergences, s.lastRunDivergences, s.firstDivergence = 0, 0, 0, 0, ""
+}
+
+// replanReady returns the served run to plan from, or why Replan cannot
+// run now; d.mu is held.
+func (s *Step) replanReady() (*lifetime.Trace, error) {
+	switch {
+	case s.closing:
+		return nil, s.errorf("closed")
+	case s.state != stepIdle:
+		return nil, s.errorf("Replan while %s", s.state)
+	case s.loaded != "":
+		return nil, s.errorf("its plan came from %s: Replan plans only what the step recorded", s.loaded)
+	case s.rerun == nil:
+		return nil, s.errorf("Replan needs a served run that diverged from the plan (the last one did not)")
+	case s.live != nil && s.live.Len() > 0:
+		return nil, s.errorf("Replan: %d planned buffers are still live (the diverged run's outputs): free them first", s.live.Len())
+	}
+	return s.rerun, nil
+}
+
+// dropCaptures releases the step's capture pools (the graphs captured
+// through them are destroyed); d.mu is held and the device current.
+func (s *Step) dropCaptures() error {
+	var errs []error
+	for _, c := range s.captures {
+		errs = append(errs, c.Release())
+	}
+	s.captures = nil
+	if s.pool != nil {
+		errs = append(errs, s.pool.Release())
+		s.pool = nil
+	}
+	return errors.Join(errs...)
 }
 
 // Load takes a plan from a plan file (plans.Load verifies it) instead of
@@ -509,6 +613,7 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 	why := s.divergence(n, size)
 	d.st.Divergences++
 	s.divergences++
+	s.runDivergences++
 	if s.firstDivergence == "" {
 		s.firstDivergence = why
 	}
@@ -643,15 +748,7 @@ func (s *Step) Close() error {
 	}
 	defer restore()
 	s.closing = true
-	var errs []error
-	for _, c := range s.captures {
-		errs = append(errs, c.Release())
-	}
-	s.captures = nil
-	if s.pool != nil {
-		errs = append(errs, s.pool.Release())
-		s.pool = nil
-	}
+	errs := []error{s.dropCaptures()}
 	if s.live == nil || s.live.Len() == 0 {
 		errs = append(errs, s.closeArena())
 	}

@@ -61,6 +61,15 @@ type Device interface {
 	// second free, fails with ErrorInvalidValue before reaching the
 	// driver.
 	PinnedFree(b []byte) error
+	// CopyHtoDAsync enqueues a copy of src to dst on s; src must stay
+	// as it is until s has done it. From PinnedAlloc memory the copy runs
+	// at the bus's speed while the host goes on; from other memory the
+	// driver stages it (may return only once staged). Not during a
+	// capture.
+	CopyHtoDAsync(dst DevicePtr, src []byte, s Stream) error
+	// CopyDtoHAsync enqueues a copy of len(dst) bytes from src into dst
+	// on s: dst holds them once s is synchronized. Not during a capture.
+	CopyDtoHAsync(dst []byte, src DevicePtr, s Stream) error
 	// CopyDtoD enqueues a device-to-device copy of n bytes on s.
 	CopyDtoD(dst, src DevicePtr, n uint64, s Stream) error
 	// Memset32 enqueues setting count 32-bit words at p to value on s.

@@ -33,6 +33,8 @@ const (
 	fnMemAllocHost
 	fnMemFreeHost
 	fnMemcpyDtoDAsync
+	fnMemcpyHtoDAsync
+	fnMemcpyDtoHAsync
 	fnMemsetD32Async
 	fnStreamCreate
 	fnStreamDestroy
@@ -93,6 +95,8 @@ var fnNames = [numFns]string{
 	fnMemAllocHost:                    "cuMemAllocHost_v2",
 	fnMemFreeHost:                     "cuMemFreeHost",
 	fnMemcpyDtoDAsync:                 "cuMemcpyDtoDAsync_v2",
+	fnMemcpyHtoDAsync:                 "cuMemcpyHtoDAsync_v2",
+	fnMemcpyDtoHAsync:                 "cuMemcpyDtoHAsync_v2",
 	fnMemsetD32Async:                  "cuMemsetD32Async",
 	fnStreamCreate:                    "cuStreamCreate",
 	fnStreamDestroy:                   "cuStreamDestroy_v2",

@@ -120,6 +120,32 @@ func (d *Driver) CopyDtoD(dst, src DevicePtr, n uint64, s Stream) error {
 	return d.locked(fnMemcpyDtoDAsync, uintptr(dst), uintptr(src), uintptr(n), h)
 }
 
+func (d *Driver) CopyHtoDAsync(dst DevicePtr, src []byte, s Stream) error {
+	if len(src) == 0 {
+		return nil
+	}
+	h, err := d.streamHandle(fnMemcpyHtoDAsync, s)
+	if err != nil {
+		return err
+	}
+	err = d.locked(fnMemcpyHtoDAsync, uintptr(dst), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), h)
+	runtime.KeepAlive(src)
+	return err
+}
+
+func (d *Driver) CopyDtoHAsync(dst []byte, src DevicePtr, s Stream) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	h, err := d.streamHandle(fnMemcpyDtoHAsync, s)
+	if err != nil {
+		return err
+	}
+	err = d.locked(fnMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), uintptr(src), uintptr(len(dst)), h)
+	runtime.KeepAlive(dst)
+	return err
+}
+
 func (d *Driver) Memset32(p DevicePtr, value uint32, count uint64, s Stream) error {
 	h, err := d.streamHandle(fnMemsetD32Async, s)
 	if err != nil {

@@ -195,6 +195,32 @@ func (s *Sim) CopyDtoH(dst []byte, src DevicePtr) error {
 	return s.hostCopy("cuMemcpyDtoH_v2", src, len(dst), func(dev []byte) { copyChunked(dst, dev) })
 }
 
+// CopyHtoDAsync copies at once (the simulation runs every stream's work
+// as it is enqueued); during a capture it fails and invalidates it, as a
+// host copy the graph could not replay would.
+func (s *Sim) CopyHtoDAsync(dst DevicePtr, src []byte, st Stream) error {
+	return s.hostCopyAsync("cuMemcpyHtoDAsync_v2", st, dst, len(src), func(dev []byte) { copyChunked(dev, src) })
+}
+
+// CopyDtoHAsync: as CopyHtoDAsync.
+func (s *Sim) CopyDtoHAsync(dst []byte, src DevicePtr, st Stream) error {
+	return s.hostCopyAsync("cuMemcpyDtoHAsync_v2", st, src, len(dst), func(dev []byte) { copyChunked(dst, dev) })
+}
+
+func (s *Sim) hostCopyAsync(op string, st Stream, p DevicePtr, n int, do func(dev []byte)) error {
+	s.mu.Lock()
+	ss, err := s.stream(op, st)
+	if err == nil && ss.capture != nil {
+		ss.capture.status = CaptureInvalidated
+		err = &Error{Op: op, Code: ErrorStreamCaptureUnsupported}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return s.hostCopy(op, p, n, do)
+}
+
 func (s *Sim) PinnedAlloc(size uint64) ([]byte, error) {
 	const op = "cuMemAllocHost_v2"
 	s.mu.Lock()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/arenaplan/arenaplan/lifetime"
@@ -251,11 +253,26 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 		Shared:       shared,
 		Arena:        top,
 	}
-	for _, m := range members {
-		mp, err := planMember(ctx, algo, m, at, base, opt)
-		if err != nil {
-			return nil, fmt.Errorf("planner: family: member %q: %w", m.Name, err)
+	// Members are independent problems: plan them side by side.
+	mps := make([]MemberPlan, len(members))
+	errs := make([]error, len(members))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, min(runtime.NumCPU(), len(members))))
+	for i, m := range members {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			mps[i], errs[i] = planMember(ctx, algo, m, at, base, opt)
+		}()
+	}
+	wg.Wait()
+	for i, m := range members {
+		if errs[i] != nil {
+			return nil, fmt.Errorf("planner: family: member %q: %w", m.Name, errs[i])
 		}
+		mp := mps[i]
 		fp.Algo = mp.Plan.Algo
 		fp.Arena = max(fp.Arena, mp.Plan.Arena)
 		fp.LowerBound = max(fp.LowerBound, mp.Plan.LowerBound)
@@ -311,7 +328,10 @@ func planMember(ctx context.Context, algo string, m Member, at map[string]int64,
 		return MemberPlan{}, err
 	}
 	alone := int64(0)
-	if len(t.Buffers) > 0 {
+	switch {
+	case len(private) == len(t.Buffers) && base == 0:
+		alone = p.Arena // planned alone already: nothing shared, nothing below
+	case len(t.Buffers) > 0:
 		ap, err := Run(ctx, algo, t, opt)
 		if err != nil {
 			return MemberPlan{}, fmt.Errorf("planned alone: %w", err)

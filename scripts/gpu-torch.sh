@@ -6,7 +6,8 @@
 #
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/{libarenaplan.so,abi_check}
 #
-# carry .dev/torch to the GPU machine and run scripts/gpu-torch.sh [models|sanitizer|all].
+# carry .dev/torch to the GPU machine and run
+# scripts/gpu-torch.sh [all|models|family|eager|sanitizer|diag|plain|chunk].
 # Logs and JSON go to $OUT (default /tmp/gpu-torch); a table last.
 set -u
 OUT=${OUT:-/tmp/gpu-torch}
@@ -33,13 +34,19 @@ if [ "$WHAT" = all ] || [ "$WHAT" = models ]; then
 	done
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = family ]; then
-	for mode in ${FAMILY_MODES:-torch ours ours-plan}; do
+	# FAMILY_MODES: torch, ours (saves a plan), ours-plan (one capture a
+	# member from it), each with -nd for PyTorch's default (nondeterministic)
+	# kernels; CYCLES sleep/wake cycles in "ours" (default 100).
+	for mode in ${FAMILY_MODES:-torch ours ours-plan torch-nd ours-nd}; do
 		echo "== family and sleep: $mode" | tee -a "$OUT/log.txt"
-		case $mode in
+		nd=(); [ "${mode%-nd}" != "$mode" ] && nd=(--nondeterministic)
+		case ${mode%-nd} in
 		torch) args=(--mode torch) ;;
-		ours) args=(--mode ours --save-plan /tmp/family.plan) ;;
-		ours-plan) args=(--mode ours --plan /tmp/family.plan --cycles 0) ;;
+		ours) args=(--mode ours --save-plan /tmp/family$mode.plan --cycles ${CYCLES:-100}) ;;
+		ours-plan) args=(--mode ours --plan /tmp/familyours.plan --cycles 0) ;;
 		esac
+		[ -n "${nd[*]}" ] && [ "${mode%-nd}" = ours ] && args+=(--cycles ${CYCLES_ND:-0})
+		args+=("${nd[@]}")
 		timeout 400 python3 bench/torch_family_sleep.py "${args[@]}" >>"$OUT/family.jsonl" 2>>"$OUT/log.txt" ||
 			echo "FAILED family $mode ($?)" | tee -a "$OUT/log.txt"
 	done
@@ -51,9 +58,13 @@ for line in open(sys.argv[1]):
         continue
     r = json.loads(line)
     caps = r["capture_ms"]
-    print(f"{r['mode']:6} graphs {r['graph_bytes']/M:8.1f} MiB  device {r['device_bytes_for_graphs']/M:8.1f} MiB  "
+    per = r.get("per_size_ms", caps)
+    rec = r.get("record_ms", {})
+    print(f"{r['mode']:9} det {str(r['deterministic'])[0]} graphs {r['graph_bytes']/M:8.1f} MiB  device {r['device_bytes_for_graphs']/M:8.1f} MiB  "
           f"LB(largest) {r.get('lower_bound', 0)/M:8.1f} MiB  ratio {r.get('ratio', 0):.4f}  max added/size {r['max_added_bytes']/M:6.2f} MiB  "
-          f"capture ms max {max(caps.values()):6.1f} (plan {r.get('plan_ms', 0):.1f})  mixed equal {r['mixed_equal']}/40 bad {r['mixed_bad_sizes']}  div {r.get('divergences', '-')}  eager repeatable {all(r['eager_repeatable'].values())}")
+          f"per size ms max {max(per.values()):6.1f} (captures max {max(caps.values()):.1f}, plan {r.get('plan_ms', 0):.1f} for all, recording runs max {max(rec.values()) if rec else 0:.1f})  "
+          f"captures {sorted(set(r.get('captures', {}).values()))} replans {sum(r.get('replans', {}).values())}  mixed equal {r['mixed_equal']}/40 bad {r['mixed_bad_sizes']}  div {r.get('divergences', '-')}  eager repeatable {all(r['eager_repeatable'].values())}")
+    print("       per size ms: " + " ".join(f"{b}:{v}" for b, v in per.items()))
     print("       curve MiB: " + " ".join(f"{b}:{v/M:.1f}" for b, v in r["curve"]))
     print("       replay us: " + " ".join(f"{b}:{v}" for b, v in r["replay_us"].items()))
     sl = r.get("sleep")
@@ -107,6 +118,34 @@ if [ "$WHAT" = chunk ]; then
 		ARENAPLAN_SPILL_CHUNK=1073741824 timeout 300 python3 bench/torch_bridge.py --mode ours --model $m >>"$OUT/chunk.jsonl" 2>>"$OUT/log.txt" ||
 			echo "FAILED chunk $m ($?)" | tee -a "$OUT/log.txt"
 	done
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = eager ]; then
+	# Eager steps are CPU-bound (Python launching kernels) and vary between
+	# processes more than between allocators: alternate the two, one
+	# process each, EAGER_REPS times, every process on the same cores.
+	for rep in $(seq ${EAGER_REPS:-3}); do
+		for m in ${EAGER_MODELS:-gpt2-decode-b1 llama-decode}; do
+			for mode in torch ours; do
+				echo "== eager $rep $mode $m" | tee -a "$OUT/log.txt"
+				taskset -c 2-5 timeout 120 python3 bench/torch_bridge.py --mode $mode --model $m --eager-only \
+					>>"$OUT/eager.jsonl" 2>>"$OUT/log.txt" || echo "FAILED eager $mode $m" | tee -a "$OUT/log.txt"
+			done
+		done
+	done
+	python3 - "$OUT/eager.jsonl" <<'PY' | tee "$OUT/eager-summary.txt"
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        runs.setdefault(r["model"], {}).setdefault(r["mode"], []).append(r["eager_us_20_blocks"])
+for m, d in runs.items():
+    t, o = d.get("torch-eager", []), d.get("ours-eager", [])
+    if t and o:
+        mt, mo = statistics.median(t), statistics.median(o)
+        print(f"{m:15} eager us (fastest of 20 blocks of 50, one process each)  torch {[round(x) for x in t]} median {mt:.0f}"
+              f"  ours {[round(x) for x in o]} median {mo:.0f}  ours/torch {mo/mt:.3f}")
+PY
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = sanitizer ]; then
 	echo "== compute-sanitizer memcheck: ours gpt2-decode-b1" | tee -a "$OUT/log.txt"

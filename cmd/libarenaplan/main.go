@@ -231,6 +231,17 @@ func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
 	})
 }
 
+// arenaplan_step_replan plans the step again from its last served run,
+// which diverged (bridge.Step.Replan); destroy that run's graph and free
+// its outputs first.
+//
+//export arenaplan_step_replan
+func arenaplan_step_replan(id C.int, budgetSeconds C.double) *C.char {
+	return step(id, func(s *bridge.Step) error {
+		return s.Replan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+	})
+}
+
 //export arenaplan_step_save
 func arenaplan_step_save(id C.int, path *C.char) *C.char {
 	return step(id, func(s *bridge.Step) error { return s.Save(C.GoString(path)) })

@@ -239,6 +239,22 @@ func casePinned(dev cuda.Device) (string, error) {
 	c.must(dev.CopyHtoD(p, up), "CopyHtoD")
 	c.must(dev.CopyDtoH(down, p), "CopyDtoH")
 	roundOK := slices.Equal(up, down)
+	// The same round trip enqueued on a stream, in two halves each way.
+	asyncOK := false
+	if st, err := dev.NewStream(); c.must(err, "NewStream") {
+		for i := range up {
+			up[i] = byte(i*7 + 3)
+		}
+		clear(down)
+		h := uint64(size / 2)
+		c.must(dev.CopyHtoDAsync(p, up[:h], st), "CopyHtoDAsync")
+		c.must(dev.CopyHtoDAsync(p.Add(h), up[h:], st), "CopyHtoDAsync")
+		c.must(dev.CopyDtoHAsync(down[:h], p, st), "CopyDtoHAsync")
+		c.must(dev.CopyDtoHAsync(down[h:], p.Add(h), st), "CopyDtoHAsync")
+		c.must(st.Synchronize(), "Synchronize")
+		asyncOK = slices.Equal(up, down)
+		c.must(st.Close(), "stream Close")
+	}
 	part := code(dev.PinnedFree(up[:size/2]))
 	goSlice := code(dev.PinnedFree(make([]byte, 16)))
 	_, zeroErr := dev.PinnedAlloc(0)
@@ -247,8 +263,9 @@ func casePinned(dev cuda.Device) (string, error) {
 	c.must(dev.PinnedFree(down), "PinnedFree")
 	again := code(dev.PinnedFree(up))
 	c.expect(roundOK, "pinned round trip differs")
-	return fmt.Sprintf("roundtrip=%s free_part=%s free_go=%s alloc_0=%s free_again=%s",
-		okStr(roundOK), part, goSlice, zero, again), c.err
+	c.expect(asyncOK, "pinned async round trip differs")
+	return fmt.Sprintf("roundtrip=%s async=%s free_part=%s free_go=%s alloc_0=%s free_again=%s",
+		okStr(roundOK), okStr(asyncOK), part, goSlice, zero, again), c.err
 }
 
 // saxpyInputs returns the suite's x and y for n elements.

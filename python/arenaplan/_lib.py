@@ -56,6 +56,7 @@ class Library:
             "arenaplan_step_join_capture": (err, [ci]),
             "arenaplan_step_end": (err, [ci, ci]),
             "arenaplan_step_plan": (err, [ci, ctypes.c_double]),
+            "arenaplan_step_replan": (err, [ci, ctypes.c_double]),
             "arenaplan_step_save": (err, [ci, ctypes.c_char_p]),
             "arenaplan_step_load": (err, [ci, ctypes.c_char_p]),
             "arenaplan_step_close": (err, [ci]),
@@ -131,6 +132,9 @@ class Library:
 
     def step_plan(self, sid: int, budget_s: float) -> None:
         self.check(self._lib.arenaplan_step_plan(sid, budget_s))
+
+    def step_replan(self, sid: int, budget_s: float) -> None:
+        self.check(self._lib.arenaplan_step_replan(sid, budget_s))
 
     def step_save(self, sid: int, path: str) -> None:
         self.check(self._lib.arenaplan_step_save(sid, os.fsencode(path)))

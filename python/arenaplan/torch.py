@@ -155,6 +155,8 @@ class Graph:
         self.outputs = outputs
         self.stream = stream
         self.capture_ms, self.record_ms, self.plan_ms = capture_ms, record_ms, plan_ms
+        self.captures = 1  # captures made, the recording one included
+        self.served_capture_ms = capture_ms
 
     def replay(self) -> Any:
         """Replay the captured step on the current stream; returns its
@@ -173,7 +175,7 @@ class Graph:
         installed (another process): see bench/torch_bridge.py."""
         r = self._lib.step_report(self._sid)
         r.update(capture_ms=self.capture_ms, record_ms=self.record_ms, plan_build_ms=self.plan_ms,
-                 graph_bytes=r["arena_mapped"] + r["spill_held"])
+                 captures=self.captures, served_capture_ms=self.served_capture_ms, graph_bytes=r["arena_mapped"] + r["spill_held"])
         return r
 
     def save(self, path: str) -> None:
@@ -200,23 +202,69 @@ def _warm_up(fn: Callable[[], Any], stream: "torch.cuda.Stream", n: int) -> None
     torch.cuda.synchronize(stream.device)
 
 
+@contextlib.contextmanager
+def _run(lib: Library, sid: int) -> Iterator[None]:
+    """Ends the step's run underway when the block ends: failed if it
+    raised (an out-of-memory error then names what arenaplan holds)."""
+    try:
+        yield
+    except RuntimeError as e:
+        lib.step_end(sid, True)
+        _raise_oom(e)
+    except BaseException:
+        lib.step_end(sid, True)
+        raise
+    lib.step_end(sid, False)
+
+
+def _record_eager(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream") -> None:
+    """One eager run of fn on stream, its allocations recorded for the plan
+    (outputs live to the end of the step, as under capture)."""
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream):
+        lib.step_record(sid, stream.cuda_stream)
+        with _run(lib, sid):
+            out = fn()
+        del out
+    torch.cuda.current_stream(stream.device).wait_stream(stream)
+    torch.cuda.synchronize(stream.device)
+
+
+def _serve_capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream", strict: bool,
+                   replan_budget: Optional[float]) -> tuple:
+    """Capture fn served from the step's plan. With replan_budget (the plan
+    came from an eager run), a capture that diverged from the plan (code
+    that tests whether it is being captured makes other allocations) is
+    thrown away, its own allocations planned, and the step captured again.
+    Returns (graph, outputs, captures made)."""
+    lib.step_serve(sid, stream.cuda_stream, strict)
+    g = torch.cuda.CUDAGraph()
+    out = _capture(lib, sid, fn, stream, g)
+    if replan_budget is None or lib.step_report(sid)["last_run_divergences"] == 0:
+        return g, out, 1
+    del out
+    g.reset()
+    try:
+        lib.step_replan(sid, replan_budget)
+    except ArenaplanError as e:
+        # A family member whose capture needs more than the family arena
+        # keeps its plan: its capture spills what does not fit.
+        if "keeps its plan" not in str(e):
+            raise
+    lib.step_serve(sid, stream.cuda_stream, strict)
+    g = torch.cuda.CUDAGraph()
+    out = _capture(lib, sid, fn, stream, g)
+    return g, out, 2
+
+
 def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream",
              g: "torch.cuda.CUDAGraph") -> Any:
-    """One capture of fn on stream with the step joined; End(failed) always."""
-    failed = True
-    try:
+    """One capture of fn on stream with the step joined; End(failed) always,
+    after the capture ended."""
+    with _run(lib, sid):
         with torch.cuda.graph(g, stream=stream):
             lib.step_join_capture(sid)
             out = fn()
-        failed = False
-    except RuntimeError as e:
-        try:
-            lib.step_end(sid, True)
-        finally:
-            _raise_oom(e)
-    finally:
-        if not failed:
-            lib.step_end(sid, False)
     return out
 
 
@@ -229,45 +277,65 @@ def _recording_graph() -> "torch.cuda.CUDAGraph":
         return torch.cuda.CUDAGraph()
 
 
+_RECORD = ("auto", "eager", "capture")
+
+
+def _check_record(record: str, warmup: int) -> bool:
+    """Whether the plan is recorded from the last warm-up run (eagerly)."""
+    if record not in _RECORD:
+        raise ArenaplanError(f"arenaplan: record={record!r}: want one of {_RECORD}")
+    if record == "eager" and warmup < 1:
+        raise ArenaplanError("arenaplan: record='eager' needs warmup >= 1 (the last warm-up run is recorded)")
+    return record != "capture" and warmup >= 1
+
+
 def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3, strict: bool = False,
-          budget: float = 1.0, name: Optional[str] = None, device: Optional[int] = None) -> Graph:
+          budget: float = 1.0, record: str = "auto", name: Optional[str] = None,
+          device: Optional[int] = None) -> Graph:
     """Capture ``fn()`` (no arguments; close over static inputs) into a CUDA
     graph whose every intermediate tensor has a planned address.
 
     Steps: ``warmup`` eager runs on the capture stream (cuBLAS workspaces,
-    lazy state), one recording capture (thrown away), planning at the lower
-    bound within ``budget`` seconds (or ``plan``: a plan file, verified on
-    load and refused with :class:`PlanMismatchError` if the step differs;
-    an extra allocation, such as a workspace PyTorch makes lazily in a
-    process's first capture, spills and counts as a divergence),
-    then the real capture. With ``strict`` an allocation the plan cannot
-    serve raises instead of spilling. Call outside any capture; costs a
-    few captures' time (milliseconds to a second for large models).
+    lazy state), the last of them recorded; planning at the lower bound
+    within ``budget`` seconds; one capture served from the plan. A capture
+    can allocate differently from an eager run (code that tests whether it
+    is being captured): then that capture is thrown away, its own
+    allocations are planned, and the step is captured again: one capture
+    when eager and captured runs agree, two when not. ``record="capture"``
+    records under a throwaway capture instead (always two captures: for
+    steps known to differ). ``plan``: a plan file, verified on load and
+    refused with :class:`PlanMismatchError` if the step differs (an extra
+    allocation, such as a workspace PyTorch makes lazily in a process's
+    first capture, spills and counts as a divergence); one capture. With
+    ``strict`` an allocation the plan cannot serve raises instead of
+    spilling. Call outside any capture; costs a warm-up and one or two
+    captures' time (milliseconds to a second for large models).
     """
     lib = _need()
     dev = torch.cuda.current_device() if device is None else device
+    eager_rec = plan is None and _check_record(record, warmup)
     stream = torch.cuda.Stream(device=dev)
-    _warm_up(fn, stream, warmup)
+    _warm_up(fn, stream, warmup - 1 if eager_rec else warmup)
     sid = lib.step_new(dev, name or getattr(fn, "__name__", "step"))
     h = stream.cuda_stream
     try:
         t0 = time.perf_counter()
-        if plan is None:
+        if plan is not None:
+            lib.step_load(sid, plan)
+        elif eager_rec:
+            _record_eager(lib, sid, fn, stream)
+        else:
             lib.step_record(sid, h)
             g0 = _recording_graph()
             out0 = _capture(lib, sid, fn, stream, g0)
             del out0
             g0.reset()
             del g0
-            t1 = time.perf_counter()
+        t1 = time.perf_counter()
+        if plan is None:
             lib.step_plan(sid, budget)
-        else:
-            t1 = time.perf_counter()
-            lib.step_load(sid, plan)
         t2 = time.perf_counter()
-        lib.step_serve(sid, h, strict)
-        g = torch.cuda.CUDAGraph()
-        out = _capture(lib, sid, fn, stream, g)
+        g, out, n = _serve_capture(lib, sid, fn, stream, strict, budget if eager_rec else None)
         torch.cuda.synchronize(dev)
         t3 = time.perf_counter()
     except BaseException:
@@ -276,8 +344,11 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
         except ArenaplanError:
             pass
         raise
-    return Graph(lib, sid, g, out, stream, capture_ms=(t3 - t0) * 1e3, record_ms=(t1 - t0) * 1e3,
-                 plan_ms=(t2 - t1) * 1e3)
+    gr = Graph(lib, sid, g, out, stream, capture_ms=(t3 - t0) * 1e3, record_ms=(t1 - t0) * 1e3,
+               plan_ms=(t2 - t1) * 1e3)
+    gr.captures = n + (0 if eager_rec or plan is not None else 1)
+    gr.served_capture_ms = (t3 - t2) * 1e3
+    return gr
 
 
 class EagerStep:
@@ -300,16 +371,8 @@ class EagerStep:
             self._lib.step_serve(self._sid, h, self._strict)
         else:
             self._lib.step_record(self._sid, h)
-        failed = True
-        try:
+        with _run(self._lib, self._sid):
             out = self._fn(*args, **kwargs)
-            failed = False
-        except RuntimeError as e:
-            self._lib.step_end(self._sid, True)
-            _raise_oom(e)
-        finally:
-            if not failed:
-                self._lib.step_end(self._sid, False)
         if not self._planned:
             self._lib.step_plan(self._sid, self._budget)
             self._planned = True
@@ -360,6 +423,8 @@ class GraphFamily:
         self._lib, self._fid = lib, fid
         self._graphs, self.outputs, self._sids = graphs, outputs, sids
         self.capture_ms, self.plan_ms = capture_ms, plan_ms
+        self.record_ms: Dict[Any, float] = {}  # each member's recording run
+        self.captures: Dict[Any, int] = {}  # each member's captures, the recording one included
         self._device = device
         self._last_stream = None
 
@@ -387,6 +452,8 @@ class GraphFamily:
         each member's report (plan, divergences, spill held)."""
         r = self._lib.family_report(self._fid)
         r["capture_ms"] = self.capture_ms
+        r["record_ms"] = self.record_ms
+        r["captures"] = self.captures
         r["plan_build_ms"] = self.plan_ms
         r["spill_held"] = sum(m.get("spill_held", 0) for m in r["members"])
         r["graph_bytes"] = r["arena_mapped"] + r["spill_held"]
@@ -406,36 +473,43 @@ class GraphFamily:
 
 
 def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, warmup: int = 2, strict: bool = False,
-           budget: float = 1.0, name: Optional[str] = None, device: Optional[int] = None) -> GraphFamily:
+           budget: float = 1.0, record: str = "auto", name: Optional[str] = None,
+           device: Optional[int] = None) -> GraphFamily:
     """Capture a family of steps into one planned arena, like vLLM's and
     SGLang's batch-size graphs. ``fns`` maps a key (a batch size) to a step
     taking no arguments; members are captured in the dict's order (give
     the largest first, as engines do). Each member: ``warmup`` eager runs,
-    one recording capture (never instantiated); then one plan for all
-    (``plan``: a family plan file, refused with :class:`PlanMismatchError`
-    for another family), then one real capture per member."""
+    the last one recorded (``record`` as in :func:`graph`); then one plan
+    for all (``plan``: a family plan file, refused with
+    :class:`PlanMismatchError` for another family); then one capture per
+    member, two for a member whose capture allocated differently from its
+    eager run (it is planned again from its capture, inside the family
+    arena)."""
     lib = _need()
     dev = torch.cuda.current_device() if device is None else device
     if not fns:
         raise ArenaplanError("arenaplan.torch.graphs: no members")
+    eager_rec = plan is None and _check_record(record, warmup)
     stream = torch.cuda.Stream(device=dev)
     h = stream.cuda_stream
     fid = lib.family_new(dev, name or "family")
-    sids, cap_ms, gs, outs = {}, {}, {}, {}
+    sids, cap_ms, rec_ms, gs, outs, ncap = {}, {}, {}, {}, {}, {}
     try:
         for key, fn in fns.items():
-            _warm_up(fn, stream, warmup)
+            _warm_up(fn, stream, warmup - 1 if eager_rec else warmup)
             sids[key] = lib.family_member(fid, str(key))
-        t0 = time.perf_counter()
         if plan is None:
             for key, fn in fns.items():
                 t = time.perf_counter()
-                lib.step_record(sids[key], h)
-                g0 = _recording_graph()
-                o = _capture(lib, sids[key], fn, stream, g0)
-                del o
-                g0.reset()
-                cap_ms[key] = (time.perf_counter() - t) * 1e3
+                if eager_rec:
+                    _record_eager(lib, sids[key], fn, stream)
+                else:
+                    lib.step_record(sids[key], h)
+                    g0 = _recording_graph()
+                    o = _capture(lib, sids[key], fn, stream, g0)
+                    del o
+                    g0.reset()
+                rec_ms[key] = (time.perf_counter() - t) * 1e3
             t1 = time.perf_counter()
             lib.family_plan(fid, budget)
         else:
@@ -444,9 +518,7 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
         plan_ms = (time.perf_counter() - t1) * 1e3
         for key, fn in fns.items():
             t = time.perf_counter()
-            lib.step_serve(sids[key], h, strict)
-            g = torch.cuda.CUDAGraph()
-            out = _capture(lib, sids[key], fn, stream, g)
+            g, out, n = _serve_capture(lib, sids[key], fn, stream, strict, budget if eager_rec else None)
             # The next member's buffers overlap this one's outputs by design:
             # keep them as tensors that do not own their memory (vLLM's weak
             # references), so that no address is ever live twice.
@@ -454,7 +526,8 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
             del out
             gs[key] = g
             torch.cuda.synchronize(dev)
-            cap_ms[key] = cap_ms.get(key, 0.0) + (time.perf_counter() - t) * 1e3
+            cap_ms[key] = (time.perf_counter() - t) * 1e3
+            ncap[key] = n + (0 if eager_rec or plan is not None else 1)
     except BaseException:
         for g in gs.values():
             g.reset()
@@ -463,7 +536,9 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
         except ArenaplanError:
             pass
         raise
-    return GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
+    fam = GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
+    fam.record_ms, fam.captures = rec_ms, ncap
+    return fam
 
 
 class _CudaArray:

@@ -79,6 +79,33 @@ class LibraryTest(unittest.TestCase):
         self.assertEqual((r["runs"], r["divergences"], r["arena"]), (3, 0, r["lower_bound"]))
         LIB.step_close(sid)
 
+    def test_replan_from_a_diverged_run(self):
+        # The plan is recorded from one run (eager); a run that allocates
+        # differently (the capture) diverges; step_replan plans that run,
+        # and the next runs follow the new plan exactly.
+        stream = 0x203
+        sid = planned_step(stream)
+        with self.assertRaises(ArenaplanError):
+            LIB.step_replan(sid, 1.0)  # no diverged run yet
+        LIB.step_serve(sid, stream, False)
+        _, out = run_step(stream, extra=512)
+        LIB.step_end(sid)
+        self.assertGreater(LIB.step_report(sid)["last_run_divergences"], 0)
+        LIB.free(out)
+        LIB.step_replan(sid, 1.0)
+        runs = []
+        for _ in range(2):
+            LIB.step_serve(sid, stream, True)
+            addrs, out = run_step(stream, extra=512)
+            LIB.step_end(sid)
+            LIB.free(out)
+            runs.append(addrs)
+        self.assertEqual(runs[0], runs[1])
+        r = LIB.step_report(sid)
+        self.assertEqual((r["replans"], r["divergences"], r["arena"]), (1, 0, r["lower_bound"]))
+        self.assertIn("divergences", r["replan_reason"])
+        LIB.step_close(sid)
+
     def test_plan_for_another_step_refused(self):
         stream = 0x202
         sid = planned_step(stream)

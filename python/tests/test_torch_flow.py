@@ -1,0 +1,195 @@
+"""arenaplan.torch's control flow (warm-up, recording, planning, serving,
+capturing, replanning, families) over libarenaplan.so on the simulated
+device, with a stand-in for the few torch.cuda calls it makes: no GPU, no
+torch. The stand-in's "capture" only marks that a capture is underway (the
+step's allocations while it is are what the step does under capture); the
+library's own capture handling is tested in Go (bridge.TestCaptureOnSim).
+"""
+import contextlib
+import os
+import sys
+import tempfile
+import types
+import unittest
+
+os.environ["ARENAPLAN_DEVICE"] = "sim"
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+class _Stream:
+    _next = 0x5000
+
+    def __init__(self, device=0):
+        _Stream._next += 1
+        self.cuda_stream, self.device = _Stream._next, device
+
+    def wait_stream(self, other):
+        pass
+
+
+class _Graph:
+    captures = 0
+
+    def __init__(self, keep_graph=False):
+        self.alive = False
+
+    def reset(self):
+        self.alive = False
+
+    def replay(self):
+        if not self.alive:
+            raise RuntimeError("replay of a reset graph")
+
+
+_state = types.SimpleNamespace(stream=_Stream(), capturing=False)
+
+
+@contextlib.contextmanager
+def _stream_ctx(s):
+    old, _state.stream = _state.stream, s
+    try:
+        yield
+    finally:
+        _state.stream = old
+
+
+@contextlib.contextmanager
+def _graph_ctx(g, stream=None, pool=None):
+    _Graph.captures += 1
+    with _stream_ctx(stream or _state.stream):
+        _state.capturing = True
+        try:
+            yield
+        finally:
+            _state.capturing = False
+    g.alive = True
+
+
+class _Tensor:
+    pass
+
+
+torch = types.ModuleType("torch")
+torch.Tensor = _Tensor
+torch.cuda = types.SimpleNamespace(
+    Stream=_Stream, CUDAGraph=_Graph, current_device=lambda: 0,
+    current_stream=lambda device=None: _state.stream, stream=_stream_ctx, graph=_graph_ctx,
+    synchronize=lambda device=None: None)
+torch.utils = types.SimpleNamespace(_pytree=types.SimpleNamespace(tree_map=lambda f, x: f(x)))
+sys.modules.setdefault("torch", torch)
+sys.modules.setdefault("torch.utils", torch.utils)
+sys.modules.setdefault("torch.utils._pytree", torch.utils._pytree)
+
+import arenaplan.torch as ap  # noqa: E402
+from arenaplan._lib import Library  # noqa: E402
+
+if sys.modules["torch"] is not torch:
+    raise unittest.SkipTest("a real torch is importable here: these tests use a stand-in")
+
+LIB = Library()
+ap._lib = LIB
+LIB.step_join_capture = lambda sid: None  # the stand-in captures nothing
+ap._weak = lambda out: types.SimpleNamespace(ptr=out.ptr)  # a view that does not own the memory
+
+
+class _Out:
+    """A step's output: its memory is freed when the last reference goes,
+    as a tensor's is."""
+
+    def __init__(self, ptr, stream):
+        self.ptr, self.stream = ptr, stream
+
+    def __del__(self):
+        LIB.free(self.ptr, 0, 0, self.stream)
+
+
+def model(scale=1, capture_extra=0):
+    """A step: activations freed two layers later, a workspace per layer,
+    one output (an address) returned. Under capture its layer 3 is
+    capture_extra bytes larger, as code that tests capture status does."""
+    def fn():
+        h = _state.stream.cuda_stream
+        acts = []
+        for i in range(6):
+            size = (4096 + 1000 * i) * scale + (capture_extra if _state.capturing and i == 3 else 0)
+            acts.append(LIB.alloc(size, 0, h))
+            ws = LIB.alloc(65536, 0, h)
+            LIB.free(ws, 65536, 0, h)
+            if len(acts) > 2:
+                LIB.free(acts.pop(0))
+        out = _Out(LIB.alloc(8192 * scale, 0, h), h)
+        for a in acts:
+            LIB.free(a)
+        return out
+    return fn
+
+
+class GraphFlowTest(unittest.TestCase):
+    def test_one_capture_when_eager_and_capture_agree(self):
+        n = _Graph.captures
+        g = ap.graph(model(), warmup=2)
+        r = g.report()
+        self.assertEqual(_Graph.captures - n, 1)
+        self.assertEqual((r["captures"], r["replans"], r["divergences"]), (1, 0, 0))
+        self.assertEqual(r["arena"], r["lower_bound"])
+        g.replay()
+        g.close()
+
+    def test_capture_that_differs_is_replanned(self):
+        n = _Graph.captures
+        g = ap.graph(model(capture_extra=512), warmup=2)
+        r = g.report()
+        self.assertEqual(_Graph.captures - n, 2)
+        self.assertEqual((r["captures"], r["replans"], r["divergences"], r["last_run_divergences"]), (2, 1, 0, 0))
+        self.assertEqual(r["arena"], r["lower_bound"])
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "g.plan")
+            g.save(path)
+            n = _Graph.captures
+            g2 = ap.graph(model(capture_extra=512), plan=path)
+            r2 = g2.report()
+            self.assertEqual(_Graph.captures - n, 1)
+            self.assertEqual((r2["captures"], r2["divergences"], r2["arena"]), (1, 0, r["arena"]))
+            g2.close()
+        g.close()
+
+    def test_record_under_capture(self):
+        n = _Graph.captures
+        g = ap.graph(model(capture_extra=512), record="capture")
+        r = g.report()
+        self.assertEqual(_Graph.captures - n, 2)
+        self.assertEqual((r["captures"], r["replans"], r["divergences"]), (2, 0, 0))
+        g.close()
+        with self.assertRaises(ap.ArenaplanError):
+            ap.graph(model(), record="sometimes")
+        with self.assertRaises(ap.ArenaplanError):
+            ap.graph(model(), record="eager", warmup=0)
+
+    def test_family_replans_only_the_member_that_differs(self):
+        fns = {4: model(scale=4), 2: model(scale=2, capture_extra=512), 1: model(scale=1)}
+        n = _Graph.captures
+        fam = ap.graphs(fns)
+        r = fam.report()
+        self.assertEqual(_Graph.captures - n, 4)
+        self.assertEqual(fam.captures, {4: 1, 2: 2, 1: 1})
+        self.assertEqual([m["replans"] for m in r["members"]], [0, 1, 0])
+        self.assertEqual(sum(m["divergences"] for m in r["members"]), 0)
+        self.assertEqual(r["arena"], r["lower_bound"])
+        for k in (1, 4, 2, 2, 1):
+            fam.replay(k)
+        fam.close()
+
+    def test_step_error_ends_the_run(self):
+        def bad():
+            LIB.alloc(4096, 0, _state.stream.cuda_stream)
+            raise ValueError("model bug")
+        with self.assertRaises(ValueError):
+            ap.graph(bad, warmup=1)
+        # The stream of that step is free again: another step records on
+        # a new stream and the process goes on.
+        g = ap.graph(model(), warmup=1)
+        g.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
