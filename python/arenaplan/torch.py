@@ -5,7 +5,7 @@ replayed forever.
 
     import arenaplan.torch as ap
     ap.install()                                  # before anything touches CUDA
-    step = ap.graph(lambda: model(x))             # warm-up, recording capture, plan, real capture
+    step = ap.graph(lambda: model(x))             # warm-up (the last run recorded), plan, one capture
     print(step.report())                          # arena vs lower bound, spill held, divergences
     out = step.replay()                           # forever, same addresses
     step.save("decode.plan")                      # offline plans
@@ -25,10 +25,12 @@ How it works: :func:`install` makes ``libarenaplan.so`` PyTorch's CUDA
 allocator (``torch.cuda.memory.change_current_allocator``), so it sees every
 tensor. Everything outside a planned step (weights, inputs, KV caches,
 cuBLAS workspaces) goes to its spillover caching allocator. :func:`graph`
-records the step's allocations under a throwaway capture (a capture's
-allocation sequence can differ from an eager one), plans them at the lower
-bound (the peak of live bytes) with a checked plan, and captures the step
-again with every allocation at its planned address inside one arena.
+records the step's allocations in its last warm-up run, plans them at the
+lower bound (the peak of live bytes) with a checked plan, and captures the
+step with every allocation at its planned address inside one arena. A
+capture's allocations can differ from an eager run's (code that tests
+whether it is being captured): then that capture is planned and the step
+captured once more.
 
 What a plugged allocator switches off in PyTorch (PyTorch's rule, not
 ours): ``torch.cuda.memory_allocated``/``memory_stats``/``max_memory_*``,
@@ -42,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
@@ -248,9 +251,10 @@ def _serve_capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch
         lib.step_replan(sid, replan_budget)
     except ArenaplanError as e:
         # A family member whose capture needs more than the family arena
-        # keeps its plan: its capture spills what does not fit.
-        if "keeps its plan" not in str(e):
-            raise
+        # (or a step whose outputs someone still holds) keeps its plan: its
+        # capture spills what the plan does not serve.
+        warnings.warn(f"arenaplan: the capture allocated differently from the recorded run and was not "
+                      f"planned again ({e}); the plan stays and what it does not serve spills")
     lib.step_serve(sid, stream.cuda_stream, strict)
     g = torch.cuda.CUDAGraph()
     out = _capture(lib, sid, fn, stream, g)
