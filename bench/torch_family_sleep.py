@@ -188,20 +188,25 @@ def main():
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
-        graphs, outs, curve, cap_ms = {}, {}, [], {}
+        graphs, outs, curve, cap_ms, parts = {}, {}, [], {}, {}
         for B in sizes:
             t0 = time.perf_counter()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool, stream=s):
+                t1 = time.perf_counter()
                 out = steps[B]()
+                t2 = time.perf_counter()
+            t3 = time.perf_counter()
             torch.cuda.synchronize()
             cap_ms[B] = (time.perf_counter() - t0) * 1e3
+            parts[str(B)] = [[round((t1 - t0) * 1e3, 2), round((t2 - t1) * 1e3, 2), round((t3 - t2) * 1e3, 2)]]
             outs[B] = weak_ref(torch, out)
             del out
             graphs[B] = g
             curve.append([B, torch.cuda.memory_reserved() - before])
         r["graph_bytes"] = curve[-1][1]
         r["curve"] = curve
+        r["capture_parts_ms"] = parts
         replay = lambda B: (graphs[B].replay(), outs[B])[1]  # noqa: E731
     else:
         t0 = time.perf_counter()
@@ -221,6 +226,7 @@ def main():
         r["record_ms"] = {str(k): round(v, 1) for k, v in rep["record_ms"].items()}
         r["captures"] = {str(k): v for k, v in rep["captures"].items()}
         r["replans"] = {mm["name"]: mm["replans"] for mm in rep["members"]}
+        r["capture_parts_ms"] = {str(k): v for k, v in rep["capture_parts_ms"].items()}
         r["divergences"] = sum(mm["divergences"] for mm in rep["members"])
         # What each size adds, largest first: the arena grows to the
         # largest member's end so far; spill held per member adds.

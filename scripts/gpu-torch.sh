@@ -85,11 +85,11 @@ fi
 if [ "$WHAT" = diag ]; then
 	# Replay cost, taken apart: one plain torch.cuda.graph capture per
 	# allocator configuration (see bench/torch_replay_diag.py).
-	echo "== alloc+free from C" | tee -a "$OUT/log.txt"
-	.dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
+	[ -n "${SKIP_ABI:-}" ] || .dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
 	for m in gpt2-decode-b1; do
-		for cfg in "torch keep" "ours keep"; do
-			set -- $cfg
+		for cfg in ${DIAG_CFGS:-torch:keep ours:keep}; do
+			set -- ${cfg/:/ }
+			cfg=${cfg/:/ }
 			echo "== diag $m $cfg" | tee -a "$OUT/log.txt"
 			env=(); flags=()
 			[ "${2:-}" = expandable ] && env=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)

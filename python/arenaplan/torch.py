@@ -240,9 +240,9 @@ def _serve_capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch
     that tests whether it is being captured makes other allocations) is
     thrown away, its own allocations planned, and the step captured again.
     Returns (graph, outputs, captures made)."""
-    lib.step_serve(sid, stream.cuda_stream, strict)
+    serve = lambda: lib.step_serve(sid, stream.cuda_stream, strict)  # noqa: E731
     g = torch.cuda.CUDAGraph()
-    out = _capture(lib, sid, fn, stream, g)
+    out = _capture(lib, sid, fn, stream, g, serve)
     if replan_budget is None or lib.step_report(sid)["last_run_divergences"] == 0:
         return g, out, 1
     del out
@@ -255,21 +255,46 @@ def _serve_capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch
         # capture spills what the plan does not serve.
         warnings.warn(f"arenaplan: the capture allocated differently from the recorded run and was not "
                       f"planned again ({e}); the plan stays and what it does not serve spills")
-    lib.step_serve(sid, stream.cuda_stream, strict)
     g = torch.cuda.CUDAGraph()
-    out = _capture(lib, sid, fn, stream, g)
+    out = _capture(lib, sid, fn, stream, g, serve)
     return g, out, 2
 
 
 def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream",
-             g: "torch.cuda.CUDAGraph") -> Any:
-    """One capture of fn on stream with the step joined; End(failed) always,
-    after the capture ended."""
-    with _run(lib, sid):
+             g: "torch.cuda.CUDAGraph", begin: Callable[[], None]) -> Any:
+    """One capture of fn on stream, the step's run begun (begin: record or
+    serve) and joined once the capture has begun, so that what
+    CUDAGraph.capture_begin allocates on the stream (the generators'
+    per-capture seed and offset, made in a process's first capture) is
+    not the step's; End(failed) always, after the capture ended."""
+    begun = False
+    t0 = time.perf_counter()
+    try:
         with torch.cuda.graph(g, stream=stream):
+            t1 = time.perf_counter()
+            begin()
+            begun = True
             lib.step_join_capture(sid)
             out = fn()
+            t2 = time.perf_counter()
+    except RuntimeError as e:
+        if begun:
+            lib.step_end(sid, True)
+        _raise_oom(e)
+    except BaseException:
+        if begun:
+            lib.step_end(sid, True)
+        raise
+    lib.step_end(sid, False)
+    t3 = time.perf_counter()
+    # Where a capture's time goes: torch.cuda.graph's entry (it
+    # synchronizes, collects garbage and empties the cache), the step's
+    # Python run, and the capture's end (instantiation).
+    _capture_parts.append([round((t1 - t0) * 1e3, 2), round((t2 - t1) * 1e3, 2), round((t3 - t2) * 1e3, 2)])
     return out
+
+
+_capture_parts: list = []
 
 
 def _recording_graph() -> "torch.cuda.CUDAGraph":
@@ -329,9 +354,8 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
         elif eager_rec:
             _record_eager(lib, sid, fn, stream)
         else:
-            lib.step_record(sid, h)
             g0 = _recording_graph()
-            out0 = _capture(lib, sid, fn, stream, g0)
+            out0 = _capture(lib, sid, fn, stream, g0, lambda: lib.step_record(sid, h))
             del out0
             g0.reset()
             del g0
@@ -429,6 +453,7 @@ class GraphFamily:
         self.capture_ms, self.plan_ms = capture_ms, plan_ms
         self.record_ms: Dict[Any, float] = {}  # each member's recording run
         self.captures: Dict[Any, int] = {}  # each member's captures, the recording one included
+        self.capture_parts_ms: Dict[Any, list] = {}  # per served capture: [entry, step, end]
         self._device = device
         self._last_stream = None
 
@@ -458,6 +483,7 @@ class GraphFamily:
         r["capture_ms"] = self.capture_ms
         r["record_ms"] = self.record_ms
         r["captures"] = self.captures
+        r["capture_parts_ms"] = self.capture_parts_ms
         r["plan_build_ms"] = self.plan_ms
         r["spill_held"] = sum(m.get("spill_held", 0) for m in r["members"])
         r["graph_bytes"] = r["arena_mapped"] + r["spill_held"]
@@ -508,9 +534,8 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
                 if eager_rec:
                     _record_eager(lib, sids[key], fn, stream)
                 else:
-                    lib.step_record(sids[key], h)
                     g0 = _recording_graph()
-                    o = _capture(lib, sids[key], fn, stream, g0)
+                    o = _capture(lib, sids[key], fn, stream, g0, lambda: lib.step_record(sids[key], h))
                     del o
                     g0.reset()
                 rec_ms[key] = (time.perf_counter() - t) * 1e3
@@ -520,8 +545,10 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
             t1 = time.perf_counter()
             lib.family_load(fid, plan)
         plan_ms = (time.perf_counter() - t1) * 1e3
+        parts = {}
         for key, fn in fns.items():
             t = time.perf_counter()
+            _capture_parts.clear()
             g, out, n = _serve_capture(lib, sids[key], fn, stream, strict, budget if eager_rec else None)
             # The next member's buffers overlap this one's outputs by design:
             # keep them as tensors that do not own their memory (vLLM's weak
@@ -532,6 +559,7 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
             torch.cuda.synchronize(dev)
             cap_ms[key] = (time.perf_counter() - t) * 1e3
             ncap[key] = n + (0 if eager_rec or plan is not None else 1)
+            parts[key] = list(_capture_parts)
     except BaseException:
         for g in gs.values():
             g.reset()
@@ -541,7 +569,7 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
             pass
         raise
     fam = GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
-    fam.record_ms, fam.captures = rec_ms, ncap
+    fam.record_ms, fam.captures, fam.capture_parts_ms = rec_ms, ncap, parts
     return fam
 
 

@@ -41,7 +41,7 @@ class _Graph:
             raise RuntimeError("replay of a reset graph")
 
 
-_state = types.SimpleNamespace(stream=_Stream(), capturing=False)
+_state = types.SimpleNamespace(stream=_Stream(), capturing=False, generator=None)
 
 
 @contextlib.contextmanager
@@ -57,6 +57,12 @@ def _stream_ctx(s):
 def _graph_ctx(g, stream=None, pool=None):
     _Graph.captures += 1
     with _stream_ctx(stream or _state.stream):
+        if _state.generator is None:
+            # CUDAGraph.capture_begin: the default generator's seed and
+            # offset for graphs, made in the process's first capture, on
+            # the capture stream, kept for good.
+            h = _state.stream.cuda_stream
+            _state.generator = [LIB.alloc(8, 0, h), LIB.alloc(8, 0, h)]
         _state.capturing = True
         try:
             yield
@@ -126,6 +132,7 @@ def model(scale=1, capture_extra=0):
 
 class GraphFlowTest(unittest.TestCase):
     def test_one_capture_when_eager_and_capture_agree(self):
+        _state.generator = None  # this test's capture is the process's first
         n = _Graph.captures
         g = ap.graph(model(), warmup=2)
         r = g.report()
