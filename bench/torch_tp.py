@@ -340,7 +340,8 @@ def main():
         rep = g.report()
         r.update({k: rep[k] for k in ("lower_bound", "arena", "ratio", "optimal", "arena_mapped", "spill_held",
                                       "graph_bytes", "buffers", "divergences", "first_divergence", "capture_ms",
-                                      "record_ms", "plan_build_ms", "plan_ms") if k in rep})
+                                      "record_ms", "plan_build_ms", "plan_ms", "captures", "served_capture_ms", "replans",
+                                      "replan_reason", "last_run_divergences") if k in rep})
         out, replay, cs = g.outputs, g.replay, g.stream
 
     # Eager reference on the capture stream, then one replay.
