@@ -46,6 +46,16 @@
 // extended to the step's end, and while serving its range stays taken
 // until the step ends.
 //
+// # Several devices and ranks
+//
+// Each device ordinal has its own spill allocator, zero-byte tokens, steps,
+// families, regions and pause state: a step on device 1 never touches device
+// 0's memory, and a pointer names its device (the driver's unified
+// addresses; the simulated devices of one process get disjoint windows).
+// A tensor-parallel job runs one process per rank (torchrun): Config.Rank
+// and WorldSize (RANK and WORLD_SIZE) are written into every plan file, and
+// Load refuses a plan made by another rank or world size (rank.go).
+//
 // # Concurrency and errors
 //
 // A Bridge is safe for concurrent use (PyTorch calls its allocator from

@@ -71,6 +71,7 @@ type Sim struct {
 	// that opened the device and those that called BindThread.
 	threads map[int]bool
 
+	window      int // takeSimWindow's index
 	nextAddr    uint64
 	regions     []*simRegion // sorted by base
 	used        uint64
@@ -110,10 +111,15 @@ func OpenSim(cfg SimConfig) (*Sim, error) {
 	if cfg.Granularity&(cfg.Granularity-1) != 0 {
 		return nil, fmt.Errorf("cuda: OpenSim: granularity %d is not a power of two", cfg.Granularity)
 	}
+	window, base, err := takeSimWindow()
+	if err != nil {
+		return nil, err
+	}
 	s := &Sim{
 		cfg:        cfg,
 		kernels:    map[string]KernelFunc{},
-		nextAddr:   0x7f00_0000_0000,
+		window:     window,
+		nextAddr:   base,
 		handles:    map[MemHandle]*simPhys{},
 		nextHandle: 1,
 		captures:   map[*simCapture]bool{},
@@ -123,6 +129,7 @@ func OpenSim(cfg SimConfig) (*Sim, error) {
 	}
 	for name, fn := range cfg.Kernels {
 		if err := s.RegisterKernel(name, fn); err != nil {
+			giveSimWindow(window)
 			return nil, err
 		}
 	}
@@ -199,6 +206,7 @@ func (s *Sim) Close() error {
 	}
 	s.regions, s.handles, s.pinned = nil, nil, nil
 	s.used, s.host, s.pinnedBytes = 0, 0, 0
+	giveSimWindow(s.window)
 	if !s.cfg.Guest {
 		runtime.UnlockOSThread() // OpenSim's lock, as the driver's Close undoes Open's
 	}
