@@ -92,7 +92,7 @@ class Library:
     def check(self, p, mismatch: bool = False) -> None:
         msg = self._take(p)
         if msg is not None:
-            if mismatch and ("another step" in msg or "another family" in msg):
+            if mismatch and any(w in msg for w in ("another step", "another family", "made by rank")):
                 raise PlanMismatchError(msg)
             raise ArenaplanError(msg)
 
@@ -140,7 +140,7 @@ class Library:
         self.check(self._lib.arenaplan_step_save(sid, os.fsencode(path)))
 
     def step_load(self, sid: int, path: str) -> None:
-        self.check(self._lib.arenaplan_step_load(sid, os.fsencode(path)))
+        self.check(self._lib.arenaplan_step_load(sid, os.fsencode(path)), mismatch=True)
 
     def step_close(self, sid: int) -> None:
         self.check(self._lib.arenaplan_step_close(sid))

@@ -52,7 +52,7 @@ RANK_PROGRAM = textwrap.dedent("""
         lib.free(out, 0, dev, stream)
         res["report"] = lib.step_report(sid)
     except ArenaplanError as e:
-        res["error"] = str(e)
+        res["error"], res["error_type"] = str(e), type(e).__name__
     res["other_unchanged"] = lib.stats(other) == before
     res["this"] = lib.stats(dev)["ArenaBytes"]
     print(json.dumps(res))
@@ -88,6 +88,7 @@ class RankTest(unittest.TestCase):
                 r = rank_process(rank, world, 1, "load", path)
                 self.assertIn(want, r.get("error", ""), f"rank {rank} of {world}: {r}")
                 self.assertIn(path, r["error"])
+                self.assertEqual(r["error_type"], "PlanMismatchError")
 
 
 if __name__ == "__main__":
