@@ -162,7 +162,8 @@ type Device struct {
 	graphs       *graphsPause       // non-nil while the graphs are paused
 }
 
-// slot is a live planned buffer.
+// slot is a live planned buffer: buffer k of the step's plan, or an
+// orphan (a buffer of a plan the step has replaced: Step.Replan).
 type slot struct {
 	step *Step
 	k    int
@@ -477,7 +478,11 @@ func (d *Device) free(p cuda.DevicePtr) error {
 	}
 	if sl, ok := d.planned[p]; ok {
 		delete(d.planned, p)
-		sl.step.freePlanned(sl.k)
+		if sl.k == orphan {
+			sl.step.releaseOrphan(p)
+		} else {
+			sl.step.freePlanned(sl.k)
+		}
 		return nil
 	}
 	for _, s := range d.active {
@@ -496,7 +501,9 @@ func (d *Device) recordStream(p cuda.DevicePtr, stream uintptr) error {
 		return nil
 	}
 	if sl, ok := d.planned[p]; ok {
-		sl.step.usedElsewhere(sl.k)
+		if sl.k != orphan {
+			sl.step.usedElsewhere(sl.k)
+		}
 		return nil
 	}
 	for _, s := range d.active {

@@ -299,15 +299,7 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 	if err := s.dropCaptures(); err != nil {
 		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
 	}
-	addrs := make([]cuda.DevicePtr, len(t.Buffers))
-	need := make([]uint64, len(t.Buffers))
-	for j := range t.Buffers {
-		addrs[j] = base.Add(uint64(p.Offsets[j]))
-		n, _ := planner.Need(&t.Buffers[j], p.Align)
-		need[j] = uint64(n)
-	}
-	s.setPlan(t, p, "", f.ar, addrs, need)
-	s.replanned()
+	s.replace(t, p, f.ar, base)
 	f.plan = &fp
 	return nil
 }

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -53,9 +54,6 @@ func TestReplanFromServedRun(t *testing.T) {
 	if r.LastRunDivergences == 0 {
 		t.Fatalf("report %+v: the differing run did not diverge", r)
 	}
-	if err := s.Replan(0); err == nil || !strings.Contains(err.Error(), "still live") {
-		t.Fatalf("Replan with the run's output live: %v; want an error", err)
-	}
 	p.free(out)
 	if err := s.Replan(0); err != nil {
 		t.Fatal(err)
@@ -102,6 +100,69 @@ func TestReplanFromServedRun(t *testing.T) {
 	if err := s2.Replan(0); err == nil || !strings.Contains(err.Error(), "came from") {
 		t.Fatalf("Replan of a loaded plan: %v; want a refusal", err)
 	}
+}
+
+// TestReplanAroundLiveOutputs: outputs of the diverged run that the
+// program still holds (a training step's gradients) stay at their
+// addresses: the arena is kept, the new plan is served around them until
+// they are freed, and then exactly. A new plan larger than the kept arena
+// is refused and the step keeps its plan.
+func TestReplanAroundLiveOutputs(t *testing.T) {
+	b := newTestBridge(t)
+	p := &program{t: t, b: b, stream: 0x77, layers: 10, extra: 4096}
+	s := recordAndPlan(t, b, p) // the eager run is the larger one here
+	arenaBefore := s.Report().Arena
+	p.extra = 0
+	_, out := serveRun(t, s, p)
+	if s.Report().LastRunDivergences == 0 {
+		t.Fatal("the smaller run did not diverge")
+	}
+	if err := s.Replan(0); err != nil {
+		t.Fatalf("Replan with the output live: %v", err)
+	}
+	r := s.Report()
+	if r.Replans != 1 || r.Arena > arenaBefore || r.ArenaMapped < uint64(arenaBefore) {
+		t.Fatalf("after Replan: %+v; want the old arena (%d bytes) kept and the new plan inside it", r, arenaBefore)
+	}
+	// The old output is still live and still the program's: no run may
+	// put a live allocation on it.
+	live := map[cuda.DevicePtr]uint64{out: 8192}
+	addrs, out2 := serveRun(t, s, p)
+	for i, a := range addrs {
+		if p.sizes[i] > 0 && a < out+8192 && out < a+cuda.DevicePtr(p.sizes[i]) {
+			t.Fatalf("allocation %d at %#x overlaps the live orphan at %#x", i, uint64(a), uint64(out))
+		}
+	}
+	live[out2] = 8192
+	checkDisjoint(t, live)
+	p.free(out) // the orphan: bookkeeping
+	p.free(out2)
+	var prev []cuda.DevicePtr
+	for run := range 2 {
+		addrs, o := serveRun(t, s, p)
+		p.free(o)
+		if r := s.Report(); r.LastRunDivergences != 0 {
+			t.Fatalf("run %d after the orphan was freed diverged: %+v", run, r)
+		}
+		if run == 1 && !slices.Equal(addrs, prev) {
+			t.Fatal("runs after the orphan was freed differ in addresses")
+		}
+		prev = addrs
+	}
+	if st, _ := b.Stats(0); st.PlannedLive != 0 {
+		t.Fatalf("%d planned buffers live after every free", st.PlannedLive)
+	}
+
+	// Larger than the kept arena: refused, the plan stays.
+	p.extra = 1 << 20
+	_, out = serveRun(t, s, p)
+	if err := s.Replan(0); err == nil || !strings.Contains(err.Error(), "keeps its plan") {
+		t.Fatalf("Replan beyond the kept arena: %v; want a refusal", err)
+	}
+	if r := s.Report(); r.Replans != 1 {
+		t.Fatalf("refused Replan changed the step: %+v", r)
+	}
+	p.free(out)
 }
 
 // TestFamilyMemberReplan: a family member whose served run diverged is

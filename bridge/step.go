@@ -425,11 +425,14 @@ func (s *Step) Plan(budget time.Duration) error {
 // diverged from the plan: a capture whose allocations differ from the
 // eager run the plan was recorded from (code that tests whether it is
 // being captured) is itself a recording of what every later capture
-// makes. Destroy the graph captured in that run and free its outputs
-// first: Replan releases the step's capture pools and replaces its plan
-// and arena. A family member's new plan must fit in the family's arena;
-// if it does not, Replan fails and the member keeps its plan. Not for
-// steps whose plan came from a file (their plan is what the file says).
+// makes. Destroy the graph captured in that run first: Replan releases
+// the step's capture pools and replaces its plan. Buffers of the old plan
+// still live (outputs the program holds, such as a training step's
+// gradients) stay where they are until freed, and the new plan is served
+// around them; the arena is then kept, and the new plan must fit in it. A
+// family member's new plan must fit in the family's arena. When it does
+// not fit, Replan fails and the step keeps its plan. Not for steps whose
+// plan came from a file (their plan is what the file says).
 func (s *Step) Replan(budget time.Duration) error {
 	d := s.d
 	d.mu.Lock()
@@ -455,6 +458,28 @@ func (s *Step) Replan(budget time.Duration) error {
 		d.mu.Unlock()
 		return err
 	}
+	if s.live.Len() > 0 {
+		// Outputs are live in the arena: keep it, and plan inside it.
+		defer restore()
+		defer d.mu.Unlock()
+		if p.Arena > s.ar.Size() {
+			return s.errorf("its served run needs an arena of %s, more than its arena's %s while %d of its buffers are still live: it keeps its plan",
+				fmtBytes(uint64(p.Arena)), fmtBytes(uint64(s.ar.Size())), s.live.Len())
+		}
+		if err := s.dropCaptures(); err != nil {
+			return fmt.Errorf("bridge: step %d (%s): replan: %w", s.id, s.name, err)
+		}
+		p0, err := s.ar.Ptr(0)
+		if err != nil {
+			return err
+		}
+		off, err := s.ar.Offset(0)
+		if err != nil {
+			return err
+		}
+		s.replace(t, p, s.ar, p0-cuda.DevicePtr(off))
+		return nil
+	}
 	errs := []error{s.dropCaptures()}
 	old := s.ar
 	s.ar, s.addrs, s.plan = nil, nil, nil
@@ -468,6 +493,43 @@ func (s *Step) Replan(budget time.Duration) error {
 		return fmt.Errorf("bridge: step %d (%s): replan: %w", s.id, s.name, err)
 	}
 	return s.install(t, p, "")
+}
+
+// replace gives the step plan p of trace t in arena a, whose offset 0 is
+// at base; d.mu is held. Buffers of the old plan still live become
+// orphans: their ranges stay taken until they are freed, which is then
+// bookkeeping only.
+func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, base cuda.DevicePtr) {
+	d := s.d
+	for k, live := range s.isLive {
+		if live {
+			d.planned[s.addrs[k]] = slot{s, orphan}
+		}
+	}
+	spans := s.live
+	addrs := make([]cuda.DevicePtr, len(t.Buffers))
+	need := make([]uint64, len(t.Buffers))
+	for j := range t.Buffers {
+		addrs[j] = base.Add(uint64(p.Offsets[j]))
+		n, _ := planner.Need(&t.Buffers[j], p.Align)
+		need[j] = uint64(n)
+	}
+	s.setPlan(t, p, "", a, addrs, need)
+	if spans != nil {
+		s.live = spans
+	}
+	s.replanned()
+}
+
+// orphan is the slot index of a live buffer of a plan since replaced.
+const orphan = -1
+
+// releaseOrphan: the orphan at p was freed.
+func (s *Step) releaseOrphan(p cuda.DevicePtr) {
+	s.live.Delete(span{lo: uint64(p)})
+	if s.closing && s.live.Len() == 0 {
+		s.closeArena()
+	}
 }
 
 // replanned counts a replan: the counters start again under the new plan;
@@ -491,8 +553,6 @@ func (s *Step) replanReady() (*lifetime.Trace, error) {
 		return nil, s.errorf("its plan came from %s: Replan plans only what the step recorded", s.loaded)
 	case s.rerun == nil:
 		return nil, s.errorf("Replan needs a served run that diverged from the plan (the last one did not)")
-	case s.live != nil && s.live.Len() > 0:
-		return nil, s.errorf("Replan: %d planned buffers are still live (the diverged run's outputs): free them first", s.live.Len())
 	}
 	return s.rerun, nil
 }
