@@ -95,6 +95,8 @@ if [ "$WHAT" = diag ]; then
 			[ "${2:-}" = expandable ] && env=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
 			[ "${2:-}" = plain ] && env=(ARENAPLAN_SPILL_PLAIN=1)
 			[ "${2:-}" = planned ] && flags=(--planned)
+			[ "${2:-}" = planned-first ] && flags=(--planned-first)
+			[ "${2:-}" = planned-eager ] && flags=(--planned --eager-blocks 10)
 			[ "${2:-}" = stages ] && flags=(--stages)
 			[ "${2:-}" = graphs ] && flags=(--graphs)
 			[ "${2:-}" = keep ] && flags=(--keep)
