@@ -163,10 +163,12 @@ type Device struct {
 }
 
 // slot is a live planned buffer: buffer k of the step's plan, or an
-// orphan (a buffer of a plan the step has replaced: Step.Replan).
+// orphan (a buffer of a plan the step has replaced: Step.Replan), in the
+// retired arena old or, when old is nil, in the step's arena.
 type slot struct {
 	step *Step
 	k    int
+	old  *retired
 }
 
 // DeviceStats are a device's counters (PyTorch's own statistics are off
@@ -452,10 +454,16 @@ func (b *Bridge) stepsOf(d *Device) []*Step {
 func (d *Device) arenas() (planned, mapped uint64) {
 	seen := map[*arena.Arena]bool{}
 	for _, s := range d.b.stepsOf(d) {
-		if s.ar != nil && !seen[s.ar] {
-			seen[s.ar] = true
-			planned += uint64(s.ar.Size())
-			mapped += s.ar.Mapped()
+		ars := []*arena.Arena{s.ar}
+		for _, r := range s.retired {
+			ars = append(ars, r.ar)
+		}
+		for _, a := range ars {
+			if a != nil && !seen[a] {
+				seen[a] = true
+				planned += uint64(a.Size())
+				mapped += a.Mapped()
+			}
 		}
 	}
 	return planned, mapped
@@ -479,7 +487,9 @@ func (d *Device) free(p cuda.DevicePtr) error {
 	if sl, ok := d.planned[p]; ok {
 		delete(d.planned, p)
 		if sl.k == orphan {
-			sl.step.releaseOrphan(p)
+			if err := sl.step.releaseOrphan(p, sl.old); err != nil {
+				return fmt.Errorf("bridge: device %d: %w", d.ordinal, err)
+			}
 		} else {
 			sl.step.freePlanned(sl.k)
 		}

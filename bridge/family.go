@@ -299,7 +299,7 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 	if err := s.dropCaptures(); err != nil {
 		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
 	}
-	s.replace(t, p, f.ar, base)
+	s.replace(t, p, f.ar, base, nil)
 	f.plan = &fp
 	return nil
 }

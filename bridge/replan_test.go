@@ -153,16 +153,31 @@ func TestReplanAroundLiveOutputs(t *testing.T) {
 		t.Fatalf("%d planned buffers live after every free", st.PlannedLive)
 	}
 
-	// Larger than the kept arena: refused, the plan stays.
+	// Larger than the arena while an output is live: a new arena, the old
+	// one retired until that output is freed.
 	p.extra = 1 << 20
 	_, out = serveRun(t, s, p)
-	if err := s.Replan(0); err == nil || !strings.Contains(err.Error(), "keeps its plan") {
-		t.Fatalf("Replan beyond the kept arena: %v; want a refusal", err)
+	oldArena := s.ar.Size()
+	if err := s.Replan(0); err != nil {
+		t.Fatalf("Replan beyond the arena with an output live: %v", err)
 	}
-	if r := s.Report(); r.Replans != 1 {
-		t.Fatalf("refused Replan changed the step: %+v", r)
+	r = s.Report()
+	st, _ := b.Stats(0)
+	if r.Arena <= oldArena || st.ArenaBytes != uint64(r.Arena+oldArena) {
+		t.Fatalf("after growing: plan arena %d (was %d), device arenas %d; want a larger arena beside the retired one", r.Arena, oldArena, st.ArenaBytes)
 	}
-	p.free(out)
+	live = map[cuda.DevicePtr]uint64{out: 8192}
+	_, out2 = serveRun(t, s, p)
+	live[out2] = 8192
+	checkDisjoint(t, live)
+	if r := s.Report(); r.LastRunDivergences != 0 {
+		t.Fatalf("the grown plan diverged: %+v", r)
+	}
+	p.free(out) // the retired arena's last orphan: it closes
+	if st, _ := b.Stats(0); st.ArenaBytes != uint64(s.Report().Arena) {
+		t.Fatalf("device arenas %d after the last orphan was freed; want only the step's %d", st.ArenaBytes, s.Report().Arena)
+	}
+	p.free(out2)
 }
 
 // TestFamilyMemberReplan: a family member whose served run diverged is

@@ -65,6 +65,8 @@ type Step struct {
 	replanReason       string
 
 	fam *Family // the family whose arena it shares, if any
+
+	retired []*retired // arenas of replaced plans with orphans live
 }
 
 type stepState int
@@ -459,25 +461,39 @@ func (s *Step) Replan(budget time.Duration) error {
 		return err
 	}
 	if s.live.Len() > 0 {
-		// Outputs are live in the arena: keep it, and plan inside it.
+		// Outputs are live in the arena. Plan inside it if the new plan
+		// fits; else in a new arena, the old one retired until its last
+		// orphan is freed.
 		defer restore()
 		defer d.mu.Unlock()
-		if p.Arena > s.ar.Size() {
-			return s.errorf("its served run needs an arena of %s, more than its arena's %s while %d of its buffers are still live: it keeps its plan",
-				fmtBytes(uint64(p.Arena)), fmtBytes(uint64(s.ar.Size())), s.live.Len())
-		}
 		if err := s.dropCaptures(); err != nil {
 			return fmt.Errorf("bridge: step %d (%s): replan: %w", s.id, s.name, err)
 		}
-		p0, err := s.ar.Ptr(0)
+		if p.Arena <= s.ar.Size() {
+			p0, err := s.ar.Ptr(0)
+			if err != nil {
+				return err
+			}
+			off, err := s.ar.Offset(0)
+			if err != nil {
+				return err
+			}
+			s.replace(t, p, s.ar, p0-cuda.DevicePtr(off), nil)
+			return nil
+		}
+		a, err := arena.New(d.dev, t, p)
 		if err != nil {
+			return fmt.Errorf("bridge: step %d (%s): replan: arena of %s (%d of its buffers still live in the old one of %s): %w",
+				s.id, s.name, fmtBytes(uint64(p.Arena)), s.live.Len(), fmtBytes(uint64(s.ar.Size())), err)
+		}
+		p0, err := a.Ptr(0)
+		if err != nil {
+			a.Close()
 			return err
 		}
-		off, err := s.ar.Offset(0)
-		if err != nil {
-			return err
-		}
-		s.replace(t, p, s.ar, p0-cuda.DevicePtr(off))
+		old := &retired{ar: s.ar, live: s.live.Len()}
+		s.retired = append(s.retired, old)
+		s.replace(t, p, a, p0-cuda.DevicePtr(p.Offsets[0]), old)
 		return nil
 	}
 	errs := []error{s.dropCaptures()}
@@ -497,16 +513,20 @@ func (s *Step) Replan(budget time.Duration) error {
 
 // replace gives the step plan p of trace t in arena a, whose offset 0 is
 // at base; d.mu is held. Buffers of the old plan still live become
-// orphans: their ranges stay taken until they are freed, which is then
-// bookkeeping only.
-func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, base cuda.DevicePtr) {
+// orphans: their frees are bookkeeping. In the same arena (old is nil)
+// their ranges stay taken until they are freed; in a retired arena (old)
+// that arena closes once the last of them is freed.
+func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, base cuda.DevicePtr, old *retired) {
 	d := s.d
 	for k, live := range s.isLive {
 		if live {
-			d.planned[s.addrs[k]] = slot{s, orphan}
+			d.planned[s.addrs[k]] = slot{s, orphan, old}
 		}
 	}
 	spans := s.live
+	if old != nil {
+		spans = nil // the new arena is clear of them
+	}
 	addrs := make([]cuda.DevicePtr, len(t.Buffers))
 	need := make([]uint64, len(t.Buffers))
 	for j := range t.Buffers {
@@ -524,12 +544,33 @@ func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, base 
 // orphan is the slot index of a live buffer of a plan since replaced.
 const orphan = -1
 
-// releaseOrphan: the orphan at p was freed.
-func (s *Step) releaseOrphan(p cuda.DevicePtr) {
-	s.live.Delete(span{lo: uint64(p)})
-	if s.closing && s.live.Len() == 0 {
-		s.closeArena()
+// retired is an arena a Replan moved away from while some of its buffers
+// were live: it closes when the last of them is freed.
+type retired struct {
+	ar   *arena.Arena
+	live int
+}
+
+// releaseOrphan: the orphan at p (of retired arena old, or of the step's
+// own arena when old is nil) was freed; d.mu is held.
+func (s *Step) releaseOrphan(p cuda.DevicePtr, old *retired) error {
+	if old == nil {
+		s.live.Delete(span{lo: uint64(p)})
+		if s.closing && s.live.Len() == 0 {
+			return s.closeArena()
+		}
+		return nil
 	}
+	if old.live--; old.live > 0 {
+		return nil
+	}
+	s.retired = slices.DeleteFunc(s.retired, func(r *retired) bool { return r == old })
+	restore, err := makeCurrent(s.d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	return old.ar.Close()
 }
 
 // replanned counts a replan: the counters start again under the new plan;
@@ -664,7 +705,7 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 		s.isLive[k] = true
 		s.taken[k] = true
 		s.cursor = max(s.cursor, k+1)
-		d.planned[p] = slot{s, k}
+		d.planned[p] = slot{s, k, nil}
 		d.st.Planned++
 		s.served++
 		s.run.alloc(p, size)
