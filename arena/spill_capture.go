@@ -168,6 +168,14 @@ func (c *Capture) End() (cuda.Graph, error) {
 	return g, nil
 }
 
+// Capturing says whether a capture this allocator knows of (begun or
+// joined here) is underway.
+func (s *Spill) Capturing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.captures) > 0
+}
+
 // JoinCapture registers a capture that its owner began on st (PyTorch's
 // torch.cuda.graph, say) without beginning one: from now on allocations on
 // the capture's streams come from pool, or from a new private pool when

@@ -132,11 +132,58 @@ func New(cfg Config) *Bridge {
 // allocations come from the default pool, as with PyTorch's own allocator.
 func (b *Bridge) CapturesUnderway(n int) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.captures = max(n, 0)
+	devs := make([]*Device, 0, len(b.devices))
 	for _, d := range b.devices {
 		d.spill.ForeignCaptures(b.captures)
+		devs = append(devs, d)
 	}
+	b.mu.Unlock()
+	if n <= 0 {
+		for _, d := range devs {
+			d.mu.Lock()
+			d.closeDeferred()
+			d.mu.Unlock()
+		}
+	}
+}
+
+// capturing says whether a capture may be underway in the process: the
+// host's count, or one the spill allocator knows of; d.mu is held.
+func (d *Device) capturing() bool {
+	d.b.mu.Lock()
+	n := d.b.captures
+	d.b.mu.Unlock()
+	return n > 0 || d.spill.Capturing()
+}
+
+// closeArena closes an arena nothing uses any more, or, while a capture
+// is underway (closing synchronizes the device, which would end the
+// capture in error), once none is (closeDeferred); d.mu is held.
+func (d *Device) closeArena(a *arena.Arena) error {
+	if d.capturing() {
+		d.deferred = append(d.deferred, a)
+		return nil
+	}
+	return a.Close()
+}
+
+// closeDeferred closes the arenas closeArena put off; d.mu is held.
+func (d *Device) closeDeferred() {
+	if len(d.deferred) == 0 || d.capturing() {
+		return
+	}
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return // tried again after the next capture
+	}
+	defer restore()
+	for _, a := range d.deferred {
+		if err := a.Close(); err != nil {
+			d.lastCloseErr = err
+		}
+	}
+	d.deferred = nil
 }
 
 // ErrClosed is returned by every call after Close.
@@ -160,6 +207,9 @@ type Device struct {
 	regions      map[string]*region // by tag (BeginRegion)
 	threadRegion map[int]*region    // the region each thread is in
 	graphs       *graphsPause       // non-nil while the graphs are paused
+
+	deferred     []*arena.Arena // to close once no capture is underway
+	lastCloseErr error          // the last failure closing one of them
 }
 
 // slot is a live planned buffer: buffer k of the step's plan, or an
@@ -180,9 +230,12 @@ type DeviceStats struct {
 	Spilled       uint64 // allocations served by the spill allocator
 	Divergences   uint64 // step allocations the plan could not serve
 	PlannedLive   int    // planned buffers live now
-	ArenaBytes    uint64 // planned arenas, sum of sizes
-	ArenaMapped   uint64 // physical bytes the arenas map now
-	Spill         arena.SpillStats
+	// CloseError is the last failure closing an arena whose close waited
+	// for the captures underway to end ("" if none).
+	CloseError  string `json:",omitempty"`
+	ArenaBytes  uint64 // planned arenas, sum of sizes
+	ArenaMapped uint64 // physical bytes the arenas map now
+	Spill       arena.SpillStats
 }
 
 func (b *Bridge) threadID() int {
@@ -344,6 +397,9 @@ func (b *Bridge) Stats(ordinal int) (DeviceStats, error) {
 	st := d.st
 	st.PlannedLive = len(d.planned)
 	st.ArenaBytes, st.ArenaMapped = d.arenas()
+	if d.lastCloseErr != nil {
+		st.CloseError = d.lastCloseErr.Error()
+	}
 	d.mu.Unlock()
 	st.Spill = d.spill.Stats()
 	return st, nil
@@ -384,6 +440,10 @@ func (b *Bridge) Close() error {
 	}
 	b.mu.Unlock()
 	for _, d := range devs {
+		d.mu.Lock()
+		d.closeDeferred()
+		errs = append(errs, d.lastCloseErr)
+		d.mu.Unlock()
 		errs = append(errs, d.zero.close(), d.spill.Close(), d.dev.Close())
 	}
 	return errors.Join(errs...)
@@ -453,6 +513,11 @@ func (b *Bridge) stepsOf(d *Device) []*Step {
 // open steps' arenas; d.mu is held.
 func (d *Device) arenas() (planned, mapped uint64) {
 	seen := map[*arena.Arena]bool{}
+	for _, a := range d.deferred {
+		seen[a] = true
+		planned += uint64(a.Size())
+		mapped += a.Mapped()
+	}
 	for _, s := range d.b.stepsOf(d) {
 		ars := []*arena.Arena{s.ar}
 		for _, r := range s.retired {

@@ -382,7 +382,7 @@ func (f *Family) maybeCloseArena() error {
 			return nil
 		}
 	}
-	err := f.ar.Close()
+	err := f.d.closeArena(f.ar)
 	f.ar = nil
 	return err
 }

@@ -565,12 +565,7 @@ func (s *Step) releaseOrphan(p cuda.DevicePtr, old *retired) error {
 		return nil
 	}
 	s.retired = slices.DeleteFunc(s.retired, func(r *retired) bool { return r == old })
-	restore, err := makeCurrent(s.d.dev)
-	if err != nil {
-		return err
-	}
-	defer restore()
-	return old.ar.Close()
+	return s.d.closeArena(old.ar)
 }
 
 // replanned counts a replan: the counters start again under the new plan;
@@ -867,7 +862,7 @@ func (s *Step) closeArena() error {
 		s.ar, s.addrs = nil, nil
 		return s.fam.maybeCloseArena()
 	}
-	err := s.ar.Close()
+	err := s.d.closeArena(s.ar)
 	s.ar, s.addrs = nil, nil
 	return err
 }
