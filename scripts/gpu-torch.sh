@@ -97,6 +97,8 @@ if [ "$WHAT" = diag ]; then
 			[ "${2:-}" = planned ] && flags=(--planned)
 			[ "${2:-}" = planned-first ] && flags=(--planned-first)
 			[ "${2:-}" = planned-eager ] && flags=(--planned --eager-blocks 10)
+			[ "${2:-}" = graphs-eager ] && flags=(--graphs --eager-blocks 10)
+			[ -n "${DIAG_ENV:-}" ] && env+=($DIAG_ENV) && cfg="$cfg $DIAG_ENV"
 			[ "${2:-}" = stages ] && flags=(--stages)
 			[ "${2:-}" = graphs ] && flags=(--graphs)
 			[ "${2:-}" = keep ] && flags=(--keep)
