@@ -37,6 +37,8 @@ def main():
                    help="ours: ap.graph makes the process's first capture, then a plain one")
     a.add_argument("--eager-blocks", type=int, default=0,
                    help="time this many blocks of 50 eager steps first, as bench/torch_bridge.py does")
+    a.add_argument("--alloc-before", type=int, default=0,
+                   help="allocate (and keep) this many MiB as one tensor before the first capture")
     a.add_argument("--iters", type=int, default=200)
     a.add_argument("--tag", default="")
     args = a.parse_args()
@@ -116,8 +118,11 @@ def main():
         return g
 
     runs = {}
+    keep_alive = []
     if args.eager_blocks:
         r["eager_us"] = tb.timed(torch, step, 50, blocks=args.eager_blocks)
+    if args.alloc_before:
+        keep_alive.append(torch.empty(args.alloc_before << 20, dtype=torch.uint8, device=dev))
     if args.planned_first:
         gs = ap.graph(step)
         r["planned_first_captures"] = gs.report()["captures"]

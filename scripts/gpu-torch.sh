@@ -98,6 +98,8 @@ if [ "$WHAT" = diag ]; then
 			[ "${2:-}" = planned-first ] && flags=(--planned-first)
 			[ "${2:-}" = planned-eager ] && flags=(--planned --eager-blocks 10)
 			[ "${2:-}" = graphs-eager ] && flags=(--graphs --eager-blocks 10)
+			[ "${2:-}" = alloc-eager ] && flags=(--graphs --eager-blocks 10 --alloc-before 1024)
+			[ "${2:-}" = alloc ] && flags=(--graphs --alloc-before 1024)
 			[ -n "${DIAG_ENV:-}" ] && env+=($DIAG_ENV) && cfg="$cfg $DIAG_ENV"
 			[ "${2:-}" = stages ] && flags=(--stages)
 			[ "${2:-}" = graphs ] && flags=(--graphs)
