@@ -100,6 +100,8 @@ if [ "$WHAT" = diag ]; then
 			[ "${2:-}" = graphs-eager ] && flags=(--graphs --eager-blocks 10)
 			[ "${2:-}" = alloc-eager ] && flags=(--graphs --eager-blocks 10 --alloc-before 1024)
 			[ "${2:-}" = alloc ] && flags=(--graphs --alloc-before 1024)
+			[ "${2:-}" = planned-first-eager ] && flags=(--planned-first --eager-blocks 10)
+			[ "${2:-}" = newstream-eager ] && flags=(--graphs --new-stream --eager-blocks 10)
 			[ -n "${DIAG_ENV:-}" ] && env+=($DIAG_ENV) && cfg="$cfg $DIAG_ENV"
 			[ "${2:-}" = stages ] && flags=(--stages)
 			[ "${2:-}" = graphs ] && flags=(--graphs)
