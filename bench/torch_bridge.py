@@ -201,6 +201,8 @@ def main():
     ap_.add_argument("--eager-only", action="store_true", help="time eager steps only (20 blocks), then exit")
     ap_.add_argument("--save-plan", help="ours: write the step's plan to this file")
     ap_.add_argument("--plan", help="ours: capture once from this plan file (no recording capture)")
+    ap_.add_argument("--new-stream", action="store_true",
+                     help="ours: capture on a new stream (ap.graph's default) instead of PyTorch's run's")
     ap_.add_argument("--record", default="auto", choices=["auto", "eager", "capture"],
                      help="ours: how ap.graph records the step (see arenaplan.torch.graph)")
     args = ap_.parse_args()
@@ -243,7 +245,9 @@ def main():
         r["graph_bytes"] = torch.cuda.memory_reserved() - before
         replay, cs = g.replay, s
     else:
-        gs = ap.graph(step, plan=args.plan, record=args.record)
+        # The capture stream: the one PyTorch's run captures on (used in
+        # the warm-up, before the eager timing), unless --new-stream.
+        gs = ap.graph(step, plan=args.plan, record=args.record, stream=None if args.new_stream else s)
         if args.plan:
             r["mode"] = "ours-plan"
         if args.save_plan:
