@@ -3,7 +3,8 @@
 // threads), 0-byte requests, a step recorded, planned and served twice at
 // the same addresses, errors as strings, and the cost of alloc + free.
 //
-//   cc -O2 -o abi_check abi_check.c -ldl -lpthread
+//   cc -O2 -o abi_check abi_check.c -ldl -lpthread   (a C program of its own: it
+// lives outside the cgo package so that it is not linked into the library)
 //   ARENAPLAN_DEVICE=sim ./abi_check ./libarenaplan.so      # no GPU needed
 //   ./abi_check ./libarenaplan.so bench                      # on a GPU: timing only
 //
