@@ -374,6 +374,20 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	return s.alloc(nil, size, st)
 }
 
+// AllocDefault is Alloc that also says whether the default pool served
+// the block (not a capture's): a block its owner may hand out again for
+// another request of the same size on the same stream without asking
+// (the PyTorch bridge's C-side cache of freed blocks).
+func (s *Spill) AllocDefault(size uint64, st cuda.Stream) (cuda.DevicePtr, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.alloc(nil, size, st)
+	if err != nil {
+		return 0, false, err
+	}
+	return p, s.live[p].seg.pool == s.def, nil
+}
+
 // alloc serves Alloc (in == nil: the default pool or the capture's) and
 // AllocIn (a region pool); s.mu is held.
 func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {

@@ -338,6 +338,50 @@ func makeCurrent(dev cuda.Device) (func(), error) {
 	return func() {}, nil
 }
 
+// AllocCacheable is Alloc that also says whether the block came from the
+// spill allocator's default pool outside any step, region or capture: a
+// block the caller may keep when it is freed and hand out again for the
+// next request of the same size, device and stream without calling Alloc
+// (the C library's fast path), while FastPathAllowed holds.
+func (b *Bridge) AllocCacheable(size uint64, ordinal int, stream uintptr) (cuda.DevicePtr, bool, error) {
+	d, err := b.device(ordinal)
+	if err != nil {
+		return 0, false, err
+	}
+	return d.alloc(size, stream, true)
+}
+
+// FastPathAllowed says whether a caller may serve allocations from blocks
+// it kept (AllocCacheable) without calling Alloc and Free: no capture is
+// underway as the host counts them (CapturesUnderway was called, and the
+// count is 0), no step runs on any device and no region is open. Ask it
+// again after every call that changes those; with frees kept by the caller
+// given back (Free) before such a call.
+func (b *Bridge) FastPathAllowed() bool {
+	b.mu.Lock()
+	if b.closed || b.captures != 0 {
+		b.mu.Unlock()
+		return false
+	}
+	devs := make([]*Device, 0, len(b.devices))
+	for _, d := range b.devices {
+		devs = append(devs, d)
+	}
+	b.mu.Unlock()
+	if b.regionsOpen.Load() > 0 {
+		return false
+	}
+	for _, d := range devs {
+		d.mu.Lock()
+		n := len(d.active)
+		d.mu.Unlock()
+		if n > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // Alloc serves one allocation of size bytes on the given device, for use on
 // stream (a CUstream handle, 0 for the legacy default stream).
 func (b *Bridge) Alloc(size uint64, ordinal int, stream uintptr) (cuda.DevicePtr, error) {
@@ -345,7 +389,8 @@ func (b *Bridge) Alloc(size uint64, ordinal int, stream uintptr) (cuda.DevicePtr
 	if err != nil {
 		return 0, err
 	}
-	return d.alloc(size, stream)
+	p, _, err := d.alloc(size, stream, false)
+	return p, err
 }
 
 // Free gives back the allocation at p. size and stream are what the
@@ -449,25 +494,41 @@ func (b *Bridge) Close() error {
 	return errors.Join(errs...)
 }
 
-func (d *Device) alloc(size uint64, stream uintptr) (cuda.DevicePtr, error) {
+func (d *Device) alloc(size uint64, stream uintptr, cacheable bool) (cuda.DevicePtr, bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Allocs++
 	if size == 0 {
 		d.st.ZeroAllocs++
-		return d.zero.take()
+		p, err := d.zero.take()
+		return p, false, err
 	}
 	if len(d.active) > 0 {
 		if s := d.active[stream]; s != nil {
-			return s.alloc(size)
+			p, err := s.alloc(size)
+			return p, false, err
 		}
 	}
 	if d.b.regionsOpen.Load() > 0 && len(d.threadRegion) > 0 {
 		if r := d.threadRegion[d.b.threadID()]; r != nil {
-			return d.regionAlloc(r, size, stream)
+			p, err := d.regionAlloc(r, size, stream)
+			return p, false, err
 		}
 	}
-	return d.spillAllocLocked(size, stream)
+	if !cacheable {
+		p, err := d.spillAllocLocked(size, stream)
+		return p, false, err
+	}
+	st, err := d.stream(stream)
+	if err != nil {
+		return 0, false, err
+	}
+	p, def, err := d.spill.AllocDefault(size, st)
+	if err != nil {
+		return 0, false, d.oom(size, err)
+	}
+	d.st.Spilled++
+	return p, def, nil
 }
 
 // spillAllocLocked serves size bytes from the spill allocator; d.mu is

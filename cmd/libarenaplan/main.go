@@ -11,6 +11,13 @@
 //	void *arenaplan_torch_alloc(size_t size, int device, cudaStream_t stream);
 //	void  arenaplan_torch_free(void *ptr, size_t size, int device, cudaStream_t stream);
 //
+// The pair (and the record_stream hook) are C (fastpath.c): a freed block
+// of the spill allocator's default pool is kept there and handed out again
+// for the next request of the same size, device and stream without a call
+// into Go, while no capture, step or region could want it; everything
+// else goes to the Go exports arenaplan_go_*. Every control function
+// shuts that path and gives the kept blocks back first (fenced).
+//
 // The control functions return NULL on success or an error message that
 // the caller frees with arenaplan_free_string. No Go panic crosses the C
 // boundary: each export recovers and reports it as an error. With
@@ -21,11 +28,13 @@ package main
 /*
 #include <stdlib.h>
 #include <stdint.h>
+#include "fastpath.h"
 */
 import "C"
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -90,8 +99,12 @@ func cerr(err error) *C.char {
 	return C.CString(err.Error())
 }
 
-//export arenaplan_torch_alloc
-func arenaplan_torch_alloc(size C.size_t, device C.int, stream unsafe.Pointer) (ptr unsafe.Pointer) {
+// arenaplan_go_alloc serves arenaplan_torch_alloc (fastpath.c) when its
+// fast path cannot; keepable says whether the block may be kept there at
+// its free (bridge.Bridge.AllocCacheable).
+//
+//export arenaplan_go_alloc
+func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, keepable *C.int) (ptr unsafe.Pointer) {
 	var err error
 	defer func() {
 		guard(&err)
@@ -105,9 +118,13 @@ func arenaplan_torch_alloc(size C.size_t, device C.int, stream unsafe.Pointer) (
 		return nil
 	}
 	var p cuda.DevicePtr
-	p, err = b.Alloc(uint64(size), int(device), uintptr(stream))
+	var keep bool
+	p, keep, err = b.AllocCacheable(uint64(size), int(device), uintptr(stream))
 	if err != nil {
 		return nil
+	}
+	if keep {
+		*keepable = 1
 	}
 	// A device address, never dereferenced by Go.
 	return *(*unsafe.Pointer)(unsafe.Pointer(&p))
@@ -130,8 +147,11 @@ func quietly(f func(*bridge.Bridge) error) {
 	err = f(b)
 }
 
-//export arenaplan_torch_free
-func arenaplan_torch_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) {
+// arenaplan_go_free serves arenaplan_torch_free (fastpath.c) for the
+// blocks its fast path does not keep.
+//
+//export arenaplan_go_free
+func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) {
 	quietly(func(b *bridge.Bridge) error {
 		err := b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
 		if err != nil {
@@ -142,8 +162,11 @@ func arenaplan_torch_free(ptr unsafe.Pointer, size C.size_t, device C.int, strea
 	})
 }
 
-//export arenaplan_torch_record_stream
-func arenaplan_torch_record_stream(ptr unsafe.Pointer, stream unsafe.Pointer) {
+// arenaplan_go_record_stream serves arenaplan_torch_record_stream
+// (fastpath.c), which first makes sure the fast path never keeps ptr.
+//
+//export arenaplan_go_record_stream
+func arenaplan_go_record_stream(ptr unsafe.Pointer, stream unsafe.Pointer) {
 	quietly(func(b *bridge.Bridge) error {
 		return b.RecordStreamAny(cuda.DevicePtr(uintptr(ptr)), uintptr(stream))
 	})
@@ -151,7 +174,7 @@ func arenaplan_torch_record_stream(ptr unsafe.Pointer, stream unsafe.Pointer) {
 
 //export arenaplan_torch_empty_cache
 func arenaplan_torch_empty_cache() {
-	quietly(func(b *bridge.Bridge) error { return b.EmptyCache() })
+	quietly(func(b *bridge.Bridge) error { return fenced(b, b.EmptyCache) })
 }
 
 // arenaplan_captures_underway tells the library how many graph captures
@@ -159,7 +182,9 @@ func arenaplan_torch_empty_cache() {
 //
 //export arenaplan_captures_underway
 func arenaplan_captures_underway(n C.int) {
-	quietly(func(b *bridge.Bridge) error { b.CapturesUnderway(int(n)); return nil })
+	quietly(func(b *bridge.Bridge) error {
+		return fenced(b, func() error { b.CapturesUnderway(int(n)); return nil })
+	})
 }
 
 // arenaplan_last_error returns the last failure of an allocator call (they
@@ -280,7 +305,15 @@ func arenaplan_stats(device C.int, out **C.char) *C.char {
 		if err != nil {
 			return err
 		}
-		js, err := json.Marshal(st)
+		var h, k, m C.uint64_t
+		C.fp_counts(&h, &k, &m)
+		js, err := json.Marshal(struct {
+			bridge.DeviceStats
+			// FastPath counts, for every device, the allocations the C
+			// fast path served (Hits) or passed on to Go while open
+			// (Misses), and the frees it kept (Kept).
+			FastPath struct{ Hits, Kept, Misses uint64 }
+		}{st, struct{ Hits, Kept, Misses uint64 }{uint64(h), uint64(k), uint64(m)}})
 		if err == nil {
 			*out = C.CString(string(js))
 		}
@@ -288,7 +321,8 @@ func arenaplan_stats(device C.int, out **C.char) *C.char {
 	})
 }
 
-// bridgeCall runs f on the bridge and returns its error as a C string.
+// bridgeCall runs f on the bridge, fenced, and returns its error as a C
+// string.
 func bridgeCall(f func(*bridge.Bridge) error) (e *C.char) {
 	var err error
 	defer func() { guard(&err); e = cerr(err) }()
@@ -296,8 +330,36 @@ func bridgeCall(f func(*bridge.Bridge) error) (e *C.char) {
 	if err != nil {
 		return
 	}
-	err = f(b)
+	err = fenced(b, func() error { return f(b) })
 	return
+}
+
+// fpMu orders the control calls' fences.
+var fpMu sync.Mutex
+
+// fenced runs a control call with the C fast path (fastpath.c) shut and
+// the blocks it kept given back to the bridge, then opens it again if the
+// bridge allows it (bridge.Bridge.FastPathAllowed).
+func fenced(b *bridge.Bridge, f func() error) error {
+	fpMu.Lock()
+	defer fpMu.Unlock()
+	C.fp_set(0)
+	var errs []error
+	var buf [256]C.fp_entry
+	for {
+		n := int(C.fp_take(&buf[0], C.int(len(buf))))
+		for _, e := range buf[:n] {
+			errs = append(errs, b.Free(cuda.DevicePtr(e.ptr), int(e.device)))
+		}
+		if n < len(buf) {
+			break
+		}
+	}
+	errs = append(errs, f())
+	if b.FastPathAllowed() {
+		C.fp_set(1)
+	}
+	return errors.Join(errs...)
 }
 
 // family runs f on family id.

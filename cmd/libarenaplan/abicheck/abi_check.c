@@ -114,6 +114,20 @@ static void *work(void *arg) {
   return NULL;
 }
 
+// fastpath_counts reads the fast path's counters from arenaplan_stats.
+static void fastpath_counts(char *(*stats)(int, char **), unsigned long long *h, unsigned long long *k,
+                            unsigned long long *m) {
+  char *js = NULL, *e = stats(0, &js);
+  *h = *k = *m = ~0ull;
+  if (e) {
+    ap_free_string(e);
+    return;
+  }
+  char *f = js ? strstr(js, "\"FastPath\"") : NULL;
+  if (f) sscanf(f, "\"FastPath\":{\"Hits\":%llu,\"Kept\":%llu,\"Misses\":%llu", h, k, m);
+  if (js) ap_free_string(js);
+}
+
 static double now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -199,6 +213,14 @@ int main(int argc, char **argv) {
     return 0;
   }
 
+  // What arenaplan.torch does at install: it reports PyTorch's capture
+  // count, which opens the C fast path (no capture, no step, no region):
+  // every check below runs with it open.
+  void (*captures)(int) = (void (*)(int))sym(lib, "arenaplan_captures_underway");
+  void (*record_stream)(void *, void *) = (void (*)(void *, void *))sym(lib, "arenaplan_torch_record_stream");
+  char *(*stats)(int, char **) = (char *(*)(int, char **))sym(lib, "arenaplan_stats");
+  captures(0);
+
   // Plain allocations: distinct, 256-byte aligned, NULL on failure with a reason.
   void *a = ap_alloc(1000, 0, NULL), *b = ap_alloc(1000, 0, NULL);
   CHECK(a && b && a != b, "two live allocations: %p %p", a, b);
@@ -225,6 +247,9 @@ int main(int argc, char **argv) {
   void *stream = (void *)(uintptr_t)0x77;
   int id = -1;
   void *rec[STEP_ALLOCS], *run1[STEP_ALLOCS], *run2[STEP_ALLOCS];
+  // Blocks of the step's sizes kept by the fast path on its stream: a step
+  // must see every allocation all the same.
+  for (int i = 0; i < 3; i++) ap_free(ap_alloc(65536, 0, stream), 65536, 0, stream);
   if (ok(step_new(0, "abi", &id), "step_new") && ok(step_record(id, stream), "record")) {
     void *o = step_run(stream, rec);
     ok(step_end(id, 0), "end recording");
@@ -240,7 +265,11 @@ int main(int argc, char **argv) {
     CHECK(same, "two served runs got different addresses");
     char *js = NULL;
     ok(step_report(id, &js), "report");
-    CHECK(js && strstr(js, "\"divergences\":0") && strstr(js, "\"runs\":2"), "report: %s", js ? js : "(none)");
+    // Every allocation of both runs came from the plan: none was taken by
+    // the fast path (it is shut while a step runs).
+    CHECK(js && strstr(js, "\"divergences\":0") && strstr(js, "\"runs\":2") && strstr(js, "\"served\":42") &&
+              strstr(js, "\"buffers\":21"),
+          "report: %s", js ? js : "(none)");
     if (same && js) printf("ok   step served twice at the same addresses: %s\n", js);
     if (js) ap_free_string(js);
     ok(step_close(id), "close");
@@ -248,6 +277,36 @@ int main(int argc, char **argv) {
   char *e = step_serve(9999, stream, 0);
   CHECK(e && strstr(e, "no step 9999"), "serve of an unknown step: %s", e ? e : "(no error)");
   if (e) printf("ok   unknown step refused: %s\n", e), ap_free_string(e);
+
+  // The fast path: a freed block is kept in C and handed out again for the
+  // same size and stream, never for another stream, never after
+  // record_stream.
+  {
+    unsigned long long h0, k0, m0, h1, k1, m1;
+    void *s1 = (void *)(uintptr_t)0x501, *s2 = (void *)(uintptr_t)0x502;
+    fastpath_counts(stats, &h0, &k0, &m0);
+    void *p = ap_alloc(20480, 0, s1);
+    ap_free(p, 20480, 0, s1);
+    void *q = ap_alloc(20480, 0, s1);
+    void *r = ap_alloc(20480, 0, s2);
+    fastpath_counts(stats, &h1, &k1, &m1);
+    CHECK(q == p && h1 == h0 + 1 && k1 == k0 + 1, "fast path: freed %p, got %p back; hits %llu->%llu, kept %llu->%llu", p, q, h0, h1,
+          k0, k1);
+    CHECK(r != p && r != NULL, "fast path: another stream got %p (the kept block is %p)", r, p);
+    ap_free(q, 20480, 0, s1);
+    ap_free(r, 20480, 0, s2);
+    void *x = ap_alloc(36864, 0, s1);
+    record_stream(x, s2);
+    fastpath_counts(stats, &h0, &k0, &m0);
+    ap_free(x, 36864, 0, s1);
+    fastpath_counts(stats, &h1, &k1, &m1);
+    CHECK(k1 == k0, "fast path kept a block used on another stream (kept %llu->%llu)", k0, k1);
+    // A control call takes the kept blocks back: Go's in-use count drops.
+    char *js = NULL;
+    ok(stats(0, &js), "stats");
+    CHECK(js && strstr(js, "\"Kept\""), "stats: %s", js ? js : "(none)");
+    if (js) printf("ok   fast path: %s\n", strstr(js, "\"FastPath\"")), ap_free_string(js);
+  }
 
   // Concurrent callers.
   pthread_t th[4];
@@ -264,7 +323,10 @@ int main(int argc, char **argv) {
   CHECK(errs == 0, "%d failed allocations from 4 threads", errs);
   if (!errs) printf("ok   4 threads x 20000 alloc/free\n");
 
-  bench(4096, NULL, "the legacy stream (simulated device)");
+  bench(4096, NULL, "the legacy stream, fast path open (simulated device)");
+  captures(1); // shut: a capture underway as the host counts it
+  bench(4096, NULL, "the legacy stream, fast path shut (simulated device)");
+  captures(0);
   if (failures) {
     printf("%d checks failed\n", failures);
     return 1;
