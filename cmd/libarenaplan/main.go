@@ -17,6 +17,7 @@
 // into Go, while no capture, step or region could want it; everything
 // else goes to the Go exports arenaplan_go_*. Every control function
 // shuts that path and gives the kept blocks back first (fenced).
+// ARENAPLAN_FASTPATH=0 keeps it shut.
 //
 // The control functions return NULL on success or an error message that
 // the caller frees with arenaplan_free_string. No Go panic crosses the C
@@ -64,6 +65,7 @@ func get() (*bridge.Bridge, error) {
 			return
 		}
 		lib = bridge.New(cfg)
+		noFast = cgetenv("ARENAPLAN_FASTPATH") == "0"
 	})
 	return lib, libErr
 }
@@ -334,8 +336,10 @@ func bridgeCall(f func(*bridge.Bridge) error) (e *C.char) {
 	return
 }
 
-// fpMu orders the control calls' fences.
-var fpMu sync.Mutex
+var (
+	fpMu   sync.Mutex // orders the control calls' fences
+	noFast bool       // ARENAPLAN_FASTPATH=0: the C fast path stays shut
+)
 
 // fenced runs a control call with the C fast path (fastpath.c) shut and
 // the blocks it kept given back to the bridge, then opens it again if the
@@ -356,7 +360,7 @@ func fenced(b *bridge.Bridge, f func() error) error {
 		}
 	}
 	errs = append(errs, f())
-	if b.FastPathAllowed() {
+	if !noFast && b.FastPathAllowed() {
 		C.fp_set(1)
 	}
 	return errors.Join(errs...)
