@@ -84,11 +84,14 @@ static int live_del(uintptr_t p, live_entry *out) {
 	return 1;
 }
 
-// bins: kept blocks by (size, stream, device), a few each. A bin keeps its
-// key until fp_take empties them all.
+// bins: kept blocks by (size, stream, device), a few each, found within
+// BIN_PROBES slots of their home (so a call costs a bounded scan however
+// many sizes a program uses). An empty bin may take another key; fp_take
+// forgets every key.
 #define BIN_BITS 9
 #define BIN_N (1u << BIN_BITS)
 #define BIN_DEPTH 8
+#define BIN_PROBES 16
 typedef struct {
 	int used;
 	size_t size;
@@ -105,24 +108,25 @@ static unsigned bin_home(size_t size, void *stream, int device) {
 	return (unsigned)(h >> (64 - BIN_BITS));
 }
 
-// bin_find returns the bin of a key, or, when make is set and the key has
-// none, a new one; NULL if there is none (or no room).
+// bin_find returns the bin holding blocks of a key; with make, else a bin
+// for it (the key's own, or an empty one); NULL if none is near.
 static bin *bin_find(size_t size, void *stream, int device, int make) {
 	unsigned i = bin_home(size, stream, device);
-	for (unsigned probes = 0; probes < BIN_N; probes++, i = (i + 1) & (BIN_N - 1)) {
+	bin *spare = NULL;
+	for (unsigned probe = 0; probe < BIN_PROBES; probe++, i = (i + 1) & (BIN_N - 1)) {
 		bin *b = &bins[i];
-		if (!b->used) {
-			if (!make) {
-				return NULL;
-			}
-			b->used = 1, b->size = size, b->stream = stream, b->device = device, b->n = 0;
+		if (b->used && b->size == size && b->stream == stream && b->device == device && (b->n > 0 || make)) {
 			return b;
 		}
-		if (b->size == size && b->stream == stream && b->device == device) {
-			return b;
+		if (spare == NULL && (!b->used || b->n == 0)) {
+			spare = b;
 		}
 	}
-	return NULL;
+	if (!make || spare == NULL) {
+		return NULL;
+	}
+	spare->used = 1, spare->size = size, spare->stream = stream, spare->device = device, spare->n = 0;
+	return spare;
 }
 
 void *arenaplan_torch_alloc(size_t size, int device, void *stream) {
