@@ -41,6 +41,19 @@
 // of the step are its outputs: they keep their addresses, and the next run
 // of the step (a graph replay) overwrites them.
 //
+// A plan recorded from one run and served to a run that allocates
+// differently (an eager warm-up, then a capture whose code asks whether it
+// is being captured) diverges; Replan plans that served run instead, keeping
+// any of the old plan's buffers still live where they are (orphans: their
+// frees are bookkeeping) and, when the new plan needs more room, a new
+// arena while the old one retires until its last orphan is freed. An arena
+// is never closed while a capture is underway (closing synchronizes the
+// device): it closes when the captures end.
+//
+// The C library may keep freed blocks of the spill's default pool and hand
+// them out again itself (AllocCacheable) while FastPathAllowed: no capture
+// underway as the host counts them, no step running, no region open.
+//
 // A buffer that record_stream marks as used on another stream keeps its
 // range to the end of the step: in the recorded trace its lifetime is
 // extended to the step's end, and while serving its range stays taken
