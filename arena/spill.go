@@ -381,47 +381,56 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 func (s *Spill) AllocDefault(size uint64, st cuda.Stream) (cuda.DevicePtr, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, err := s.alloc(nil, size, st)
+	b, err := s.allocBlock(nil, size, st)
 	if err != nil {
 		return 0, false, err
 	}
-	return p, s.live[p].seg.pool == s.def, nil
+	return cuda.DevicePtr(b.addr), b.seg.pool == s.def, nil
 }
 
 // alloc serves Alloc (in == nil: the default pool or the capture's) and
 // AllocIn (a region pool); s.mu is held.
 func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
+	b, err := s.allocBlock(in, size, st)
+	if err != nil {
+		return 0, err
+	}
+	return cuda.DevicePtr(b.addr), nil
+}
+
+// allocBlock is alloc, returning the block; s.mu is held.
+func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream) (*block, error) {
 	if s.closed {
-		return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, ErrClosed)
+		return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, ErrClosed)
 	}
 	if st == nil {
-		return 0, fmt.Errorf("arena: Spill.Alloc(%d): nil stream", size)
+		return nil, fmt.Errorf("arena: Spill.Alloc(%d): nil stream", size)
 	}
 	if size == 0 || size > s.cfg.addressSpace {
-		return 0, fmt.Errorf("arena: Spill.Alloc(%d): size must be in [1, %d] (the address space)", size, s.cfg.addressSpace)
+		return nil, fmt.Errorf("arena: Spill.Alloc(%d): size must be in [1, %d] (the address space)", size, s.cfg.addressSpace)
 	}
 	if len(s.captures) == 0 {
 		// Event queries are among the calls a global-mode capture forbids.
 		if err := s.processPending(); err != nil {
-			return 0, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+			return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
 		}
 	}
 	pool := in
 	if pool == nil {
 		var err error
 		if pool, err = s.routePool(size, st); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	if pool.paused {
-		return 0, fmt.Errorf("arena: Spill.Alloc(%d) in %s: %w", size, pool, ErrPaused)
+		return nil, fmt.Errorf("arena: Spill.Alloc(%d) in %s: %w", size, pool, ErrPaused)
 	}
 	rsize := roundUp(size, MinBlock)
 	b := s.bestFit(pool, st, rsize)
 	if b == nil {
 		var err error
 		if b, err = s.grow(pool, st, rsize); err != nil {
-			return 0, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, err)
+			return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, err)
 		}
 	}
 	s.split(b, rsize)
@@ -432,7 +441,7 @@ func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, er
 	s.st.Live++
 	s.st.Allocs++
 	s.st.PeakInUse = max(s.st.PeakInUse, s.st.InUse)
-	return cuda.DevicePtr(b.addr), nil
+	return b, nil
 }
 
 // routePool picks the pool for an Alloc on st: the default one, or the

@@ -170,6 +170,19 @@ def timed(torch, fn, iters, blocks=5):
     return best
 
 
+def warm_stream(torch, step, n=3):
+    """A new stream with n runs of step on it (lazy state, cuBLAS
+    workspaces), ordered after the current stream and finished."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(n):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return s
+
+
 def snapshot(torch, state):
     m, opt = state
     ps = [p.detach().clone() for p in m.parameters()]
@@ -216,13 +229,7 @@ def main():
     step, state = build(args.model, torch, dev)
     r = {"model": args.model, "mode": args.mode, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__}
     # Warm up on a side stream (lazy state, cuBLAS workspaces), as the docs ask.
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    s = warm_stream(torch, step)
     r["eager_us"] = timed(torch, step, iters, blocks=10)
     if args.eager_only:
         r["mode"] = args.mode + "-eager"

@@ -51,13 +51,7 @@ def main():
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     step, _ = tb.build(args.model, torch, dev)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    s = tb.warm_stream(torch, step)
     r = {"model": args.model, "mode": args.mode, "planned": args.planned, "tag": args.tag,
          "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
          "spill_plain": os.environ.get("ARENAPLAN_SPILL_PLAIN", "")}
@@ -137,13 +131,7 @@ def main():
         print(json.dumps(r), flush=True)
         return
     if args.new_stream:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
+        s = tb.warm_stream(torch, step)
     ga = plain(s)
     runs["plain"] = measure(ga.replay)
     if args.planned:

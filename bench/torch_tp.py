@@ -41,6 +41,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from torch_bridge import timed, warm_stream  # noqa: E402
 
 
 def build(torch, F, dist, a, rank, world, dev):
@@ -106,21 +109,6 @@ def build(torch, F, dist, a, rank, world, dev):
                 x = x + d
             return F.linear(F.rms_norm(x, (W,), nf), head)
     return step, emb
-
-
-def timed(torch, fn, iters, blocks):
-    """Mean µs per call over the fastest of `blocks` blocks of `iters`
-    calls (CUDA events)."""
-    best = float("inf")
-    for _ in range(blocks):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        best = min(best, s.elapsed_time(e) * 1000 / iters)
-    return best
 
 
 def short(name):
@@ -298,13 +286,7 @@ def main():
              nccl=".".join(map(str, v)) if isinstance(v, tuple) else str(v))
     step, weights = build(torch, F, dist, a, rank, world, dev)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    s = warm_stream(torch, step)
     r["eager_us"] = timed(torch, step, max(a.iters // 5, 5), a.blocks)
 
     graph = None

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/arenaplan/arenaplan/arena"
-	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
@@ -240,15 +239,7 @@ func (f *Family) install(ms []planner.Member, fp *planner.FamilyPlan, from strin
 	}
 	for i, s := range f.members {
 		mp := fp.Members[i].Plan
-		t := ms[i].Trace
-		addrs := make([]cuda.DevicePtr, len(t.Buffers))
-		need := make([]uint64, len(t.Buffers))
-		for j := range t.Buffers {
-			addrs[j] = base.Add(uint64(mp.Offsets[j]))
-			n, _ := planner.Need(&t.Buffers[j], mp.Align)
-			need[j] = uint64(n)
-		}
-		s.setPlan(t, mp, from, a, addrs, need)
+		s.setPlan(ms[i].Trace, mp, from, a, offsetAddrs(base, mp))
 	}
 	f.plan, f.ar, f.loaded = fp, a, from
 	return nil
@@ -299,7 +290,7 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 	if err := s.dropCaptures(); err != nil {
 		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
 	}
-	s.replace(t, p, f.ar, base, nil)
+	s.replace(t, p, f.ar, offsetAddrs(base, p), nil)
 	f.plan = &fp
 	return nil
 }

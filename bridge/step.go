@@ -478,7 +478,7 @@ func (s *Step) Replan(budget time.Duration) error {
 			if err != nil {
 				return err
 			}
-			s.replace(t, p, s.ar, p0-cuda.DevicePtr(off), nil)
+			s.replace(t, p, s.ar, offsetAddrs(p0-cuda.DevicePtr(off), p), nil)
 			return nil
 		}
 		a, err := arena.New(d.dev, t, p)
@@ -486,14 +486,14 @@ func (s *Step) Replan(budget time.Duration) error {
 			return fmt.Errorf("bridge: step %d (%s): replan: arena of %s (%d of its buffers still live in the old one of %s): %w",
 				s.id, s.name, fmtBytes(uint64(p.Arena)), s.live.Len(), fmtBytes(uint64(s.ar.Size())), err)
 		}
-		p0, err := a.Ptr(0)
+		addrs, err := arenaAddrs(a, len(t.Buffers))
 		if err != nil {
 			a.Close()
 			return err
 		}
 		old := &retired{ar: s.ar, live: s.live.Len()}
 		s.retired = append(s.retired, old)
-		s.replace(t, p, a, p0-cuda.DevicePtr(p.Offsets[0]), old)
+		s.replace(t, p, a, addrs, old)
 		return nil
 	}
 	errs := []error{s.dropCaptures()}
@@ -511,12 +511,12 @@ func (s *Step) Replan(budget time.Duration) error {
 	return s.install(t, p, "")
 }
 
-// replace gives the step plan p of trace t in arena a, whose offset 0 is
-// at base; d.mu is held. Buffers of the old plan still live become
+// replace gives the step plan p of trace t in arena a at addrs; d.mu is
+// held. Buffers of the old plan still live become
 // orphans: their frees are bookkeeping. In the same arena (old is nil)
 // their ranges stay taken until they are freed; in a retired arena (old)
 // that arena closes once the last of them is freed.
-func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, base cuda.DevicePtr, old *retired) {
+func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, addrs []cuda.DevicePtr, old *retired) {
 	d := s.d
 	for k, live := range s.isLive {
 		if live {
@@ -527,14 +527,7 @@ func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, base 
 	if old != nil {
 		spans = nil // the new arena is clear of them
 	}
-	addrs := make([]cuda.DevicePtr, len(t.Buffers))
-	need := make([]uint64, len(t.Buffers))
-	for j := range t.Buffers {
-		addrs[j] = base.Add(uint64(p.Offsets[j]))
-		n, _ := planner.Need(&t.Buffers[j], p.Align)
-		need[j] = uint64(n)
-	}
-	s.setPlan(t, p, "", a, addrs, need)
+	s.setPlan(t, p, "", a, addrs)
 	if spans != nil {
 		s.live = spans
 	}
@@ -658,24 +651,46 @@ func (s *Step) install(t *lifetime.Trace, p *planner.Plan, from string) error {
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): arena of %s for %d buffers: %w", s.id, s.name, fmtBytes(uint64(p.Arena)), len(t.Buffers), err)
 	}
-	addrs := make([]cuda.DevicePtr, len(t.Buffers))
-	need := make([]uint64, len(t.Buffers))
-	for i := range t.Buffers {
-		if addrs[i], err = a.Ptr(lifetime.ID(i)); err != nil {
-			a.Close()
-			return err
-		}
-		n, _ := planner.Need(&t.Buffers[i], p.Align)
-		need[i] = uint64(n)
+	addrs, err := arenaAddrs(a, len(t.Buffers))
+	if err != nil {
+		a.Close()
+		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s.setPlan(t, p, from, a, addrs, need)
+	s.setPlan(t, p, from, a, addrs)
 	return nil
 }
 
+// arenaAddrs returns the addresses of the n buffers of arena a.
+func arenaAddrs(a *arena.Arena, n int) ([]cuda.DevicePtr, error) {
+	addrs := make([]cuda.DevicePtr, n)
+	for i := range addrs {
+		var err error
+		if addrs[i], err = a.Ptr(lifetime.ID(i)); err != nil {
+			return nil, err
+		}
+	}
+	return addrs, nil
+}
+
+// offsetAddrs returns the addresses of p's buffers in an arena whose
+// offset 0 is at base.
+func offsetAddrs(base cuda.DevicePtr, p *planner.Plan) []cuda.DevicePtr {
+	addrs := make([]cuda.DevicePtr, len(p.Offsets))
+	for j, off := range p.Offsets {
+		addrs[j] = base.Add(uint64(off))
+	}
+	return addrs
+}
+
 // setPlan gives the step its plan and addresses; d.mu is held.
-func (s *Step) setPlan(t *lifetime.Trace, p *planner.Plan, from string, a *arena.Arena, addrs []cuda.DevicePtr, need []uint64) {
+func (s *Step) setPlan(t *lifetime.Trace, p *planner.Plan, from string, a *arena.Arena, addrs []cuda.DevicePtr) {
+	need := make([]uint64, len(t.Buffers))
+	for i := range t.Buffers {
+		n, _ := planner.Need(&t.Buffers[i], p.Align)
+		need[i] = uint64(n)
+	}
 	s.trace, s.plan, s.loaded, s.ar, s.addrs, s.need = t, p, from, a, addrs, need
 	s.live = btree.NewG[span](16, lessSpan)
 	s.isLive = make([]bool, len(t.Buffers))

@@ -241,6 +241,7 @@ def _serve_capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch
     thrown away, its own allocations planned, and the step captured again.
     Returns (graph, outputs, captures made)."""
     serve = lambda: lib.step_serve(sid, stream.cuda_stream, strict)  # noqa: E731
+    _capture_parts.clear()  # this step's served captures only
     g = torch.cuda.CUDAGraph()
     out = _capture(lib, sid, fn, stream, g, serve)
     if replan_budget is None or lib.step_report(sid)["last_run_divergences"] == 0:
@@ -294,7 +295,7 @@ def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.
     return out
 
 
-_capture_parts: list = []
+_capture_parts: list = []  # [entry, step, end] ms of the served captures of the last _serve_capture
 
 
 def _recording_graph() -> "torch.cuda.CUDAGraph":
@@ -554,7 +555,6 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
         parts = {}
         for key, fn in fns.items():
             t = time.perf_counter()
-            _capture_parts.clear()
             g, out, n = _serve_capture(lib, sids[key], fn, stream, strict, budget if eager_rec else None)
             # The next member's buffers overlap this one's outputs by design:
             # keep them as tensors that do not own their memory (vLLM's weak

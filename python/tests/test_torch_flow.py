@@ -190,11 +190,12 @@ class GraphFlowTest(unittest.TestCase):
         def bad():
             LIB.alloc(4096, 0, _state.stream.cuda_stream)
             raise ValueError("model bug")
+        st = _Stream()
         with self.assertRaises(ValueError):
-            ap.graph(bad, warmup=1)
-        # The stream of that step is free again: another step records on
-        # a new stream and the process goes on.
-        g = ap.graph(model(), warmup=1)
+            ap.graph(bad, warmup=1, stream=st)
+        # The failed run was ended: its stream is free for another step (a
+        # stream still taken by a step refuses the next one).
+        g = ap.graph(model(), warmup=1, stream=st)
         g.close()
 
 
