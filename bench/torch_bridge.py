@@ -13,6 +13,7 @@ whether the replay equals an eager step bit for bit, and divergences.
 Models have random weights; nothing is downloaded.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -21,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-MODELS = ["gpt2-decode-b1", "gpt2-decode-b8", "llama-decode", "bert", "resnet50", "gpt2-train"]
+MODELS = ["gpt2-decode-b1", "gpt2-decode-b8", "llama-decode", "bert", "resnet50", "gpt2-train", "bert-eager"]
 
 
 def build(name, torch, dev):
@@ -50,9 +51,11 @@ def build(name, torch, dev):
             with torch.no_grad():
                 return m(tok, pos)
         return step, None
-    if name == "bert":
+    if name.startswith("bert"):
         from transformers import BertConfig, BertModel
-        m = BertModel(BertConfig()).to(dev).eval()
+        # bert-eager: transformers' plain attention instead of SDPA.
+        c = BertConfig(attn_implementation="eager" if name == "bert-eager" else "sdpa")
+        m = BertModel(c).to(dev).eval()
         ids = torch.randint(0, 30522, (32, 128), device=dev)
 
         def step():
@@ -187,18 +190,26 @@ def snapshot(torch, state):
     m, opt = state
     ps = [p.detach().clone() for p in m.parameters()]
     os_ = [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state[p].items()} for p in m.parameters()]
-    return ps, os_
+    # Dropout draws from the CUDA generator: a step repeats only from the
+    # same generator state (a replay reads it too).
+    return ps, os_, torch.cuda.get_rng_state()
 
 
 def restore(torch, state, snap):
     m, opt = state
-    ps, os_ = snap
+    ps, os_, rng = snap
+    torch.cuda.set_rng_state(rng)
     with torch.no_grad():
         for p, s, o in zip(m.parameters(), ps, os_):
             p.copy_(s)
             for k, v in o.items():
                 if torch.is_tensor(v):
                     opt.state[p][k].copy_(v)
+
+
+def sha(torch, t):
+    b = t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return hashlib.sha256(b).hexdigest()[:16]
 
 
 def same(torch, a, b):
@@ -218,22 +229,29 @@ def main():
                      help="ours: capture on a new stream (ap.graph's default) instead of PyTorch's run's")
     ap_.add_argument("--record", default="auto", choices=["auto", "eager", "capture"],
                      help="ours: how ap.graph records the step (see arenaplan.torch.graph)")
+    ap_.add_argument("--deterministic", action="store_true",
+                     help="PyTorch's deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8)")
     args = ap_.parse_args()
     iters = 3 if args.quick else args.iters
     if args.mode == "ours":
         import arenaplan.torch as ap
         ap.install()
     import torch
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     step, state = build(args.model, torch, dev)
-    r = {"model": args.model, "mode": args.mode, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__}
+    r = {"model": args.model, "mode": args.mode, "deterministic": args.deterministic, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__}
     # Warm up on a side stream (lazy state, cuBLAS workspaces), as the docs ask.
     s = warm_stream(torch, step)
     r["eager_us"] = timed(torch, step, iters, blocks=10)
     if args.eager_only:
         r["mode"] = args.mode + "-eager"
         r["eager_us_20_blocks"] = timed(torch, step, iters, blocks=20)
+        if args.mode == "ours":
+            r["fast_path"] = ap.stats().get("FastPath")
         print(json.dumps(r), flush=True)
         return
     snap = snapshot(torch, state) if state else None
@@ -290,6 +308,9 @@ def main():
             same(torch, a, b) for a, b in zip([p.detach() for p in state[0].parameters()][:4], ref_params))
     if not r["replay_equal"]:
         r["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
+    # Fingerprints, to compare replays across processes (same seed, same
+    # weights): ours against PyTorch's own graph.
+    r["replay_sha"], r["eager_sha"] = sha(torch, out), sha(torch, ref)
     r["replay_us"] = timed(torch, replay, iters)
     r["captures_before_replay"] = 1 if args.mode == "torch" else r["captures"]
     if args.mode == "torch" and not args.quick:

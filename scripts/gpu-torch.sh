@@ -28,7 +28,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = models ]; then
 			ours) args=(--mode ours --save-plan /tmp/gpu-torch-plans/$m.plan) ;;
 			ours-plan) args=(--mode ours --plan /tmp/gpu-torch-plans/$m.plan) ;;
 			esac
-			timeout 300 python3 bench/torch_bridge.py "${args[@]}" --model $m >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" ||
+			# DET=1: PyTorch's deterministic kernels, to results-det.jsonl.
+			[ -n "${DET:-}" ] && args+=(--deterministic)
+			timeout 300 python3 bench/torch_bridge.py "${args[@]}" --model $m >>"$OUT/results${DET:+-det}.jsonl" 2>>"$OUT/log.txt" ||
 				echo "FAILED $mode $m ($?)" | tee -a "$OUT/log.txt"
 		done
 	done
@@ -133,9 +135,12 @@ if [ "$WHAT" = all ] || [ "$WHAT" = eager ]; then
 	# process each, EAGER_REPS times, every process on the same cores.
 	for rep in $(seq ${EAGER_REPS:-3}); do
 		for m in ${EAGER_MODELS:-gpt2-decode-b1 llama-decode}; do
-			for mode in torch ours; do
+			# ours-slow: the same with the C fast path off (ARENAPLAN_FASTPATH=0).
+			for mode in ${EAGER_MODES:-torch ours}; do
 				echo "== eager $rep $mode $m" | tee -a "$OUT/log.txt"
-				taskset -c 2-5 timeout 120 python3 bench/torch_bridge.py --mode $mode --model $m --eager-only \
+				env=(); [ $mode = ours-slow ] && env=(ARENAPLAN_FASTPATH=0)
+				env "${env[@]}" taskset -c 2-5 timeout 120 python3 bench/torch_bridge.py --mode ${mode%-slow} --model $m --eager-only \
+					| sed "s/\"mode\": \"ours-eager\"/\"mode\": \"$mode-eager\"/" \
 					>>"$OUT/eager.jsonl" 2>>"$OUT/log.txt" || echo "FAILED eager $mode $m" | tee -a "$OUT/log.txt"
 			done
 		done
@@ -148,11 +153,13 @@ for line in open(sys.argv[1]):
         r = json.loads(line)
         runs.setdefault(r["model"], {}).setdefault(r["mode"], []).append(r["eager_us_20_blocks"])
 for m, d in runs.items():
-    t, o = d.get("torch-eager", []), d.get("ours-eager", [])
-    if t and o:
-        mt, mo = statistics.median(t), statistics.median(o)
-        print(f"{m:15} eager us (fastest of 20 blocks of 50, one process each)  torch {[round(x) for x in t]} median {mt:.0f}"
-              f"  ours {[round(x) for x in o]} median {mo:.0f}  ours/torch {mo/mt:.3f}")
+    t = d.get("torch-eager", [])
+    for name in ("ours-eager", "ours-slow-eager"):
+        o = d.get(name, [])
+        if t and o:
+            mt, mo = statistics.median(t), statistics.median(o)
+            print(f"{m:15} eager us (fastest of 20 blocks of 50, one process each)  torch {[round(x) for x in t]} median {mt:.0f}"
+                  f"  {name[:-6]} {[round(x) for x in o]} median {mo:.0f}  {name[:-6]}/torch {mo/mt:.3f}")
 PY
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = sanitizer ]; then
@@ -161,7 +168,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sanitizer ]; then
 	echo "memcheck rc=$?" | tee -a "$OUT/log.txt"
 	grep -E 'ERROR SUMMARY|LEAK SUMMARY|^\{' "$OUT/sanitizer.txt" | tail -3 | tee -a "$OUT/log.txt"
 fi
-[ -f "$OUT/results.jsonl" ] && python3 - "$OUT/results.jsonl" <<'PY' | tee "$OUT/summary.txt"
+R=$OUT/results${DET:+-det}.jsonl
+[ -f "$R" ] && python3 - "$R" <<'PY' | tee "$OUT/summary${DET:+-det}.txt"
 import json, sys
 rows = {}
 for line in open(sys.argv[1]):
