@@ -391,13 +391,16 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
 // instead of once per weight row; otherwise as linear, the same
 // parameters and the same function. A kernel of its own so that its
 // registers do not raise linear's (fewer resident warps for every linear).
-// At most 128 threads a block, three blocks resident per multiprocessor
-// (measured on an H100, gpt2-decode batch 8 replayed: 967.0 µs a step
-// with this bound, 970.6 with none, 969.0 with four: within noise; the
-// bound keeps the register count from growing past three blocks).
-// -DLINEAR_LN_LB=N builds other variants.
+// At most 128 threads a block, registers bounded for four blocks resident
+// per multiprocessor, launched as at most 4 x 132 blocks (one wave on an
+// H100/H200; workloads.linearLNMaxGrid). Measured on an H100 (session 6,
+// gpt2-decode replayed, µs a step at batch 1 / 8): this bound with 528
+// blocks 421.1 / 871.0; a bound of 2 with 528 blocks 422.2 / 867.4; 3
+// with 396 or 462 blocks 432.8 / 883.7 and 424.6 / 874.8; 3 without a grid
+// cap (576 to 1024 blocks, before) 449.6 / 968.2; 4 with 1056 blocks
+// 448.9 / 966.3. -DLINEAR_LN_LB=N builds other variants.
 #ifndef LINEAR_LN_LB
-#define LINEAR_LN_LB 3
+#define LINEAR_LN_LB 4
 #endif
 __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict__ out, const float *__restrict__ in,
                                            const float *__restrict__ w, const float *__restrict__ bias,

@@ -28,6 +28,26 @@ class BuildWithGo(build_py):
         super().run()
 
 
+cmdclass = {"build_py": BuildWithGo}
+try:
+    from wheel.bdist_wheel import bdist_wheel
+
+    class PlatformWheel(bdist_wheel):
+        """The wheel holds a native library but no Python extension: it is
+        tagged for the platform (linux_x86_64), for any Python 3."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            self.root_is_pure = False
+
+        def get_tag(self):
+            return ("py3", "none", super().get_tag()[2])
+
+    cmdclass["bdist_wheel"] = PlatformWheel
+except ImportError:  # no wheel package: pip installs from the source tree
+    pass
+
+
 setup(
     name="arenaplan",
     version="0.1.0",
@@ -35,6 +55,6 @@ setup(
     packages=["arenaplan"],
     package_data={"arenaplan": ["_lib/libarenaplan.so"]},
     python_requires=">=3.9",
-    cmdclass={"build_py": BuildWithGo},
+    cmdclass=cmdclass,
     zip_safe=False,
 )

@@ -67,7 +67,7 @@ func MLPStagesWith(s Shape, kern Kernels, cuts ...int) ([]*graph.Graph, error) {
 				}
 			}
 			y := b.Tensor(name, graph.F32, role, bb, wd)
-			b.Launch(linearLaunch(p+"linear+gelu", y, x, wt, bias, nil, nil, nil, W, W, B, kernels.ModeGELU))
+			b.Launch(kern.linearLaunch(p+"linear+gelu", y, x, wt, bias, nil, nil, nil, W, W, B, kernels.ModeGELU))
 			x = y
 		}
 		g, err := b.Build()

@@ -104,6 +104,10 @@ type Kernels struct {
 	PTX90 []byte
 	// SpillPTX holds spill-demo's entries.
 	SpillPTX []byte
+	// LinearGrid and LinearLNGrid, when not 0, bound the blocks of a
+	// linear launch without and with a layer norm (development: launch
+	// shapes measured against the defaults).
+	LinearGrid, LinearLNGrid uint32
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.
