@@ -21,7 +21,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = models ]; then
 	[ -n "${SKIP_ABI:-}" ] || .dev/torch/abi_check "$ARENAPLAN_LIB" bench 2>&1 | tee "$OUT/abi-bench.txt"
 	for m in ${MODELS:-gpt2-decode-b1 gpt2-decode-b8 llama-decode bert resnet50 gpt2-train}; do
 		mkdir -p /tmp/gpu-torch-plans
-		for mode in torch ours ours-plan; do
+		for mode in ${MODES:-torch ours ours-plan}; do
 			echo "== $mode $m" | tee -a "$OUT/log.txt"
 			case $mode in
 			torch) args=(--mode torch) ;;
