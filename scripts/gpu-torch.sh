@@ -9,6 +9,9 @@
 # carry .dev/torch to the GPU machine and run
 # scripts/gpu-torch.sh [all|models|family|eager|sanitizer|diag|plain|chunk].
 # Logs and JSON go to $OUT (default /tmp/gpu-torch); a table last.
+# models: MODELS= (bench/torch_bridge.py's names), MODES= (torch ours
+# ours-plan), DET=1 (PyTorch's deterministic kernels, to results-det.jsonl),
+# SKIP_ABI=1 (no abi_check bench).
 set -u
 OUT=${OUT:-/tmp/gpu-torch}
 WHAT=${1:-all}
