@@ -53,7 +53,8 @@ def build(name, torch, dev):
         return step, None
     if name.startswith("bert"):
         from transformers import BertConfig, BertModel
-        # bert-eager: transformers' plain attention instead of SDPA.
+        # bert-eager: transformers' plain attention instead of SDPA (a
+        # diagnostic: it copies from host memory, so it cannot be captured).
         c = BertConfig(attn_implementation="eager" if name == "bert-eager" else "sdpa")
         m = BertModel(c).to(dev).eval()
         ids = torch.randint(0, 30522, (32, 128), device=dev)

@@ -33,7 +33,7 @@ func init() {
 const (
 	linearBlock   = 128  // threads: 4 warps, one output row each
 	linearMaxGrid = 1024 // blocks; warps stride over the rows beyond
-	// linearLNMaxGrid bounds a layer-norm linear's grid: four blocks per
+	// linearLNMaxGrid bounds linear_ln's grid: four blocks per
 	// multiprocessor of an H100/H200 (linear_ln's launch bound), one wave,
 	// so that a block normalises its input rows once for more weight rows
 	// (see kernels.cu; 8.7% faster at batch 8 than 768 to 1024 blocks).
@@ -60,25 +60,21 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		return graph.In(t)
 	}
 	warps := uint32(linearBlock / 32)
-	maxGrid := uint32(linearMaxGrid)
+	// A layer-norm linear normalises its batch rows once per block into
+	// shared memory (linear_ln) when they fit there. (The same kernel at
+	// every batch size: a graph rebound to another batch is updated in
+	// place.)
+	kernel, shared, maxGrid := kernels.Linear, uint32(0), uint32(linearMaxGrid)
 	if k.LinearGrid > 0 {
 		maxGrid = k.LinearGrid
 	}
-	if lnG != nil {
-		maxGrid = linearLNMaxGrid
+	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
+		kernel, shared, maxGrid = kernels.LinearLN, uint32(st), linearLNMaxGrid
 		if k.LinearLNGrid > 0 {
 			maxGrid = k.LinearLNGrid
 		}
 	}
 	grid := min((uint32(outDim)+warps-1)/warps, maxGrid)
-	// A layer-norm linear normalises its batch rows once per block into
-	// shared memory (linear_ln) when they fit there. (The same kernel at
-	// every batch size: a graph rebound to another batch is updated in
-	// place.)
-	kernel, shared := kernels.Linear, uint32(0)
-	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
-		kernel, shared = kernels.LinearLN, uint32(st)
-	}
 	return graph.Launch{
 		Name: name, Kernel: kernel,
 		Grid: launch.D1(grid), Block: launch.D1(linearBlock), Shared: shared,

@@ -34,7 +34,8 @@ func TestGPT2LayerNormLaunches(t *testing.T) {
 					t.Errorf("%s: block %d", op.Name, op.Block.X)
 				}
 				// One wave: at most four blocks for each of an
-				// H100/H200's 132 multiprocessors, one per 4 rows below.
+				// H100/H200's 132 multiprocessors (one block per 4
+				// output rows where that is fewer).
 				if op.Grid.X == 0 || op.Grid.X > 4*132 {
 					t.Errorf("%s: linear_ln grid %d, want 1 to %d blocks", op.Name, op.Grid.X, 4*132)
 				}

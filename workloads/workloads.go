@@ -105,8 +105,8 @@ type Kernels struct {
 	// SpillPTX holds spill-demo's entries.
 	SpillPTX []byte
 	// LinearGrid and LinearLNGrid, when not 0, bound the blocks of a
-	// linear launch without and with a layer norm (development: launch
-	// shapes measured against the defaults).
+	// linear and a linear_ln launch (development: launch shapes measured
+	// against the defaults).
 	LinearGrid, LinearLNGrid uint32
 }
 

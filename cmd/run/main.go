@@ -69,18 +69,16 @@ type config struct {
 	budget   time.Duration
 	jsonOut  bool
 	ptx      string
-	// linearGrid, linearLNGrid: see workloads.Kernels.
-	linearGrid, linearLNGrid uint32
-	profile                  bool
-	sequence                 string
-	noReuse                  bool
-	noPDL                    bool
-	pause                    bool
-	spillPTX                 string
-	stages                   string
-	kernels                  workloads.Kernels // the embedded ones, or --ptx and --spill-ptx
-	shape                    *workloads.ShapeFlags
-	fs                       *pflag.FlagSet
+	profile  bool
+	sequence string
+	noReuse  bool
+	noPDL    bool
+	pause    bool
+	spillPTX string
+	stages   string
+	kernels  workloads.Kernels // the embedded ones, or --ptx and --spill-ptx
+	shape    *workloads.ShapeFlags
+	fs       *pflag.FlagSet
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -100,7 +98,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var c config
+	c := config{kernels: workloads.EmbeddedKernels()}
 	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c.fs = fs
@@ -119,8 +117,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.noReuse, "no-capture-reuse", false, "turn the spillover allocator's capture-time reuse off (for comparison)")
 	fs.BoolVar(&c.pause, "pause", false, "also replay the sequence once more, pausing and resuming the arena twice halfway (weights and KV cache backed up, the rest dropped), and check the outputs; reports the memory returned and the times")
 	fs.BoolVar(&c.noPDL, "no-pdl", false, "launch every kernel plainly, without programmatic dependent launch on compute capability 9.0 and later (for comparison)")
-	fs.Uint32Var(&c.linearGrid, "linear-grid", 0, "at most this many blocks a linear launch without a layer norm (development; 0: the default)")
-	fs.Uint32Var(&c.linearLNGrid, "linear-ln-grid", 0, "at most this many blocks a layer-norm linear launch (development; 0: the default)")
+	fs.Uint32Var(&c.kernels.LinearGrid, "linear-grid", 0, "at most this many blocks a linear launch (development; 0: the default)")
+	fs.Uint32Var(&c.kernels.LinearLNGrid, "linear-ln-grid", 0, "at most this many blocks a linear_ln launch (development; 0: the default)")
 	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
 	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
 	usage := func(w io.Writer) {
@@ -156,8 +154,6 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case c.budget <= 0:
 		return usageError{fmt.Errorf("--budget %v: must be positive", c.budget)}
 	}
-	c.kernels = workloads.EmbeddedKernels()
-	c.kernels.LinearGrid, c.kernels.LinearLNGrid = c.linearGrid, c.linearLNGrid
 	if c.ptx != "" {
 		data, err := readPTX(ctx, "--ptx", c.ptx)
 		if err != nil {
