@@ -80,11 +80,12 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // anything (the planner reuses addresses: its output may be a buffer the
 // predecessor still reads). linear reads only its weights and bias before
 // PDL_WAIT (they are written by host copies before any step) and stores
-// nothing before it; every batch-row chunk goes through PDL_WAIT before its
-// activations. embed and attention have neither instruction; the executor
-// launches only kernels that execute griddepcontrol.wait with the attribute
-// (kernels.PDLEntries), so they wait for their predecessor's completion as
-// usual. launch_dependents at linear's start is always safe: it only lets
+// nothing before it; every thread waits in its first batch-row chunk,
+// before any activation (attention_part and attention_combine: see
+// there). embed and attention have neither instruction; the executor
+// launches only kernels that execute griddepcontrol.wait with the
+// attribute (kernels.PDLEntries), so they wait for their predecessor's
+// completion as usual. launch_dependents at linear's start is always safe: it only lets
 // the next grid be scheduled; that grid's own wait still waits for this
 // whole grid to complete and its memory to be visible (and so, by
 // induction, for every earlier kernel).
@@ -95,6 +96,22 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 #define PDL_LAUNCH_DEPENDENTS()
 #define PDL_WAIT()
 #endif
+
+// PDL_WAIT_IF(c) is griddepcontrol.wait behind a branch on c, which must be
+// true for every thread that goes on to read an earlier kernel's memory.
+// Why the branch: ptxas schedules the wait as early as it can, above the
+// independent loads that precede it in the source within one basic block
+// (SASS, session 7: ACQBULK first, then every weight and cache load of the
+// prologue, so none of them overlapped the predecessor). A branch on a
+// value it cannot fold ends the block, and the prologue's loads stay above
+// the wait (scripts/gpu-floor.sh COMPILE=1 checks it in the SASS).
+// Measured on an H100, gpt2-decode replayed (µs a step, batch 1 / 8): 421 /
+// 871 before, 374 / 816 with linear's and attention_part's waits so placed
+// (bench/results/h100-s7-pin.txt).
+#define PDL_WAIT_IF(c)   \
+    do {                 \
+        if (c) PDL_WAIT(); \
+    } while (0)
 
 
 extern "C" {
@@ -189,7 +206,9 @@ __device__ __forceinline__ void linear_rows(float *__restrict__ out, const float
     const int wb = lane / (WARP / NB); // batch row this lane would write
     float bo = 0.f, rv = 0.f;
     if (o < out_dim && bias != nullptr) bo = __ldg(bias + o);
-    PDL_WAIT(); // weights and bias above; activations (in, resid) below
+    // Weights and bias above; activations (in, resid) below. Every thread
+    // runs chunk 0 first, so one wait covers the kernel.
+    PDL_WAIT_IF(b0 == 0);
     if (o < out_dim && (mode & 2u) && wb < (int)nb) rv = __ldg(resid + (size_t)(b0 + wb) * out_dim + o);
     if (LN) {
         // Statistics: one warp per batch row, one pass of sum and sum of
@@ -661,7 +680,7 @@ __global__ void attention_part(float *__restrict__ part, const float *__restrict
         kr[r] = ok ? __ldg(k4 + (size_t)t * w4) : zero;
         vr[r] = ok ? __ldg(v4 + (size_t)t * w4) : zero;
     }
-    PDL_WAIT(); // qkv below
+    PDL_WAIT_IF(t0 <= t1); // always true (t1 = min(t0 + chunk, n)); qkv below
     const float *q = qkv + (size_t)b * 3 * width + h * hd;
     const float *knew = q + width, *vnew = q + 2 * width;
     const float4 qv = dlive ? __ldcg(reinterpret_cast<const float4 *>(q) + d4) : zero;

@@ -43,6 +43,15 @@ if [ -n "${COMPILE:-}" ]; then
 		nvcc -ptx -arch=compute_90 -O3 -o "$OUT/kernels_90.ptx" kernels/kernels.cu >>"$LOG" 2>&1; then
 		nvcc -cubin -arch=sm_90 -O3 -Xptxas -v -o /tmp/kernels.cubin kernels/kernels.cu >"$OUT/ptxas.txt" 2>&1
 		grep -E "Compiling entry|registers|spill" "$OUT/ptxas.txt" | tee -a "$LOG"
+		# PDL_WAIT_IF's purpose (kernels.cu): a 16-byte load of the
+		# prologue issued before the first griddepcontrol.wait (ACQBULK).
+		for fn in linear linear_ln attention_part; do
+			first=$(cuobjdump -sass -fun "$fn" /tmp/kernels.cubin | grep -oE 'LDG[.A-Z]*128|ACQBULK' | head -1)
+			case $first in
+			LDG*) echo "pdl pin $fn: ok (a 16-byte load before the wait)" ;;
+			*) echo "pdl pin $fn: FAILED (the wait before every 16-byte load)" ;;
+			esac
+		done | tee -a "$LOG"
 		PTX=$OUT/kernels_90.ptx
 	else
 		echo "COMPILE FAILED" | tee -a "$LOG"
