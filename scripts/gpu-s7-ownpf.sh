@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# A record of a session-7 measurement: the macros and prefetch arguments it
+# builds with are no longer in kernels/kernels.cu (they were removed once
+# measured; bench/results/h100-s7-*.txt has the figures).
 # Session 7: each warp of linear/linear_ln asks L2 for its first OWN_PF
 # weight rows whole before the wait (kernels.cu -DOWN_PF=K), against the
 # committed kernels (OWN_PF=0, PDL_WAIT_IF). Carry .dev/run.

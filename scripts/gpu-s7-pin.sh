@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# A record of a session-7 measurement: the macros and prefetch arguments it
+# builds with are no longer in kernels/kernels.cu (they were removed once
+# measured; bench/results/h100-s7-*.txt has the figures).
 # Session 7: where ptxas puts a linear's first weight loads relative to
 # griddepcontrol.wait (ACQBULK in SASS), and what it costs. Variants of
 # kernels/kernels.cu: a (as is: the L2 prefetch loop, null at run time,

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# A record of a session-7 measurement: the macros and prefetch arguments it
+# builds with are no longer in kernels/kernels.cu (they were removed once
+# measured; bench/results/h100-s7-*.txt has the figures).
 # Session 7, second pin probe (see gpu-s7-pin.sh): e (no prefetch code;
 # linear_rows waits under `if (b0 == 0)`), f (e, and attention_part's wait
 # behind a branch too), a and d for reference, against .dev/run-before.

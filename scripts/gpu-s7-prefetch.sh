@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# A record of a session-7 measurement: the macros and prefetch arguments it
+# builds with are no longer in kernels/kernels.cu (they were removed once
+# measured; bench/results/h100-s7-*.txt has the figures).
 # Session 7: each kernel prefetches the next kernel's weights into L2
 # (l2_prefetch), at its start (kernels_90.ptx) or at its end (-DPF_END=1,
 # pfend.ptx), against --no-prefetch (same PTX, null prefetch pointers) and
