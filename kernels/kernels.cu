@@ -185,8 +185,13 @@ __device__ __forceinline__ void load_tile(float4 (&wv)[T], const float4 *__restr
 // from registers. With ST (staged, LN only) the block normalises its nb
 // input rows once into shared memory (xs, nb*in_dim floats) after the
 // statistics, and the tiles read them from there instead of normalising
-// every row again for every weight row.
-template <int NB, bool LN, int T, bool ST = false>
+// every row again for every weight row. With R > 1 a warp takes R adjacent
+// rows at once (rows R*g .. R*g+R-1 for its index g, striding as above):
+// each input vector read serves R weight tiles, the sums of every row in
+// the same order as with R = 1. linear_ln uses R = 2 from 3 batch rows on
+// (H100, gpt2-decode replayed: b8 817 -> 781 µs, b4 588 -> 566; R = 2 for
+// linear's rows was slower, 850 and 618: bench/results/h100-s7-rows.txt).
+template <int NB, bool LN, int T, bool ST = false, int R = 1>
 __device__ __forceinline__ void linear_rows(float *__restrict__ out, const float *__restrict__ in,
                                             const float *__restrict__ w, const float *__restrict__ bias,
                                             const float *__restrict__ resid, const float *__restrict__ ln_g,
@@ -196,20 +201,27 @@ __device__ __forceinline__ void linear_rows(float *__restrict__ out, const float
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
     const uint32_t n4 = in_dim / 4;
     const uint32_t nc = (n4 + T * WARP - 1) / (T * WARP);
-    const uint32_t stride = gridDim.x * nw;
+    const uint32_t stride = gridDim.x * nw * R;
     const float4 *w4 = reinterpret_cast<const float4 *>(w);
-    uint32_t o = blockIdx.x * nw + warp, c = 0;
-    float4 wn[T];
-    load_tile(wn, w4, o, 0, n4, out_dim, lane);
+    uint32_t o = (blockIdx.x * nw + warp) * R, c = 0;
+    float4 wn[R][T];
+#pragma unroll
+    for (int r = 0; r < R; r++) load_tile(wn[r], w4, o + r, 0, n4, out_dim, lane);
     // The epilogue's operands of row o for this lane's batch row (lane
     // j*(32/NB) writes batch row j), loaded up front too.
     const int wb = lane / (WARP / NB); // batch row this lane would write
-    float bo = 0.f, rv = 0.f;
-    if (o < out_dim && bias != nullptr) bo = __ldg(bias + o);
+    float bo[R], rv[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        bo[r] = rv[r] = 0.f;
+        if (o + r < out_dim && bias != nullptr) bo[r] = __ldg(bias + o + r);
+    }
     // Weights and bias above; activations (in, resid) below. Every thread
     // runs chunk 0 first, so one wait covers the kernel.
     PDL_WAIT_IF(b0 == 0);
-    if (o < out_dim && (mode & 2u) && wb < (int)nb) rv = __ldg(resid + (size_t)(b0 + wb) * out_dim + o);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        if (o + r < out_dim && (mode & 2u) && wb < (int)nb) rv[r] = __ldg(resid + (size_t)(b0 + wb) * out_dim + o + r);
     if (LN) {
         // Statistics: one warp per batch row, one pass of sum and sum of
         // squares, reduced in a fixed order.
@@ -264,21 +276,26 @@ __device__ __forceinline__ void linear_rows(float *__restrict__ out, const float
         mean[b] = LN && b < (int)nb ? s_mean[b] : 0.f;
         rstd[b] = LN && b < (int)nb ? s_rstd[b] : 0.f;
     }
-    float acc[NB];
+    float acc[R][NB];
 #pragma unroll
-    for (int b = 0; b < NB; b++) acc[b] = 0.f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
     while (o < out_dim) {
-        float4 wv[T];
+        float4 wv[R][T];
 #pragma unroll
-        for (int u = 0; u < T; u++) wv[u] = wn[u];
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int u = 0; u < T; u++) wv[r][u] = wn[r][u];
         uint32_t o2 = o, c2 = c + 1;
         if (c2 == nc) {
             c2 = 0;
             o2 += stride;
         }
-        load_tile(wn, w4, o2, c2, n4, out_dim, lane);
+#pragma unroll
+        for (int r = 0; r < R; r++) load_tile(wn[r], w4, o2 + r, c2, n4, out_dim, lane);
         const uint32_t ib = c * (T * WARP) + lane;
-        if (NB == 1 && !LN) {
+        if (NB == 1 && !LN && R == 1) {
             // One batch row: four independent chains (x, y, z, w), so that
             // the tile's FMAs are not one dependent chain.
             const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)b0 * in_dim);
@@ -291,12 +308,12 @@ __device__ __forceinline__ void linear_rows(float *__restrict__ out, const float
             float px = 0.f, py = 0.f, pz = 0.f, pw = 0.f;
 #pragma unroll
             for (int u = 0; u < T; u++) {
-                px = fmaf(wv[u].x, xv[u].x, px);
-                py = fmaf(wv[u].y, xv[u].y, py);
-                pz = fmaf(wv[u].z, xv[u].z, pz);
-                pw = fmaf(wv[u].w, xv[u].w, pw);
+                px = fmaf(wv[0][u].x, xv[u].x, px);
+                py = fmaf(wv[0][u].y, xv[u].y, py);
+                pz = fmaf(wv[0][u].z, xv[u].z, pz);
+                pw = fmaf(wv[0][u].w, xv[u].w, pw);
             }
-            acc[0] += (px + py) + (pz + pw);
+            acc[0][0] += (px + py) + (pz + pw);
         } else {
             // Batch rows outer: a row's T input vectors (normalised with the
             // tile's gamma and beta) are loaded together, then used.
@@ -319,43 +336,51 @@ __device__ __forceinline__ void linear_rows(float *__restrict__ out, const float
                         const uint32_t i = ib + u * WARP;
                         xv[u] = i < n4 ? (ST ? x4[i] : __ldg(x4 + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
                     }
-                    float a = acc[b];
 #pragma unroll
                     for (int u = 0; u < T; u++) {
-                        float4 x = xv[u];
                         if (LN && !ST) {
-                            const float m = mean[b], r = rstd[b];
-                            x.x = (x.x - m) * r * gv[u].x + bv[u].x;
-                            x.y = (x.y - m) * r * gv[u].y + bv[u].y;
-                            x.z = (x.z - m) * r * gv[u].z + bv[u].z;
-                            x.w = (x.w - m) * r * gv[u].w + bv[u].w;
+                            const float m = mean[b], rs = rstd[b];
+                            xv[u].x = (xv[u].x - m) * rs * gv[u].x + bv[u].x;
+                            xv[u].y = (xv[u].y - m) * rs * gv[u].y + bv[u].y;
+                            xv[u].z = (xv[u].z - m) * rs * gv[u].z + bv[u].z;
+                            xv[u].w = (xv[u].w - m) * rs * gv[u].w + bv[u].w;
                         }
-                        a = fmaf(wv[u].x, x.x, a);
-                        a = fmaf(wv[u].y, x.y, a);
-                        a = fmaf(wv[u].z, x.z, a);
-                        a = fmaf(wv[u].w, x.w, a);
                     }
-                    acc[b] = a;
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float a = acc[r][b];
+#pragma unroll
+                        for (int u = 0; u < T; u++) {
+                            a = fmaf(wv[r][u].x, xv[u].x, a);
+                            a = fmaf(wv[r][u].y, xv[u].y, a);
+                            a = fmaf(wv[r][u].z, xv[u].z, a);
+                            a = fmaf(wv[r][u].w, xv[u].w, a);
+                        }
+                        acc[r][b] = a;
+                    }
                 }
             }
         }
         if (c2 == 0) {
             // Row o is done: reduce, apply the epilogue, store, and load
             // the next row's epilogue operands.
-            int idx;
-            float y = reduce_scatter<NB>(acc, lane, idx);
-            if (lane % (WARP / NB) == 0 && idx < (int)nb) {
-                y += bo;
-                if (mode & 1u) y = gelu_tanh(y);
-                y += rv; // 0 unless mode bit 1
-                out[(size_t)(b0 + idx) * out_dim + o] = y;
-            }
 #pragma unroll
-            for (int b = 0; b < NB; b++) acc[b] = 0.f;
-            bo = rv = 0.f;
-            if (o2 < out_dim) {
-                if (bias != nullptr) bo = __ldg(bias + o2);
-                if ((mode & 2u) && wb < (int)nb) rv = __ldg(resid + (size_t)(b0 + wb) * out_dim + o2);
+            for (int r = 0; r < R; r++) {
+                int idx;
+                float y = reduce_scatter<NB>(acc[r], lane, idx);
+                if (lane % (WARP / NB) == 0 && idx < (int)nb && o + r < out_dim) {
+                    y += bo[r];
+                    if (mode & 1u) y = gelu_tanh(y);
+                    y += rv[r]; // 0 unless mode bit 1
+                    out[(size_t)(b0 + idx) * out_dim + o + r] = y;
+                }
+#pragma unroll
+                for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+                bo[r] = rv[r] = 0.f;
+                if (o2 + r < out_dim) {
+                    if (bias != nullptr) bo[r] = __ldg(bias + o2 + r);
+                    if ((mode & 2u) && wb < (int)nb) rv[r] = __ldg(resid + (size_t)(b0 + wb) * out_dim + o2 + r);
+                }
             }
         }
         o = o2;
@@ -432,7 +457,7 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
     for (uint32_t b0 = 0; b0 < batch; b0 += MAXB) {
         const uint32_t nb = min((uint32_t)MAXB, batch - b0);
 #define LINEAR_ROWS_ST(NB, T)                                                                          \
-    linear_rows<NB, true, T, true>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, \
+    linear_rows<NB, true, T, true, (NB >= 4 ? 2 : 1)>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, \
                                    s_mean, s_rstd, s_xs)
         if (nb == 1) LINEAR_ROWS_ST(1, 8);
         else if (nb == 2) LINEAR_ROWS_ST(2, 8);
