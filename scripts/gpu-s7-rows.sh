@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# A record of a session-7 measurement: -DR_PLAIN/-DR_LN are no longer in
+# kernels/kernels.cu (linear_ln's R = 2 landed; bench/results/h100-s7-rows.txt).
 # Session 7: linear_rows blocking over R output rows per warp at 3+ batch
 # rows (each activation vector read once for R weight rows), -DR_PLAIN=R for
 # linear, -DR_LN=R for linear_ln; against the committed kernels. Carry .dev/run.
