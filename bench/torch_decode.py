@@ -186,9 +186,8 @@ def main():
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / steps * 1e6
 
-    def capture(step):
-        """Warm up on a side stream (as torch.cuda.graph requires), then
-        capture one step."""
+    def warm_up(step):
+        """Three steps on a side stream, as torch.cuda.graph requires before a capture."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -197,6 +196,10 @@ def main():
                 step()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+
+    def capture(step):
+        """Warm up, then capture one step."""
+        warm_up(step)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = step()
@@ -226,16 +229,9 @@ def main():
 
     eager_us = timed(step)
 
-    # Capture: warm up on a side stream (as torch.cuda.graph requires), empty
-    # the cache so the pool delta is the graph's alone, then capture.
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for s in range(3):
-            feed(s)
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    # Capture: warm up, empty the cache so the pool delta is the graph's
+    # alone, then capture.
+    warm_up(step)
     torch.cuda.empty_cache()
     reserved0, alloc0 = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
     graph = torch.cuda.CUDAGraph()

@@ -93,12 +93,10 @@ func checkDisjoint(t *testing.T, live map[cuda.DevicePtr]uint64) {
 	}
 }
 
-func recordAndPlan(t *testing.T, b *Bridge, p *program) *Step {
+// recordRun records one run of p into s: every allocation and free of the
+// run, ended without a plan.
+func recordRun(t *testing.T, s *Step, p *program) {
 	t.Helper()
-	s, err := b.NewStep(0, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := s.Record(p.stream); err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +105,15 @@ func recordAndPlan(t *testing.T, b *Bridge, p *program) *Step {
 		t.Fatal(err)
 	}
 	p.free(out)
+}
+
+func recordAndPlan(t *testing.T, b *Bridge, p *program) *Step {
+	t.Helper()
+	s, err := b.NewStep(0, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordRun(t, s, p)
 	if err := s.Plan(0); err != nil {
 		t.Fatal(err)
 	}

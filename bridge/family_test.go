@@ -23,14 +23,7 @@ func recordFamily(t *testing.T, b *Bridge, scales []uint64) (*Family, []*program
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Record(p.stream); err != nil {
-			t.Fatal(err)
-		}
-		out := p.run()
-		if err := s.End(false); err != nil {
-			t.Fatal(err)
-		}
-		p.free(out)
+		recordRun(t, s, p)
 		ps = append(ps, p)
 	}
 	return f, ps

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -145,7 +146,7 @@ func TestDevicesAreIndependent(t *testing.T) {
 		got := p1.serve(s1)
 		if run == 0 {
 			first1 = got
-		} else if !equalPtrs(got, first1) {
+		} else if !slices.Equal(got, first1) {
 			t.Fatalf("device 1, run %d: addresses %#x, want %#x", run, got, first1)
 		}
 	}
@@ -185,7 +186,7 @@ func TestDevicesAreIndependent(t *testing.T) {
 	if tags, _ := b.Paused(0); len(tags) != 0 {
 		t.Fatalf("device 0 paused %v by device 1's pause", tags)
 	}
-	if got := p0.serve(s0); !equalPtrs(got, first0) {
+	if got := p0.serve(s0); !slices.Equal(got, first0) {
 		t.Fatalf("device 0 while device 1 is paused: addresses %#x, want %#x", got, first0)
 	}
 	if err := s1.Serve(p1.stream, true); err == nil || !strings.Contains(err.Error(), "paused") {
@@ -194,7 +195,7 @@ func TestDevicesAreIndependent(t *testing.T) {
 	if err := b.Resume(1); err != nil {
 		t.Fatal(err)
 	}
-	if got := p1.serve(s1); !equalPtrs(got, first1) {
+	if got := p1.serve(s1); !slices.Equal(got, first1) {
 		t.Fatalf("device 1 after resume: addresses %#x, want %#x", got, first1)
 	}
 	after := viewOf(t, b, 0)
@@ -218,18 +219,6 @@ func TestDevicesAreIndependent(t *testing.T) {
 	if r := st.Report(); r.Divergences != 0 {
 		t.Fatalf("device 3 from rank 1's plan: %d divergences (%s)", r.Divergences, r.FirstDivergence)
 	}
-}
-
-func equalPtrs(a, b []cuda.DevicePtr) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestRankRefusals: which plan files a rank accepts, and what the refusal

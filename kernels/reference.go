@@ -229,19 +229,7 @@ func attention(mem launch.SimMemory, grid, block launch.Dim3, args []launch.Kern
 	if err != nil {
 		return err
 	}
-	qkv, err := f32s(mem, args[1].AsPtr(), batch*3*width)
-	if err != nil {
-		return err
-	}
-	kc, err := f32s(mem, args[2].AsPtr(), batch*kvLen*width)
-	if err != nil {
-		return err
-	}
-	vc, err := f32s(mem, args[3].AsPtr(), batch*kvLen*width)
-	if err != nil {
-		return err
-	}
-	step, err := u32s(mem, args[4].AsPtr(), 1)
+	qkv, kc, vc, pos, err := attentionInputs(mem, args, batch, width, kvLen)
 	if err != nil {
 		return err
 	}
@@ -260,7 +248,6 @@ func attention(mem launch.SimMemory, grid, block launch.Dim3, args []launch.Kern
 			return fmt.Errorf("attention: counter %d is %d, not 0", i, c)
 		}
 	}
-	pos := min(uint64(step[0]), kvLen-1)
 	p := make([]float64, pos+1)
 	o := make([]float64, hd)
 	for b := uint64(0); b < batch; b++ {
@@ -313,6 +300,26 @@ func attentionShape(name string, width, heads, splits uint64) (uint64, error) {
 	return width / heads, nil
 }
 
+// attentionInputs are the arguments 1 to 4 that attention and
+// attention_part share: qkv, the key and value caches, and the position
+// pos = step[0], clamped to the cache.
+func attentionInputs(mem launch.SimMemory, args []launch.KernelArg, batch, width, kvLen uint64) (qkv, kc, vc []float32, pos uint64, err error) {
+	if qkv, err = f32s(mem, args[1].AsPtr(), batch*3*width); err != nil {
+		return
+	}
+	if kc, err = f32s(mem, args[2].AsPtr(), batch*kvLen*width); err != nil {
+		return
+	}
+	if vc, err = f32s(mem, args[3].AsPtr(), batch*kvLen*width); err != nil {
+		return
+	}
+	step, err := u32s(mem, args[4].AsPtr(), 1)
+	if err != nil {
+		return
+	}
+	return qkv, kc, vc, min(uint64(step[0]), kvLen-1), nil
+}
+
 // attentionPart: write k, v at pos into the caches; per (b, h, split) the
 // chunk's max score m, l = sum exp(score-m) and o = sum exp(score-m)*v.
 func attentionPart(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
@@ -341,23 +348,10 @@ func attentionPart(mem launch.SimMemory, grid, block launch.Dim3, args []launch.
 	if err != nil {
 		return err
 	}
-	qkv, err := f32s(mem, args[1].AsPtr(), batch*3*width)
+	qkv, kc, vc, pos, err := attentionInputs(mem, args, batch, width, kvLen)
 	if err != nil {
 		return err
 	}
-	kc, err := f32s(mem, args[2].AsPtr(), batch*kvLen*width)
-	if err != nil {
-		return err
-	}
-	vc, err := f32s(mem, args[3].AsPtr(), batch*kvLen*width)
-	if err != nil {
-		return err
-	}
-	step, err := u32s(mem, args[4].AsPtr(), 1)
-	if err != nil {
-		return err
-	}
-	pos := min(uint64(step[0]), kvLen-1)
 	n := pos + 1
 	chunk := (n + splits - 1) / splits
 	sc := make([]float64, chunk)

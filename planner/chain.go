@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/arenaplan/arenaplan/lifetime"
@@ -141,23 +142,11 @@ func CheckChain(stages []Stage, links []Link, cp *ChainPlan) error {
 	for v := range want.Values {
 		w, g := &want.Values[v], &cp.Values[v]
 		if g.Joint != w.Joint || g.Offset != w.Offset || g.Size != w.Size || g.Producer != w.Producer ||
-			!equalInts(g.Consumers, w.Consumers) || !equalInts(g.Overwriters, w.Overwriters) {
+			!slices.Equal(g.Consumers, w.Consumers) || !slices.Equal(g.Overwriters, w.Overwriters) {
 			return fmt.Errorf("check chain: value %d (%s) does not match the plan", v, w.Name)
 		}
 	}
 	return nil
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // buildChain validates stages and links and returns a ChainPlan with the

@@ -98,6 +98,9 @@ if [ -n "${CHECK:-}" ]; then
 	ours check-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps 3 --check
 	ours check-small-b3 "$RUN" "${small[@]}" --batch 3 --steps 10 --check
 	ours check-small-b11 "$RUN" "${small[@]}" --batch 11 --steps 4 --check
+	# An odd number of logits rows: linear_ln's last pair of rows a warp
+	# (from 3 batch rows on) has one row.
+	ours check-odd-rows-b11 "$RUN" --workload gpt2-decode --layers 2 --width 260 --heads 5 --kv-len 256 --vocab 1001 --batch 11 --steps 4 --check
 	ours check-mlp "$RUN" --workload mlp --steps 50 --check
 fi
 for rep in $(seq "$REPS"); do
