@@ -389,6 +389,132 @@ __device__ __forceinline__ void linear_rows(float *__restrict__ out, const float
     if (LN) __syncthreads(); // s_mean/s_rstd are rewritten for the next rows
 }
 
+// linear_sk_tile loads lane's part of tile c of float4s [k0, k1) of weight
+// rows o..o+R-1 (zeros past k1 or the last row), all before any is used.
+template <int T, int R>
+__device__ __forceinline__ void linear_sk_tile(float4 (&wv)[R][T], const float4 *__restrict__ w4, uint32_t o,
+                                               uint32_t c, uint32_t k0, uint32_t k1, uint32_t n4,
+                                               uint32_t out_dim, int lane) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const bool row = o + r < out_dim;
+        const float4 *p = w4 + (size_t)(row ? o + r : 0) * n4;
+#pragma unroll
+        for (int u = 0; u < T; u++) {
+            const uint32_t i = k0 + c * (T * WARP) + u * WARP + lane;
+            wv[r][u] = row && i < k1 ? __ldg(p + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+}
+
+// linear_rows_sk computes batch rows b0..b0+nb-1 (nb <= NB) of linear
+// without a layer norm, a block taking R output rows at once (rows
+// blockIdx.x*R .., striding by gridDim.x*R) and its nw warps splitting the
+// rows' inputs: warp w reads float4s [w*n4/nw, (w+1)*n4/nw) of each of the
+// R rows, in tiles of T float4s a lane, the next tile loaded before the
+// current one is used. Each input vector read serves R weight tiles (at 8
+// batch rows, one row a warp read 8 input float4s from L1 for every weight
+// float4). The warps' sums are added in warp order through s_red
+// (nw*R*NB floats); warp 0 applies the epilogue. Fixed order throughout:
+// deterministic.
+template <int NB, int T, int R>
+__device__ __forceinline__ void linear_rows_sk(float *__restrict__ out, const float *__restrict__ in,
+                                               const float *__restrict__ w, const float *__restrict__ bias,
+                                               const float *__restrict__ resid, uint32_t in_dim,
+                                               uint32_t out_dim, uint32_t b0, uint32_t nb, uint32_t mode,
+                                               float *s_red) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const uint32_t n4 = in_dim / 4;
+    const uint32_t k0 = warp * n4 / nw, k1 = (warp + 1) * n4 / nw; // this warp's float4s of a row
+    const uint32_t nc = (k1 - k0 + T * WARP - 1) / (T * WARP);      // its tiles (0 when k0 == k1)
+    const uint32_t stride = gridDim.x * R;
+    const float4 *w4 = reinterpret_cast<const float4 *>(w);
+    uint32_t o = blockIdx.x * R;
+    float4 wn[R][T];
+    if (nc > 0) linear_sk_tile<T, R>(wn, w4, o, 0, k0, k1, n4, out_dim, lane);
+    // Warp 0's lane r*NB+b applies the epilogue of row o+r, batch row b:
+    // its bias (a weight) before the wait, its residual after.
+    const int er = lane / NB, eb = lane % NB;
+    const bool elane = warp == 0 && er < R;
+    float bo = elane && o + er < out_dim && bias != nullptr ? __ldg(bias + o + er) : 0.f;
+    PDL_WAIT_IF(b0 == 0);
+    float rv = elane && o + er < out_dim && (mode & 2u) && eb < (int)nb ? __ldg(resid + (size_t)(b0 + eb) * out_dim + o + er) : 0.f;
+    for (; o < out_dim; o += stride) { // block-uniform
+        float acc[R][NB];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+        for (uint32_t c = 0; c < nc; c++) {
+            float4 wv[R][T];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int u = 0; u < T; u++) wv[r][u] = wn[r][u];
+            // The next tile: of these rows, or the first of the next ones
+            // (zeros past the last row).
+            if (c + 1 < nc) linear_sk_tile<T, R>(wn, w4, o, c + 1, k0, k1, n4, out_dim, lane);
+            else linear_sk_tile<T, R>(wn, w4, o + stride, 0, k0, k1, n4, out_dim, lane);
+            const uint32_t ib = k0 + c * (T * WARP) + lane;
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (b < (int)nb) {
+                    const float4 *x4 = reinterpret_cast<const float4 *>(in + (size_t)(b0 + b) * in_dim);
+                    float4 xv[T];
+#pragma unroll
+                    for (int u = 0; u < T; u++) {
+                        const uint32_t i = ib + u * WARP;
+                        xv[u] = i < k1 ? __ldg(x4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    }
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float a = acc[r][b];
+#pragma unroll
+                        for (int u = 0; u < T; u++) {
+                            a = fmaf(wv[r][u].x, xv[u].x, a);
+                            a = fmaf(wv[r][u].y, xv[u].y, a);
+                            a = fmaf(wv[r][u].z, xv[u].z, a);
+                            a = fmaf(wv[r][u].w, xv[u].w, a);
+                        }
+                        acc[r][b] = a;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int idx;
+            const float y = reduce_scatter<NB>(acc[r], lane, idx);
+            if (lane % (WARP / NB) == 0) s_red[(warp * R + r) * NB + idx] = y;
+        }
+        __syncthreads();
+        if (elane) {
+            float y = 0.f;
+            for (int ww = 0; ww < nw; ww++) y += s_red[(ww * R + er) * NB + eb];
+            if (o + er < out_dim && eb < (int)nb) {
+                y += bo;
+                if (mode & 1u) y = gelu_tanh(y);
+                y += rv; // 0 unless mode bit 1
+                out[(size_t)(b0 + eb) * out_dim + o + er] = y;
+            }
+            const uint32_t on = o + stride;
+            bo = on + er < out_dim && bias != nullptr ? __ldg(bias + on + er) : 0.f;
+            rv = on + er < out_dim && (mode & 2u) && eb < (int)nb ? __ldg(resid + (size_t)(b0 + eb) * out_dim + on + er) : 0.f;
+        }
+        __syncthreads(); // s_red is rewritten for the next rows
+    }
+}
+
+// Rows a block of linear takes at once from 3 batch rows on (R of
+// linear_rows_sk; kernels.LinearSplitKRows), and the float4s a lane reads
+// of each per tile (development: -D builds variants).
+#ifndef LINEAR_SK_R
+#define LINEAR_SK_R 4
+#endif
+#ifndef LINEAR_SK_T
+#define LINEAR_SK_T 2
+#endif
+
 extern "C" {
 
 // linear: out[b][o] = f(sum_i xn[b][i] * w[o][i] + bias[o]) for b < batch,
@@ -398,14 +524,19 @@ extern "C" {
 // (gamma ln_g, beta ln_b, eps): the layer norm is fused into the matmul that
 // consumes it. mode bit 0 applies GELU; bit 1 adds resid[b][o] afterwards
 // (a residual connection). bias may be null. One warp per output row
-// (grid-stride over the rows), any grid; in_dim is a multiple of 4, every
-// pointer 16-byte aligned, the block size a multiple of 32.
+// (grid-stride over the rows), except without a layer norm from 3 batch
+// rows on: one block per LINEAR_SK_R rows, its warps splitting the inputs
+// (linear_rows_sk; H100, gpt2-decode replayed: b4 565 -> 539 µs a step, b8
+// 778 -> 772, bench/results/h100-s8-probes.txt). Any grid; in_dim is a
+// multiple of 4, every pointer 16-byte aligned, the block size a multiple
+// of 32, at most 1024.
 __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
                        const float *__restrict__ w, const float *__restrict__ bias,
                        const float *__restrict__ resid, const float *__restrict__ ln_g,
                        const float *__restrict__ ln_b, uint32_t in_dim, uint32_t out_dim,
                        uint32_t batch, uint32_t mode, float eps) {
     __shared__ float s_mean[MAXB], s_rstd[MAXB];
+    __shared__ float s_red[WARP * LINEAR_SK_R * MAXB];
     PDL_LAUNCH_DEPENDENTS();
     const bool narrow = in_dim <= 2 * 4 * WARP; // a row is at most 2 float4s a lane
     for (uint32_t b0 = 0; b0 < batch; b0 += MAXB) {
@@ -422,8 +553,9 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
             if (nb == 1 && narrow) LINEAR_ROWS(1, false, 2);
             else if (nb == 1) LINEAR_ROWS(1, false, 8);
             else if (nb == 2) LINEAR_ROWS(2, false, 8);
-            else if (nb <= 4) LINEAR_ROWS(4, false, 4);
-            else LINEAR_ROWS(8, false, 4);
+            else if (nb <= 4)
+                linear_rows_sk<4, LINEAR_SK_T, LINEAR_SK_R>(out, in, w, bias, resid, in_dim, out_dim, b0, nb, mode, s_red);
+            else linear_rows_sk<8, LINEAR_SK_T, LINEAR_SK_R>(out, in, w, bias, resid, in_dim, out_dim, b0, nb, mode, s_red);
         }
 #undef LINEAR_ROWS
     }
@@ -653,6 +785,7 @@ __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv
 
 #define APRE 8     // keys (and values) a thread of attention_part loads per round
 #define APART 256  // most threads per attention_part block
+#define CU 8       // partials whose loads attention_combine issues at once
 
 extern "C" {
 
@@ -802,26 +935,44 @@ __global__ void attention_part(float *__restrict__ part, const float *__restrict
 __global__ void attention_combine(float *__restrict__ out, const float *__restrict__ part, uint32_t width,
                                   uint32_t heads, uint32_t splits) {
     PDL_LAUNCH_DEPENDENTS();
-    const uint32_t hd = width / heads, hd4 = hd / 4, h = blockIdx.x, b = blockIdx.y, d4 = threadIdx.x;
+    const uint32_t h = blockIdx.x, b = blockIdx.y, d4 = threadIdx.x;
     PDL_WAIT(); // part below
-    if (d4 >= hd4) return;
-    const uint32_t stride = hd + 4;
+    if (d4 >= width / heads / 4) return;
+    const uint32_t hd = width / heads, stride = hd + 4;
     const float *pb = part + ((size_t)b * heads + h) * splits * stride;
     float M = -INFINITY;
-    for (uint32_t k = 0; k < splits; k++) M = fmaxf(M, __ldcg(pb + (size_t)k * stride));
     float L = 0.f;
     float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (uint32_t k = 0; k < splits; k++) {
-        const float *pk = pb + (size_t)k * stride;
-        const float4 ml = __ldcg(reinterpret_cast<const float4 *>(pk));
-        const float4 o = __ldcg(reinterpret_cast<const float4 *>(pk + 4) + d4);
-        const float wk = ml.x == -INFINITY ? 0.f : __expf(ml.x - M);
-        L = fmaf(wk, ml.y, L);
-        O.x = fmaf(wk, o.x, O.x);
-        O.y = fmaf(wk, o.y, O.y);
-        O.z = fmaf(wk, o.z, O.z);
-        O.w = fmaf(wk, o.w, O.w);
+    // Loads issued CU partials at a time (a chain of round trips to L2 is
+    // this kernel's cost: 357 -> 351 µs a step at batch 1 on an H100 against
+    // one partial at a time); the sums in split order.
+    for (uint32_t k0 = 0; k0 < splits; k0 += 2 * CU) {
+        float mk[2 * CU];
+#pragma unroll
+        for (int u = 0; u < 2 * CU; u++) mk[u] = k0 + u < splits ? __ldcg(pb + (size_t)(k0 + u) * stride) : -INFINITY;
+#pragma unroll
+        for (int u = 0; u < 2 * CU; u++) M = fmaxf(M, mk[u]);
+    }
+    for (uint32_t k0 = 0; k0 < splits; k0 += CU) {
+        float2 ml[CU];
+        float4 o[CU];
+#pragma unroll
+        for (int u = 0; u < CU; u++) {
+            const float *pk = pb + (size_t)min(k0 + u, splits - 1) * stride;
+            ml[u] = __ldcg(reinterpret_cast<const float2 *>(pk));
+            o[u] = __ldcg(reinterpret_cast<const float4 *>(pk + 4) + d4);
+        }
+#pragma unroll
+        for (int u = 0; u < CU; u++) {
+            if (k0 + u < splits) {
+                const float wk = ml[u].x == -INFINITY ? 0.f : __expf(ml[u].x - M);
+                L = fmaf(wk, ml[u].y, L);
+                O.x = fmaf(wk, o[u].x, O.x);
+                O.y = fmaf(wk, o[u].y, O.y);
+                O.z = fmaf(wk, o[u].z, O.z);
+                O.w = fmaf(wk, o[u].w, O.w);
+            }
+        }
     }
     reinterpret_cast<float4 *>(out + (size_t)b * width + h * hd)[d4] = make_float4(O.x / L, O.y / L, O.z / L, O.w / L);
 }

@@ -68,6 +68,24 @@ const MaxAttentionHead = 128
 // MaxAttentionPartBlock is the most threads of an attention_part block.
 const MaxAttentionPartBlock = 256
 
+// AttentionRound is how many cache positions a block of attention_part
+// with the given threads reads in one round for head size hd: each group of
+// lanes (the power of two at least hd/4) reads 8 keys and values (APRE in
+// kernels.cu). The first round is loaded before the kernel waits for its
+// predecessor.
+func AttentionRound(hd, block int) int {
+	lanes := 1
+	for lanes < hd/4 {
+		lanes <<= 1
+	}
+	return max(1, block/lanes) * 8
+}
+
+// LinearSplitKRows is how many output rows a block of linear takes at once
+// from 3 batch rows on (its warps split the rows' inputs; see kernels.cu):
+// a launch wants ceil(out_dim/LinearSplitKRows) blocks.
+const LinearSplitKRows = 4
+
 // Linear's mode bits.
 const (
 	ModeGELU     = 1 // apply GELU (tanh approximation) after the bias

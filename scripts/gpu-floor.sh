@@ -124,8 +124,8 @@ fi
 if [ -n "${CHECK:-}" ]; then
 	san memcheck --workload gpt2-decode --batch 1 --steps 2 --warmup 1
 	san memcheck "${small[@]}" --batch 11 --steps 2 --warmup 1
-	san racecheck "${small[@]}" --batch 2 --steps 2 --warmup 1
-	san synccheck "${small[@]}" --batch 2 --steps 2 --warmup 1
+	san racecheck "${small[@]}" --batch 3 --steps 2 --warmup 1
+	san synccheck "${small[@]}" --batch 3 --steps 2 --warmup 1
 fi
 
 python3 - "$RES" "$RUN" <<'PY' | tee -a "$LOG"

@@ -40,7 +40,7 @@ const (
 	linearLNMaxGrid = 528
 	attentionBlock  = 128
 	// attentionBlocks is the most blocks attention_part aims for by
-	// splitting the cache positions (in chunks of at least 32): four per
+	// splitting the cache positions (in chunks of at least one round): four per
 	// multiprocessor of an H100/H200, as many as are resident at once, so
 	// that no block waits for a second wave.
 	attentionBlocks = 528
@@ -59,7 +59,6 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		}
 		return graph.In(t)
 	}
-	warps := uint32(linearBlock / 32)
 	// A layer-norm linear normalises its batch rows once per block into
 	// shared memory (linear_ln) when they fit there. (The same kernel at
 	// every batch size: a graph rebound to another batch is updated in
@@ -68,13 +67,23 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	if k.LinearGrid > 0 {
 		maxGrid = k.LinearGrid
 	}
+	// Rows a block takes at once: one a warp; from 3 batch rows on, a
+	// plain linear's block takes LinearSplitKRows, its warps splitting
+	// their inputs.
+	rows := uint32(linearBlock / 32)
+	if lnG == nil && min(batch, kernels.MaxBatchRows) >= 3 {
+		rows = kernels.LinearSplitKRows
+		if k.LinearRows > 0 {
+			rows = k.LinearRows
+		}
+	}
 	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
-		kernel, shared, maxGrid = kernels.LinearLN, uint32(st), linearLNMaxGrid
+		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), linearLNMaxGrid, linearBlock/32
 		if k.LinearLNGrid > 0 {
 			maxGrid = k.LinearLNGrid
 		}
 	}
-	grid := min((uint32(outDim)+warps-1)/warps, maxGrid)
+	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)
 	return graph.Launch{
 		Name: name, Kernel: kernel,
 		Grid: launch.D1(grid), Block: launch.D1(linearBlock), Shared: shared,
@@ -150,7 +159,16 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 		Args: []graph.Arg{graph.Out(x), graph.In(wte), graph.In(wpe), graph.In(step), graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(V))), graph.Scalar(launch.U32(uint32(T)))},
 	})
 	projStd := float32(std / math.Sqrt(float64(2*L)))
-	splits := max(1, min(attentionBlocks/(H*B), (T+31)/32))
+	ab := attentionBlocks
+	if k.AttentionBlocks > 0 {
+		ab = k.AttentionBlocks
+	}
+	// As many splits of the cache positions as fit ab blocks, but no chunk
+	// shorter than one round of attention_part (the positions it loads
+	// before it waits): on an H100 at batch 1, 16 splits of 64 positions
+	// replay in 355 µs a step, 32 of 32 in 373 (bench/results/h100-s8-probes.txt).
+	round := kernels.AttentionRound(hd, attentionBlock)
+	splits := max(1, min(ab/(H*B), (T+round-1)/round))
 	combineBlock := uint32((hd/4 + 31) &^ 31)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	for i := 0; i < L; i++ {

@@ -55,3 +55,54 @@ func TestGPT2LayerNormLaunches(t *testing.T) {
 		}
 	}
 }
+
+// gpt2-decode's attention splits the cache positions into as many chunks
+// as fit four blocks a multiprocessor, but none shorter than one round of
+// attention_part (the positions it loads before it waits); a plain linear
+// from 3 batch rows on has a block per kernels.LinearSplitKRows output
+// rows, below that a warp per row.
+func TestGPT2LaunchShapes(t *testing.T) {
+	for _, tc := range []struct {
+		width, heads, kvLen, batch int
+	}{
+		{768, 12, 1024, 1}, {768, 12, 1024, 8}, {768, 12, 64, 1}, {256, 4, 4096, 2}, {128, 1, 8192, 1}, {512, 4, 1, 3},
+	} {
+		s := workloads.Shape{Layers: 1, Width: tc.width, Heads: tc.heads, KVLen: tc.kvLen, Vocab: 50, Batch: tc.batch}
+		g, err := workloads.Build("gpt2-decode", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd := tc.width / tc.heads
+		round := kernels.AttentionRound(hd, 128)
+		for _, op := range g.Ops {
+			switch op.Kernel {
+			case kernels.AttentionPart:
+				splits := int(op.Grid.Z)
+				chunk := (tc.kvLen + splits - 1) / splits
+				switch {
+				case splits < 1 || (splits > 1 && tc.heads*tc.batch*splits > 4*132):
+					t.Errorf("%+v: %d splits of %d heads and %d rows: more than one wave", tc, splits, tc.heads, tc.batch)
+				case splits > 1 && chunk < round:
+					t.Errorf("%+v: %d splits: chunks of %d positions, shorter than a round of %d", tc, splits, chunk, round)
+				case splits < (tc.kvLen+round-1)/round && tc.heads*tc.batch*(splits+1) <= 4*132:
+					t.Errorf("%+v: %d splits where %d fit", tc, splits, splits+1)
+				}
+			case kernels.Linear:
+				rows := 4 // a warp each
+				if tc.batch >= 3 {
+					rows = kernels.LinearSplitKRows
+				}
+				if want := uint32(tc.width+rows-1) / uint32(rows); op.Grid.X != want {
+					t.Errorf("%+v: %s: grid %d, want %d", tc, op.Name, op.Grid.X, want)
+				}
+			}
+		}
+	}
+	// Round: 8 positions for every group of lanes that reads a key (a
+	// float4 a lane, a power of two of them).
+	for _, tc := range []struct{ hd, block, want int }{{64, 128, 64}, {128, 128, 32}, {60, 128, 64}, {4, 128, 1024}, {128, 32, 8}} {
+		if got := kernels.AttentionRound(tc.hd, tc.block); got != tc.want {
+			t.Errorf("AttentionRound(%d, %d) = %d, want %d", tc.hd, tc.block, got, tc.want)
+		}
+	}
+}

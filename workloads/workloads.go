@@ -108,6 +108,13 @@ type Kernels struct {
 	// linear and a linear_ln launch (development: launch shapes measured
 	// against the defaults).
 	LinearGrid, LinearLNGrid uint32
+	// LinearRows, when not 0, sizes a plain linear's grid from 3 batch
+	// rows on for this many rows a block (development: kernels built with
+	// another LINEAR_SK_R).
+	LinearRows uint32
+	// AttentionBlocks, when not 0, is the most blocks attention_part
+	// aims for by splitting the cache positions (development).
+	AttentionBlocks int
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.
