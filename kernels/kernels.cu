@@ -511,6 +511,9 @@ __device__ __forceinline__ void linear_rows_sk(float *__restrict__ out, const fl
 #ifndef LINEAR_SK_R
 #define LINEAR_SK_R 4
 #endif
+#ifndef LINEAR_T1
+#define LINEAR_T1 8
+#endif
 #ifndef LINEAR_SK_T
 #define LINEAR_SK_T 2
 #endif
@@ -551,7 +554,7 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
             else LINEAR_ROWS(8, true, 4);
         } else {
             if (nb == 1 && narrow) LINEAR_ROWS(1, false, 2);
-            else if (nb == 1) LINEAR_ROWS(1, false, 8);
+            else if (nb == 1) LINEAR_ROWS(1, false, LINEAR_T1);
             else if (nb == 2) LINEAR_ROWS(2, false, 8);
             else if (nb <= 4)
                 linear_rows_sk<4, LINEAR_SK_T, LINEAR_SK_R>(out, in, w, bias, resid, in_dim, out_dim, b0, nb, mode, s_red);
@@ -785,7 +788,62 @@ __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv
 
 #define APRE 8     // keys (and values) a thread of attention_part loads per round
 #define APART 256  // most threads per attention_part block
-#define CU 8       // partials whose loads attention_combine issues at once
+
+// combine_partials is attention_combine's body for thread d4 of block (h,
+// b), its loads issued U partials at a time.
+template <int U>
+__device__ __forceinline__ void combine_partials(float *__restrict__ out, const float *__restrict__ part,
+                                                 uint32_t width, uint32_t heads, uint32_t splits) {
+    const uint32_t h = blockIdx.x, b = blockIdx.y, d4 = threadIdx.x;
+    const uint32_t hd = width / heads, stride = hd + 4;
+    const float *pb = part + ((size_t)b * heads + h) * splits * stride;
+    float M = -INFINITY;
+    float L = 0.f;
+    float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+    // The first U partials' loads issued at once, and kept in registers
+    // for both passes (at most U splits: one round trip to L2, this
+    // kernel's cost); more are loaded U at a time. The sums in split order.
+    float2 ml[U];
+    float4 o[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const float *pk = pb + (size_t)min((uint32_t)u, splits - 1) * stride;
+        ml[u] = __ldcg(reinterpret_cast<const float2 *>(pk));
+        o[u] = __ldcg(reinterpret_cast<const float4 *>(pk + 4) + d4);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) M = fmaxf(M, ml[u].x); // the clamped ones repeat the last
+    for (uint32_t k0 = U; k0 < splits; k0 += U) {
+        float mk[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) mk[u] = k0 + u < splits ? __ldcg(pb + (size_t)(k0 + u) * stride) : -INFINITY;
+#pragma unroll
+        for (int u = 0; u < U; u++) M = fmaxf(M, mk[u]);
+    }
+    for (uint32_t k0 = 0; k0 < splits; k0 += U) {
+        if (k0 != 0) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const float *pk = pb + (size_t)min(k0 + u, splits - 1) * stride;
+                ml[u] = __ldcg(reinterpret_cast<const float2 *>(pk));
+                o[u] = __ldcg(reinterpret_cast<const float4 *>(pk + 4) + d4);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (k0 + u < splits) {
+                const float wk = ml[u].x == -INFINITY ? 0.f : __expf(ml[u].x - M);
+                L = fmaf(wk, ml[u].y, L);
+                O.x = fmaf(wk, o[u].x, O.x);
+                O.y = fmaf(wk, o[u].y, O.y);
+                O.z = fmaf(wk, o[u].z, O.z);
+                O.w = fmaf(wk, o[u].w, O.w);
+            }
+        }
+    }
+    reinterpret_cast<float4 *>(out + (size_t)b * width + h * hd)[d4] = make_float4(O.x / L, O.y / L, O.z / L, O.w / L);
+}
+
 
 extern "C" {
 
@@ -935,46 +993,17 @@ __global__ void attention_part(float *__restrict__ part, const float *__restrict
 __global__ void attention_combine(float *__restrict__ out, const float *__restrict__ part, uint32_t width,
                                   uint32_t heads, uint32_t splits) {
     PDL_LAUNCH_DEPENDENTS();
-    const uint32_t h = blockIdx.x, b = blockIdx.y, d4 = threadIdx.x;
     PDL_WAIT(); // part below
-    if (d4 >= width / heads / 4) return;
-    const uint32_t hd = width / heads, stride = hd + 4;
-    const float *pb = part + ((size_t)b * heads + h) * splits * stride;
-    float M = -INFINITY;
-    float L = 0.f;
-    float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
-    // Loads issued CU partials at a time (a chain of round trips to L2 is
-    // this kernel's cost: 357 -> 351 µs a step at batch 1 on an H100 against
-    // one partial at a time); the sums in split order.
-    for (uint32_t k0 = 0; k0 < splits; k0 += 2 * CU) {
-        float mk[2 * CU];
-#pragma unroll
-        for (int u = 0; u < 2 * CU; u++) mk[u] = k0 + u < splits ? __ldcg(pb + (size_t)(k0 + u) * stride) : -INFINITY;
-#pragma unroll
-        for (int u = 0; u < 2 * CU; u++) M = fmaxf(M, mk[u]);
-    }
-    for (uint32_t k0 = 0; k0 < splits; k0 += CU) {
-        float2 ml[CU];
-        float4 o[CU];
-#pragma unroll
-        for (int u = 0; u < CU; u++) {
-            const float *pk = pb + (size_t)min(k0 + u, splits - 1) * stride;
-            ml[u] = __ldcg(reinterpret_cast<const float2 *>(pk));
-            o[u] = __ldcg(reinterpret_cast<const float4 *>(pk + 4) + d4);
-        }
-#pragma unroll
-        for (int u = 0; u < CU; u++) {
-            if (k0 + u < splits) {
-                const float wk = ml[u].x == -INFINITY ? 0.f : __expf(ml[u].x - M);
-                L = fmaf(wk, ml[u].y, L);
-                O.x = fmaf(wk, o[u].x, O.x);
-                O.y = fmaf(wk, o[u].y, O.y);
-                O.z = fmaf(wk, o[u].z, O.z);
-                O.w = fmaf(wk, o[u].w, O.w);
-            }
-        }
-    }
-    reinterpret_cast<float4 *>(out + (size_t)b * width + h * hd)[d4] = make_float4(O.x / L, O.y / L, O.z / L, O.w / L);
+    if (threadIdx.x >= width / heads / 4) return;
+    // U = 8 where it covers every split (H100, gpt2-decode replayed, batch
+    // 8's 5 splits: 765 µs a step, 774 with 16), else 16 (batch 1's 16:
+    // 342, 345 with 8).
+#ifdef COMBINE_U
+    combine_partials<COMBINE_U>(out, part, width, heads, splits);
+#else
+    if (splits <= 8) combine_partials<8>(out, part, width, heads, splits);
+    else combine_partials<16>(out, part, width, heads, splits);
+#endif
 }
 
 } // extern "C"
