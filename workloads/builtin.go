@@ -161,7 +161,7 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 	projStd := float32(std / math.Sqrt(float64(2*L)))
 	ab := attentionBlocks
 	if k.AttentionBlocks > 0 {
-		ab = k.AttentionBlocks
+		ab = int(k.AttentionBlocks)
 	}
 	// As many splits of the cache positions as fit ab blocks, but no chunk
 	// shorter than one round of attention_part (the positions it loads

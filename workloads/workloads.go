@@ -114,7 +114,7 @@ type Kernels struct {
 	LinearRows uint32
 	// AttentionBlocks, when not 0, is the most blocks attention_part
 	// aims for by splitting the cache positions (development).
-	AttentionBlocks int
+	AttentionBlocks uint32
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.

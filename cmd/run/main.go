@@ -120,7 +120,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Uint32Var(&c.kernels.LinearGrid, "linear-grid", 0, "at most this many blocks a linear launch (development; 0: the default)")
 	fs.Uint32Var(&c.kernels.LinearLNGrid, "linear-ln-grid", 0, "at most this many blocks a linear_ln launch (development; 0: the default)")
 	fs.Uint32Var(&c.kernels.LinearRows, "linear-rows", 0, "size a linear's grid for this many rows a block from 3 batch rows on (development; 0: the default)")
-	fs.IntVar(&c.kernels.AttentionBlocks, "attention-blocks", 0, "at most this many attention_part blocks (development; 0: the default)")
+	fs.Uint32Var(&c.kernels.AttentionBlocks, "attention-blocks", 0, "at most this many attention_part blocks (development; 0: the default)")
 	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
 	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
 	usage := func(w io.Writer) {
