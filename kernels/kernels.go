@@ -74,11 +74,17 @@ const MaxAttentionPartBlock = 256
 // kernels.cu). The first round is loaded before the kernel waits for its
 // predecessor.
 func AttentionRound(hd, block int) int {
+	return max(1, block/attentionLanes(hd)) * 8
+}
+
+// attentionLanes is how many threads of attention_part read one key: the
+// power of two at least hd/4 (a float4 each).
+func attentionLanes(hd int) int {
 	lanes := 1
 	for lanes < hd/4 {
 		lanes <<= 1
 	}
-	return max(1, block/lanes) * 8
+	return lanes
 }
 
 // LinearSplitKRows is how many output rows a block of linear takes at once

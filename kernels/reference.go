@@ -332,10 +332,7 @@ func attentionPart(mem launch.SimMemory, grid, block launch.Dim3, args []launch.
 	if err != nil {
 		return err
 	}
-	lanes := uint64(1)
-	for lanes < hd/4 {
-		lanes <<= 1
-	}
+	lanes := uint64(attentionLanes(int(hd)))
 	switch {
 	case kvLen == 0 || uint64(grid.Z) != splits:
 		return fmt.Errorf("attention_part: kv_len %d, splits %d, grid %v", kvLen, splits, grid)
