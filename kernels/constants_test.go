@@ -35,6 +35,8 @@ func TestSourceConstants(t *testing.T) {
 		{"APART (MaxAttentionPartBlock)", define("APART"), kernels.MaxAttentionPartBlock},
 		{"APRE (AttentionRound of one lane a key)", define("APRE"), kernels.AttentionRound(4, 1)},
 		{"LINEAR_SK_R (LinearSplitKRows)", define("LINEAR_SK_R"), kernels.LinearSplitKRows},
+		{"ST_MAXR (LinearStagedMaxRows)", define("ST_MAXR"), kernels.LinearStagedMaxRows},
+		{"ST_THREADS (LinearStagedMaxBlock)", define("ST_THREADS"), kernels.LinearStagedMaxBlock},
 	} {
 		if c.def != c.got {
 			t.Errorf("%s: kernels.cu %d, Go %d", c.name, c.def, c.got)

@@ -133,6 +133,38 @@ __global__ void embed(float *__restrict__ x, const float *__restrict__ wte,
 
 } // extern "C"
 
+// sel is c ? a : b as a select instruction. Written as a ternary on two
+// elements of an array, the choice may become an index into the array,
+// which then lives in local memory.
+__device__ __forceinline__ float sel(bool c, float a, float b) {
+    float r;
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\tselp.f32 %0, %2, %3, p;\n\t}"
+        : "=f"(r)
+        : "r"((unsigned)c), "f"(a), "f"(b));
+    return r;
+}
+
+// halve is reduce_scatter's halving step of H values (lane bit 32*H/NB)
+// and the steps after it; a template each, so that every index into v is
+// a constant. (A loop over H, even under #pragma unroll, left linear_st's
+// 16 and 32 values in local memory: a 128-byte stack frame, 176 local
+// loads.)
+template <int NB, int H>
+__device__ __forceinline__ void halve(float (&v)[NB], int lane, int &idx) {
+    if constexpr (H >= 1) {
+        constexpr int off = 32 * H / NB;
+        const bool up = (lane & off) != 0;
+        if (up) idx += H;
+#pragma unroll
+        for (int k = 0; k < H; k++) {
+            const float keep = sel(up, v[k + H], v[k]);
+            const float send = sel(up, v[k], v[k + H]);
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+        halve<NB, H / 2>(v, lane, idx);
+    }
+}
+
 // reduce_scatter sums each of v[0..NB) over the warp's 32 lanes in
 // log2(NB) halving steps (each lane keeps half of its values and adds its
 // partner's half of the other) and 5-log2(NB) plain xor steps: NB-1 +
@@ -143,17 +175,7 @@ __global__ void embed(float *__restrict__ x, const float *__restrict__ wte,
 template <int NB>
 __device__ __forceinline__ float reduce_scatter(float (&v)[NB], int lane, int &idx) {
     idx = 0;
-#pragma unroll
-    for (int h = NB / 2, off = 16; h >= 1; h /= 2, off /= 2) {
-        const bool up = (lane & off) != 0;
-        if (up) idx += h;
-#pragma unroll
-        for (int k = 0; k < h; k++) {
-            const float keep = up ? v[k + h] : v[k];
-            const float send = up ? v[k] : v[k + h];
-            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-        }
-    }
+    halve<NB, NB / 2>(v, lane, idx);
 #pragma unroll
     for (int off = 16 / NB; off > 0; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
     return v[0];
@@ -601,6 +623,211 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
 #undef LINEAR_ROWS_ST
     }
 }
+
+} // extern "C"
+
+// ---- linear_st: the block's weight rows staged in shared memory before the wait ----
+//
+// Why: under programmatic dependent launch a kernel's blocks become
+// resident while their predecessor still runs, but a kernel whose weights
+// are loaded into registers a tile at a time only gets its first tile in
+// flight before griddepcontrol.wait; the rest is loaded after, on the
+// step's critical path. linear_st copies all of a block's weight rows into
+// shared memory with cp.async before it waits (16 bytes a request, no
+// registers held), so a kernel's whole weight read overlaps its
+// predecessor, and after the wait only the activations (small, in L2) are
+// read. Its footprint is chosen so that two consecutive kernels fit on a
+// multiprocessor together: 128 threads of at most 128 registers, at most
+// ST_MAXR rows a block, launched as about two blocks a multiprocessor.
+
+#define ST_MAXR 16     // weight rows a block of linear_st takes at most
+#define ST_THREADS 128 // most threads a block of linear_st
+#ifndef ST_LB
+#define ST_LB 4 // blocks a multiprocessor the registers are bounded for
+#endif
+
+// cp_async16 copies 16 bytes from global to shared memory without holding
+// registers (cp.async, sm_80 and later); cp_async_wait_all waits for this
+// thread's copies. The copies bypass L1 (.cg): every weight is read once.
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<float4 *>(smem) = *reinterpret_cast<const float4 *>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// st_rows computes batch rows b0..b0+nb-1 (nb <= NB) of the block's nr
+// output rows r0.. from the weights staged in s_w ([nr][n4] float4s). The
+// block's threads split the inputs: thread t takes float4 columns t, t +
+// blockDim, ...; for each column it reads the batch rows' inputs once (L1;
+// normalised in registers with the layer norm's statistics when LN) and
+// multiplies them with RG staged weight rows at a time. The partial sums of
+// the RG*NB outputs are reduced within each warp (reduce_scatter), then
+// across the warps in index order through s_red, and thread j < RG*NB
+// applies the epilogue of row j/NB, batch row j%NB. Fixed order
+// throughout: deterministic.
+template <int NB, int RG, bool LN>
+__device__ __forceinline__ void st_rows(float *__restrict__ out, const float *__restrict__ in,
+                                        const float4 *s_w, const float *s_bias, const float *__restrict__ resid,
+                                        const float *__restrict__ ln_g, const float *__restrict__ ln_b,
+                                        uint32_t n4, uint32_t out_dim, uint32_t r0, uint32_t nr, uint32_t b0,
+                                        uint32_t nb, uint32_t mode, const float *s_mean, const float *s_rstd,
+                                        float (*s_red)[WARP]) {
+    static_assert(RG * NB <= WARP && ((RG * NB) & (RG * NB - 1)) == 0, "RG*NB: a power of two, at most 32");
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const float4 *x4 = reinterpret_cast<const float4 *>(in) + (size_t)b0 * n4;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (uint32_t g0 = 0; g0 < nr; g0 += RG) { // block-uniform
+        float acc[RG * NB];
+#pragma unroll
+        for (int j = 0; j < RG * NB; j++) acc[j] = 0.f;
+        for (uint32_t c = threadIdx.x; c < n4; c += blockDim.x) {
+            float4 xv[NB];
+#pragma unroll
+            for (int b = 0; b < NB; b++) xv[b] = b < (int)nb ? __ldg(x4 + (size_t)b * n4 + c) : zero;
+            if (LN) {
+                const float4 gv = __ldg(reinterpret_cast<const float4 *>(ln_g) + c);
+                const float4 bv = __ldg(reinterpret_cast<const float4 *>(ln_b) + c);
+#pragma unroll
+                for (int b = 0; b < NB; b++) {
+                    if (b < (int)nb) {
+                        const float m = s_mean[b], r = s_rstd[b];
+                        xv[b].x = (xv[b].x - m) * r * gv.x + bv.x;
+                        xv[b].y = (xv[b].y - m) * r * gv.y + bv.y;
+                        xv[b].z = (xv[b].z - m) * r * gv.z + bv.z;
+                        xv[b].w = (xv[b].w - m) * r * gv.w + bv.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < RG; r++) {
+                if (g0 + r < nr) {
+                    const float4 wv = s_w[(size_t)(g0 + r) * n4 + c];
+#pragma unroll
+                    for (int b = 0; b < NB; b++) {
+                        float a = acc[r * NB + b];
+                        a = fmaf(wv.x, xv[b].x, a);
+                        a = fmaf(wv.y, xv[b].y, a);
+                        a = fmaf(wv.z, xv[b].z, a);
+                        a = fmaf(wv.w, xv[b].w, a);
+                        acc[r * NB + b] = a;
+                    }
+                }
+            }
+        }
+        int idx;
+        const float y = reduce_scatter<RG * NB>(acc, lane, idx);
+        if (lane % (WARP / (RG * NB)) == 0) s_red[warp][idx] = y;
+        __syncthreads();
+        if (threadIdx.x < RG * NB) {
+            const uint32_t r = threadIdx.x / NB, b = threadIdx.x % NB;
+            float v = 0.f;
+            for (int w = 0; w < nw; w++) v += s_red[w][threadIdx.x];
+            if (g0 + r < nr && b < nb) {
+                const uint32_t o = r0 + g0 + r;
+                v += s_bias[g0 + r];
+                if (mode & 1u) v = gelu_tanh(v);
+                if (mode & 2u) v += __ldg(resid + (size_t)(b0 + b) * out_dim + o);
+                out[(size_t)(b0 + b) * out_dim + o] = v;
+            }
+        }
+        __syncthreads(); // s_red is rewritten by the next group
+    }
+}
+
+#ifndef ST_RG8
+#define ST_RG8 4 // rows a group at 5 to 8 batch rows (RG*NB = 32)
+#endif
+
+extern "C" {
+
+// linear_st: the function of linear (the same parameters; bias may be
+// null; ln_g and ln_b both null or both set), its weights staged in
+// shared memory. Block i of the grid takes output rows [i*nr, i*nr+nr) ∩
+// [0, out_dim), nr = ceil(out_dim/gridDim.x) <= ST_MAXR, and copies them
+// (nr*in_dim floats, contiguous) into its dynamic shared memory, which the
+// launch must give (nr*in_dim*4 bytes), before it waits for its
+// predecessor; then it computes every batch row from them, MAXB rows at a
+// time. blockDim a multiple of 32, at most ST_THREADS; in_dim a multiple
+// of 4, every pointer 16-byte aligned.
+__global__ void __launch_bounds__(ST_THREADS, ST_LB)
+    linear_st(float *__restrict__ out, const float *__restrict__ in, const float *__restrict__ w,
+              const float *__restrict__ bias, const float *__restrict__ resid, const float *__restrict__ ln_g,
+              const float *__restrict__ ln_b, uint32_t in_dim, uint32_t out_dim, uint32_t batch, uint32_t mode,
+              float eps) {
+    extern __shared__ float4 s_w[];
+    __shared__ float s_red[ST_THREADS / WARP][WARP];
+    __shared__ float s_bias[ST_MAXR];
+    __shared__ float s_mean[MAXB], s_rstd[MAXB];
+    PDL_LAUNCH_DEPENDENTS();
+    const uint32_t n4 = in_dim / 4;
+    const uint32_t rows = (out_dim + gridDim.x - 1) / gridDim.x;
+    const uint32_t r0 = blockIdx.x * rows;
+    const uint32_t nr = r0 < out_dim ? min(rows, out_dim - r0) : 0u;
+    // Weights and bias (written before any step) above the wait.
+    const float4 *src = reinterpret_cast<const float4 *>(w) + (size_t)r0 * n4;
+    if (rows > ST_MAXR) __trap(); // outside the contract (the Go reference rejects such a launch)
+    for (uint32_t i = threadIdx.x; i < nr * n4; i += blockDim.x) cp_async16(s_w + i, src + i);
+    if (threadIdx.x < nr) s_bias[threadIdx.x] = bias != nullptr ? __ldg(bias + r0 + threadIdx.x) : 0.f;
+    PDL_WAIT_IF(rows != 0); // always true (gridDim.x >= 1, out_dim >= 1); activations below
+    cp_async_wait_all();
+    const bool ln = ln_g != nullptr;
+    for (uint32_t b0 = 0; b0 < batch; b0 += MAXB) {
+        const uint32_t nb = min((uint32_t)MAXB, batch - b0);
+        if (ln) {
+            // Statistics: a warp a batch row, one pass of sum and sum of
+            // squares, reduced in a fixed order.
+            const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+            for (uint32_t b = warp; b < nb; b += nw) {
+                const float4 *x4 = reinterpret_cast<const float4 *>(in) + (size_t)(b0 + b) * n4;
+                float s = 0.f, q = 0.f;
+                for (uint32_t i0 = lane; i0 < n4; i0 += 8 * WARP) {
+                    float4 v[8]; // loaded together: one round trip for a row of up to 1024 floats
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+                        v[u] = i0 + u * WARP < n4 ? __ldg(x4 + i0 + u * WARP) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        s += (v[u].x + v[u].y) + (v[u].z + v[u].w);
+                        q += (v[u].x * v[u].x + v[u].y * v[u].y) + (v[u].z * v[u].z + v[u].w * v[u].w);
+                    }
+                }
+                s = warp_sum(s);
+                q = warp_sum(q);
+                if (lane == 0) {
+                    const float mean = s / (float)in_dim;
+                    s_mean[b] = mean;
+                    s_rstd[b] = rsqrtf(fmaxf(q / (float)in_dim - mean * mean, 0.f) + eps);
+                }
+            }
+        }
+        __syncthreads(); // the statistics, and every thread's staged rows, visible
+#define ST_ROWS(NB, RG)                                                                                      \
+    do {                                                                                                     \
+        if (ln) st_rows<NB, RG, true>(out, in, s_w, s_bias, resid, ln_g, ln_b, n4, out_dim, r0, nr, b0, nb, \
+                                      mode, s_mean, s_rstd, s_red);                                          \
+        else st_rows<NB, RG, false>(out, in, s_w, s_bias, resid, ln_g, ln_b, n4, out_dim, r0, nr, b0, nb,   \
+                                    mode, s_mean, s_rstd, s_red);                                            \
+    } while (0)
+        if (nb == 1) ST_ROWS(1, 16);
+        else if (nb == 2) ST_ROWS(2, 16);
+        else if (nb <= 4) ST_ROWS(4, 8);
+        else ST_ROWS(8, ST_RG8);
+#undef ST_ROWS
+    }
+}
+
+} // extern "C"
+
+extern "C" {
 
 // attention: one decode step of multi-head attention, split over the
 // cache positions (flash-decoding). Block (h, b, s) of grid (heads, batch,

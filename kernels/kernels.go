@@ -54,7 +54,22 @@ const (
 	// launches (flash-decoding): per-chunk partials, then their combination.
 	AttentionPart    = "attention_part"
 	AttentionCombine = "attention_combine"
+	// LinearStaged is linear with each block's weight rows copied into
+	// shared memory before the kernel waits for its predecessor (see
+	// kernels.cu); the same function and parameters. Block i takes output
+	// rows [i*r, i*r+r), r = ceil(out_dim/grid) <= LinearStagedMaxRows; the
+	// launch gives r*in_dim*4 bytes of dynamic shared memory and at most
+	// LinearStagedMaxBlock threads a block.
+	LinearStaged = "linear_st"
 )
+
+// LinearStagedMaxRows is the most output rows a block of linear_st takes
+// (ST_MAXR in kernels.cu).
+const LinearStagedMaxRows = 16
+
+// LinearStagedMaxBlock is the most threads of a linear_st block (its
+// launch bounds, ST_THREADS in kernels.cu).
+const LinearStagedMaxBlock = 128
 
 // LinearLNMaxBlock is the most threads of a linear_ln block (its launch
 // bounds).
@@ -112,5 +127,6 @@ func Reference() map[string]launch.KernelFunc {
 		AttentionPart:    attentionPart,
 		AttentionCombine: attentionCombine,
 		LinearLN:         linearLN,
+		LinearStaged:     linearStaged,
 	}
 }

@@ -212,6 +212,30 @@ func linearLN(mem launch.SimMemory, grid, block launch.Dim3, args []launch.Kerne
 	return linear(mem, grid, block, args)
 }
 
+// linearStaged is linear in linear_st's launch shape: at most
+// LinearStagedMaxBlock threads a block (a multiple of 32), one grid row,
+// and no more than LinearStagedMaxRows output rows a block; a layer norm's
+// gain and bias both set or both null.
+func linearStaged(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
+	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
+		return err
+	}
+	if block.X > LinearStagedMaxBlock || block.X%32 != 0 || block.Y != 1 || block.Z != 1 {
+		return fmt.Errorf("linear_st: block %v: want a multiple of 32 threads, at most %d, in x", block, LinearStagedMaxBlock)
+	}
+	out := uint64(args[8].AsU32())
+	if grid.Y != 1 || grid.Z != 1 || grid.X == 0 {
+		return fmt.Errorf("linear_st: grid %v: want blocks in x only", grid)
+	}
+	if rows := (out + uint64(grid.X) - 1) / uint64(grid.X); rows > LinearStagedMaxRows {
+		return fmt.Errorf("linear_st: %d output rows over %d blocks is %d a block: at most %d", out, grid.X, rows, LinearStagedMaxRows)
+	}
+	if (args[5].AsPtr() == 0) != (args[6].AsPtr() == 0) {
+		return fmt.Errorf("linear_st: a layer norm's gain and bias must both be set or both be null")
+	}
+	return linear(mem, grid, block, args)
+}
+
 // attention: write k, v at pos into the caches, then attend over 0..pos.
 func attention(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
 	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {

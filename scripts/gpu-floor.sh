@@ -42,13 +42,13 @@ if [ -n "${COMPILE:-}" ]; then
 	if nvcc -ptx -arch=compute_80 -O3 -o "$OUT/kernels.ptx" kernels/kernels.cu >>"$LOG" 2>&1 &&
 		nvcc -ptx -arch=compute_90 -O3 -o "$OUT/kernels_90.ptx" kernels/kernels.cu >>"$LOG" 2>&1; then
 		nvcc -cubin -arch=sm_90 -O3 -Xptxas -v -o /tmp/kernels.cubin kernels/kernels.cu >"$OUT/ptxas.txt" 2>&1
-		grep -E "Compiling entry|registers|spill" "$OUT/ptxas.txt" | tee -a "$LOG"
+		grep -E "Compiling entry|registers|spill|stack" "$OUT/ptxas.txt" >>"$LOG"
 		# PDL_WAIT_IF's purpose (kernels.cu): a 16-byte load of the
 		# prologue issued before the first griddepcontrol.wait (ACQBULK).
-		for fn in linear linear_ln attention_part; do
-			first=$(cuobjdump -sass -fun "$fn" /tmp/kernels.cubin | grep -oE 'LDG[.A-Z]*128|ACQBULK' | head -1)
+		for fn in linear linear_ln attention_part linear_st; do
+			first=$(cuobjdump -sass -fun "$fn" /tmp/kernels.cubin | grep -oE 'LDGSTS[.A-Z]*128|LDG[.A-Z]*128|ACQBULK' | head -1)
 			case $first in
-			LDG*) echo "pdl pin $fn: ok (a 16-byte load before the wait)" ;;
+			LDG*) echo "pdl pin $fn: ok (a 16-byte load before the wait: $first)" ;;
 			*) echo "pdl pin $fn: FAILED (the wait before every 16-byte load)" ;;
 			esac
 		done | tee -a "$LOG"
@@ -108,6 +108,9 @@ for rep in $(seq "$REPS"); do
 	ours gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps "$STEPS"
 	ours mlp "$RUN" --workload mlp --steps "$MLP_STEPS"
 done
+# The same binary and kernels with no linear_st (batch 8: the linears as
+# before it; batch 1 does not stage).
+ours unstaged-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps "$STEPS" --unstaged
 if [ -n "${BEFORE:-}" ]; then
 	ours before-gpt2-b1 "$BEFORE" --workload gpt2-decode --batch 1 --steps "$STEPS"
 	ours before-gpt2-b8 "$BEFORE" --workload gpt2-decode --batch 8 --steps "$STEPS"
@@ -144,6 +147,7 @@ print(f"{'case':8s} {'ours replay us':>16s} {'x floor':>8s} {'torch replay us':>
 for case in ["gpt2-b1", "gpt2-b8", "mlp"]:
     ours = [r["r"] for r in rows if r["case"] == case and r["tool"] == "ours"]
     before = [r["r"]["replay_us_per_step"] for r in rows if r["case"] == "before-" + case]
+    unstaged = [r["r"]["replay_us_per_step"] for r in rows if r["case"] == "unstaged-" + case]
     tw = [r["r"] for r in rows if r["case"] == case and r["tool"] == "torch"]
     if not ours or not tw:
         print(f"{case:8s} missing")
@@ -154,5 +158,5 @@ for case in ["gpt2-b1", "gpt2-b8", "mlp"]:
     eq = all(o.get("outputs_equal") for o in ours)
     o = statistics.median(reps)
     trials = ", ".join(f"{k} {v if not isinstance(v, str) else 'n/a'}" for k, v in t.get("attention_trials", {}).items())
-    print(f"{case:8s} {o:10.1f} ({len(reps)}x) {o/fl:8.2f} {t['replay_us_per_step']:16.1f} {t['replay_us_per_step']/fl:8.2f} {t['replay_us_per_step']/o:10.2f} {fl:9.1f} {t['copy_rate_tbs']:9.3f} {t['floor_bytes']/1e6:8.1f}  {t['attention']} ({trials})  ours runs {reps} equal={eq}" + (f" before {before[0]:.1f} ({before[0]/fl:.2f}x floor)" if before else ""))
+    print(f"{case:8s} {o:10.1f} ({len(reps)}x) {o/fl:8.2f} {t['replay_us_per_step']:16.1f} {t['replay_us_per_step']/fl:8.2f} {t['replay_us_per_step']/o:10.2f} {fl:9.1f} {t['copy_rate_tbs']:9.3f} {t['floor_bytes']/1e6:8.1f}  {t['attention']} ({trials})  ours runs {reps} equal={eq}" + (f" before {before[0]:.1f} ({before[0]/fl:.2f}x floor)" if before else "") + (f" unstaged {unstaged[0]:.1f} ({unstaged[0]/fl:.2f}x floor)" if unstaged else ""))
 PY

@@ -46,23 +46,46 @@ const (
 	attentionBlocks = 528
 	// lnStageMax is the most dynamic shared memory a layer-norm linear
 	// gets for its normalised input rows (the default limit of a block).
-	lnStageMax   = 48 << 10
-	layerNormEps = 1e-5
-	maxKVLen     = 8192
+	lnStageMax = 48 << 10
+	// stagedBlocks is how many blocks linear_st aims for: two per
+	// multiprocessor of an H100/H200, so that with its 128 threads of at
+	// most 128 registers and at most stagedMax bytes of weights a block,
+	// the blocks of two consecutive linears fit on a multiprocessor
+	// together (the next one's weight copies overlap this one's work).
+	stagedBlocks = 264
+	// stagedMax is the most weight bytes a linear_st block stages: under
+	// the 48 KiB a block gets without opting in, with room for its static
+	// shared memory.
+	stagedMax = 40 << 10
+	// stagedFromBatch is the fewest batch rows at which the linears stage
+	// their weights.
+	stagedFromBatch = 3
+	layerNormEps    = 1e-5
+	maxKVLen        = 8192
 )
 
 // linearLaunch is one launch of kernels.Linear; see kernels.cu.
 func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
-	opt := func(t *graph.Tensor) graph.Arg {
-		if t == nil {
-			return graph.Null()
-		}
-		return graph.In(t)
-	}
 	// A layer-norm linear normalises its batch rows once per block into
 	// shared memory (linear_ln) when they fit there. (The same kernel at
 	// every batch size: a graph rebound to another batch is updated in
 	// place.)
+	// Where a block's share of the weight rows fits in shared memory, the
+	// rows are staged there before the kernel waits (linear_st): the
+	// whole weight read overlaps the previous kernel. The choice depends
+	// on the shape, not the batch, so a graph rebound to another batch is
+	// updated in place.
+	if k.staged(inDim, outDim, batch) {
+		blocks := uint32(stagedBlocks)
+		if k.StagedGrid > 0 {
+			blocks = k.StagedGrid
+		}
+		rows := (uint32(outDim) + blocks - 1) / blocks
+		if rows <= kernels.LinearStagedMaxRows && uint64(rows)*uint64(inDim)*4 <= stagedMax {
+			return k.launchOf(name, kernels.LinearStaged, (uint32(outDim)+rows-1)/rows, rows*uint32(inDim)*4,
+				out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
+		}
+	}
 	kernel, shared, maxGrid := kernels.Linear, uint32(0), uint32(linearMaxGrid)
 	if k.LinearGrid > 0 {
 		maxGrid = k.LinearGrid
@@ -84,6 +107,30 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		}
 	}
 	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)
+	return k.launchOf(name, kernel, grid, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
+}
+
+// staged says whether a linear of this shape stages its weights
+// (linear_st, where they fit): from stagedFromBatch batch rows on, unless
+// the development knobs say otherwise.
+func (k Kernels) staged(inDim, outDim, batch int) bool {
+	from := stagedFromBatch
+	if k.StagedFromBatch > 0 {
+		from = int(k.StagedFromBatch)
+	}
+	return !k.Unstaged && min(batch, kernels.MaxBatchRows) >= from &&
+		uint64(inDim) >= uint64(k.StagedMinIn) && uint64(inDim)*uint64(outDim)*4 >= k.StagedMinBytes
+}
+
+// launchOf is a launch of one of the linear kernels (they share their
+// parameters) with linearBlock threads a block.
+func (k Kernels) launchOf(name, kernel string, grid, shared uint32, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
+	opt := func(t *graph.Tensor) graph.Arg {
+		if t == nil {
+			return graph.Null()
+		}
+		return graph.In(t)
+	}
 	return graph.Launch{
 		Name: name, Kernel: kernel,
 		Grid: launch.D1(grid), Block: launch.D1(linearBlock), Shared: shared,

@@ -3,30 +3,67 @@ package workloads_test
 import (
 	"testing"
 
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/workloads"
 )
 
-// gpt2-decode's layer-norm linears (QKV, MLP in, logits) run as linear_ln
-// with room in shared memory for min(batch, 8) normalised rows, within its
-// block limit, when those rows fit in 48 KiB; otherwise as linear.
-func TestGPT2LayerNormLaunches(t *testing.T) {
+// linearDims returns a linear launch's in_dim and out_dim (its 8th and 9th
+// parameters, shared by linear, linear_ln and linear_st).
+func linearDims(op *graph.Op) (in, out uint32) {
+	return op.Args[7].Value().AsU32(), op.Args[8].Value().AsU32()
+}
+
+// gpt2-decode's linears from 3 batch rows on stage their weights in
+// shared memory (linear_st) where a block's share fits: about two blocks a
+// multiprocessor of an H100/H200, at most LinearStagedMaxRows rows and 40
+// KiB a block. The others, and every linear below 3 batch rows, run as
+// before: a layer-norm linear as linear_ln with room in shared memory for
+// min(batch, 8) normalised rows, within its block limit, when those rows
+// fit in 48 KiB; otherwise as linear.
+func TestGPT2LinearLaunches(t *testing.T) {
 	for _, tc := range []struct {
 		width, batch int
-		staged       bool
+		lnStaged     bool // linear_ln's rows fit its shared memory
 	}{
-		{64, 1, true}, {64, 3, true}, {768, 8, true}, {768, 20, true}, {1536, 8, true}, {2048, 8, false}, {2048, 4, true},
+		{64, 1, true}, {64, 3, true}, {768, 1, true}, {768, 2, true}, {768, 8, true}, {768, 20, true},
+		{1536, 8, true}, {2048, 8, false}, {2048, 4, true}, {3072, 1, true},
 	} {
-		s := workloads.Shape{Layers: 2, Width: tc.width, Heads: tc.width / 64, KVLen: 16, Vocab: 50, Batch: tc.batch}
+		s := workloads.Shape{Layers: 2, Width: tc.width, Heads: tc.width / 64, KVLen: 16, Vocab: 5000, Batch: tc.batch}
 		g, err := workloads.Build("gpt2-decode", s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ln, plain := 0, 0
+		linears := 0
 		for _, op := range g.Ops {
+			if op.Kernel != kernels.LinearStaged && op.Kernel != kernels.LinearLN && op.Kernel != kernels.Linear {
+				continue
+			}
+			in, out := linearDims(op)
+			// What linear_st would take of this linear: the rows of one of
+			// about 264 blocks.
+			rows := (out + 263) / 264
+			fits := rows <= kernels.LinearStagedMaxRows && rows*in*4 <= 40<<10
+			ln := op.Args[5].Kind() != graph.ArgNull
 			switch op.Kernel {
+			case kernels.LinearStaged:
+				linears++
+				if tc.batch < 3 || !fits {
+					t.Errorf("width %d batch %d: %s (%dx%d) is staged", tc.width, tc.batch, op.Name, out, in)
+				}
+				r := (out + op.Grid.X - 1) / op.Grid.X
+				if r > kernels.LinearStagedMaxRows || op.Shared < r*in*4 || op.Shared > 48<<10 || op.Block.X > kernels.LinearStagedMaxBlock || op.Grid.X > 264 {
+					t.Errorf("width %d batch %d: %s: grid %d, block %d, %d bytes of shared memory for %d rows of %d inputs a block",
+						tc.width, tc.batch, op.Name, op.Grid.X, op.Block.X, op.Shared, r, in)
+				}
 			case kernels.LinearLN:
-				ln++
+				linears++
+				if tc.batch >= 3 && fits {
+					t.Errorf("width %d batch %d: %s (%dx%d) is not staged", tc.width, tc.batch, op.Name, out, in)
+				}
+				if !ln || !tc.lnStaged {
+					t.Errorf("width %d batch %d: %s runs linear_ln", tc.width, tc.batch, op.Name)
+				}
 				if want := uint32(4 * min(tc.batch, kernels.MaxBatchRows) * tc.width); op.Shared != want {
 					t.Errorf("width %d batch %d: %s has %d bytes of shared memory, want %d", tc.width, tc.batch, op.Name, op.Shared, want)
 				}
@@ -40,19 +77,59 @@ func TestGPT2LayerNormLaunches(t *testing.T) {
 					t.Errorf("%s: linear_ln grid %d, want 1 to %d blocks", op.Name, op.Grid.X, 4*132)
 				}
 			case kernels.Linear:
-				plain++
+				linears++
+				if tc.batch >= 3 && fits {
+					t.Errorf("width %d batch %d: %s (%dx%d) is not staged", tc.width, tc.batch, op.Name, out, in)
+				}
+				if ln && tc.lnStaged {
+					t.Errorf("width %d batch %d: %s: a layer-norm linear as linear", tc.width, tc.batch, op.Name)
+				}
 				if op.Shared != 0 {
 					t.Errorf("%s: linear with %d bytes of shared memory", op.Name, op.Shared)
 				}
 			}
 		}
-		want := 2*2 + 1 // QKV and MLP-in per layer, logits
-		if !tc.staged {
-			want = 0
+		if linears != 4*2+1 {
+			t.Errorf("width %d batch %d: %d linears, want %d", tc.width, tc.batch, linears, 4*2+1)
 		}
-		if ln != want || ln+plain != 4*2+1 {
-			t.Errorf("width %d batch %d: %d linear_ln and %d linear launches, want %d of %d", tc.width, tc.batch, ln, plain, want, 4*2+1)
+	}
+}
+
+// Staging is a choice the development knobs can take back: --unstaged
+// launches no linear_st; --staged-from-batch 1 stages at batch 1.
+func TestGPT2StagedKnobs(t *testing.T) {
+	count := func(k workloads.Kernels, batch int) int {
+		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: batch}, k)
+		if err != nil {
+			t.Fatal(err)
 		}
+		n := 0
+		for _, op := range g.Ops {
+			if op.Kernel == kernels.LinearStaged {
+				n++
+			}
+		}
+		return n
+	}
+	k := workloads.EmbeddedKernels()
+	if n := count(k, 8); n != 4 {
+		t.Errorf("batch 8: %d linear_st launches, want 4 (QKV, projection, MLP in and out)", n)
+	}
+	if n := count(k, 1); n != 0 {
+		t.Errorf("batch 1: %d linear_st launches, want 0", n)
+	}
+	k.Unstaged = true
+	if n := count(k, 8); n != 0 {
+		t.Errorf("--unstaged, batch 8: %d linear_st launches", n)
+	}
+	k = workloads.EmbeddedKernels()
+	k.StagedFromBatch = 1
+	if n := count(k, 1); n != 4 {
+		t.Errorf("--staged-from-batch 1, batch 1: %d linear_st launches, want 4", n)
+	}
+	k.StagedMinIn = 1024
+	if n := count(k, 1); n != 1 {
+		t.Errorf("--staged-min-in 1024: %d linear_st launches, want 1 (MLP out)", n)
 	}
 }
 
@@ -87,7 +164,7 @@ func TestGPT2LaunchShapes(t *testing.T) {
 				case splits < (tc.kvLen+round-1)/round && tc.heads*tc.batch*(splits+1) <= 4*132:
 					t.Errorf("%+v: %d splits where %d fit", tc, splits, splits+1)
 				}
-			case kernels.Linear:
+			case kernels.Linear: // (not staged; see TestGPT2LinearLaunches)
 				rows := 4 // a warp each
 				if tc.batch >= 3 {
 					rows = kernels.LinearSplitKRows

@@ -115,6 +115,18 @@ type Kernels struct {
 	// AttentionBlocks, when not 0, is the most blocks attention_part
 	// aims for by splitting the cache positions (development).
 	AttentionBlocks uint32
+	// Unstaged launches no linear_st: the linears as they were before it
+	// (development: measured against it in one run).
+	Unstaged bool
+	// StagedGrid, when not 0, is how many blocks a linear_st launch aims
+	// for (development).
+	StagedGrid uint32
+	// StagedFromBatch, when not 0, is the fewest batch rows at which
+	// the linears stage their weights; StagedMinIn and StagedMinBytes
+	// stage only the linears with at least that many inputs and weight
+	// bytes (development).
+	StagedFromBatch, StagedMinIn uint32
+	StagedMinBytes               uint64
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.
