@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/kernels"
@@ -33,11 +35,16 @@ func init() {
 const (
 	linearBlock   = 128  // threads: 4 warps, one output row each
 	linearMaxGrid = 1024 // blocks; warps stride over the rows beyond
-	// linearLNMaxGrid bounds linear_ln's grid: four blocks per
-	// multiprocessor of an H100/H200 (linear_ln's launch bound), one wave,
-	// so that a block normalises its input rows once for more weight rows
-	// (see kernels.cu; 8.7% faster at batch 8 than 768 to 1024 blocks).
-	linearLNMaxGrid = 528
+	// linearLNMaxGrid bounds linear_ln's grid: one wave (at most four
+	// blocks per multiprocessor of an H100/H200, linear_ln's launch
+	// bound), so that a block normalises its input rows once for more
+	// weight rows (see kernels.cu; 8.7% faster at batch 8 than 768 to 1024
+	// blocks), and 3.5 a multiprocessor rather than 4, so that the next
+	// kernel's blocks (the attention after QKV, the MLP's second linear)
+	// find room to load before linear_ln ends. H100, gpt2-decode
+	// replayed, µs at batch 1 / 8: 528 blocks 342.1 / 654.8, 462 331.6 /
+	// 657.2, 396 336.5 / 662.9, 330 347.1 (bench/results/h100-s9-probes.txt).
+	linearLNMaxGrid = 462
 	attentionBlock  = 128
 	// attentionBlocks is the most blocks attention_part aims for by
 	// splitting the cache positions (in chunks of at least one round): four per
@@ -75,7 +82,7 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	// whole weight read overlaps the previous kernel. The choice depends
 	// on the shape, not the batch, so a graph rebound to another batch is
 	// updated in place.
-	if k.staged(inDim, outDim, batch) {
+	if k.staged(name, inDim, outDim, batch) {
 		blocks := uint32(stagedBlocks)
 		if k.StagedGrid > 0 {
 			blocks = k.StagedGrid
@@ -113,10 +120,13 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 // staged says whether a linear of this shape stages its weights
 // (linear_st, where they fit): from stagedFromBatch batch rows on, unless
 // the development knobs say otherwise.
-func (k Kernels) staged(inDim, outDim, batch int) bool {
+func (k Kernels) staged(name string, inDim, outDim, batch int) bool {
 	from := stagedFromBatch
 	if k.StagedFromBatch > 0 {
 		from = int(k.StagedFromBatch)
+	}
+	if k.StagedOnly != nil && !slices.ContainsFunc(k.StagedOnly, func(s string) bool { return strings.Contains(name, s) }) {
+		return false
 	}
 	return !k.Unstaged && min(batch, kernels.MaxBatchRows) >= from &&
 		uint64(inDim) >= uint64(k.StagedMinIn) && uint64(inDim)*uint64(outDim)*4 >= k.StagedMinBytes

@@ -127,6 +127,15 @@ func TestGPT2StagedKnobs(t *testing.T) {
 	if n := count(k, 1); n != 4 {
 		t.Errorf("--staged-from-batch 1, batch 1: %d linear_st launches, want 4", n)
 	}
+	k.StagedOnly = []string{"qkv"}
+	if n := count(k, 1); n != 1 {
+		t.Errorf("--staged-only qkv: %d linear_st launches, want 1", n)
+	}
+	k.StagedOnly = []string{".proj", "fc_proj"}
+	if n := count(k, 1); n != 2 {
+		t.Errorf("--staged-only .proj,fc_proj: %d linear_st launches, want 2", n)
+	}
+	k.StagedOnly = nil
 	k.StagedMinIn = 1024
 	if n := count(k, 1); n != 1 {
 		t.Errorf("--staged-min-in 1024: %d linear_st launches, want 1 (MLP out)", n)

@@ -127,6 +127,9 @@ type Kernels struct {
 	// bytes (development).
 	StagedFromBatch, StagedMinIn uint32
 	StagedMinBytes               uint64
+	// StagedOnly, when not nil, stages only the linears whose op name
+	// contains one of these (development).
+	StagedOnly []string
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.
