@@ -453,6 +453,10 @@ func TestRebindDecisions(t *testing.T) {
 		{"smaller vocabulary fits too", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 60, Batch: 1}, graphexec.Updated},
 		{"larger vocabulary does not fit", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 1}, graphexec.Recaptured},
 		{"more layers change the topology", workloads.Shape{Layers: 3, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 1}, graphexec.Recaptured},
+		// From 3 batch rows on the linears stage their weights (another
+		// kernel): the graph is captured again, not updated.
+		{"a batch that stages its linears changes the kernels", workloads.Shape{Layers: 3, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 4}, graphexec.Recaptured},
+		{"a smaller batch that stages them too fits the plan", workloads.Shape{Layers: 3, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 3}, graphexec.Updated},
 	} {
 		g := build(t, "gpt2-decode", tc.shape)
 		r, err := e.Rebind(g)

@@ -71,18 +71,17 @@ const (
 	maxKVLen        = 8192
 )
 
-// linearLaunch is one launch of kernels.Linear; see kernels.cu.
+// linearLaunch is one launch of a linear (kernels.LinearStaged, LinearLN
+// or Linear: one function, three launch shapes); see kernels.cu.
 func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
-	// A layer-norm linear normalises its batch rows once per block into
-	// shared memory (linear_ln) when they fit there. (The same kernel at
-	// every batch size: a graph rebound to another batch is updated in
-	// place.)
-	// Where a block's share of the weight rows fits in shared memory, the
-	// rows are staged there before the kernel waits (linear_st): the
-	// whole weight read overlaps the previous kernel. The choice depends
-	// on the shape, not the batch, so a graph rebound to another batch is
-	// updated in place.
-	if k.staged(name, inDim, outDim, batch) {
+	// From 3 batch rows on, where a block's share of the weight rows fits
+	// in shared memory, the rows are staged there before the kernel waits
+	// (linear_st), so the whole weight read overlaps the previous kernel.
+	// Below that the other kernels already load nearly all their rows
+	// into registers before the wait, and staging measured slower. (So a
+	// graph rebound across 3 batch rows changes kernels and is captured
+	// again, not updated in place.)
+	if k.staged(name, batch) {
 		blocks := uint32(stagedBlocks)
 		if k.StagedGrid > 0 {
 			blocks = k.StagedGrid
@@ -107,6 +106,9 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 			rows = k.LinearRows
 		}
 	}
+	// A layer-norm linear that is not staged (every one below 3 batch
+	// rows, the logits at any batch) normalises its batch rows once per
+	// block into shared memory (linear_ln) when they fit there.
 	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
 		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), linearLNMaxGrid, linearBlock/32
 		if k.LinearLNGrid > 0 {
@@ -117,10 +119,10 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	return k.launchOf(name, kernel, grid, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
 }
 
-// staged says whether a linear of this shape stages its weights
+// staged says whether the linear called name stages its weights
 // (linear_st, where they fit): from stagedFromBatch batch rows on, unless
 // the development knobs say otherwise.
-func (k Kernels) staged(name string, inDim, outDim, batch int) bool {
+func (k Kernels) staged(name string, batch int) bool {
 	from := stagedFromBatch
 	if k.StagedFromBatch > 0 {
 		from = int(k.StagedFromBatch)
@@ -128,8 +130,7 @@ func (k Kernels) staged(name string, inDim, outDim, batch int) bool {
 	if k.StagedOnly != nil && !slices.ContainsFunc(k.StagedOnly, func(s string) bool { return strings.Contains(name, s) }) {
 		return false
 	}
-	return !k.Unstaged && min(batch, kernels.MaxBatchRows) >= from &&
-		uint64(inDim) >= uint64(k.StagedMinIn) && uint64(inDim)*uint64(outDim)*4 >= k.StagedMinBytes
+	return !k.Unstaged && min(batch, kernels.MaxBatchRows) >= from
 }
 
 // launchOf is a launch of one of the linear kernels (they share their

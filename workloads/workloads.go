@@ -122,11 +122,8 @@ type Kernels struct {
 	// for (development).
 	StagedGrid uint32
 	// StagedFromBatch, when not 0, is the fewest batch rows at which
-	// the linears stage their weights; StagedMinIn and StagedMinBytes
-	// stage only the linears with at least that many inputs and weight
-	// bytes (development).
-	StagedFromBatch, StagedMinIn uint32
-	StagedMinBytes               uint64
+	// the linears stage their weights (development).
+	StagedFromBatch uint32
 	// StagedOnly, when not nil, stages only the linears whose op name
 	// contains one of these (development).
 	StagedOnly []string

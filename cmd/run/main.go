@@ -124,8 +124,6 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.kernels.Unstaged, "unstaged", false, "launch no linear_st: the linears as before it (development)")
 	fs.Uint32Var(&c.kernels.StagedGrid, "staged-grid", 0, "linear_st launches aim for this many blocks (development; 0: the default)")
 	fs.Uint32Var(&c.kernels.StagedFromBatch, "staged-from-batch", 0, "stage the linears' weights from this many batch rows on (development; 0: the default)")
-	fs.Uint32Var(&c.kernels.StagedMinIn, "staged-min-in", 0, "stage only the linears with at least this many inputs (development)")
-	fs.Uint64Var(&c.kernels.StagedMinBytes, "staged-min-bytes", 0, "stage only the linears with at least this many weight bytes (development)")
 	fs.StringSliceVar(&c.kernels.StagedOnly, "staged-only", nil, "stage only the linears whose op name contains one of these (development: qkv, .proj, fc+, fc_proj)")
 	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
 	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
