@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 9 probe 2 (issue 15), run on the H100 as 'OUT=$OUT bash scripts/gpu-s9-p2.sh' with .dev carried
-# (.dev/run, .dev/run-before, and for p2-p4 the PTX it names); a record: its output is in
+# (.dev/run, .dev/run-before; .dev/kernels_90.ptx, the PTX of probe 1); a record: its output is in
 # bench/results/h100-s9-probes.txt.
 set -u
 P=(--ptx .dev/kernels_90.ptx)

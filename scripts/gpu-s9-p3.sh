@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 9 probe 3 (issue 15), run on the H100 as 'OUT=$OUT bash scripts/gpu-s9-p3.sh' with .dev carried
-# (.dev/run, .dev/run-before, and for p2-p4 the PTX it names); a record: its output is in
+# (.dev/run, .dev/run-before; no PTX: it builds its own); a record: its output is in
 # bench/results/h100-s9-probes.txt.
 set -u
 mkdir -p $OUT/v

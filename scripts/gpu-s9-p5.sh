@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 9 probe 5 (issue 15), run on the H100 as 'OUT=$OUT bash scripts/gpu-s9-p5.sh' with .dev carried
-# (.dev/run, .dev/run-before, and for p2-p4 the PTX it names); a record: its output is in
+# (.dev/run, .dev/run-before; .dev/k90.ptx, probe 4's PTX); a record: its output is in
 # bench/results/h100-s9-probes.txt. Its --staged-min-bytes 4000000 and --staged-min-in 1024
 # are gone: --staged-only qkv,fc and --staged-only fc_proj stage the same linears.
 set -u

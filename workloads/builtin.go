@@ -88,7 +88,7 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		}
 		rows := (uint32(outDim) + blocks - 1) / blocks
 		if rows <= kernels.LinearStagedMaxRows && uint64(rows)*uint64(inDim)*4 <= stagedMax {
-			return k.launchOf(name, kernels.LinearStaged, (uint32(outDim)+rows-1)/rows, rows*uint32(inDim)*4,
+			return linearOf(name, kernels.LinearStaged, (uint32(outDim)+rows-1)/rows, rows*uint32(inDim)*4,
 				out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
 		}
 	}
@@ -116,7 +116,7 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		}
 	}
 	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)
-	return k.launchOf(name, kernel, grid, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
+	return linearOf(name, kernel, grid, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
 }
 
 // staged says whether the linear called name stages its weights
@@ -133,9 +133,9 @@ func (k Kernels) staged(name string, batch int) bool {
 	return !k.Unstaged && min(batch, kernels.MaxBatchRows) >= from
 }
 
-// launchOf is a launch of one of the linear kernels (they share their
+// linearOf is a launch of one of the linear kernels (they share their
 // parameters) with linearBlock threads a block.
-func (k Kernels) launchOf(name, kernel string, grid, shared uint32, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
+func linearOf(name, kernel string, grid, shared uint32, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
 	opt := func(t *graph.Tensor) graph.Arg {
 		if t == nil {
 			return graph.Null()
