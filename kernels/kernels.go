@@ -61,7 +61,29 @@ const (
 	// launch gives r*in_dim*4 bytes of dynamic shared memory and at most
 	// LinearStagedMaxBlock threads a block.
 	LinearStaged = "linear_st"
+	// LinearFew is linear without a layer norm in a kernel of its own for
+	// one or two batch rows at a time (see kernels.cu): the same function
+	// and parameters (ln_g and ln_b null), at most LinearFewMaxBlock
+	// threads a block, registers bounded so that more of its blocks, and
+	// the next kernel's, are resident than linear's.
+	LinearFew = "linear_few"
+	// AttentionCluster is AttentionPart and AttentionCombine in one
+	// launch, for AttentionClusterSplits splits a head: grid (heads,
+	// batch, AttentionClusterSplits), the blocks of a head one
+	// thread-block cluster (compute_90 PTX) that combines its partials
+	// through distributed shared memory. Parameters: out, qkv, k cache,
+	// v cache, step, width, heads, kv_len, scale.
+	AttentionCluster = "attention_cl"
 )
+
+// AttentionClusterSplits is how many splits of the cache positions a head
+// of attention_cl has: the blocks of its cluster (ACL in kernels.cu; at
+// most 8, the portable cluster size).
+const AttentionClusterSplits = 8
+
+// LinearFewMaxBlock is the most threads of a linear_few block (its launch
+// bounds).
+const LinearFewMaxBlock = 128
 
 // LinearStagedMaxRows is the most output rows a block of linear_st takes
 // (ST_MAXR in kernels.cu).
@@ -128,5 +150,7 @@ func Reference() map[string]launch.KernelFunc {
 		AttentionCombine: attentionCombine,
 		LinearLN:         linearLN,
 		LinearStaged:     linearStaged,
+		LinearFew:        linearFew,
+		AttentionCluster: attentionCluster,
 	}
 }

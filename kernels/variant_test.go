@@ -49,7 +49,8 @@ func TestPTX90(t *testing.T) {
 	if got := launch.PDLEntries(kernels.PTX); len(got) != 0 {
 		t.Errorf("compute_80 PDL entries %v, want none", got)
 	}
-	want := map[string]bool{kernels.Linear: true, kernels.LinearLN: true, kernels.LinearStaged: true, kernels.AttentionPart: true, kernels.AttentionCombine: true}
+	want := map[string]bool{kernels.Linear: true, kernels.LinearLN: true, kernels.LinearStaged: true, kernels.AttentionPart: true, kernels.AttentionCombine: true,
+		kernels.LinearFew: true, kernels.AttentionCluster: true}
 	if got := launch.PDLEntries(kernels.PTX90); !maps.Equal(got, want) {
 		t.Errorf("compute_90 PDL entries %v, want %v", got, want)
 	}
