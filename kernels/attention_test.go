@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"unsafe"
 
@@ -39,8 +38,7 @@ func (a *alloc) f32(n int) (cuda.DevicePtr, []float32) {
 
 // Split-KV attention (attention_part, then attention_combine) computes the
 // function of the one-pass attention reference for any split of the cache
-// positions, empty chunks included, and leaves the caches as it does; so
-// does attention_cl (both in one launch, AttentionClusterSplits splits).
+// positions, empty chunks included, and leaves the caches as it does.
 func TestSplitAttentionMatchesOnePass(t *testing.T) {
 	refs := kernels.Reference()
 	r := rand.New(rand.NewPCG(15, 1))
@@ -55,8 +53,7 @@ func TestSplitAttentionMatchesOnePass(t *testing.T) {
 		scale := float32(1 / math.Sqrt(float64(hd)))
 		name := fmt.Sprintf("hd%d/h%d/T%d/b%d/s%d/pos%d", hd, heads, kvLen, batch, splits, pos)
 
-		const onePass, split, cluster = 0, 1, 2
-		run := func(mode int) (out, kc, vc []float32) {
+		run := func(split bool) (out, kc, vc []float32) {
 			a := &alloc{mem: make(flat, 4*(4*batch*kvLen*width+batch*width*(6+splits*2)+heads*batch*splits*8+1024)+4096)}
 			po, out := a.f32(batch * width)
 			pq, qkv := a.f32(batch * 3 * width)
@@ -74,17 +71,7 @@ func TestSplitAttentionMatchesOnePass(t *testing.T) {
 				out[i] = float32(math.NaN())
 			}
 			grid := cuda.Dim3{X: uint32(heads), Y: uint32(batch), Z: uint32(splits)}
-			if mode == cluster {
-				grid.Z = kernels.AttentionClusterSplits
-				err := refs[kernels.AttentionCluster](a.mem, grid, cuda.D1(128), []cuda.KernelArg{
-					cuda.Ptr(po), cuda.Ptr(pq), cuda.Ptr(pk), cuda.Ptr(pv), cuda.Ptr(ps),
-					cuda.U32(uint32(width)), cuda.U32(uint32(heads)), cuda.U32(uint32(kvLen)), cuda.F32(scale)})
-				if err != nil {
-					t.Fatalf("%s: attention_cl: %v", name, err)
-				}
-				return out, kc, vc
-			}
-			if mode == onePass {
+			if !split {
 				pw, _ := a.f32(batch * heads * splits * (hd + 2))
 				pc, _ := a.f32(batch * heads)
 				err := refs[kernels.Attention](a.mem, grid, cuda.D1(128), []cuda.KernelArg{
@@ -117,18 +104,16 @@ func TestSplitAttentionMatchesOnePass(t *testing.T) {
 			}
 			return out, kc, vc
 		}
-		want, wk, wv := run(onePass)
-		for _, mode := range []int{split, cluster} {
-			got, gk, gv := run(mode)
-			for i := range want {
-				if d := math.Abs(float64(got[i] - want[i])); !(d <= 1e-5*(1+math.Abs(float64(want[i])))) {
-					t.Fatalf("%s: mode %d: out[%d] = %g, one pass %g", name, mode, i, got[i], want[i])
-				}
+		want, wk, wv := run(false)
+		got, gk, gv := run(true)
+		for i := range want {
+			if d := math.Abs(float64(got[i] - want[i])); !(d <= 1e-5*(1+math.Abs(float64(want[i])))) {
+				t.Fatalf("%s: out[%d] = %g, one pass %g", name, i, got[i], want[i])
 			}
-			for i := range wk {
-				if gk[i] != wk[i] || gv[i] != wv[i] {
-					t.Fatalf("%s: mode %d: caches differ at %d", name, mode, i)
-				}
+		}
+		for i := range wk {
+			if gk[i] != wk[i] || gv[i] != wv[i] {
+				t.Fatalf("%s: caches differ at %d", name, i)
 			}
 		}
 	}
@@ -158,74 +143,6 @@ func TestSplitAttentionShapes(t *testing.T) {
 		err := refs[kernels.AttentionPart](a.mem, cuda.Dim3{X: 2, Y: 1, Z: tc.gridZ}, cuda.D1(tc.block), args(tc.width, tc.heads, tc.splits))
 		if err == nil {
 			t.Errorf("%s: no error", tc.name)
-		}
-	}
-	clArgs := func(width, heads uint32) []cuda.KernelArg {
-		return []cuda.KernelArg{cuda.Ptr(p), cuda.Ptr(p), cuda.Ptr(p), cuda.Ptr(p), cuda.Ptr(p),
-			cuda.U32(width), cuda.U32(heads), cuda.U32(4), cuda.F32(1)}
-	}
-	const z = kernels.AttentionClusterSplits
-	if err := refs[kernels.AttentionCluster](a.mem, cuda.Dim3{X: 2, Y: 1, Z: z}, cuda.D1(128), clArgs(16, 2)); err != nil {
-		t.Errorf("attention_cl, a valid launch: %v", err)
-	}
-	for _, tc := range []struct {
-		name         string
-		width, heads uint32
-		gridZ, block uint32
-	}{
-		{"head too large", 2 * (kernels.MaxAttentionHead + 4), 2, z, 128},
-		{"head not a multiple of 4", 12, 2, z, 128},
-		{"grid z is not the cluster", 16, 2, z / 2, 128},
-		{"block too large", 16, 2, z, kernels.MaxAttentionPartBlock + 32},
-		{"block not whole warps", 16, 2, z, 48},
-	} {
-		err := refs[kernels.AttentionCluster](a.mem, cuda.Dim3{X: 2, Y: 1, Z: tc.gridZ}, cuda.D1(tc.block), clArgs(tc.width, tc.heads))
-		if err == nil {
-			t.Errorf("attention_cl: %s: no error", tc.name)
-		}
-	}
-}
-
-// linear_few computes linear's function (two batch rows at a time, any
-// batch), and its reference refuses a layer norm (the kernel applies none)
-// and blocks above its launch bounds.
-func TestLinearFewReference(t *testing.T) {
-	refs := kernels.Reference()
-	r := rand.New(rand.NewPCG(21, 1))
-	const in, out = 24, 13
-	for _, batch := range []int{1, 2, 3} {
-		a := &alloc{mem: make(flat, 1<<16)}
-		px, x := a.f32(batch * in)
-		pw, w := a.f32(out * in)
-		pb, bias := a.f32(out)
-		pr, resid := a.f32(batch * out)
-		py1, y1 := a.f32(batch * out)
-		py2, y2 := a.f32(batch * out)
-		for _, v := range [][]float32{x, w, bias, resid} {
-			for i := range v {
-				v[i] = r.Float32()*2 - 1
-			}
-		}
-		args := func(y, g cuda.DevicePtr) []cuda.KernelArg {
-			return []cuda.KernelArg{cuda.Ptr(y), cuda.Ptr(px), cuda.Ptr(pw), cuda.Ptr(pb), cuda.Ptr(pr), cuda.Ptr(g), cuda.Ptr(g),
-				cuda.U32(in), cuda.U32(out), cuda.U32(uint32(batch)), cuda.U32(kernels.ModeGELU | kernels.ModeResidual), cuda.F32(1e-5)}
-		}
-		if err := refs[kernels.LinearFew](a.mem, cuda.D1(2), cuda.D1(128), args(py1, 0)); err != nil {
-			t.Fatalf("batch %d: %v", batch, err)
-		}
-		if err := refs[kernels.Linear](a.mem, cuda.D1(2), cuda.D1(128), args(py2, 0)); err != nil {
-			t.Fatal(err)
-		}
-		for i := range y1 {
-			if y1[i] != y2[i] {
-				t.Fatalf("batch %d: linear_few[%d] = %g, linear %g", batch, i, y1[i], y2[i])
-			}
-		}
-		if err := refs[kernels.LinearFew](a.mem, cuda.D1(2), cuda.D1(128), args(py1, px)); err == nil || !strings.Contains(err.Error(), "layer norm") {
-			t.Errorf("a layer norm: %v, want an error", err)
-		}
-		if err := refs[kernels.LinearFew](a.mem, cuda.D1(2), cuda.D1(kernels.LinearFewMaxBlock+32), args(py1, 0)); err == nil {
-			t.Error("block above the launch bounds: no error")
 		}
 	}
 }

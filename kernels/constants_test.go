@@ -37,7 +37,6 @@ func TestSourceConstants(t *testing.T) {
 		{"LINEAR_SK_R (LinearSplitKRows)", define("LINEAR_SK_R"), kernels.LinearSplitKRows},
 		{"ST_MAXR (LinearStagedMaxRows)", define("ST_MAXR"), kernels.LinearStagedMaxRows},
 		{"ST_THREADS (LinearStagedMaxBlock)", define("ST_THREADS"), kernels.LinearStagedMaxBlock},
-		{"ACL (AttentionClusterSplits)", define("ACL"), kernels.AttentionClusterSplits},
 	} {
 		if c.def != c.got {
 			t.Errorf("%s: kernels.cu %d, Go %d", c.name, c.def, c.got)

@@ -624,6 +624,31 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
     }
 }
 
+// linear_ln_few: linear_ln for one or two batch rows at a time, in a
+// kernel of its own whose registers are bounded for LINEAR_LN_FEW_LB
+// blocks a multiprocessor (linear_ln's rows of 3 and more batch rows
+// hold 121); otherwise as linear_ln: the same parameters, the same
+// function, min(batch, 2)*in_dim floats of dynamic shared memory.
+#ifndef LINEAR_LN_FEW_LB
+#define LINEAR_LN_FEW_LB 6
+#endif
+__global__ void __launch_bounds__(128, LINEAR_LN_FEW_LB) linear_ln_few(float *__restrict__ out, const float *__restrict__ in,
+                                                   const float *__restrict__ w, const float *__restrict__ bias,
+                                                   const float *__restrict__ resid, const float *__restrict__ ln_g,
+                                                   const float *__restrict__ ln_b, uint32_t in_dim, uint32_t out_dim,
+                                                   uint32_t batch, uint32_t mode, float eps) {
+    __shared__ float s_mean[2], s_rstd[2];
+    extern __shared__ float4 s_xs[];
+    PDL_LAUNCH_DEPENDENTS();
+    for (uint32_t b0 = 0; b0 < batch; b0 += 2) {
+        const uint32_t nb = min(2u, batch - b0);
+        if (nb == 1)
+            linear_rows<1, true, 8, true>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, s_mean, s_rstd, s_xs);
+        else
+            linear_rows<2, true, 8, true>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, s_mean, s_rstd, s_xs);
+    }
+}
+
 // linear_few: linear without a layer norm (ln_g and ln_b are not read) for
 // one or two batch rows at a time: linear's code for those rows in a
 // kernel of its own, its registers bounded for LINEAR_FEW_LB blocks of 128
@@ -1106,19 +1131,36 @@ __device__ __forceinline__ void combine_partials(float *__restrict__ out, const 
 }
 
 
-// attention_chunk is the work of block (h, b) = (blockIdx.x, blockIdx.y)
-// of attention_part for split s of `splits` (see there): it writes k and v
-// at pos into the caches when s is 0, and returns the chunk's partial to
-// threads below hd/4: M (the largest scaled score), L (the sum of
-// exp(score - M)) and O (float4 threadIdx.x of sum exp(score - M)*v); the
-// other threads get {-inf, 0, 0}. Every thread of the block calls it.
-__device__ __forceinline__ void attention_chunk(const float *__restrict__ qkv, float *kc, float *vc,
-                                                const uint32_t *__restrict__ step, uint32_t width,
-                                                uint32_t heads, uint32_t kv_len, uint32_t s, uint32_t splits,
-                                                float scale, float &M, float &L, float4 &O) {
+extern "C" {
+
+// attention_part: block (h, b, s) of grid (heads, batch, splits) takes
+// head h of batch row b and the s-th of `splits` chunks of ceil(n/splits)
+// positions of 0..pos (n = pos+1, pos = step[0] clamped to kv_len-1; the
+// last chunks may be short or empty). qkv[b] holds q, k, v (each width
+// wide, head h at h*hd). The blocks of split 0 write the current k and v
+// into the caches kc, vc ([batch][kv_len][width]) at pos; every block reads
+// position pos from qkv itself, so no block reads what another writes. The
+// block leaves its chunk's partial in part[((b*heads+h)*splits+s)*(hd+4)]:
+// {m, l, 0, 0, o[0..hd)} with m the chunk's largest scaled score
+// (q.k*scale), l = sum_t exp(score_t - m) and o = sum_t exp(score_t - m)*v_t;
+// an empty chunk leaves {-inf, 0, 0, 0, 0...}.
+//
+// A key is read by `lanes` adjacent threads (the power of two >= hd/4), a
+// float4 each, so a group of lanes reads a key row of the cache as one
+// coalesced 16*hd-byte access; the block's groups take positions
+// t0+g, t0+g+groups, ... A thread keeps its key's and value's float4s and
+// its scores in registers; each group runs its own softmax (max m,
+// sum l, accumulator o) over rounds of APRE positions, rescaling between
+// rounds, and the groups are combined in index order through shared
+// memory. Fixed order throughout: deterministic. hd is a multiple of 4, at
+// most 128; blockDim a multiple of 32, at most APART.
+__global__ void attention_part(float *__restrict__ part, const float *__restrict__ qkv, float *kc, float *vc,
+                               const uint32_t *__restrict__ step, uint32_t width, uint32_t heads,
+                               uint32_t kv_len, uint32_t splits, float scale) {
     __shared__ float4 s_acc[APART];
     __shared__ float s_m[APART], s_l[APART];
-    const uint32_t hd = width / heads, hd4 = hd / 4, h = blockIdx.x, b = blockIdx.y;
+    PDL_LAUNCH_DEPENDENTS();
+    const uint32_t hd = width / heads, hd4 = hd / 4, h = blockIdx.x, b = blockIdx.y, s = blockIdx.z;
     uint32_t lanes = 1;
     while (lanes < hd4) lanes <<= 1;
     const uint32_t groups = blockDim.x / lanes, g = threadIdx.x / lanes, d4 = threadIdx.x % lanes;
@@ -1209,11 +1251,11 @@ __device__ __forceinline__ void attention_chunk(const float *__restrict__ qkv, f
     }
     s_acc[threadIdx.x] = acc;
     __syncthreads();
-    M = -INFINITY;
-    L = 0.f;
-    O = zero;
     if (threadIdx.x < hd4) {
+        float M = -INFINITY;
         for (uint32_t gg = 0; gg < groups; gg++) M = fmaxf(M, s_m[gg]);
+        float L = 0.f;
+        float4 O = zero;
         for (uint32_t gg = 0; gg < groups; gg++) {
             const float wg = s_m[gg] == -INFINITY ? 0.f : __expf(s_m[gg] - M);
             const float4 a = s_acc[gg * lanes + threadIdx.x];
@@ -1223,42 +1265,6 @@ __device__ __forceinline__ void attention_chunk(const float *__restrict__ qkv, f
             O.z = fmaf(wg, a.z, O.z);
             O.w = fmaf(wg, a.w, O.w);
         }
-    }
-}
-
-
-extern "C" {
-
-// attention_part: block (h, b, s) of grid (heads, batch, splits) takes
-// head h of batch row b and the s-th of `splits` chunks of ceil(n/splits)
-// positions of 0..pos (n = pos+1, pos = step[0] clamped to kv_len-1; the
-// last chunks may be short or empty). qkv[b] holds q, k, v (each width
-// wide, head h at h*hd). The blocks of split 0 write the current k and v
-// into the caches kc, vc ([batch][kv_len][width]) at pos; every block reads
-// position pos from qkv itself, so no block reads what another writes. The
-// block leaves its chunk's partial in part[((b*heads+h)*splits+s)*(hd+4)]:
-// {m, l, 0, 0, o[0..hd)} with m the chunk's largest scaled score
-// (q.k*scale), l = sum_t exp(score_t - m) and o = sum_t exp(score_t - m)*v_t;
-// an empty chunk leaves {-inf, 0, 0, 0, 0...}.
-//
-// A key is read by `lanes` adjacent threads (the power of two >= hd/4), a
-// float4 each, so a group of lanes reads a key row of the cache as one
-// coalesced 16*hd-byte access; the block's groups take positions
-// t0+g, t0+g+groups, ... A thread keeps its key's and value's float4s and
-// its scores in registers; each group runs its own softmax (max m,
-// sum l, accumulator o) over rounds of APRE positions, rescaling between
-// rounds, and the groups are combined in index order through shared
-// memory. Fixed order throughout: deterministic. hd is a multiple of 4, at
-// most 128; blockDim a multiple of 32, at most APART.
-__global__ void attention_part(float *__restrict__ part, const float *__restrict__ qkv, float *kc, float *vc,
-                               const uint32_t *__restrict__ step, uint32_t width, uint32_t heads,
-                               uint32_t kv_len, uint32_t splits, float scale) {
-    PDL_LAUNCH_DEPENDENTS();
-    const uint32_t hd = width / heads, h = blockIdx.x, b = blockIdx.y, s = blockIdx.z;
-    float M, L;
-    float4 O;
-    attention_chunk(qkv, kc, vc, step, width, heads, kv_len, s, splits, scale, M, L, O);
-    if (threadIdx.x < hd / 4) {
         float *pw = part + (((size_t)b * heads + h) * splits + s) * (hd + 4);
         reinterpret_cast<float4 *>(pw + 4)[threadIdx.x] = O;
         if (threadIdx.x == 0) *reinterpret_cast<float4 *>(pw) = make_float4(M, L, 0.f, 0.f);
@@ -1283,120 +1289,6 @@ __global__ void attention_combine(float *__restrict__ out, const float *__restri
 #else
     if (splits <= 8) combine_partials<8>(out, part, width, heads, splits);
     else combine_partials<16>(out, part, width, heads, splits);
-#endif
-}
-
-} // extern "C"
-
-// ---- attention_cl: attention_part and attention_combine in one launch ----
-//
-// The blocks of a head form a thread-block cluster (sm_90) and combine
-// their partials through distributed shared memory after a cluster
-// barrier: no second kernel, no round trip through L2, no fence. (Session
-// 8 measured the combine in the last block of each head, with a fence and
-// an atomic counter: slower than the second launch it saved.)
-
-#define ACL 8 // splits a head of attention_cl, the blocks of a cluster (kernels.AttentionClusterSplits)
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define ACL_DIMS __cluster_dims__(1, 1, ACL)
-
-// cluster_sync is a barrier of every thread of the cluster's blocks, with
-// release and acquire semantics at cluster scope (shared memory written
-// before it is visible to the cluster's blocks after it).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
-}
-
-// cluster_addr is the address of p (this block's shared memory) in the
-// shared memory of the cluster's block of the given rank.
-__device__ __forceinline__ uint32_t cluster_addr(const void *p, uint32_t rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
-    return r;
-}
-
-__device__ __forceinline__ float2 cluster_ld2(uint32_t a) {
-    float2 v;
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ float4 cluster_ld4(uint32_t a) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(a)
-                 : "memory");
-    return v;
-}
-#else
-#define ACL_DIMS
-#endif
-
-extern "C" {
-
-// attention_cl: attention_part followed by attention_combine, for ACL
-// splits a head, as one kernel: grid (heads, batch, ACL), launched as
-// clusters of the ACL blocks of a head (compiled in: __cluster_dims__).
-// Block s (its rank in the cluster) computes split s's partial as
-// attention_part does and leaves it in its shared memory; after a cluster
-// barrier it combines float4s [s*q, s*q+q) of the head (q = ceil(hd/4 /
-// ACL)) from every block's partial, read through distributed shared
-// memory, with attention_combine's arithmetic in split order, and writes
-// them to out[b][h*hd ..]; a second barrier keeps every block's shared
-// memory until the others have read it. The same bits as attention_part
-// and attention_combine with ACL splits. Built below compute capability
-// 9.0 (no clusters: kernels.ptx), block 0 of each head computes the whole
-// head as one chunk and the others return: the same function, slower.
-// hd is a multiple of 4, at most 128; blockDim a multiple of 32, at most
-// APART, at least hd/4.
-__global__ void ACL_DIMS attention_cl(float *__restrict__ out, const float *__restrict__ qkv, float *kc, float *vc,
-                                      const uint32_t *__restrict__ step, uint32_t width, uint32_t heads,
-                                      uint32_t kv_len, float scale) {
-    PDL_LAUNCH_DEPENDENTS();
-    const uint32_t hd = width / heads, hd4 = hd / 4, h = blockIdx.x, b = blockIdx.y;
-    float4 *o4 = reinterpret_cast<float4 *>(out + (size_t)b * width + h * hd);
-    float M, L;
-    float4 O;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ float4 c_o[128 / 4];
-    __shared__ float2 c_ml;
-    uint32_t s;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(s));
-    attention_chunk(qkv, kc, vc, step, width, heads, kv_len, s, ACL, scale, M, L, O);
-    if (threadIdx.x < hd4) c_o[threadIdx.x] = O;
-    if (threadIdx.x == 0) c_ml = make_float2(M, L);
-    cluster_sync();
-    const uint32_t q = (hd4 + ACL - 1) / ACL, d4 = s * q + threadIdx.x;
-    if (threadIdx.x < q && d4 < hd4) {
-        float2 ml[ACL];
-        float4 ov[ACL];
-#pragma unroll
-        for (int k = 0; k < ACL; k++) {
-            ml[k] = cluster_ld2(cluster_addr(&c_ml, k));
-            ov[k] = cluster_ld4(cluster_addr(&c_o[d4], k));
-        }
-        float Mx = -INFINITY, Ls = 0.f;
-        float4 Os = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int k = 0; k < ACL; k++) Mx = fmaxf(Mx, ml[k].x);
-#pragma unroll
-        for (int k = 0; k < ACL; k++) {
-            const float wk = ml[k].x == -INFINITY ? 0.f : __expf(ml[k].x - Mx);
-            Ls = fmaf(wk, ml[k].y, Ls);
-            Os.x = fmaf(wk, ov[k].x, Os.x);
-            Os.y = fmaf(wk, ov[k].y, Os.y);
-            Os.z = fmaf(wk, ov[k].z, Os.z);
-            Os.w = fmaf(wk, ov[k].w, Os.w);
-        }
-        o4[d4] = make_float4(Os.x / Ls, Os.y / Ls, Os.z / Ls, Os.w / Ls);
-    }
-    cluster_sync();
-#else
-    if (blockIdx.z != 0) return;
-    attention_chunk(qkv, kc, vc, step, width, heads, kv_len, 0, 1, scale, M, L, O);
-    if (threadIdx.x < hd4) o4[threadIdx.x] = make_float4(O.x / L, O.y / L, O.z / L, O.w / L);
 #endif
 }
 

@@ -67,19 +67,13 @@ const (
 	// threads a block, registers bounded so that more of its blocks, and
 	// the next kernel's, are resident than linear's.
 	LinearFew = "linear_few"
-	// AttentionCluster is AttentionPart and AttentionCombine in one
-	// launch, for AttentionClusterSplits splits a head: grid (heads,
-	// batch, AttentionClusterSplits), the blocks of a head one
-	// thread-block cluster (compute_90 PTX) that combines its partials
-	// through distributed shared memory. Parameters: out, qkv, k cache,
-	// v cache, step, width, heads, kv_len, scale.
-	AttentionCluster = "attention_cl"
+	// LinearLNFew is linear_ln in a kernel of its own for one or two batch
+	// rows at a time, its registers bounded so that more of its blocks,
+	// and the next kernel's, are resident: the same function, parameters
+	// and shared memory as linear_ln (4*min(batch, 2)*in_dim bytes), at
+	// most LinearLNMaxBlock threads a block.
+	LinearLNFew = "linear_ln_few"
 )
-
-// AttentionClusterSplits is how many splits of the cache positions a head
-// of attention_cl has: the blocks of its cluster (ACL in kernels.cu; at
-// most 8, the portable cluster size).
-const AttentionClusterSplits = 8
 
 // LinearFewMaxBlock is the most threads of a linear_few block (its launch
 // bounds).
@@ -151,6 +145,6 @@ func Reference() map[string]launch.KernelFunc {
 		LinearLN:         linearLN,
 		LinearStaged:     linearStaged,
 		LinearFew:        linearFew,
-		AttentionCluster: attentionCluster,
+		LinearLNFew:      linearLN,
 	}
 }

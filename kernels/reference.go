@@ -272,15 +272,6 @@ func attention(mem launch.SimMemory, grid, block launch.Dim3, args []launch.Kern
 			return fmt.Errorf("attention: counter %d is %d, not 0", i, c)
 		}
 	}
-	attendOnePass(out, qkv, kc, vc, pos, batch, nh, width, hd, kvLen, scale)
-	return nil
-}
-
-// attendOnePass writes k and v of batch row b, head h (h < nh) at pos
-// into the caches and out[b][h*hd..] = softmax(q.k*scale over 0..pos).v,
-// in float64: the function of attention, and of attention_part with
-// attention_combine.
-func attendOnePass(out, qkv, kc, vc []float32, pos, batch, nh, width, hd, kvLen uint64, scale float64) {
 	p := make([]float64, pos+1)
 	o := make([]float64, hd)
 	for b := uint64(0); b < batch; b++ {
@@ -317,6 +308,7 @@ func attendOnePass(out, qkv, kc, vc []float32, pos, batch, nh, width, hd, kvLen 
 			}
 		}
 	}
+	return nil
 }
 
 // AttentionPartStride is how many floats attention_part leaves per (batch
@@ -491,36 +483,4 @@ func linearFew(mem launch.SimMemory, grid, block launch.Dim3, args []launch.Kern
 		return fmt.Errorf("linear_few: block %d: at most %d threads", block.X, LinearFewMaxBlock)
 	}
 	return linear(mem, grid, block, args)
-}
-
-// attentionCluster: attention_part and attention_combine with
-// AttentionClusterSplits splits, in one launch of grid (heads, batch,
-// AttentionClusterSplits): write k, v at pos into the caches, then attend
-// over 0..pos.
-func attentionCluster(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
-	if err := want(args, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, f32); err != nil {
-		return err
-	}
-	width, heads, kvLen, scale := uint64(args[5].AsU32()), uint64(args[6].AsU32()), uint64(args[7].AsU32()), float64(args[8].AsF32())
-	hd, err := attentionShape("attention_cl", width, heads, 1)
-	if err != nil {
-		return err
-	}
-	switch {
-	case kvLen == 0 || grid.Z != AttentionClusterSplits:
-		return fmt.Errorf("attention_cl: kv_len %d, grid %v: want %d blocks in z (one cluster a head)", kvLen, grid, AttentionClusterSplits)
-	case block.X%32 != 0 || block.X > MaxAttentionPartBlock || uint64(block.X) < uint64(attentionLanes(int(hd))):
-		return fmt.Errorf("attention_cl: block %d: want a multiple of 32, at least %d, at most %d", block.X, attentionLanes(int(hd)), MaxAttentionPartBlock)
-	}
-	batch, nh := uint64(grid.Y), min(uint64(grid.X), heads)
-	out, err := f32s(mem, args[0].AsPtr(), batch*width)
-	if err != nil {
-		return err
-	}
-	qkv, kc, vc, pos, err := attentionInputs(mem, args, batch, width, kvLen)
-	if err != nil {
-		return err
-	}
-	attendOnePass(out, qkv, kc, vc, pos, batch, nh, width, hd, kvLen, scale)
-	return nil
 }

@@ -45,7 +45,7 @@ if [ -n "${COMPILE:-}" ]; then
 		grep -E "Compiling entry|registers|spill|stack" "$OUT/ptxas.txt" >>"$LOG"
 		# PDL_WAIT_IF's purpose (kernels.cu): a 16-byte load of the
 		# prologue issued before the first griddepcontrol.wait (ACQBULK).
-		for fn in linear linear_ln attention_part linear_st linear_few attention_cl; do
+		for fn in linear linear_ln attention_part linear_st linear_few linear_ln_few; do
 			first=$(cuobjdump -sass -fun "$fn" /tmp/kernels.cubin | grep -oE 'LDGSTS[.A-Z]*128|LDG[.A-Z]*128|ACQBULK' | head -1)
 			case $first in
 			LDG*) echo "pdl pin $fn: ok (a 16-byte load before the wait: $first)" ;;
@@ -93,13 +93,11 @@ san() {
 }
 
 small=(--workload gpt2-decode --layers 2 --width 256 --heads 4 --kv-len 256 --vocab 1000)
-# At batch 1 its cache of 1024 positions splits 16 ways: attention_cl
-# (and linear_few).
-cl=(--workload gpt2-decode --layers 2 --width 256 --heads 4 --kv-len 1024 --vocab 1000)
+# At one and two batch rows: linear_few and linear_ln_few.
+few=(--workload gpt2-decode --layers 2 --width 256 --heads 4 --kv-len 1024 --vocab 1001)
 if [ -n "${CHECK:-}" ]; then
 	ours check-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps 5 --check
-	ours check-gpt2-b5 "$RUN" --workload gpt2-decode --batch 5 --steps 3 --check
-	ours check-cl-b2 "$RUN" "${cl[@]}" --batch 2 --steps 10 --check
+	ours check-few-b2 "$RUN" "${few[@]}" --batch 2 --steps 10 --check
 	ours check-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps 3 --check
 	ours check-small-b3 "$RUN" "${small[@]}" --batch 3 --steps 10 --check
 	ours check-small-b11 "$RUN" "${small[@]}" --batch 11 --steps 4 --check
@@ -116,9 +114,9 @@ done
 # The same binary and kernels with no linear_st (batch 8: the linears as
 # before it; batch 1 does not stage).
 ours unstaged-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps "$STEPS" --unstaged
-# ... and at batch 1 with linear and attention_part/attention_combine in
-# place of linear_few and attention_cl (session 9's kernels there).
-ours unstaged-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps "$STEPS" --no-linear-few --no-attention-cluster
+# ... and at batch 1 with linear and linear_ln in place of linear_few and
+# linear_ln_few (session 9's kernels there).
+ours unstaged-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps "$STEPS" --no-linear-few
 if [ -n "${BEFORE:-}" ]; then
 	ours before-gpt2-b1 "$BEFORE" --workload gpt2-decode --batch 1 --steps "$STEPS"
 	ours before-gpt2-b8 "$BEFORE" --workload gpt2-decode --batch 8 --steps "$STEPS"
@@ -137,8 +135,8 @@ if [ -n "${CHECK:-}" ]; then
 	san memcheck "${small[@]}" --batch 11 --steps 2 --warmup 1
 	san racecheck "${small[@]}" --batch 3 --steps 2 --warmup 1
 	san synccheck "${small[@]}" --batch 3 --steps 2 --warmup 1
-	san racecheck "${cl[@]}" --batch 1 --steps 2 --warmup 1
-	san synccheck "${cl[@]}" --batch 1 --steps 2 --warmup 1
+	san racecheck "${few[@]}" --batch 2 --steps 2 --warmup 1
+	san synccheck "${few[@]}" --batch 2 --steps 2 --warmup 1
 fi
 
 python3 - "$RES" "$RUN" <<'PY' | tee -a "$LOG"

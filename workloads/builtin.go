@@ -96,8 +96,8 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	if k.LinearGrid > 0 {
 		maxGrid = k.LinearGrid
 	}
-	// One and two batch rows without a layer norm: linear_few, linear's
-	// code for those rows at fewer registers.
+	// One and two batch rows: linear_few and linear_ln_few, the code of
+	// linear and linear_ln for those rows at fewer registers.
 	if lnG == nil && batch <= 2 && !k.NoLinearFew {
 		kernel = kernels.LinearFew
 	}
@@ -118,6 +118,9 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), linearLNMaxGrid, linearBlock/32
 		if k.LinearLNGrid > 0 {
 			maxGrid = k.LinearLNGrid
+		}
+		if batch <= 2 && !k.NoLinearFew && !k.NoLinearLNFew {
+			kernel = kernels.LinearLNFew
 		}
 	}
 	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)
@@ -232,11 +235,6 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 	// replay in 355 µs a step, 32 of 32 in 373 (bench/results/h100-s8-probes.txt).
 	round := kernels.AttentionRound(hd, attentionBlock)
 	splits := max(1, min(ab/(H*B), (T+round-1)/round))
-	// Where that is at least a cluster's splits (batch 1 to 5 of GPT-2
-	// small), attention_cl: the cluster's splits, combined in the same
-	// launch (H100, batch 1: 8 splits replayed as fast as 16 with the two
-	// kernels, bench/results/h100-s8-probes.txt).
-	cluster := splits >= kernels.AttentionClusterSplits && !k.NoAttentionCluster
 	combineBlock := uint32((hd/4 + 31) &^ 31)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	for i := 0; i < L; i++ {
@@ -251,35 +249,25 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 		vc := b.Tensor(p+"v_cache", graph.F32, graph.State, mb, l, w).SetInit(uniform(seed, p+"v_cache", 0, 1)).Share(p + "v_cache")
 
 		qkv := b.Tensor(p+"qkv", graph.F32, graph.Intermediate, bb, 3*w)
+		part := b.Tensor(p+"attn.part", graph.F32, graph.Intermediate, bb*int64(H*splits*kernels.AttentionPartStride(hd)))
 		att := b.Tensor(p+"attn", graph.F32, graph.Intermediate, bb, w)
 		xm := b.Tensor(p+"x_mid", graph.F32, graph.Intermediate, bb, w)
 		hid := b.Tensor(p+"mlp.h", graph.F32, graph.Intermediate, bb, 4*w)
 		xn := b.Tensor(fmt.Sprintf("x%d", i+1), graph.F32, graph.Intermediate, bb, w)
 
 		b.Launch(k.linearLaunch(p+"ln1+qkv", qkv, x, wqkv, bqkv, nil, ln1g, ln1b, W, 3*W, B, 0))
-		if cluster {
-			b.Launch(graph.Launch{
-				Name: p + "attention", Kernel: kernels.AttentionCluster,
-				Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: kernels.AttentionClusterSplits}, Block: launch.D1(attentionBlock),
-				Args: []graph.Arg{graph.Out(att), graph.In(qkv), graph.InOut(kc), graph.InOut(vc), graph.In(step),
-					graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(T))),
-					graph.Scalar(launch.F32(scale))},
-			})
-		} else {
-			part := b.Tensor(p+"attn.part", graph.F32, graph.Intermediate, bb*int64(H*splits*kernels.AttentionPartStride(hd)))
-			b.Launch(graph.Launch{
-				Name: p + "attention", Kernel: kernels.AttentionPart,
-				Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: launch.D1(attentionBlock),
-				Args: []graph.Arg{graph.Out(part), graph.In(qkv), graph.InOut(kc), graph.InOut(vc), graph.In(step),
-					graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(T))),
-					graph.Scalar(launch.U32(uint32(splits))), graph.Scalar(launch.F32(scale))},
-			})
-			b.Launch(graph.Launch{
-				Name: p + "attention_combine", Kernel: kernels.AttentionCombine,
-				Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: 1}, Block: launch.D1(combineBlock),
-				Args: []graph.Arg{graph.Out(att), graph.In(part), graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(splits)))},
-			})
-		}
+		b.Launch(graph.Launch{
+			Name: p + "attention", Kernel: kernels.AttentionPart,
+			Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: launch.D1(attentionBlock),
+			Args: []graph.Arg{graph.Out(part), graph.In(qkv), graph.InOut(kc), graph.InOut(vc), graph.In(step),
+				graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(T))),
+				graph.Scalar(launch.U32(uint32(splits))), graph.Scalar(launch.F32(scale))},
+		})
+		b.Launch(graph.Launch{
+			Name: p + "attention_combine", Kernel: kernels.AttentionCombine,
+			Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: 1}, Block: launch.D1(combineBlock),
+			Args: []graph.Arg{graph.Out(att), graph.In(part), graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(splits)))},
+		})
 		b.Launch(k.linearLaunch(p+"proj+residual", xm, att, wo, bo, x, nil, nil, W, W, B, kernels.ModeResidual))
 		b.Launch(k.linearLaunch(p+"ln2+fc+gelu", hid, xm, wfc, bfc, nil, ln2g, ln2b, W, 4*W, B, kernels.ModeGELU))
 		b.Launch(k.linearLaunch(p+"fc_proj+residual", xn, hid, wpr, bpr, xm, nil, nil, 4*W, W, B, kernels.ModeResidual))

@@ -20,8 +20,8 @@ func linearDims(op *graph.Op) (in, out uint32) {
 // KiB a block. The others, and every linear below 3 batch rows, run as
 // before: a layer-norm linear as linear_ln with room in shared memory for
 // min(batch, 8) normalised rows, within its block limit, when those rows
-// fit in 48 KiB; otherwise as linear, or as linear_few at one and two
-// batch rows.
+// fit in 48 KiB; otherwise as linear. At one and two batch rows linear
+// and linear_ln are linear_few and linear_ln_few.
 func TestGPT2LinearLaunches(t *testing.T) {
 	for _, tc := range []struct {
 		width, batch int
@@ -37,7 +37,17 @@ func TestGPT2LinearLaunches(t *testing.T) {
 		}
 		linears := 0
 		for _, op := range g.Ops {
-			if op.Kernel != kernels.LinearStaged && op.Kernel != kernels.LinearLN && op.Kernel != kernels.Linear && op.Kernel != kernels.LinearFew {
+			few := op.Kernel == kernels.LinearFew || op.Kernel == kernels.LinearLNFew
+			if plain := op.Kernel == kernels.Linear || op.Kernel == kernels.LinearLN; (few || plain) && few != (tc.batch <= 2) {
+				t.Errorf("width %d batch %d: %s runs %s", tc.width, tc.batch, op.Name, op.Kernel)
+			}
+			switch op.Kernel {
+			case kernels.LinearFew:
+				op.Kernel = kernels.Linear
+			case kernels.LinearLNFew:
+				op.Kernel = kernels.LinearLN
+			}
+			if op.Kernel != kernels.LinearStaged && op.Kernel != kernels.LinearLN && op.Kernel != kernels.Linear {
 				continue
 			}
 			in, out := linearDims(op)
@@ -77,19 +87,10 @@ func TestGPT2LinearLaunches(t *testing.T) {
 				if op.Grid.X == 0 || op.Grid.X > 4*132 {
 					t.Errorf("%s: linear_ln grid %d, want 1 to %d blocks", op.Name, op.Grid.X, 4*132)
 				}
-			case kernels.LinearFew:
-				linears++
-				if tc.batch > 2 || ln || op.Shared != 0 || op.Block.X > kernels.LinearFewMaxBlock {
-					t.Errorf("width %d batch %d: %s (layer norm %v) as linear_few, %d bytes of shared memory, block %d",
-						tc.width, tc.batch, op.Name, ln, op.Shared, op.Block.X)
-				}
 			case kernels.Linear:
 				linears++
 				if tc.batch >= 3 && fits {
 					t.Errorf("width %d batch %d: %s (%dx%d) is not staged", tc.width, tc.batch, op.Name, out, in)
-				}
-				if tc.batch <= 2 && !ln {
-					t.Errorf("width %d batch %d: %s as linear, not linear_few", tc.width, tc.batch, op.Name)
 				}
 				if ln && tc.lnStaged {
 					t.Errorf("width %d batch %d: %s: a layer-norm linear as linear", tc.width, tc.batch, op.Name)
@@ -147,9 +148,10 @@ func TestGPT2StagedKnobs(t *testing.T) {
 	}
 }
 
-// --no-linear-few and --no-attention-cluster take back linear_few and
-// attention_cl: the kernels of before them, two attention launches a layer.
-func TestGPT2FewAndClusterKnobs(t *testing.T) {
+// --no-linear-few takes linear_few and linear_ln_few back: linear and
+// linear_ln at one and two batch rows, as before them; --no-linear-ln-few
+// only linear_ln_few.
+func TestGPT2FewKnob(t *testing.T) {
 	kinds := func(k workloads.Kernels, batch int) map[string]int {
 		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 2, Batch: batch}, k)
 		if err != nil {
@@ -162,27 +164,24 @@ func TestGPT2FewAndClusterKnobs(t *testing.T) {
 		return n
 	}
 	k := workloads.EmbeddedKernels()
-	n := kinds(k, 1)
-	if n[kernels.LinearFew] != 4 || n[kernels.Linear] != 0 || n[kernels.AttentionCluster] != 2 || n[kernels.AttentionPart]+n[kernels.AttentionCombine] != 0 {
-		t.Errorf("batch 1: %v, want 4 linear_few, 2 attention_cl", n)
+	if n := kinds(k, 2); n[kernels.LinearFew] != 4 || n[kernels.LinearLNFew] != 5 || n[kernels.Linear]+n[kernels.LinearLN] != 0 {
+		t.Errorf("batch 2: %v, want 4 linear_few and 5 linear_ln_few", n)
 	}
-	if n := kinds(k, 8); n[kernels.LinearFew]+n[kernels.AttentionCluster] != 0 || n[kernels.AttentionPart] != 2 {
-		t.Errorf("batch 8: %v, want neither linear_few nor attention_cl", n)
+	k.NoLinearFew = true
+	if n := kinds(k, 2); n[kernels.LinearFew]+n[kernels.LinearLNFew] != 0 || n[kernels.Linear] != 4 || n[kernels.LinearLN] != 5 {
+		t.Errorf("batch 2, --no-linear-few: %v, want 4 linear and 5 linear_ln", n)
 	}
-	k.NoLinearFew, k.NoAttentionCluster = true, true
-	n = kinds(k, 1)
-	if n[kernels.LinearFew]+n[kernels.AttentionCluster] != 0 || n[kernels.Linear] != 4 || n[kernels.AttentionPart] != 2 || n[kernels.AttentionCombine] != 2 {
-		t.Errorf("batch 1 with the knobs: %v", n)
+	k.NoLinearFew, k.NoLinearLNFew = false, true
+	if n := kinds(k, 2); n[kernels.LinearFew] != 4 || n[kernels.LinearLNFew] != 0 || n[kernels.LinearLN] != 5 {
+		t.Errorf("batch 2, --no-linear-ln-few: %v, want 4 linear_few and 5 linear_ln", n)
 	}
 }
 
 // gpt2-decode's attention splits the cache positions into as many chunks
 // as fit four blocks a multiprocessor, but none shorter than one round of
-// attention_part (the positions it loads before it waits); where that is
-// at least a cluster's worth, it is attention_cl with
-// AttentionClusterSplits splits instead. A plain linear from 3 batch rows
-// on has a block per kernels.LinearSplitKRows output rows, below that a
-// warp per row.
+// attention_part (the positions it loads before it waits); a plain linear
+// from 3 batch rows on has a block per kernels.LinearSplitKRows output
+// rows, below that a warp per row.
 func TestGPT2LaunchShapes(t *testing.T) {
 	for _, tc := range []struct {
 		width, heads, kvLen, batch int
@@ -196,18 +195,9 @@ func TestGPT2LaunchShapes(t *testing.T) {
 		}
 		hd := tc.width / tc.heads
 		round := kernels.AttentionRound(hd, 128)
-		// The splits by the rule above.
-		want := max(1, min(4*132/(tc.heads*tc.batch), (tc.kvLen+round-1)/round))
 		for _, op := range g.Ops {
 			switch op.Kernel {
-			case kernels.AttentionCluster:
-				if want < kernels.AttentionClusterSplits || op.Grid.Z != kernels.AttentionClusterSplits {
-					t.Errorf("%+v: attention_cl with grid %v where the rule gives %d splits", tc, op.Grid, want)
-				}
 			case kernels.AttentionPart:
-				if want >= kernels.AttentionClusterSplits {
-					t.Errorf("%+v: attention_part with %d splits, not attention_cl", tc, op.Grid.Z)
-				}
 				splits := int(op.Grid.Z)
 				chunk := (tc.kvLen + splits - 1) / splits
 				switch {
