@@ -449,8 +449,10 @@ func TestRebindDecisions(t *testing.T) {
 		want  graphexec.Decision
 	}{
 		{"same workload", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: 2}, graphexec.Reused},
-		{"smaller batch fits the plan", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 100, Batch: 1}, graphexec.Updated},
-		{"smaller vocabulary fits too", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 60, Batch: 1}, graphexec.Updated},
+		{"smaller vocabulary fits the plan", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 60, Batch: 2}, graphexec.Updated},
+		// At batch 1 the plain linears are linear_few (another kernel).
+		{"batch 1 changes the kernels", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 60, Batch: 1}, graphexec.Recaptured},
+		{"a smaller vocabulary at batch 1 fits", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 50, Batch: 1}, graphexec.Updated},
 		{"larger vocabulary does not fit", workloads.Shape{Layers: 2, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 1}, graphexec.Recaptured},
 		{"more layers change the topology", workloads.Shape{Layers: 3, Width: 64, Heads: 2, KVLen: 32, Vocab: 200, Batch: 1}, graphexec.Recaptured},
 		// From 3 batch rows on the linears stage their weights (another

@@ -603,6 +603,9 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
 #ifndef LINEAR_LN_LB
 #define LINEAR_LN_LB 4
 #endif
+#ifndef LINEAR_LN_T1
+#define LINEAR_LN_T1 8 // float4s a lane reads of a weight row per tile at one batch row
+#endif
 __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict__ out, const float *__restrict__ in,
                                            const float *__restrict__ w, const float *__restrict__ bias,
                                            const float *__restrict__ resid, const float *__restrict__ ln_g,
@@ -616,7 +619,7 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
 #define LINEAR_ROWS_ST(NB, T)                                                                          \
     linear_rows<NB, true, T, true, (NB >= 4 ? 2 : 1)>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, \
                                    s_mean, s_rstd, s_xs)
-        if (nb == 1) LINEAR_ROWS_ST(1, 8);
+        if (nb == 1) LINEAR_ROWS_ST(1, LINEAR_LN_T1);
         else if (nb == 2) LINEAR_ROWS_ST(2, 8);
         else if (nb <= 4) LINEAR_ROWS_ST(4, 4);
         else LINEAR_ROWS_ST(8, 4);
@@ -624,40 +627,16 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
     }
 }
 
-// linear_ln_few: linear_ln for one or two batch rows at a time, in a
-// kernel of its own whose registers are bounded for LINEAR_LN_FEW_LB
-// blocks a multiprocessor (linear_ln's rows of 3 and more batch rows
-// hold 121); otherwise as linear_ln: the same parameters, the same
-// function, min(batch, 2)*in_dim floats of dynamic shared memory.
-#ifndef LINEAR_LN_FEW_LB
-#define LINEAR_LN_FEW_LB 6
-#endif
-__global__ void __launch_bounds__(128, LINEAR_LN_FEW_LB) linear_ln_few(float *__restrict__ out, const float *__restrict__ in,
-                                                   const float *__restrict__ w, const float *__restrict__ bias,
-                                                   const float *__restrict__ resid, const float *__restrict__ ln_g,
-                                                   const float *__restrict__ ln_b, uint32_t in_dim, uint32_t out_dim,
-                                                   uint32_t batch, uint32_t mode, float eps) {
-    __shared__ float s_mean[2], s_rstd[2];
-    extern __shared__ float4 s_xs[];
-    PDL_LAUNCH_DEPENDENTS();
-    for (uint32_t b0 = 0; b0 < batch; b0 += 2) {
-        const uint32_t nb = min(2u, batch - b0);
-        if (nb == 1)
-            linear_rows<1, true, 8, true>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, s_mean, s_rstd, s_xs);
-        else
-            linear_rows<2, true, 8, true>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, s_mean, s_rstd, s_xs);
-    }
-}
-
-// linear_few: linear without a layer norm (ln_g and ln_b are not read) for
-// one or two batch rows at a time: linear's code for those rows in a
-// kernel of its own, its registers bounded for LINEAR_FEW_LB blocks of 128
-// threads a multiprocessor. linear holds 255 registers a thread for its
+// linear_few: linear without a layer norm (ln_g and ln_b are not read),
+// one batch row at a time: linear's code for one row in a kernel of its
+// own, its registers bounded for LINEAR_FEW_LB blocks of 128 threads a
+// multiprocessor. linear holds 255 registers a thread for its
 // split-input rows (3 batch rows and more), which leaves room for two of
 // its blocks a multiprocessor and none for the next kernel's to become
-// resident and load before their wait. Any batch (two rows at a time);
-// otherwise as linear. -DLINEAR_FEW_LB=N and -DLINEAR_FEW_T=N build
-// variants.
+// resident and load before their wait. H100, gpt2-decode replayed at
+// batch 1 (projection and MLP out): 331 -> 315 µs a step
+// (bench/results/h100-s10-probes.txt). Any batch; otherwise as linear.
+// -DLINEAR_FEW_LB=N and -DLINEAR_FEW_T=N build variants.
 #ifndef LINEAR_FEW_LB
 #define LINEAR_FEW_LB 4
 #endif
@@ -671,15 +650,13 @@ __global__ void __launch_bounds__(128, LINEAR_FEW_LB) linear_few(float *__restri
                                              uint32_t batch, uint32_t mode, float eps) {
     PDL_LAUNCH_DEPENDENTS();
     const bool narrow = in_dim <= 2 * 4 * WARP; // a row is at most 2 float4s a lane
-    for (uint32_t b0 = 0; b0 < batch; b0 += 2) {
-        const uint32_t nb = min(2u, batch - b0);
-#define LINEAR_ROWS_FEW(NB, T)                                                                              \
-    linear_rows<NB, false, T>(out, in, w, bias, resid, nullptr, nullptr, in_dim, out_dim, b0, nb, mode, eps, \
-                              nullptr, nullptr, nullptr)
-        if (nb == 1 && narrow) LINEAR_ROWS_FEW(1, 2);
-        else if (nb == 1) LINEAR_ROWS_FEW(1, LINEAR_FEW_T);
-        else LINEAR_ROWS_FEW(2, 8);
-#undef LINEAR_ROWS_FEW
+    for (uint32_t b0 = 0; b0 < batch; b0++) {
+        if (narrow)
+            linear_rows<1, false, 2>(out, in, w, bias, resid, nullptr, nullptr, in_dim, out_dim, b0, 1, mode, eps,
+                                     nullptr, nullptr, nullptr);
+        else
+            linear_rows<1, false, LINEAR_FEW_T>(out, in, w, bias, resid, nullptr, nullptr, in_dim, out_dim, b0, 1, mode,
+                                                eps, nullptr, nullptr, nullptr);
     }
 }
 

@@ -61,18 +61,12 @@ const (
 	// launch gives r*in_dim*4 bytes of dynamic shared memory and at most
 	// LinearStagedMaxBlock threads a block.
 	LinearStaged = "linear_st"
-	// LinearFew is linear without a layer norm in a kernel of its own for
-	// one or two batch rows at a time (see kernels.cu): the same function
-	// and parameters (ln_g and ln_b null), at most LinearFewMaxBlock
-	// threads a block, registers bounded so that more of its blocks, and
-	// the next kernel's, are resident than linear's.
+	// LinearFew is linear without a layer norm in a kernel of its own,
+	// one batch row at a time (see kernels.cu): the same function and
+	// parameters (ln_g and ln_b null), at most LinearFewMaxBlock threads a
+	// block, its registers bounded so that more of its blocks, and the
+	// next kernel's, are resident than linear's.
 	LinearFew = "linear_few"
-	// LinearLNFew is linear_ln in a kernel of its own for one or two batch
-	// rows at a time, its registers bounded so that more of its blocks,
-	// and the next kernel's, are resident: the same function, parameters
-	// and shared memory as linear_ln (4*min(batch, 2)*in_dim bytes), at
-	// most LinearLNMaxBlock threads a block.
-	LinearLNFew = "linear_ln_few"
 )
 
 // LinearFewMaxBlock is the most threads of a linear_few block (its launch
@@ -145,6 +139,5 @@ func Reference() map[string]launch.KernelFunc {
 		LinearLN:         linearLN,
 		LinearStaged:     linearStaged,
 		LinearFew:        linearFew,
-		LinearLNFew:      linearLN,
 	}
 }

@@ -96,9 +96,10 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	if k.LinearGrid > 0 {
 		maxGrid = k.LinearGrid
 	}
-	// One and two batch rows: linear_few and linear_ln_few, the code of
-	// linear and linear_ln for those rows at fewer registers.
-	if lnG == nil && batch <= 2 && !k.NoLinearFew {
+	// At batch 1 a plain linear is linear_few: linear's code for one
+	// row at fewer registers (at batch 2 two rows at a time measured
+	// slower than linear: H100, gpt2-decode replayed, 420 vs 381 µs).
+	if lnG == nil && batch == 1 && !k.NoLinearFew {
 		kernel = kernels.LinearFew
 	}
 	// Rows a block takes at once: one a warp; from 3 batch rows on, a
@@ -118,9 +119,6 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), linearLNMaxGrid, linearBlock/32
 		if k.LinearLNGrid > 0 {
 			maxGrid = k.LinearLNGrid
-		}
-		if batch <= 2 && !k.NoLinearFew && !k.NoLinearLNFew {
-			kernel = kernels.LinearLNFew
 		}
 	}
 	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)

@@ -20,8 +20,7 @@ func linearDims(op *graph.Op) (in, out uint32) {
 // KiB a block. The others, and every linear below 3 batch rows, run as
 // before: a layer-norm linear as linear_ln with room in shared memory for
 // min(batch, 8) normalised rows, within its block limit, when those rows
-// fit in 48 KiB; otherwise as linear. At one and two batch rows linear
-// and linear_ln are linear_few and linear_ln_few.
+// fit in 48 KiB; otherwise as linear, which at batch 1 is linear_few.
 func TestGPT2LinearLaunches(t *testing.T) {
 	for _, tc := range []struct {
 		width, batch int
@@ -37,15 +36,11 @@ func TestGPT2LinearLaunches(t *testing.T) {
 		}
 		linears := 0
 		for _, op := range g.Ops {
-			few := op.Kernel == kernels.LinearFew || op.Kernel == kernels.LinearLNFew
-			if plain := op.Kernel == kernels.Linear || op.Kernel == kernels.LinearLN; (few || plain) && few != (tc.batch <= 2) {
+			if few := op.Kernel == kernels.LinearFew; (few || op.Kernel == kernels.Linear) && few != (tc.batch == 1) {
 				t.Errorf("width %d batch %d: %s runs %s", tc.width, tc.batch, op.Name, op.Kernel)
 			}
-			switch op.Kernel {
-			case kernels.LinearFew:
+			if op.Kernel == kernels.LinearFew {
 				op.Kernel = kernels.Linear
-			case kernels.LinearLNFew:
-				op.Kernel = kernels.LinearLN
 			}
 			if op.Kernel != kernels.LinearStaged && op.Kernel != kernels.LinearLN && op.Kernel != kernels.Linear {
 				continue
@@ -148,12 +143,10 @@ func TestGPT2StagedKnobs(t *testing.T) {
 	}
 }
 
-// --no-linear-few takes linear_few and linear_ln_few back: linear and
-// linear_ln at one and two batch rows, as before them; --no-linear-ln-few
-// only linear_ln_few.
+// --no-linear-few takes linear_few back: linear at batch 1, as before it.
 func TestGPT2FewKnob(t *testing.T) {
-	kinds := func(k workloads.Kernels, batch int) map[string]int {
-		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 2, Batch: batch}, k)
+	kinds := func(k workloads.Kernels) map[string]int {
+		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 2, Batch: 1}, k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,66 +157,11 @@ func TestGPT2FewKnob(t *testing.T) {
 		return n
 	}
 	k := workloads.EmbeddedKernels()
-	if n := kinds(k, 2); n[kernels.LinearFew] != 4 || n[kernels.LinearLNFew] != 5 || n[kernels.Linear]+n[kernels.LinearLN] != 0 {
-		t.Errorf("batch 2: %v, want 4 linear_few and 5 linear_ln_few", n)
+	if n := kinds(k); n[kernels.LinearFew] != 4 || n[kernels.Linear] != 0 {
+		t.Errorf("batch 1: %v, want 4 linear_few", n)
 	}
 	k.NoLinearFew = true
-	if n := kinds(k, 2); n[kernels.LinearFew]+n[kernels.LinearLNFew] != 0 || n[kernels.Linear] != 4 || n[kernels.LinearLN] != 5 {
-		t.Errorf("batch 2, --no-linear-few: %v, want 4 linear and 5 linear_ln", n)
-	}
-	k.NoLinearFew, k.NoLinearLNFew = false, true
-	if n := kinds(k, 2); n[kernels.LinearFew] != 4 || n[kernels.LinearLNFew] != 0 || n[kernels.LinearLN] != 5 {
-		t.Errorf("batch 2, --no-linear-ln-few: %v, want 4 linear_few and 5 linear_ln", n)
-	}
-}
-
-// gpt2-decode's attention splits the cache positions into as many chunks
-// as fit four blocks a multiprocessor, but none shorter than one round of
-// attention_part (the positions it loads before it waits); a plain linear
-// from 3 batch rows on has a block per kernels.LinearSplitKRows output
-// rows, below that a warp per row.
-func TestGPT2LaunchShapes(t *testing.T) {
-	for _, tc := range []struct {
-		width, heads, kvLen, batch int
-	}{
-		{768, 12, 1024, 1}, {768, 12, 1024, 8}, {768, 12, 64, 1}, {256, 4, 4096, 2}, {128, 1, 8192, 1}, {512, 4, 1, 3},
-	} {
-		s := workloads.Shape{Layers: 1, Width: tc.width, Heads: tc.heads, KVLen: tc.kvLen, Vocab: 50, Batch: tc.batch}
-		g, err := workloads.Build("gpt2-decode", s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hd := tc.width / tc.heads
-		round := kernels.AttentionRound(hd, 128)
-		for _, op := range g.Ops {
-			switch op.Kernel {
-			case kernels.AttentionPart:
-				splits := int(op.Grid.Z)
-				chunk := (tc.kvLen + splits - 1) / splits
-				switch {
-				case splits < 1 || (splits > 1 && tc.heads*tc.batch*splits > 4*132):
-					t.Errorf("%+v: %d splits of %d heads and %d rows: more than one wave", tc, splits, tc.heads, tc.batch)
-				case splits > 1 && chunk < round:
-					t.Errorf("%+v: %d splits: chunks of %d positions, shorter than a round of %d", tc, splits, chunk, round)
-				case splits < (tc.kvLen+round-1)/round && tc.heads*tc.batch*(splits+1) <= 4*132:
-					t.Errorf("%+v: %d splits where %d fit", tc, splits, splits+1)
-				}
-			case kernels.Linear, kernels.LinearFew: // (not staged; see TestGPT2LinearLaunches)
-				rows := 4 // a warp each
-				if tc.batch >= 3 {
-					rows = kernels.LinearSplitKRows
-				}
-				if want := uint32(tc.width+rows-1) / uint32(rows); op.Grid.X != want {
-					t.Errorf("%+v: %s: grid %d, want %d", tc, op.Name, op.Grid.X, want)
-				}
-			}
-		}
-	}
-	// Round: 8 positions for every group of lanes that reads a key (a
-	// float4 a lane, a power of two of them).
-	for _, tc := range []struct{ hd, block, want int }{{64, 128, 64}, {128, 128, 32}, {60, 128, 64}, {4, 128, 1024}, {128, 32, 8}} {
-		if got := kernels.AttentionRound(tc.hd, tc.block); got != tc.want {
-			t.Errorf("AttentionRound(%d, %d) = %d, want %d", tc.hd, tc.block, got, tc.want)
-		}
+	if n := kinds(k); n[kernels.LinearFew] != 0 || n[kernels.Linear] != 4 {
+		t.Errorf("batch 1, --no-linear-few: %v, want 4 linear", n)
 	}
 }

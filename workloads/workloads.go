@@ -127,12 +127,9 @@ type Kernels struct {
 	// StagedOnly, when not nil, stages only the linears whose op name
 	// contains one of these (development).
 	StagedOnly []string
-	// NoLinearFew launches linear and linear_ln, not linear_few and
-	// linear_ln_few, at one and two batch rows (development).
+	// NoLinearFew launches linear, not linear_few, at batch 1
+	// (development).
 	NoLinearFew bool
-	// NoLinearLNFew launches linear_ln, not linear_ln_few, at one and two
-	// batch rows (development).
-	NoLinearLNFew bool
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.
