@@ -618,6 +618,9 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
 #ifndef LINEAR_LN_LB
 #define LINEAR_LN_LB 4
 #endif
+#ifndef LINEAR_LN_T1
+#define LINEAR_LN_T1 0 // tiles at one batch row: 0 picks 6 where six_fits, else 8 (development: 6 or 8)
+#endif
 __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict__ out, const float *__restrict__ in,
                                            const float *__restrict__ w, const float *__restrict__ bias,
                                            const float *__restrict__ resid, const float *__restrict__ ln_g,
@@ -631,7 +634,7 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
 #define LINEAR_ROWS_ST(NB, T)                                                                          \
     linear_rows<NB, true, T, true, (NB >= 4 ? 2 : 1)>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, \
                                    s_mean, s_rstd, s_xs)
-        if (nb == 1 && six_fits(in_dim / 4)) LINEAR_ROWS_ST(1, 6);
+        if (nb == 1 && (LINEAR_LN_T1 == 6 || (LINEAR_LN_T1 == 0 && six_fits(in_dim / 4)))) LINEAR_ROWS_ST(1, 6);
         else if (nb == 1) LINEAR_ROWS_ST(1, 8);
         else if (nb == 2) LINEAR_ROWS_ST(2, 8);
         else if (nb <= 4) LINEAR_ROWS_ST(4, 4);

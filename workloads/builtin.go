@@ -121,8 +121,15 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 			maxGrid = k.LinearLNGrid
 		}
 	}
+	if kernel == kernels.LinearFew && k.FewBlock > 0 {
+		rows = k.FewBlock / 32
+	}
 	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)
-	return linearOf(name, kernel, grid, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
+	l := linearOf(name, kernel, grid, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
+	if kernel == kernels.LinearFew && k.FewBlock > 0 {
+		l.Block = launch.D1(k.FewBlock)
+	}
+	return l
 }
 
 // staged says whether the linear called name stages its weights
@@ -231,7 +238,11 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 	// shorter than one round of attention_part (the positions it loads
 	// before it waits): on an H100 at batch 1, 16 splits of 64 positions
 	// replay in 355 µs a step, 32 of 32 in 373 (bench/results/h100-s8-probes.txt).
-	round := kernels.AttentionRound(hd, attentionBlock)
+	ablock := attentionBlock
+	if k.AttentionBlock > 0 {
+		ablock = int(k.AttentionBlock)
+	}
+	round := kernels.AttentionRound(hd, ablock)
 	splits := max(1, min(ab/(H*B), (T+round-1)/round))
 	combineBlock := uint32((hd/4 + 31) &^ 31)
 	scale := float32(1 / math.Sqrt(float64(hd)))
@@ -256,7 +267,7 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 		b.Launch(k.linearLaunch(p+"ln1+qkv", qkv, x, wqkv, bqkv, nil, ln1g, ln1b, W, 3*W, B, 0))
 		b.Launch(graph.Launch{
 			Name: p + "attention", Kernel: kernels.AttentionPart,
-			Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: launch.D1(attentionBlock),
+			Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: launch.D1(uint32(ablock)),
 			Args: []graph.Arg{graph.Out(part), graph.In(qkv), graph.InOut(kc), graph.InOut(vc), graph.In(step),
 				graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(T))),
 				graph.Scalar(launch.U32(uint32(splits))), graph.Scalar(launch.F32(scale))},

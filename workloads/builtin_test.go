@@ -165,3 +165,33 @@ func TestGPT2FewKnob(t *testing.T) {
 		t.Errorf("batch 1, --no-linear-few: %v, want 4 linear", n)
 	}
 }
+
+// --few-block and --attention-block set those kernels' block sizes (the
+// grid and the attention's splits follow), and refuse what the kernels
+// cannot run.
+func TestGPT2BlockKnobs(t *testing.T) {
+	k := workloads.EmbeddedKernels()
+	k.FewBlock, k.AttentionBlock = 64, 64
+	g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: 1}, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range g.Ops {
+		switch op.Kernel {
+		case kernels.LinearFew:
+			if _, out := linearDims(op); op.Block.X != 64 || op.Grid.X != out/2 {
+				t.Errorf("%s: block %d, grid %d for %d rows", op.Name, op.Block.X, op.Grid.X, out)
+			}
+		case kernels.AttentionPart:
+			// 1024 positions in rounds of 4 groups of 8 (64 threads, 16 a key).
+			if op.Block.X != 64 || op.Grid.Z != 32 {
+				t.Errorf("%s: block %d, %d splits", op.Name, op.Block.X, op.Grid.Z)
+			}
+		}
+	}
+	for _, bad := range []workloads.Kernels{{FewBlock: 48}, {FewBlock: 256}, {AttentionBlock: 100}, {AttentionBlock: 512}} {
+		if _, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1}, bad); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}

@@ -90,6 +90,12 @@ func (w *Workload) Build(s Shape) (*graph.Graph, error) {
 
 // BuildWith is Build with other kernels.
 func (w *Workload) BuildWith(s Shape, k Kernels) (*graph.Graph, error) {
+	switch {
+	case k.AttentionBlock%32 != 0 || k.AttentionBlock > kernels.MaxAttentionPartBlock:
+		return nil, fmt.Errorf("workloads: %s: attention block of %d threads: want a multiple of 32, at most %d", w.Name, k.AttentionBlock, kernels.MaxAttentionPartBlock)
+	case k.FewBlock%32 != 0 || k.FewBlock > kernels.LinearFewMaxBlock:
+		return nil, fmt.Errorf("workloads: %s: linear_few block of %d threads: want a multiple of 32, at most %d", w.Name, k.FewBlock, kernels.LinearFewMaxBlock)
+	}
 	return w.build(w.Resolve(s), k)
 }
 
@@ -130,6 +136,9 @@ type Kernels struct {
 	// NoLinearFew launches linear, not linear_few, at batch 1
 	// (development).
 	NoLinearFew bool
+	// AttentionBlock and FewBlock, when not 0, are the threads of an
+	// attention_part block and of a linear_few block (development).
+	AttentionBlock, FewBlock uint32
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.
