@@ -198,9 +198,9 @@ __device__ __forceinline__ void load_tile(float4 (&wv)[T], const float4 *__restr
 // linear_rows computes batch rows b0..b0+nb-1 (nb <= NB) of linear. Each
 // warp takes rows o = blockIdx.x*nw + warp, o + gridDim.x*nw, ...; a row is
 // read in chunks ("tiles") of T float4s per lane (8; 2 for narrow rows of
-// one batch row; 4 from 3 batch rows on, to bound the registers), and the
-// next tile (of
-// the same row, or the first of the warp's next row) is loaded before the
+// one batch row, 6 in linear_ln at one batch row; 4 from 3 batch rows on,
+// to bound the registers), and the next tile (of the same row, or the
+// first of the warp's next row) is loaded before the
 // current one is used, so a warp always has a tile in flight. The first
 // tile is loaded before the layer-norm statistics are computed, so that
 // its memory latency hides behind them. Batch rows reuse each weight tile
@@ -540,21 +540,6 @@ __device__ __forceinline__ void linear_rows_sk(float *__restrict__ out, const fl
 #define LINEAR_SK_T 2
 #endif
 
-// six_fits says whether tiles of 6 float4s a lane cover a row of n4
-// float4s with fewer idle lanes than tiles of 8 (a row of 192 float4s, a
-// GPT-2 small hidden row: one tile of 6 where 8 leave a quarter of the
-// lanes idle; a row of 256: one tile of 8). Loads, FMAs on zeros and the
-// registers of the idle lanes' slots are what it saves. H100, gpt2-decode
-// replayed at batch 1: linear_ln with tiles of 6, 314.4 -> 312.2 µs a step
-// (bench/results/h100-s10-probes.txt). -DTILE6=0 builds without it.
-#ifndef TILE6
-#define TILE6 1
-#endif
-__device__ __forceinline__ bool six_fits(uint32_t n4) {
-    const uint32_t t6 = 6 * WARP, t8 = 8 * WARP;
-    return TILE6 && (n4 + t6 - 1) / t6 * t6 - n4 < (n4 + t8 - 1) / t8 * t8 - n4;
-}
-
 extern "C" {
 
 // linear: out[b][o] = f(sum_i xn[b][i] * w[o][i] + bias[o]) for b < batch,
@@ -618,8 +603,14 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
 #ifndef LINEAR_LN_LB
 #define LINEAR_LN_LB 4
 #endif
+// LINEAR_LN_T1: float4s a lane reads of a weight row per tile at one batch
+// row. 6, not 8 as at two: a GPT-2 small row (768 floats, 192 float4s) is
+// one tile of 6 with every lane busy, where 8 leave a quarter of the lanes
+// loading nothing and multiplying zeros. H100, gpt2-decode replayed at
+// batch 1: 314 -> 311 µs a step (bench/results/h100-s10-probes.txt). A row
+// of another width is read in more tiles, as before.
 #ifndef LINEAR_LN_T1
-#define LINEAR_LN_T1 0 // tiles at one batch row: 0 picks 6 where six_fits, else 8 (development: 6 or 8)
+#define LINEAR_LN_T1 6
 #endif
 __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict__ out, const float *__restrict__ in,
                                            const float *__restrict__ w, const float *__restrict__ bias,
@@ -634,8 +625,7 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
 #define LINEAR_ROWS_ST(NB, T)                                                                          \
     linear_rows<NB, true, T, true, (NB >= 4 ? 2 : 1)>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, b0, nb, mode, eps, \
                                    s_mean, s_rstd, s_xs)
-        if (nb == 1 && (LINEAR_LN_T1 == 6 || (LINEAR_LN_T1 == 0 && six_fits(in_dim / 4)))) LINEAR_ROWS_ST(1, 6);
-        else if (nb == 1) LINEAR_ROWS_ST(1, 8);
+        if (nb == 1) LINEAR_ROWS_ST(1, LINEAR_LN_T1);
         else if (nb == 2) LINEAR_ROWS_ST(2, 8);
         else if (nb <= 4) LINEAR_ROWS_ST(4, 4);
         else LINEAR_ROWS_ST(8, 4);
@@ -659,9 +649,6 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
 #ifndef LINEAR_FEW_T
 #define LINEAR_FEW_T LINEAR_T1
 #endif
-#ifndef FEW_TILE6
-#define FEW_TILE6 1 // linear_few takes tiles of 6 where six_fits (development: -DFEW_TILE6=0)
-#endif
 __global__ void __launch_bounds__(128, LINEAR_FEW_LB) linear_few(float *__restrict__ out, const float *__restrict__ in,
                                              const float *__restrict__ w, const float *__restrict__ bias,
                                              const float *__restrict__ resid, const float *__restrict__ ln_g,
@@ -672,9 +659,6 @@ __global__ void __launch_bounds__(128, LINEAR_FEW_LB) linear_few(float *__restri
     for (uint32_t b0 = 0; b0 < batch; b0++) {
         if (narrow)
             linear_rows<1, false, 2>(out, in, w, bias, resid, nullptr, nullptr, in_dim, out_dim, b0, 1, mode, eps,
-                                     nullptr, nullptr, nullptr);
-        else if (FEW_TILE6 && six_fits(in_dim / 4))
-            linear_rows<1, false, 6>(out, in, w, bias, resid, nullptr, nullptr, in_dim, out_dim, b0, 1, mode, eps,
                                      nullptr, nullptr, nullptr);
         else
             linear_rows<1, false, LINEAR_FEW_T>(out, in, w, bias, resid, nullptr, nullptr, in_dim, out_dim, b0, 1, mode,

@@ -120,6 +120,9 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		if k.LinearLNGrid > 0 {
 			maxGrid = k.LinearLNGrid
 		}
+		if k.LNWarpRows > 0 {
+			rows *= k.LNWarpRows
+		}
 	}
 	if kernel == kernels.LinearFew && k.FewBlock > 0 {
 		rows = k.FewBlock / 32

@@ -139,6 +139,9 @@ type Kernels struct {
 	// AttentionBlock and FewBlock, when not 0, are the threads of an
 	// attention_part block and of a linear_few block (development).
 	AttentionBlock, FewBlock uint32
+	// LNWarpRows, when not 0, sizes a linear_ln grid for this many output
+	// rows a warp (at most LinearLNGrid or its default; development).
+	LNWarpRows uint32
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.
