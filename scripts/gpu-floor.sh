@@ -45,7 +45,7 @@ if [ -n "${COMPILE:-}" ]; then
 		grep -E "Compiling entry|registers|spill|stack" "$OUT/ptxas.txt" >>"$LOG"
 		# PDL_WAIT_IF's purpose (kernels.cu): a 16-byte load of the
 		# prologue issued before the first griddepcontrol.wait (ACQBULK).
-		for fn in linear linear_ln attention_part linear_st linear_few linear_ln_few; do
+		for fn in linear linear_ln attention_part linear_st linear_few; do
 			first=$(cuobjdump -sass -fun "$fn" /tmp/kernels.cubin | grep -oE 'LDGSTS[.A-Z]*128|LDG[.A-Z]*128|ACQBULK' | head -1)
 			case $first in
 			LDG*) echo "pdl pin $fn: ok (a 16-byte load before the wait: $first)" ;;

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# A record: attention_cl and --no-attention-cluster, and linear_few's two rows at
+# a time, are no longer in the tree (measured slower here; h100-s10-probes.txt).
 # Session 10 probe 1 (issue 15), run on the H100 as 'OUT=$OUT bash scripts/gpu-s10-p1.sh'
 # with .dev carried (.dev/run: this tree; .dev/run-before: bab3c80, session 9's end).
 # Builds kernels.cu with nvcc (13.0 there) into $OUT, checks linear_few and

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# A record: linear_ln_few and --no-linear-ln-few are no longer in the tree
+# (measured neutral here; h100-s10-probes.txt).
 # Session 10 probe 2 (issue 15), run on the H100 as 'OUT=$OUT bash scripts/gpu-s10-p2.sh'
 # with .dev carried (.dev/run: this tree). Builds kernels.cu with nvcc (13.0
 # there) into $OUT, checks linear_few and linear_ln_few (--check, replay =

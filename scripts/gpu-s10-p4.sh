@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# A record: the TILE6/FEW_TILE6 macros (six_fits) are no longer in kernels.cu
+# (measured slower here; h100-s10-probes.txt).
 # Session 10 probe 4 (issue 15), run on the H100 as 'OUT=$OUT bash scripts/gpu-s10-p4.sh'
 # with .dev carried (.dev/run: this tree). Builds kernels.cu with nvcc (13.0
 # there) into $OUT, checks the tiles of 6 (--check at widths 768 and 384),

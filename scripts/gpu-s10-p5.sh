@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# A record: -DTILE6=0 is no longer in kernels.cu (v0 now builds v1's kernels;
+# the figures: h100-s10-probes.txt).
 # Session 10 probe 5 (issue 15), run on the H100 as 'OUT=$OUT bash scripts/gpu-s10-p5.sh'
 # with .dev carried (.dev/run: this tree). gpt2-decode replays at batch 1,
 # alternating: tiles of 6 in neither linear (-DTILE6=0), in linear_ln at one
