@@ -1058,25 +1058,6 @@ __global__ void attention(float *__restrict__ out, const float *__restrict__ qkv
 #define APRE 8     // keys (and values) a thread of attention_part loads per round
 #define APART 256  // most threads per attention_part block
 
-// l2_prefetch asks L2 for the calling block's share of [p, p+bytes) (the
-// grid's blocks split it in 16-byte-aligned chunks) with one bulk
-// prefetch from thread 0, and goes on: nothing waits for it, nothing is
-// written. sm_90 (cp.async.bulk.prefetch.L2); a no-op below, and when p
-// is null. p is 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (p == nullptr || threadIdx.x != 0) return;
-    const uint32_t nb = gridDim.x * gridDim.y * gridDim.z;
-    const uint32_t bid = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const uint32_t chunk = ((bytes + nb - 1) / nb + 15) & ~15u;
-    const uint64_t lo = min((uint64_t)bid * chunk, (uint64_t)bytes), hi = min(lo + chunk, (uint64_t)bytes);
-    if (hi > lo)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<const char *>(p) + lo),
-                     "r"((uint32_t)(hi - lo))
-                     : "memory");
-#endif
-}
-
 // combine_partials is attention_combine's body for thread d4 of block (h,
 // b), its loads issued U partials at a time.
 template <int U>
@@ -1145,9 +1126,7 @@ extern "C" {
 // block leaves its chunk's partial in part[((b*heads+h)*splits+s)*(hd+4)]:
 // {m, l, 0, 0, o[0..hd)} with m the chunk's largest scaled score
 // (q.k*scale), l = sum_t exp(score_t - m) and o = sum_t exp(score_t - m)*v_t;
-// an empty chunk leaves {-inf, 0, 0, 0, 0...}. Each block also asks L2
-// for its share of [pf_a, pf_a+pf_a_bytes) and [pf_b, ...) (l2_prefetch;
-// null: nothing), the weights of the kernels after it.
+// an empty chunk leaves {-inf, 0, 0, 0, 0...}.
 //
 // A key is read by `lanes` adjacent threads (the power of two >= hd/4), a
 // float4 each, so a group of lanes reads a key row of the cache as one
@@ -1160,15 +1139,10 @@ extern "C" {
 // most 128; blockDim a multiple of 32, at most APART.
 __global__ void attention_part(float *__restrict__ part, const float *__restrict__ qkv, float *kc, float *vc,
                                const uint32_t *__restrict__ step, uint32_t width, uint32_t heads,
-                               uint32_t kv_len, uint32_t splits, float scale, const float *pf_a, uint32_t pf_a_bytes,
-                               const float *pf_b, uint32_t pf_b_bytes) {
+                               uint32_t kv_len, uint32_t splits, float scale) {
     __shared__ float4 s_acc[APART];
     __shared__ float s_m[APART], s_l[APART];
     PDL_LAUNCH_DEPENDENTS();
-    // Weights of the kernels after this one (constants: safe before the
-    // wait), asked of L2 while this kernel's cache reads leave HBM idle.
-    l2_prefetch(pf_a, pf_a_bytes);
-    l2_prefetch(pf_b, pf_b_bytes);
     const uint32_t hd = width / heads, hd4 = hd / 4, h = blockIdx.x, b = blockIdx.y, s = blockIdx.z;
     uint32_t lanes = 1;
     while (lanes < hd4) lanes <<= 1;

@@ -52,9 +52,6 @@ const (
 	LinearLN = "linear_ln"
 	// AttentionPart and AttentionCombine are split-KV attention in two
 	// launches (flash-decoding): per-chunk partials, then their combination.
-	// AttentionPart's last four parameters are two ranges (pointer, bytes;
-	// null for none) that its blocks ask L2 to prefetch: the weights of the
-	// kernels after it (compute_90 builds; a hint, no effect on results).
 	AttentionPart    = "attention_part"
 	AttentionCombine = "attention_combine"
 	// LinearStaged is linear with each block's weight rows copied into

@@ -347,23 +347,8 @@ func attentionInputs(mem launch.SimMemory, args []launch.KernelArg, batch, width
 // attentionPart: write k, v at pos into the caches; per (b, h, split) the
 // chunk's max score m, l = sum exp(score-m) and o = sum exp(score-m)*v.
 func attentionPart(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
-	if err := want(args, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32, ptr, u32, ptr, u32); err != nil {
+	if err := want(args, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
 		return err
-	}
-	// The L2 prefetch ranges (weights of later kernels): a hint with no
-	// effect on memory, but the kernel needs them 16-byte aligned and
-	// sized, and inside memory.
-	for _, i := range []int{10, 12} {
-		p, n := args[i].AsPtr(), uint64(args[i+1].AsU32())
-		if p == 0 {
-			continue
-		}
-		if p%16 != 0 || n%16 != 0 {
-			return fmt.Errorf("attention_part: prefetch range %#x+%d: want 16-byte alignment and a multiple of 16 bytes", uint64(p), n)
-		}
-		if _, err := mem.Bytes(p, n); err != nil {
-			return fmt.Errorf("attention_part: prefetch range: %w", err)
-		}
 	}
 	width, heads, kvLen := uint64(args[5].AsU32()), uint64(args[6].AsU32()), uint64(args[7].AsU32())
 	splits, scale := uint64(args[8].AsU32()), float64(args[9].AsF32())

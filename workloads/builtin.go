@@ -64,9 +64,6 @@ const (
 	// the 48 KiB a block gets without opting in, with room for its static
 	// shared memory.
 	stagedMax = 40 << 10
-	// attentionPrefetch is how many of the next kernels' weights
-	// attention_part asks L2 for (see buildGPT2).
-	attentionPrefetch = 2
 	// stagedFromBatch is the fewest batch rows at which the linears stage
 	// their weights.
 	stagedFromBatch = 3
@@ -251,26 +248,6 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 	round := kernels.AttentionRound(hd, ablock)
 	splits := max(1, min(ab/(H*B), (T+round-1)/round))
 	combineBlock := uint32((hd/4 + 31) &^ 31)
-	// attention_part asks L2 for the weights of the kernels after it, the
-	// first `prefetch` of (the output projection's, the MLP's first
-	// linear's), while its cache reads leave HBM idle.
-	prefetch := attentionPrefetch
-	if k.AttentionPrefetch > 0 {
-		prefetch = int(k.AttentionPrefetch) - 1
-	}
-	pfOn := func(i int, w *graph.Tensor) bool { return i <= prefetch && w.Bytes() < 1<<32 }
-	pf := func(i int, w *graph.Tensor) graph.Arg {
-		if !pfOn(i, w) {
-			return graph.Null()
-		}
-		return graph.In(w)
-	}
-	pfBytes := func(i int, w *graph.Tensor) graph.Arg {
-		if !pfOn(i, w) {
-			return graph.Scalar(launch.U32(0))
-		}
-		return graph.Scalar(launch.U32(uint32(w.Bytes())))
-	}
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	for i := 0; i < L; i++ {
 		p := fmt.Sprintf("h%d.", i)
@@ -296,8 +273,7 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 			Grid: launch.Dim3{X: uint32(H), Y: uint32(B), Z: uint32(splits)}, Block: launch.D1(uint32(ablock)),
 			Args: []graph.Arg{graph.Out(part), graph.In(qkv), graph.InOut(kc), graph.InOut(vc), graph.In(step),
 				graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(H))), graph.Scalar(launch.U32(uint32(T))),
-				graph.Scalar(launch.U32(uint32(splits))), graph.Scalar(launch.F32(scale)),
-				pf(1, wo), pfBytes(1, wo), pf(2, wfc), pfBytes(2, wfc)},
+				graph.Scalar(launch.U32(uint32(splits))), graph.Scalar(launch.F32(scale))},
 		})
 		b.Launch(graph.Launch{
 			Name: p + "attention_combine", Kernel: kernels.AttentionCombine,

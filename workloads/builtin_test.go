@@ -189,30 +189,6 @@ func TestGPT2BlockKnobs(t *testing.T) {
 			}
 		}
 	}
-	// --attention-prefetch 3: attention_part's prefetch ranges are the
-	// projection's and the MLP's first weights, whole; 1: none.
-	for _, tc := range []struct {
-		mode  uint32
-		bytes [2]uint32
-	}{{1, [2]uint32{0, 0}}, {2, [2]uint32{768 * 768 * 4, 0}}, {3, [2]uint32{768 * 768 * 4, 4 * 768 * 768 * 4}}} {
-		k := workloads.EmbeddedKernels()
-		k.AttentionPrefetch = tc.mode
-		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: 1}, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, op := range g.Ops {
-			if op.Kernel != kernels.AttentionPart {
-				continue
-			}
-			for j, want := range tc.bytes {
-				ptr, n := op.Args[10+2*j], op.Args[11+2*j].Value().AsU32()
-				if n != want || (ptr.Kind() == graph.ArgNull) != (want == 0) {
-					t.Errorf("--attention-prefetch %d: range %d: %v, %d bytes; want %d", tc.mode, j, ptr.Kind(), n, want)
-				}
-			}
-		}
-	}
 	for _, bad := range []workloads.Kernels{{FewBlock: 48}, {FewBlock: 256}, {AttentionBlock: 100}, {AttentionBlock: 512}} {
 		if _, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1}, bad); err == nil {
 			t.Errorf("%+v: no error", bad)

@@ -142,10 +142,6 @@ type Kernels struct {
 	// LNWarpRows, when not 0, sizes a linear_ln grid for this many output
 	// rows a warp (at most LinearLNGrid or its default; development).
 	LNWarpRows uint32
-	// AttentionPrefetch, when not 0, sets which weights attention_part
-	// asks L2 for: 1 none, 2 the output projection's, 3 the projection's
-	// and the MLP's first linear's (development).
-	AttentionPrefetch uint32
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.
