@@ -93,11 +93,11 @@ san() {
 }
 
 small=(--workload gpt2-decode --layers 2 --width 256 --heads 4 --kv-len 256 --vocab 1000)
-# At one and two batch rows: linear_few and linear_ln_few.
-few=(--workload gpt2-decode --layers 2 --width 256 --heads 4 --kv-len 1024 --vocab 1001)
+# At batch 1: linear_few, and linear_ln's tiles of 6 (width 1024: two a row).
+few=(--workload gpt2-decode --layers 2 --width 1024 --heads 16 --kv-len 512 --vocab 1001)
 if [ -n "${CHECK:-}" ]; then
 	ours check-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps 5 --check
-	ours check-few-b2 "$RUN" "${few[@]}" --batch 2 --steps 10 --check
+	ours check-few-b1 "$RUN" "${few[@]}" --batch 1 --steps 10 --check
 	ours check-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps 3 --check
 	ours check-small-b3 "$RUN" "${small[@]}" --batch 3 --steps 10 --check
 	ours check-small-b11 "$RUN" "${small[@]}" --batch 11 --steps 4 --check
@@ -114,8 +114,8 @@ done
 # The same binary and kernels with no linear_st (batch 8: the linears as
 # before it; batch 1 does not stage).
 ours unstaged-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps "$STEPS" --unstaged
-# ... and at batch 1 with linear and linear_ln in place of linear_few and
-# linear_ln_few (session 9's kernels there).
+# ... and at batch 1 with linear in place of linear_few (session 9's
+# kernels there, but for linear_ln's tiles of 6).
 ours unstaged-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps "$STEPS" --no-linear-few
 if [ -n "${BEFORE:-}" ]; then
 	ours before-gpt2-b1 "$BEFORE" --workload gpt2-decode --batch 1 --steps "$STEPS"
@@ -135,8 +135,8 @@ if [ -n "${CHECK:-}" ]; then
 	san memcheck "${small[@]}" --batch 11 --steps 2 --warmup 1
 	san racecheck "${small[@]}" --batch 3 --steps 2 --warmup 1
 	san synccheck "${small[@]}" --batch 3 --steps 2 --warmup 1
-	san racecheck "${few[@]}" --batch 2 --steps 2 --warmup 1
-	san synccheck "${few[@]}" --batch 2 --steps 2 --warmup 1
+	san racecheck "${few[@]}" --batch 1 --steps 2 --warmup 1
+	san synccheck "${few[@]}" --batch 1 --steps 2 --warmup 1
 fi
 
 python3 - "$RES" "$RUN" <<'PY' | tee -a "$LOG"
