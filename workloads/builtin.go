@@ -88,7 +88,7 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		}
 		rows := (uint32(outDim) + blocks - 1) / blocks
 		if rows <= kernels.LinearStagedMaxRows && uint64(rows)*uint64(inDim)*4 <= stagedMax {
-			return linearOf(name, kernels.LinearStaged, (uint32(outDim)+rows-1)/rows, rows*uint32(inDim)*4,
+			return linearOf(name, kernels.LinearStaged, (uint32(outDim)+rows-1)/rows, linearBlock, rows*uint32(inDim)*4,
 				out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
 		}
 	}
@@ -124,15 +124,12 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 			rows *= k.LNWarpRows
 		}
 	}
+	block := uint32(linearBlock)
 	if kernel == kernels.LinearFew && k.FewBlock > 0 {
-		rows = k.FewBlock / 32
+		block, rows = k.FewBlock, k.FewBlock/32
 	}
 	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)
-	l := linearOf(name, kernel, grid, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
-	if kernel == kernels.LinearFew && k.FewBlock > 0 {
-		l.Block = launch.D1(k.FewBlock)
-	}
-	return l
+	return linearOf(name, kernel, grid, block, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
 }
 
 // staged says whether the linear called name stages its weights
@@ -150,8 +147,8 @@ func (k Kernels) staged(name string, batch int) bool {
 }
 
 // linearOf is a launch of one of the linear kernels (they share their
-// parameters) with linearBlock threads a block.
-func linearOf(name, kernel string, grid, shared uint32, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
+// parameters).
+func linearOf(name, kernel string, grid, block, shared uint32, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
 	opt := func(t *graph.Tensor) graph.Arg {
 		if t == nil {
 			return graph.Null()
@@ -160,7 +157,7 @@ func linearOf(name, kernel string, grid, shared uint32, out, in, w, bias, resid,
 	}
 	return graph.Launch{
 		Name: name, Kernel: kernel,
-		Grid: launch.D1(grid), Block: launch.D1(linearBlock), Shared: shared,
+		Grid: launch.D1(grid), Block: launch.D1(block), Shared: shared,
 		Args: []graph.Arg{
 			graph.Out(out), graph.In(in), graph.In(w), opt(bias), opt(resid), opt(lnG), opt(lnB),
 			graph.Scalar(launch.U32(uint32(inDim))), graph.Scalar(launch.U32(uint32(outDim))), graph.Scalar(launch.U32(uint32(batch))),
