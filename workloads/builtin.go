@@ -45,7 +45,11 @@ const (
 	// replayed, µs at batch 1 / 8: 528 blocks 342.1 / 654.8, 462 331.6 /
 	// 657.2, 396 336.5 / 662.9, 330 347.1 (bench/results/h100-s9-probes.txt).
 	linearLNMaxGrid = 462
-	attentionBlock  = 128
+	// qkvLNGrid and fcLNGrid, when not 0, bound the QKV projection's and
+	// the MLP's first linear's linear_ln grids instead.
+	qkvLNGrid      = 0
+	fcLNGrid       = 0
+	attentionBlock = 128
 	// attentionBlocks is the most blocks attention_part aims for by
 	// splitting the cache positions (in chunks of at least one round): four per
 	// multiprocessor of an H100/H200, as many as are resident at once, so
@@ -116,10 +120,7 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	// rows, the logits at any batch) normalises its batch rows once per
 	// block into shared memory (linear_ln) when they fit there.
 	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
-		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), linearLNMaxGrid, linearBlock/32
-		if k.LinearLNGrid > 0 {
-			maxGrid = k.LinearLNGrid
-		}
+		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), k.lnGrid(name), linearBlock/32
 		if k.LNWarpRows > 0 {
 			rows *= k.LNWarpRows
 		}
@@ -130,6 +131,31 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	}
 	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)
 	return linearOf(name, kernel, grid, block, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
+}
+
+// lnGrid is the most blocks of the linear_ln launch called name:
+// linearLNMaxGrid, or what the development knobs say (--linear-ln-grid for
+// every linear_ln, --qkv-grid and --fc-grid for the QKV projection's and
+// the MLP's first linear's), or qkvLNGrid and fcLNGrid where set.
+func (k Kernels) lnGrid(name string) uint32 {
+	g := uint32(linearLNMaxGrid)
+	if k.LinearLNGrid > 0 {
+		g = k.LinearLNGrid
+	}
+	qkv, fc := uint32(qkvLNGrid), uint32(fcLNGrid)
+	if k.QKVGrid > 0 {
+		qkv = k.QKVGrid
+	}
+	if k.FCGrid > 0 {
+		fc = k.FCGrid
+	}
+	switch {
+	case strings.Contains(name, "qkv") && qkv > 0:
+		g = qkv
+	case strings.Contains(name, "fc+") && fc > 0:
+		g = fc
+	}
+	return g
 }
 
 // staged says whether the linear called name stages its weights

@@ -189,6 +189,20 @@ func TestGPT2BlockKnobs(t *testing.T) {
 			}
 		}
 	}
+	// --qkv-grid and --fc-grid bound those two linear_ln launches only.
+	k = workloads.EmbeddedKernels()
+	k.QKVGrid, k.FCGrid = 100, 200
+	g, err = workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: 1}, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grids := map[string]uint32{}
+	for _, op := range g.Ops {
+		grids[op.Name] = op.Grid.X
+	}
+	if grids["h0.ln1+qkv"] != 100 || grids["h0.ln2+fc+gelu"] != 200 || grids["ln_f+logits"] <= 200 {
+		t.Errorf("--qkv-grid 100 --fc-grid 200: grids %v", grids)
+	}
 	for _, bad := range []workloads.Kernels{{FewBlock: 48}, {FewBlock: 256}, {AttentionBlock: 100}, {AttentionBlock: 512}} {
 		if _, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1}, bad); err == nil {
 			t.Errorf("%+v: no error", bad)

@@ -142,6 +142,9 @@ type Kernels struct {
 	// LNWarpRows, when not 0, sizes a linear_ln grid for this many output
 	// rows a warp (at most LinearLNGrid or its default; development).
 	LNWarpRows uint32
+	// QKVGrid and FCGrid, when not 0, bound the linear_ln grids of the
+	// QKV projection and of the MLP's first linear (development).
+	QKVGrid, FCGrid uint32
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.

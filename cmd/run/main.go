@@ -124,6 +124,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.kernels.Unstaged, "unstaged", false, "launch no linear_st: the linears as before it (development)")
 	fs.BoolVar(&c.kernels.NoLinearFew, "no-linear-few", false, "launch linear, not linear_few, at batch 1 (development)")
 	fs.Uint32Var(&c.kernels.AttentionBlock, "attention-block", 0, "threads an attention_part block (development; 0: the default)")
+	fs.Uint32Var(&c.kernels.QKVGrid, "qkv-grid", 0, "at most this many blocks the QKV projection's linear_ln (development; 0: the default)")
+	fs.Uint32Var(&c.kernels.FCGrid, "fc-grid", 0, "at most this many blocks the MLP's first linear_ln (development; 0: the default)")
 	fs.Uint32Var(&c.kernels.LNWarpRows, "ln-warp-rows", 0, "size a linear_ln grid for this many output rows a warp (development; 0: one wave)")
 	fs.Uint32Var(&c.kernels.FewBlock, "few-block", 0, "threads a linear_few block, a multiple of 32 (development; 0: the default)")
 	fs.Uint32Var(&c.kernels.StagedGrid, "staged-grid", 0, "linear_st launches aim for this many blocks (development; 0: the default)")
