@@ -45,10 +45,15 @@ const (
 	// replayed, µs at batch 1 / 8: 528 blocks 342.1 / 654.8, 462 331.6 /
 	// 657.2, 396 336.5 / 662.9, 330 347.1 (bench/results/h100-s9-probes.txt).
 	linearLNMaxGrid = 462
-	// qkvLNGrid and fcLNGrid, when not 0, bound the QKV projection's and
-	// the MLP's first linear's linear_ln grids instead.
+	// qkvLNGrid, when not 0, bounds the QKV projection's linear_ln grid
+	// instead; fcLNGrid1 the MLP's first linear's at batch 1 (one full
+	// wave), where it was measured: H100, gpt2-decode replayed at batch 1,
+	// µs a step (same call, with linear_few after it): MLP in at 528 blocks
+	// 309.0, at 462 311.4, 396 323.0; QKV at 396 312.5, 528 319.1
+	// (bench/results/h100-s10-probes.txt, probe 8). At batch 2 the MLP's
+	// first linear keeps 462 (not measured at 528).
 	qkvLNGrid      = 0
-	fcLNGrid       = 0
+	fcLNGrid1      = 528
 	attentionBlock = 128
 	// attentionBlocks is the most blocks attention_part aims for by
 	// splitting the cache positions (in chunks of at least one round): four per
@@ -120,7 +125,7 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	// rows, the logits at any batch) normalises its batch rows once per
 	// block into shared memory (linear_ln) when they fit there.
 	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
-		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), k.lnGrid(name), linearBlock/32
+		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), k.lnGrid(name, batch), linearBlock/32
 		if k.LNWarpRows > 0 {
 			rows *= k.LNWarpRows
 		}
@@ -133,16 +138,20 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	return linearOf(name, kernel, grid, block, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
 }
 
-// lnGrid is the most blocks of the linear_ln launch called name:
-// linearLNMaxGrid, or what the development knobs say (--linear-ln-grid for
-// every linear_ln, --qkv-grid and --fc-grid for the QKV projection's and
-// the MLP's first linear's), or qkvLNGrid and fcLNGrid where set.
-func (k Kernels) lnGrid(name string) uint32 {
+// lnGrid is the most blocks of the linear_ln launch called name at batch
+// rows: linearLNMaxGrid, or qkvLNGrid and fcLNGrid1 where they apply, or
+// what the development knobs say (--linear-ln-grid for every linear_ln,
+// --qkv-grid and --fc-grid for the QKV projection's and the MLP's first
+// linear's at any batch).
+func (k Kernels) lnGrid(name string, batch int) uint32 {
 	g := uint32(linearLNMaxGrid)
 	if k.LinearLNGrid > 0 {
 		g = k.LinearLNGrid
 	}
-	qkv, fc := uint32(qkvLNGrid), uint32(fcLNGrid)
+	qkv, fc := uint32(qkvLNGrid), uint32(0)
+	if batch == 1 {
+		fc = fcLNGrid1
+	}
 	if k.QKVGrid > 0 {
 		qkv = k.QKVGrid
 	}

@@ -203,6 +203,25 @@ func TestGPT2BlockKnobs(t *testing.T) {
 	if grids["h0.ln1+qkv"] != 100 || grids["h0.ln2+fc+gelu"] != 200 || grids["ln_f+logits"] <= 200 {
 		t.Errorf("--qkv-grid 100 --fc-grid 200: grids %v", grids)
 	}
+	// By default the MLP's first linear_ln is a full wave (528 blocks) at
+	// batch 1, and capped as the others at batch 2.
+	for _, tc := range []struct {
+		batch int
+		want  uint32
+	}{{1, 528}, {2, 462}} {
+		g, err := workloads.Build("gpt2-decode", workloads.Shape{Layers: 1, Batch: tc.batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range g.Ops {
+			if op.Name == "h0.ln2+fc+gelu" && op.Grid.X != tc.want {
+				t.Errorf("batch %d: %s has %d blocks, want %d", tc.batch, op.Name, op.Grid.X, tc.want)
+			}
+			if op.Name == "h0.ln1+qkv" && op.Grid.X != 462 {
+				t.Errorf("batch %d: %s has %d blocks, want 462", tc.batch, op.Name, op.Grid.X)
+			}
+		}
+	}
 	for _, bad := range []workloads.Kernels{{FewBlock: 48}, {FewBlock: 256}, {AttentionBlock: 100}, {AttentionBlock: 512}} {
 		if _, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1}, bad); err == nil {
 			t.Errorf("%+v: no error", bad)
