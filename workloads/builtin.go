@@ -45,14 +45,12 @@ const (
 	// replayed, µs at batch 1 / 8: 528 blocks 342.1 / 654.8, 462 331.6 /
 	// 657.2, 396 336.5 / 662.9, 330 347.1 (bench/results/h100-s9-probes.txt).
 	linearLNMaxGrid = 462
-	// qkvLNGrid, when not 0, bounds the QKV projection's linear_ln grid
-	// instead; fcLNGrid1 the MLP's first linear's at batch 1 (one full
-	// wave), where it was measured: H100, gpt2-decode replayed at batch 1,
+	// fcLNGrid1 bounds the MLP's first linear_ln grid at batch 1 instead
+	// (one full wave), where it was measured: H100, gpt2-decode replayed at batch 1,
 	// µs a step (same call, with linear_few after it): MLP in at 528 blocks
 	// 309.0, at 462 311.4, 396 323.0; QKV at 396 312.5, 528 319.1
 	// (bench/results/h100-s10-probes.txt, probe 8). At batch 2 the MLP's
 	// first linear keeps 462 (not measured at 528).
-	qkvLNGrid      = 0
 	fcLNGrid1      = 528
 	attentionBlock = 128
 	// attentionBlocks is the most blocks attention_part aims for by
@@ -139,28 +137,22 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 }
 
 // lnGrid is the most blocks of the linear_ln launch called name at batch
-// rows: linearLNMaxGrid, or qkvLNGrid and fcLNGrid1 where they apply, or
-// what the development knobs say (--linear-ln-grid for every linear_ln,
-// --qkv-grid and --fc-grid for the QKV projection's and the MLP's first
-// linear's at any batch).
+// rows: linearLNMaxGrid, fcLNGrid1 for the MLP's first linear at batch 1,
+// or what the development knobs say (--linear-ln-grid for every
+// linear_ln, --qkv-grid and --fc-grid for the QKV projection's and the
+// MLP's first linear's at any batch).
 func (k Kernels) lnGrid(name string, batch int) uint32 {
 	g := uint32(linearLNMaxGrid)
 	if k.LinearLNGrid > 0 {
 		g = k.LinearLNGrid
 	}
-	qkv, fc := uint32(qkvLNGrid), uint32(0)
-	if batch == 1 {
+	fc := k.FCGrid
+	if fc == 0 && batch == 1 {
 		fc = fcLNGrid1
 	}
-	if k.QKVGrid > 0 {
-		qkv = k.QKVGrid
-	}
-	if k.FCGrid > 0 {
-		fc = k.FCGrid
-	}
 	switch {
-	case strings.Contains(name, "qkv") && qkv > 0:
-		g = qkv
+	case strings.Contains(name, "qkv") && k.QKVGrid > 0:
+		g = k.QKVGrid
 	case strings.Contains(name, "fc+") && fc > 0:
 		g = fc
 	}
