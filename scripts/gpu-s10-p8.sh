@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# A record: its binaries were built with the constants qkvLNGrid and fcLNGrid
+# (now fcLNGrid1 = 528 alone); the figures: h100-s10-probes.txt.
 # Session 10 probe 8 and a final run (issue 15), on the H100 as
 # 'OUT=$OUT bash scripts/gpu-s10-p8.sh' with .dev carried: .dev/run-qQ-fF
 # are cmd/run of this tree with qkvLNGrid Q and fcLNGrid F (the QKV
