@@ -668,6 +668,153 @@ __global__ void __launch_bounds__(128, LINEAR_FEW_LB) linear_few(float *__restri
 
 } // extern "C"
 
+// ---- linear_ln1: a layer-norm linear at one batch row, each warp on its own ----
+//
+// Why: after its wait, linear_ln at one batch row takes three dependent
+// steps before its first multiply: one warp reads the input row for the
+// statistics while the others wait at a barrier, then every thread reads
+// it again with the gain and bias to normalise it into shared memory, and
+// a second barrier. For rows of at most 4*32*LN1_MAXX floats a warp can
+// hold the whole row in registers, in the layout of its weight tile (lane
+// i holds float4s i, i+32, ...), so each warp reads it once, takes the
+// statistics with shuffles and normalises it in place: one round trip
+// after the wait, no shared memory, no barrier. The gain and bias are
+// parameters (written before any step), so they are loaded before the
+// wait with the warp's first weight row.
+
+#define LN1_MAXX 6 // float4s a lane: rows of at most 768 floats (kernels.LinearLN1MaxIn)
+
+// load_tile_cg is load_tile's first tile (c = 0) with coherent loads
+// (ld.global.cg: L2, not L1), which ptxas does not move across
+// griddepcontrol.wait.
+template <int T>
+__device__ __forceinline__ void load_tile_cg(float4 (&wv)[T], const float4 *__restrict__ w4, uint32_t o,
+                                             uint32_t n4, uint32_t out_dim, int lane) {
+    const bool row = o < out_dim;
+    const float4 *p = w4 + (size_t)(row ? o : 0) * n4;
+#pragma unroll
+    for (int u = 0; u < T; u++) {
+        const uint32_t i = u * WARP + lane;
+        wv[u] = row && i < n4 ? __ldcg(p + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// ln1_rows is linear_ln1 for rows of X float4s a lane (lane i holds
+// float4s i, i+32, ... of a row; zeros past it). For each batch row: the
+// warp's first weight row, its bias, and the layer norm's gain and beta are
+// loaded (parameters: for batch row 0 before the wait); then the input row
+// and the residual (after it); the statistics by shuffles, the row
+// normalised in place; then each of the warp's output rows o0, o0+stride,
+// ..., the next one's tile loaded before the current one is used.
+template <int X>
+__device__ __forceinline__ void ln1_rows(float *__restrict__ out, const float *__restrict__ in,
+                                         const float *__restrict__ w, const float *__restrict__ bias,
+                                         const float *__restrict__ resid, const float *__restrict__ ln_g,
+                                         const float *__restrict__ ln_b, uint32_t in_dim, uint32_t out_dim,
+                                         uint32_t batch, uint32_t mode, float eps) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const uint32_t n4 = in_dim / 4, stride = gridDim.x * nw, o0 = blockIdx.x * nw + warp;
+    const float4 *w4 = reinterpret_cast<const float4 *>(w);
+    const float4 *g4 = reinterpret_cast<const float4 *>(ln_g), *b4 = reinterpret_cast<const float4 *>(ln_b);
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (uint32_t b = 0; b < batch; b++) {
+        float4 wn[X], gv[X], bv[X];
+        load_tile_cg<X>(wn, w4, o0, n4, out_dim, lane);
+#pragma unroll
+        for (int u = 0; u < X; u++) {
+            const uint32_t i = u * WARP + lane;
+            gv[u] = i < n4 ? __ldca(g4 + i) : zero;
+            bv[u] = i < n4 ? __ldca(b4 + i) : zero;
+        }
+        float bn = o0 < out_dim && bias != nullptr ? __ldcg(bias + o0) : 0.f;
+        // Parameters above, activations below. Every load here is a
+        // coherent one (ld.cg, ld.ca): ptxas keeps those on their side of
+        // griddepcontrol.wait, where it moved __ldg's non-coherent loads
+        // across it both ways (nvcc 11.8's SASS: the wait above the weight
+        // loads, or the input row's loads above the wait).
+        PDL_WAIT_IF(b == 0);
+        const float4 *x4 = reinterpret_cast<const float4 *>(in) + (size_t)b * n4;
+        float4 xv[X];
+#pragma unroll
+        for (int u = 0; u < X; u++) {
+            const uint32_t i = u * WARP + lane;
+            xv[u] = i < n4 ? __ldcg(x4 + i) : zero;
+        }
+        float rn = o0 < out_dim && (mode & 2u) ? __ldcg(resid + (size_t)b * out_dim + o0) : 0.f;
+        float s = 0.f, q = 0.f;
+#pragma unroll
+        for (int u = 0; u < X; u++) {
+            s += (xv[u].x + xv[u].y) + (xv[u].z + xv[u].w);
+            q += (xv[u].x * xv[u].x + xv[u].y * xv[u].y) + (xv[u].z * xv[u].z + xv[u].w * xv[u].w);
+        }
+        s = warp_sum(s);
+        q = warp_sum(q);
+        const float mean = s / (float)in_dim;
+        const float rstd = rsqrtf(fmaxf(q / (float)in_dim - mean * mean, 0.f) + eps);
+#pragma unroll
+        for (int u = 0; u < X; u++) { // zeros past the row stay zeros (gain and beta 0 there)
+            xv[u].x = (xv[u].x - mean) * rstd * gv[u].x + bv[u].x;
+            xv[u].y = (xv[u].y - mean) * rstd * gv[u].y + bv[u].y;
+            xv[u].z = (xv[u].z - mean) * rstd * gv[u].z + bv[u].z;
+            xv[u].w = (xv[u].w - mean) * rstd * gv[u].w + bv[u].w;
+        }
+        for (uint32_t o = o0; o < out_dim; o += stride) { // warp-uniform
+            float4 wv[X];
+#pragma unroll
+            for (int u = 0; u < X; u++) wv[u] = wn[u];
+            const float bo = bn, rv = rn;
+            const uint32_t on = o + stride;
+            load_tile<X>(wn, w4, on, 0, n4, out_dim, lane);
+            bn = on < out_dim && bias != nullptr ? __ldg(bias + on) : 0.f;
+            rn = on < out_dim && (mode & 2u) ? __ldcg(resid + (size_t)b * out_dim + on) : 0.f;
+            float px = 0.f, py = 0.f, pz = 0.f, pw = 0.f;
+#pragma unroll
+            for (int u = 0; u < X; u++) {
+                px = fmaf(wv[u].x, xv[u].x, px);
+                py = fmaf(wv[u].y, xv[u].y, py);
+                pz = fmaf(wv[u].z, xv[u].z, pz);
+                pw = fmaf(wv[u].w, xv[u].w, pw);
+            }
+            float y = warp_sum((px + py) + (pz + pw));
+            if (lane == 0) {
+                y += bo;
+                if (mode & 1u) y = gelu_tanh(y);
+                y += rv; // 0 unless mode bit 1
+                out[(size_t)b * out_dim + o] = y;
+            }
+        }
+    }
+}
+
+#ifndef LINEAR_LN1_LB
+#define LINEAR_LN1_LB 4
+#endif
+
+extern "C" {
+
+// linear_ln1: linear_ln's function (the layer norm always applied: ln_g
+// and ln_b not null) for in_dim <= 4*32*LN1_MAXX (kernels.LinearLN1MaxIn),
+// one batch row at a time, each warp normalising the row itself in
+// registers (see above). One warp an output row, grid-stride; no dynamic
+// shared memory. At most 128 threads a block, a multiple of 32; in_dim a
+// multiple of 4, every pointer 16-byte aligned. A wider row traps (the Go
+// reference refuses such a launch).
+__global__ void __launch_bounds__(128, LINEAR_LN1_LB)
+    linear_ln1(float *__restrict__ out, const float *__restrict__ in, const float *__restrict__ w,
+               const float *__restrict__ bias, const float *__restrict__ resid, const float *__restrict__ ln_g,
+               const float *__restrict__ ln_b, uint32_t in_dim, uint32_t out_dim, uint32_t batch, uint32_t mode,
+               float eps) {
+    PDL_LAUNCH_DEPENDENTS();
+    const uint32_t n4 = in_dim / 4;
+    if (n4 <= 2 * WARP) ln1_rows<2>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, batch, mode, eps);
+    else if (n4 <= 4 * WARP) ln1_rows<4>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, batch, mode, eps);
+    else if (n4 <= LN1_MAXX * WARP)
+        ln1_rows<LN1_MAXX>(out, in, w, bias, resid, ln_g, ln_b, in_dim, out_dim, batch, mode, eps);
+    else __trap(); // outside the contract
+}
+
+} // extern "C"
+
 // ---- linear_st: the block's weight rows staged in shared memory before the wait ----
 //
 // Why: under programmatic dependent launch a kernel's blocks become

@@ -67,7 +67,20 @@ const (
 	// block, its registers bounded so that more of its blocks, and the
 	// next kernel's, are resident than linear's.
 	LinearFew = "linear_few"
+	// LinearLN1 is linear_ln's function (the layer norm always applied)
+	// for rows of at most LinearLN1MaxIn floats, one batch row at a time,
+	// each warp normalising the input row itself in registers (see
+	// kernels.cu): no dynamic shared memory, at most LinearLN1MaxBlock
+	// threads a block.
+	LinearLN1 = "linear_ln1"
 )
+
+// LinearLN1MaxIn is the widest input row of linear_ln1 (6 float4s a lane).
+const LinearLN1MaxIn = 768
+
+// LinearLN1MaxBlock is the most threads of a linear_ln1 block (its launch
+// bounds).
+const LinearLN1MaxBlock = 128
 
 // LinearFewMaxBlock is the most threads of a linear_few block (its launch
 // bounds).
@@ -139,5 +152,6 @@ func Reference() map[string]launch.KernelFunc {
 		LinearLN:         linearLN,
 		LinearStaged:     linearStaged,
 		LinearFew:        linearFew,
+		LinearLN1:        linearLN1,
 	}
 }

@@ -484,3 +484,22 @@ func linearFew(mem launch.SimMemory, grid, block launch.Dim3, args []launch.Kern
 	}
 	return linear(mem, grid, block, args)
 }
+
+// linearLN1 is linear with a layer norm in linear_ln1's launch shape: the
+// gain and bias set, rows of at most LinearLN1MaxIn floats, at most
+// LinearLN1MaxBlock threads a block.
+func linearLN1(mem launch.SimMemory, grid, block launch.Dim3, args []launch.KernelArg) error {
+	if err := want(args, ptr, ptr, ptr, ptr, ptr, ptr, ptr, u32, u32, u32, u32, f32); err != nil {
+		return err
+	}
+	if args[5].AsPtr() == 0 || args[6].AsPtr() == 0 {
+		return fmt.Errorf("linear_ln1: no layer-norm gain or bias")
+	}
+	if in := args[7].AsU32(); in > LinearLN1MaxIn {
+		return fmt.Errorf("linear_ln1: in_dim %d: at most %d", in, LinearLN1MaxIn)
+	}
+	if block.X > LinearLN1MaxBlock {
+		return fmt.Errorf("linear_ln1: block %d: at most %d threads", block.X, LinearLN1MaxBlock)
+	}
+	return linear(mem, grid, block, args)
+}

@@ -50,7 +50,7 @@ func TestPTX90(t *testing.T) {
 		t.Errorf("compute_80 PDL entries %v, want none", got)
 	}
 	want := map[string]bool{kernels.Linear: true, kernels.LinearLN: true, kernels.LinearStaged: true, kernels.AttentionPart: true, kernels.AttentionCombine: true,
-		kernels.LinearFew: true}
+		kernels.LinearFew: true, kernels.LinearLN1: true}
 	if got := launch.PDLEntries(kernels.PTX90); !maps.Equal(got, want) {
 		t.Errorf("compute_90 PDL entries %v, want %v", got, want)
 	}

@@ -45,7 +45,7 @@ if [ -n "${COMPILE:-}" ]; then
 		grep -E "Compiling entry|registers|spill|stack" "$OUT/ptxas.txt" >>"$LOG"
 		# PDL_WAIT_IF's purpose (kernels.cu): a 16-byte load of the
 		# prologue issued before the first griddepcontrol.wait (ACQBULK).
-		for fn in linear linear_ln attention_part linear_st linear_few; do
+		for fn in linear linear_ln attention_part linear_st linear_few linear_ln1; do
 			first=$(cuobjdump -sass -fun "$fn" /tmp/kernels.cubin | grep -oE 'LDGSTS[.A-Z]*128|LDG[.A-Z]*128|ACQBULK' | head -1)
 			case $first in
 			LDG*) echo "pdl pin $fn: ok (a 16-byte load before the wait: $first)" ;;
@@ -95,9 +95,12 @@ san() {
 small=(--workload gpt2-decode --layers 2 --width 256 --heads 4 --kv-len 256 --vocab 1000)
 # At batch 1: linear_few, and linear_ln's tiles of 6 (width 1024: two a row).
 few=(--workload gpt2-decode --layers 2 --width 1024 --heads 16 --kv-len 512 --vocab 1001)
+# At batch 1: linear_ln1 with rows of 4 float4s a lane, a quarter of the lanes idle.
+ln1=(--workload gpt2-decode --layers 2 --width 384 --heads 6 --kv-len 512 --vocab 1001)
 if [ -n "${CHECK:-}" ]; then
 	ours check-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps 5 --check
 	ours check-few-b1 "$RUN" "${few[@]}" --batch 1 --steps 10 --check
+	ours check-ln1-b1 "$RUN" "${ln1[@]}" --batch 1 --steps 10 --check
 	ours check-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps 3 --check
 	ours check-small-b3 "$RUN" "${small[@]}" --batch 3 --steps 10 --check
 	ours check-small-b11 "$RUN" "${small[@]}" --batch 11 --steps 4 --check
@@ -114,9 +117,9 @@ done
 # The same binary and kernels with no linear_st (batch 8: the linears as
 # before it; batch 1 does not stage).
 ours unstaged-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps "$STEPS" --unstaged
-# ... and at batch 1 with linear in place of linear_few (session 9's
-# kernels there, but for linear_ln's tiles of 6).
-ours unstaged-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps "$STEPS" --no-linear-few
+# ... and at batch 1 with linear_ln in place of linear_ln1, the MLP's
+# first one at 528 blocks (session 10's kernels and launches).
+ours unstaged-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps "$STEPS" --no-linear-ln1 --fc-grid 528
 if [ -n "${BEFORE:-}" ]; then
 	ours before-gpt2-b1 "$BEFORE" --workload gpt2-decode --batch 1 --steps "$STEPS"
 	ours before-gpt2-b8 "$BEFORE" --workload gpt2-decode --batch 8 --steps "$STEPS"
@@ -137,6 +140,8 @@ if [ -n "${CHECK:-}" ]; then
 	san synccheck "${small[@]}" --batch 3 --steps 2 --warmup 1
 	san racecheck "${few[@]}" --batch 1 --steps 2 --warmup 1
 	san synccheck "${few[@]}" --batch 1 --steps 2 --warmup 1
+	san racecheck "${ln1[@]}" --batch 1 --steps 2 --warmup 1
+	san synccheck "${ln1[@]}" --batch 1 --steps 2 --warmup 1
 fi
 
 python3 - "$RES" "$RUN" <<'PY' | tee -a "$LOG"

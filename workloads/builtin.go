@@ -45,14 +45,7 @@ const (
 	// replayed, µs at batch 1 / 8: 528 blocks 342.1 / 654.8, 462 331.6 /
 	// 657.2, 396 336.5 / 662.9, 330 347.1 (bench/results/h100-s9-probes.txt).
 	linearLNMaxGrid = 462
-	// fcLNGrid1 bounds the MLP's first linear_ln grid at batch 1 instead
-	// (one full wave), where it was measured: H100, gpt2-decode replayed at batch 1,
-	// µs a step (same call, with linear_few after it): MLP in at 528 blocks
-	// 309.0, at 462 311.4, 396 323.0; QKV at 396 312.5, 528 319.1
-	// (bench/results/h100-s10-probes.txt, probe 8). At batch 2 the MLP's
-	// first linear keeps 462 (not measured at 528).
-	fcLNGrid1      = 528
-	attentionBlock = 128
+	attentionBlock  = 128
 	// attentionBlocks is the most blocks attention_part aims for by
 	// splitting the cache positions (in chunks of at least one round): four per
 	// multiprocessor of an H100/H200, as many as are resident at once, so
@@ -123,10 +116,17 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	// rows, the logits at any batch) normalises its batch rows once per
 	// block into shared memory (linear_ln) when they fit there.
 	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
-		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), k.lnGrid(name, batch), linearBlock/32
+		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), k.lnGrid(name), linearBlock/32
 		if k.LNWarpRows > 0 {
 			rows *= k.LNWarpRows
 		}
+	}
+	// At batch 1 a layer-norm linear of rows up to LinearLN1MaxIn is
+	// linear_ln1: each warp normalises the input row itself, in
+	// registers, one round trip after its wait (linear_ln: a warp's
+	// statistics, a barrier, the row staged, a second barrier).
+	if lnG != nil && batch == 1 && inDim <= kernels.LinearLN1MaxIn && k.ln1(name) {
+		kernel, shared, maxGrid, rows = kernels.LinearLN1, 0, k.lnGrid(name), linearBlock/32
 	}
 	block := uint32(linearBlock)
 	if kernel == kernels.LinearFew && k.FewBlock > 0 {
@@ -136,27 +136,34 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	return linearOf(name, kernel, grid, block, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
 }
 
-// lnGrid is the most blocks of the linear_ln launch called name at batch
-// rows: linearLNMaxGrid, fcLNGrid1 for the MLP's first linear at batch 1,
-// or what the development knobs say (--linear-ln-grid for every
-// linear_ln, --qkv-grid and --fc-grid for the QKV projection's and the
-// MLP's first linear's at any batch).
-func (k Kernels) lnGrid(name string, batch int) uint32 {
+// lnGrid is the most blocks of the linear_ln or linear_ln1 launch called
+// name: linearLNMaxGrid, or what the development knobs say
+// (--linear-ln-grid for every one, --qkv-grid and --fc-grid for the QKV
+// projection's and the MLP's first linear's). With linear_ln at batch 1
+// the MLP's first linear had been faster at 528 blocks (309.0 µs a step,
+// 311.4 at 462); with linear_ln1 462 is (302.2 against 304.9 at 528; H100,
+// gpt2-decode replayed, bench/results/h100-s11-probes.txt).
+func (k Kernels) lnGrid(name string) uint32 {
 	g := uint32(linearLNMaxGrid)
 	if k.LinearLNGrid > 0 {
 		g = k.LinearLNGrid
 	}
-	fc := k.FCGrid
-	if fc == 0 && batch == 1 {
-		fc = fcLNGrid1
-	}
 	switch {
 	case strings.Contains(name, "qkv") && k.QKVGrid > 0:
 		g = k.QKVGrid
-	case strings.Contains(name, "fc+") && fc > 0:
-		g = fc
+	case strings.Contains(name, "fc+") && k.FCGrid > 0:
+		g = k.FCGrid
 	}
 	return g
+}
+
+// ln1 says whether the layer-norm linear called name may be linear_ln1
+// (the development knobs --no-linear-ln1 and --ln1-only).
+func (k Kernels) ln1(name string) bool {
+	if k.NoLinearLN1 {
+		return false
+	}
+	return k.LN1Only == nil || slices.ContainsFunc(k.LN1Only, func(s string) bool { return strings.Contains(name, s) })
 }
 
 // staged says whether the linear called name stages its weights

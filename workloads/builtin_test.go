@@ -9,7 +9,8 @@ import (
 )
 
 // linearDims returns a linear launch's in_dim and out_dim (its 8th and 9th
-// parameters, shared by linear, linear_ln and linear_st).
+// parameters, shared by linear, linear_ln, linear_ln1, linear_few and
+// linear_st).
 func linearDims(op *graph.Op) (in, out uint32) {
 	return op.Args[7].Value().AsU32(), op.Args[8].Value().AsU32()
 }
@@ -20,7 +21,9 @@ func linearDims(op *graph.Op) (in, out uint32) {
 // KiB a block. The others, and every linear below 3 batch rows, run as
 // before: a layer-norm linear as linear_ln with room in shared memory for
 // min(batch, 8) normalised rows, within its block limit, when those rows
-// fit in 48 KiB; otherwise as linear, which at batch 1 is linear_few.
+// fit in 48 KiB; otherwise as linear, which at batch 1 is linear_few. At
+// batch 1 a layer-norm linear of rows up to LinearLN1MaxIn is linear_ln1
+// (no shared memory, one wave at most).
 func TestGPT2LinearLaunches(t *testing.T) {
 	for _, tc := range []struct {
 		width, batch int
@@ -41,6 +44,22 @@ func TestGPT2LinearLaunches(t *testing.T) {
 			}
 			if op.Kernel == kernels.LinearFew {
 				op.Kernel = kernels.Linear
+			}
+			switch op.Kernel {
+			case kernels.Embed, kernels.AttentionPart, kernels.AttentionCombine:
+				continue
+			}
+			in, _ := linearDims(op)
+			ln1 := tc.batch == 1 && op.Args[5].Kind() != graph.ArgNull && in <= kernels.LinearLN1MaxIn
+			if (op.Kernel == kernels.LinearLN1) != ln1 {
+				t.Errorf("width %d batch %d: %s runs %s", tc.width, tc.batch, op.Name, op.Kernel)
+			}
+			if op.Kernel == kernels.LinearLN1 {
+				linears++
+				if op.Shared != 0 || op.Block.X > kernels.LinearLN1MaxBlock || op.Grid.X == 0 || op.Grid.X > 4*132 {
+					t.Errorf("%s: linear_ln1 grid %d, block %d, %d bytes of shared memory", op.Name, op.Grid.X, op.Block.X, op.Shared)
+				}
+				continue
 			}
 			if op.Kernel != kernels.LinearStaged && op.Kernel != kernels.LinearLN && op.Kernel != kernels.Linear {
 				continue
@@ -166,6 +185,40 @@ func TestGPT2FewKnob(t *testing.T) {
 	}
 }
 
+// --no-linear-ln1 takes linear_ln1 back (linear_ln at batch 1, as before
+// it); --ln1-only keeps it for the named layer-norm linears.
+func TestGPT2LN1Knobs(t *testing.T) {
+	kinds := func(k workloads.Kernels) map[string]string {
+		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: 1}, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]string{}
+		for _, op := range g.Ops {
+			n[op.Name] = op.Kernel
+		}
+		return n
+	}
+	names := []string{"h0.ln1+qkv", "h0.ln2+fc+gelu", "ln_f+logits"}
+	for _, tc := range []struct {
+		k    workloads.Kernels
+		want []string
+	}{
+		{workloads.EmbeddedKernels(), []string{kernels.LinearLN1, kernels.LinearLN1, kernels.LinearLN1}},
+		{workloads.Kernels{NoLinearLN1: true}, []string{kernels.LinearLN, kernels.LinearLN, kernels.LinearLN}},
+		{workloads.Kernels{LN1Only: []string{"qkv", "fc+"}}, []string{kernels.LinearLN1, kernels.LinearLN1, kernels.LinearLN}},
+		{workloads.Kernels{LN1Only: []string{"logits"}}, []string{kernels.LinearLN, kernels.LinearLN, kernels.LinearLN1}},
+	} {
+		tc.k.PTX, tc.k.PTX90 = kernels.PTX, kernels.PTX90
+		got := kinds(tc.k)
+		for i, name := range names {
+			if got[name] != tc.want[i] {
+				t.Errorf("%+v: %s runs %s, want %s", tc.k.LN1Only, name, got[name], tc.want[i])
+			}
+		}
+	}
+}
+
 // --few-block and --attention-block set those kernels' block sizes (the
 // grid and the attention's splits follow), and refuse what the kernels
 // cannot run.
@@ -203,12 +256,12 @@ func TestGPT2BlockKnobs(t *testing.T) {
 	if grids["h0.ln1+qkv"] != 100 || grids["h0.ln2+fc+gelu"] != 200 || grids["ln_f+logits"] <= 200 {
 		t.Errorf("--qkv-grid 100 --fc-grid 200: grids %v", grids)
 	}
-	// By default the MLP's first linear_ln is a full wave (528 blocks) at
-	// batch 1, and capped as the others at batch 2.
+	// By default every layer-norm linear takes at most 462 blocks
+	// (linear_ln1 at batch 1, linear_ln at 2).
 	for _, tc := range []struct {
 		batch int
 		want  uint32
-	}{{1, 528}, {2, 462}} {
+	}{{1, 462}, {2, 462}} {
 		g, err := workloads.Build("gpt2-decode", workloads.Shape{Layers: 1, Batch: tc.batch})
 		if err != nil {
 			t.Fatal(err)

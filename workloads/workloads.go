@@ -145,6 +145,12 @@ type Kernels struct {
 	// QKVGrid and FCGrid, when not 0, bound the linear_ln grids of the
 	// QKV projection and of the MLP's first linear (development).
 	QKVGrid, FCGrid uint32
+	// NoLinearLN1 launches linear_ln, not linear_ln1, at batch 1
+	// (development).
+	NoLinearLN1 bool
+	// LN1Only, when not nil, launches linear_ln1 only for the layer-norm
+	// linears whose op name contains one of these (development).
+	LN1Only []string
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.

@@ -124,6 +124,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.kernels.Unstaged, "unstaged", false, "launch no linear_st: the linears as before it (development)")
 	fs.BoolVar(&c.kernels.NoLinearFew, "no-linear-few", false, "launch linear, not linear_few, at batch 1 (development)")
 	fs.Uint32Var(&c.kernels.AttentionBlock, "attention-block", 0, "threads an attention_part block (development; 0: the default)")
+	fs.BoolVar(&c.kernels.NoLinearLN1, "no-linear-ln1", false, "launch linear_ln, not linear_ln1, at batch 1 (development)")
+	fs.StringSliceVar(&c.kernels.LN1Only, "ln1-only", nil, "launch linear_ln1 only for the layer-norm linears whose op name contains one of these (development: qkv, fc+, logits)")
 	fs.Uint32Var(&c.kernels.QKVGrid, "qkv-grid", 0, "at most this many blocks the QKV projection's linear_ln (development; 0: the default)")
 	fs.Uint32Var(&c.kernels.FCGrid, "fc-grid", 0, "at most this many blocks the MLP's first linear_ln (development; 0: the default)")
 	fs.Uint32Var(&c.kernels.LNWarpRows, "ln-warp-rows", 0, "size a linear_ln grid for this many output rows a warp (development; 0: one wave)")
