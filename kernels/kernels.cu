@@ -182,8 +182,10 @@ __device__ __forceinline__ float reduce_scatter(float (&v)[NB], int lane, int &i
 }
 
 // load_tile issues lane's T 16-byte loads of chunk c of weight row o
-// (zeros beyond the row or past the last row), all before any is used.
-template <int T>
+// (zeros beyond the row or past the last row), all before any is used;
+// with COH coherent ones (ld.global.cg: L2, not L1), which ptxas does not
+// move across griddepcontrol.wait (see linear_ln1).
+template <int T, bool COH = false>
 __device__ __forceinline__ void load_tile(float4 (&wv)[T], const float4 *__restrict__ w4, uint32_t o,
                                           uint32_t c, uint32_t n4, uint32_t out_dim, int lane) {
     const bool row = o < out_dim;
@@ -191,7 +193,7 @@ __device__ __forceinline__ void load_tile(float4 (&wv)[T], const float4 *__restr
 #pragma unroll
     for (int u = 0; u < T; u++) {
         const uint32_t i = c * (T * WARP) + u * WARP + lane;
-        wv[u] = row && i < n4 ? __ldg(p + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        wv[u] = row && i < n4 ? (COH ? __ldcg(p + i) : __ldg(p + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
 
@@ -684,21 +686,6 @@ __global__ void __launch_bounds__(128, LINEAR_FEW_LB) linear_few(float *__restri
 
 #define LN1_MAXX 6 // float4s a lane: rows of at most 768 floats (kernels.LinearLN1MaxIn)
 
-// load_tile_cg is load_tile's first tile (c = 0) with coherent loads
-// (ld.global.cg: L2, not L1), which ptxas does not move across
-// griddepcontrol.wait.
-template <int T>
-__device__ __forceinline__ void load_tile_cg(float4 (&wv)[T], const float4 *__restrict__ w4, uint32_t o,
-                                             uint32_t n4, uint32_t out_dim, int lane) {
-    const bool row = o < out_dim;
-    const float4 *p = w4 + (size_t)(row ? o : 0) * n4;
-#pragma unroll
-    for (int u = 0; u < T; u++) {
-        const uint32_t i = u * WARP + lane;
-        wv[u] = row && i < n4 ? __ldcg(p + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-}
-
 // ln1_rows is linear_ln1 for rows of X float4s a lane (lane i holds
 // float4s i, i+32, ... of a row; zeros past it). For each batch row: the
 // warp's first weight row, its bias, and the layer norm's gain and beta are
@@ -719,7 +706,7 @@ __device__ __forceinline__ void ln1_rows(float *__restrict__ out, const float *_
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
     for (uint32_t b = 0; b < batch; b++) {
         float4 wn[X], gv[X], bv[X];
-        load_tile_cg<X>(wn, w4, o0, n4, out_dim, lane);
+        load_tile<X, true>(wn, w4, o0, 0, n4, out_dim, lane);
 #pragma unroll
         for (int u = 0; u < X; u++) {
             const uint32_t i = u * WARP + lane;

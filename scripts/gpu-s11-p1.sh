@@ -19,11 +19,7 @@ for f in linear_ln1 linear_ln linear_few attention_part; do
   echo "sass $f: $(cuobjdump -sass -fun $f /tmp/k.cubin | grep -oE 'LDG[.A-Z0-9]*|ACQBULK|SHFL' | uniq -c | head -8 | tr -s ' \n' ' ')" >> $OUT/nvcc.txt
 done
 cat $OUT/nvcc.txt
-js() { python3 -c "import json,sys
-try:
-  r=json.load(sys.stdin); c=r.get('check_max_abs_diff'); print(f'{r[\"replay_us_per_step\"]:.1f}' + ('' if r['outputs_equal'] else ' NOT-EQUAL') + ('' if c is None else f' check {c:.3g} ok={r.get(\"check_ok\")}'))
-except Exception as e: print('FAILED', e)"; }
-one() { timeout 90 "$@" --json 2>>$OUT/err.txt | js; }
+. scripts/probe-lib.sh
 R=".dev/run --ptx $P"
 G="--workload gpt2-decode"
 echo "== checks"

@@ -13,14 +13,10 @@ set -u
 mkdir -p $OUT/new
 N=$OUT/new/kernels_90.ptx
 nvcc -ptx -arch=compute_90 -O3 -o $N kernels/kernels.cu || exit 1
-js() { python3 -c "import json,sys
-try:
-  r=json.load(sys.stdin); print(f'{r[\"replay_us_per_step\"]:.1f}' + ('' if r['outputs_equal'] else ' NOT-EQUAL'))
-except Exception as e: print('FAILED', e)"; }
-one() { timeout 90 .dev/run --json "$@" 2>>$OUT/err.txt | js; }
+. scripts/probe-lib.sh
 G="--workload gpt2-decode --steps 128"
 for rep in 1 2 3; do
-  echo "b1 old $(one --ptx kernels/kernels_90.ptx $G --batch 1) | new $(one --ptx $N $G --batch 1) | b2 old $(one --ptx kernels/kernels_90.ptx $G --batch 2) | new $(one --ptx $N $G --batch 2) | b8 old $(one --ptx kernels/kernels_90.ptx $G --batch 8) | new $(one --ptx $N $G --batch 8) | mlp old $(one --ptx kernels/kernels_90.ptx --workload mlp --steps 1000) | new $(one --ptx $N --workload mlp --steps 1000)"
+  echo "b1 old $(one .dev/run --ptx kernels/kernels_90.ptx $G --batch 1) | new $(one .dev/run --ptx $N $G --batch 1) | b2 old $(one .dev/run --ptx kernels/kernels_90.ptx $G --batch 2) | new $(one .dev/run --ptx $N $G --batch 2) | b8 old $(one .dev/run --ptx kernels/kernels_90.ptx $G --batch 8) | new $(one .dev/run --ptx $N $G --batch 8) | mlp old $(one .dev/run --ptx kernels/kernels_90.ptx --workload mlp --steps 1000) | new $(one .dev/run --ptx $N --workload mlp --steps 1000)"
 done | tee $OUT/probe.txt
 COMPILE=1 CHECK=1 REPS=2 OUT=$OUT/floor timeout 400 bash scripts/gpu-floor.sh > $OUT/floor-stdout.txt 2>&1
 cmp $OUT/floor/kernels_90.ptx $N && echo "floor PTX = probe PTX"
