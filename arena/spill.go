@@ -406,8 +406,11 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream) (*block, error
 	if st == nil {
 		return nil, fmt.Errorf("arena: Spill.Alloc(%d): nil stream", size)
 	}
-	if size == 0 || size > s.cfg.addressSpace {
-		return nil, fmt.Errorf("arena: Spill.Alloc(%d): size must be in [1, %d] (the address space)", size, s.cfg.addressSpace)
+	if size == 0 {
+		return nil, fmt.Errorf("arena: Spill.Alloc(0): size must be positive")
+	}
+	if size > s.cfg.addressSpace {
+		return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w: more than the %s of addresses reserved", size, ErrOutOfMemory, fmtBytes(s.cfg.addressSpace))
 	}
 	if len(s.captures) == 0 {
 		// Event queries are among the calls a global-mode capture forbids.

@@ -474,3 +474,20 @@ func spillRandom(t *testing.T, seed uint64, steps int) {
 	}
 	t.Logf("seed %d: %d steps, %d requests refused, stats %+v", seed, steps, fails, s.Stats())
 }
+
+// TestSpillLargerThanAddressSpace: a request larger than every address the
+// allocator reserved is out of memory (a caller retries smaller), not a
+// usage error.
+func TestSpillLargerThanAddressSpace(t *testing.T) {
+	e := newSimEnv(t, 64*MiB)
+	s := newSpill(t, e, WithAddressSpace(32*MiB))
+	st := e.stream(t)
+	if _, err := s.Alloc(64*MiB, st); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("64 MiB of a 32 MiB reservation: %v, want ErrOutOfMemory", err)
+	}
+	if _, err := s.Alloc(0, st); err == nil || errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("0 bytes: %v, want a usage error", err)
+	}
+	mustAlloc(t, s, 8*MiB, st)
+	mustValid(t, s)
+}

@@ -22,7 +22,9 @@ type Config struct {
 	// SimMemory is each simulated device's memory (default 16 GiB).
 	SimMemory uint64
 	// SpillAddressSpace is the virtual address space each device's spill
-	// allocator reserves (default: the device's total memory).
+	// allocator reserves (default: four times the device's total memory,
+	// so that scattered live segments never leave a request that the
+	// device's memory could hold without a run of addresses for it).
 	SpillAddressSpace uint64
 	// SpillChunk is the unit the spill allocator grows by (default the
 	// device's VMM granularity, 2 MiB).
@@ -305,7 +307,7 @@ func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
 		if err != nil {
 			return nil, err
 		}
-		space = total
+		space = 4 * total
 	}
 	opts := []arena.SpillOption{arena.WithAddressSpace(space), arena.WithForeignCaptures(true)}
 	if b.cfg.SpillPlain {

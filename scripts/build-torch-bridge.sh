@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu-torch.sh carries to a GPU machine (which has no
-# Go): the PyTorch bridge's shared library and the C ABI checker.
+# Go): the PyTorch bridge's shared library, the C ABI checker and the abuse
+# cases (abuse); FAULT=1 also builds the library that panics on demand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .dev/torch
 CGO_ENABLED=1 go build -buildmode=c-shared -trimpath -o .dev/torch/libarenaplan.so ./cmd/libarenaplan
 gcc -O2 -Wall -o .dev/torch/abi_check cmd/libarenaplan/abicheck/abi_check.c -ldl -lpthread
+gcc -O2 -Wall -o .dev/torch/abuse cmd/libarenaplan/abicheck/abuse.c -ldl -lpthread
+if [ "${FAULT:-0}" = 1 ]; then
+	# Every export made to panic on demand (cmd/libarenaplan/fault.go), for abuse's fault case.
+	CGO_ENABLED=1 go build -tags arenaplan_fault -buildmode=c-shared -trimpath -o .dev/torch/libarenaplan-fault.so ./cmd/libarenaplan
+	rm -f .dev/torch/libarenaplan-fault.h
+fi
 ls -la .dev/torch

@@ -1,40 +1,56 @@
-// The allocator pair PyTorch calls, with a fast path in C in front of Go.
+// The allocator pair, with a fast path in C in front of Go.
 //
 // Each call from C into Go costs 255-337 ns (measured on an H100 host),
 // so an eager step's ~250 allocation pairs pay two of them each. Most of
 // them are a block freed and the same size asked for again on the same
-// stream. While Go allows it (fp_set: no capture underway as the host
+// stream. While Go allows it (ap_fp_set: no capture underway as the host
 // counts them, no step running, no region open), a free of a block that
 // Go said may be kept (it came from the spill allocator's default pool)
 // keeps it here, and the next allocation of that size, device and stream
 // takes it back without calling Go: the reuse PyTorch's own caching
 // allocator makes. Go keeps counting the block as in use. Before every
 // control call (steps, captures, regions, pause, statistics, empty_cache)
-// Go shuts the fast path and takes the kept blocks back (fp_take).
+// Go shuts the fast path and takes the kept blocks back (ap_fp_take).
+//
+// What it keeps can never make an allocation fail: when Go cannot serve
+// one, the kept blocks go back to Go and the allocation is tried once more
+// (arenaplan_go_drain). It keeps at most KEEP_MAX_BYTES in blocks of at
+// most KEEP_MAX_BLOCK bytes. The blocks it handed out or keeps are in one
+// table (live), with their state, so a second free of a kept block is
+// reported, never kept twice.
 //
 // Blocks used on another stream (record_stream) are never kept: their
 // free goes to Go, which orders their reuse with events. 0-byte requests
 // always go to Go (each needs an address of its own).
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "_cgo_export.h"
 #include "fastpath.h"
 
+// Kept blocks are small and frequent; big ones are rare enough that Go
+// can serve them, and holding them here hides memory from Go.
+#define KEEP_MAX_BLOCK ((size_t)64 << 20)
+#define KEEP_MAX_BYTES ((uint64_t)512 << 20)
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int on;
-static uint64_t hits, kept, misses;
+static ap_fp_counts counts;
 
-// live: the blocks Go said may be kept, handed out now. Open addressing,
-// backward-shift deletion.
+// live: the blocks Go said may be kept, handed out now (OUT) or kept here
+// (KEPT). Open addressing, backward-shift deletion.
 #define LIVE_BITS 16
 #define LIVE_CAP (1u << LIVE_BITS)
+enum { OUT = 1, KEPT = 2 };
 typedef struct {
 	uintptr_t ptr; // 0: empty
 	size_t size;
 	void *stream;
 	int device;
+	int state;
 } live_entry;
 static live_entry live[LIVE_CAP];
 static unsigned live_n;
@@ -43,30 +59,31 @@ static unsigned live_home(uintptr_t p) {
 	return (unsigned)(((uint64_t)(p >> 8) * 0x9E3779B97F4A7C15ull) >> (64 - LIVE_BITS));
 }
 
-static int live_put(uintptr_t p, size_t size, void *stream, int device) {
+static live_entry *live_find(uintptr_t p) {
+	unsigned i = live_home(p);
+	while (live[i].ptr != p) {
+		if (live[i].ptr == 0) {
+			return NULL;
+		}
+		i = (i + 1) & (LIVE_CAP - 1);
+	}
+	return &live[i];
+}
+
+static void live_put(uintptr_t p, size_t size, void *stream, int device) {
 	if (live_n >= LIVE_CAP / 4 * 3) {
-		return 0; // its free will go to Go
+		return; // its free will go to Go
 	}
 	unsigned i = live_home(p);
 	while (live[i].ptr != 0) {
 		i = (i + 1) & (LIVE_CAP - 1);
 	}
-	live[i] = (live_entry){p, size, stream, device};
+	live[i] = (live_entry){p, size, stream, device, OUT};
 	live_n++;
-	return 1;
 }
 
-static int live_del(uintptr_t p, live_entry *out) {
-	unsigned i = live_home(p);
-	while (live[i].ptr != p) {
-		if (live[i].ptr == 0) {
-			return 0;
-		}
-		i = (i + 1) & (LIVE_CAP - 1);
-	}
-	if (out != NULL) {
-		*out = live[i];
-	}
+static void live_del(live_entry *e) {
+	unsigned i = (unsigned)(e - live);
 	for (unsigned j = i;;) {
 		j = (j + 1) & (LIVE_CAP - 1);
 		if (live[j].ptr == 0) {
@@ -81,13 +98,12 @@ static int live_del(uintptr_t p, live_entry *out) {
 	}
 	live[i].ptr = 0;
 	live_n--;
-	return 1;
 }
 
 // bins: kept blocks by (size, stream, device), a few each, found within
 // BIN_PROBES slots of their home (so a call costs a bounded scan however
-// many sizes a program uses). An empty bin may take another key; fp_take
-// forgets every key.
+// many sizes a program uses). An empty bin may take another key; a take
+// of every block forgets every key.
 #define BIN_BITS 9
 #define BIN_N (1u << BIN_BITS)
 #define BIN_DEPTH 8
@@ -129,25 +145,56 @@ static bin *bin_find(size_t size, void *stream, int device, int make) {
 	return spare;
 }
 
-void *arenaplan_torch_alloc(size_t size, int device, void *stream) {
-	if (size > 0) {
-		pthread_mutex_lock(&mu);
-		if (on) {
-			bin *b = bin_find(size, stream, device, 0);
-			if (b != NULL && b->n > 0) {
-				uintptr_t p = b->ptr[--b->n];
-				live_put(p, size, stream, device);
-				hits++;
-				pthread_mutex_unlock(&mu);
-				return (void *)p;
-			}
-			misses++;
-		}
-		pthread_mutex_unlock(&mu);
+// The calling thread's last failure of an allocator call.
+static __thread char *last_err;
+static __thread int last_oom;
+
+void ap_set_error(const char *msg, int oom) {
+	free(last_err);
+	last_err = msg != NULL ? strdup(msg) : NULL;
+	last_oom = oom;
+}
+
+const char *ap_error_peek(int *oom) {
+	if (oom != NULL) {
+		*oom = last_oom;
 	}
+	return last_err;
+}
+
+static inline void clear_error(void) {
+	if (__builtin_expect(last_err != NULL, 0)) {
+		ap_set_error(NULL, 0);
+	}
+}
+
+// arenaplan_last_error returns a copy of the calling thread's last failure
+// of an allocator call (cleared by the next one that succeeds), or NULL;
+// free it with arenaplan_free_string.
+char *arenaplan_last_error(void) { return last_err != NULL ? strdup(last_err) : NULL; }
+
+// go_alloc asks Go; if that fails while blocks are kept here, they go back
+// to Go and Go is asked once more.
+static void *go_alloc(size_t size, int device, void *stream) {
 	int keepable = 0;
 	void *p = arenaplan_go_alloc(size, device, stream, &keepable);
-	if (p != NULL && keepable) {
+	if (p == NULL) {
+		pthread_mutex_lock(&mu);
+		uint64_t held = counts.blocks;
+		counts.drains += held > 0;
+		pthread_mutex_unlock(&mu);
+		if (held == 0) {
+			return NULL;
+		}
+		arenaplan_go_drain();
+		keepable = 0;
+		p = arenaplan_go_alloc(size, device, stream, &keepable);
+		if (p == NULL) {
+			return NULL;
+		}
+		clear_error();
+	}
+	if (keepable) {
 		pthread_mutex_lock(&mu);
 		live_put((uintptr_t)p, size, stream, device);
 		pthread_mutex_unlock(&mu);
@@ -155,46 +202,107 @@ void *arenaplan_torch_alloc(size_t size, int device, void *stream) {
 	return p;
 }
 
-void arenaplan_torch_free(void *ptr, size_t size, int device, void *stream) {
-	if (ptr != NULL) {
+// arenaplan_alloc is the allocator for C callers: size bytes on device for
+// use on stream, or NULL with the reason in arenaplan_last_error.
+void *arenaplan_alloc(size_t size, int device, void *stream) {
+	if (size > 0) {
 		pthread_mutex_lock(&mu);
-		live_entry e;
-		// Kept only when the free says what the allocation was (PyTorch
-		// passes its size); either way it leaves the live set.
-		if (live_del((uintptr_t)ptr, &e) && on && e.size == size && e.device == device) {
-			bin *b = bin_find(e.size, e.stream, e.device, 1);
-			if (b != NULL && b->n < BIN_DEPTH) {
-				b->ptr[b->n++] = (uintptr_t)ptr;
-				kept++;
+		if (on) {
+			bin *b = bin_find(size, stream, device, 0);
+			if (b != NULL && b->n > 0) {
+				uintptr_t p = b->ptr[--b->n];
+				live_entry *e = live_find(p);
+				e->state = OUT;
+				counts.hits++;
+				counts.blocks--;
+				counts.bytes -= size;
 				pthread_mutex_unlock(&mu);
-				return;
+				clear_error();
+				return (void *)p;
 			}
+			counts.misses++;
 		}
 		pthread_mutex_unlock(&mu);
 	}
+	return go_alloc(size, device, stream);
+}
+
+// double_free reports a second free of a block the fast path keeps; the
+// block stays kept once.
+static void double_free(void *ptr) {
+	char msg[160];
+	snprintf(msg, sizeof msg, "arenaplan: free of %p: freed already (a double free); ignored", ptr);
+	fprintf(stderr, "%s\n", msg);
+	ap_set_error(msg, 0);
+}
+
+void arenaplan_free(void *ptr, size_t size, int device, void *stream) {
+	if (ptr == NULL) {
+		return; // PyTorch never frees NULL; C's free(NULL) does nothing
+	}
+	pthread_mutex_lock(&mu);
+	live_entry *e = live_find((uintptr_t)ptr);
+	if (e != NULL) {
+		if (e->state == KEPT) {
+			counts.double_frees++;
+			pthread_mutex_unlock(&mu);
+			double_free(ptr);
+			return;
+		}
+		// Kept only when the free says what the allocation was (PyTorch
+		// passes its size and device); a free on another device is Go's
+		// to report, with the block still handed out.
+		if (e->device == device) {
+			if (on && e->size == size && size <= KEEP_MAX_BLOCK && counts.bytes + size <= KEEP_MAX_BYTES) {
+				bin *b = bin_find(e->size, e->stream, e->device, 1);
+				if (b != NULL && b->n < BIN_DEPTH) {
+					b->ptr[b->n++] = (uintptr_t)ptr;
+					e->state = KEPT;
+					counts.kept++;
+					counts.blocks++;
+					counts.bytes += size;
+					pthread_mutex_unlock(&mu);
+					clear_error();
+					return;
+				}
+			}
+			live_del(e);
+		}
+	}
+	pthread_mutex_unlock(&mu);
 	arenaplan_go_free(ptr, size, device, stream);
 }
 
+void arenaplan_torch_free(void *ptr, size_t size, int device, void *stream) { arenaplan_free(ptr, size, device, stream); }
+
 void arenaplan_torch_record_stream(void *ptr, void *stream) {
 	pthread_mutex_lock(&mu);
-	live_del((uintptr_t)ptr, NULL); // used elsewhere: its free goes to Go
+	live_entry *e = live_find((uintptr_t)ptr);
+	if (e != NULL && e->state == OUT) {
+		live_del(e); // used elsewhere: its free goes to Go
+	}
 	pthread_mutex_unlock(&mu);
 	arenaplan_go_record_stream(ptr, stream);
 }
 
-void fp_set(int v) {
+void ap_fp_set(int v) {
 	pthread_mutex_lock(&mu);
 	on = v;
 	pthread_mutex_unlock(&mu);
 }
 
-int fp_take(fp_entry *out, int max) {
+int ap_fp_take(ap_fp_entry *out, int max) {
 	int n = 0;
 	pthread_mutex_lock(&mu);
 	for (unsigned i = 0; i < BIN_N && n < max; i++) {
 		bin *b = &bins[i];
 		while (b->n > 0 && n < max) {
-			out[n++] = (fp_entry){b->ptr[--b->n], b->device};
+			uintptr_t p = b->ptr[--b->n];
+			live_entry *e = live_find(p);
+			counts.blocks--;
+			counts.bytes -= e->size;
+			live_del(e);
+			out[n++] = (ap_fp_entry){p, b->device};
 		}
 	}
 	if (n < max) {
@@ -204,8 +312,8 @@ int fp_take(fp_entry *out, int max) {
 	return n;
 }
 
-void fp_counts(uint64_t *h, uint64_t *k, uint64_t *m) {
+void ap_fp_read(ap_fp_counts *out) {
 	pthread_mutex_lock(&mu);
-	*h = hits, *k = kept, *m = misses;
+	*out = counts;
 	pthread_mutex_unlock(&mu);
 }

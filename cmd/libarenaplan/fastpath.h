@@ -1,21 +1,38 @@
-// The allocator's C fast path (fastpath.c): declarations Go calls.
+// The allocator's C fast path (fastpath.c): what Go calls. Every name here
+// is hidden: the library exports only arenaplan_* functions.
 #ifndef ARENAPLAN_FASTPATH_H
 #define ARENAPLAN_FASTPATH_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-// A block the fast path kept, given back to Go (fp_take).
+#define AP_HIDDEN __attribute__((visibility("hidden")))
+
+// A block the fast path kept, given back to Go (ap_fp_take).
 typedef struct {
 	uintptr_t ptr;
 	int device;
-} fp_entry;
+} ap_fp_entry;
 
-// fp_set opens (1) or shuts (0) the fast path.
-void fp_set(int on);
-// fp_take moves up to max kept blocks into out and returns how many.
-int fp_take(fp_entry *out, int max);
-// fp_counts reports the fast path's counters since the library loaded.
-void fp_counts(uint64_t *hits, uint64_t *kept, uint64_t *misses);
+// The fast path's counters since the library loaded; Blocks and Bytes are
+// what it holds now.
+typedef struct {
+	uint64_t hits, kept, misses, drains, double_frees;
+	uint64_t blocks, bytes;
+} ap_fp_counts;
+
+// ap_fp_set opens (1) or shuts (0) the fast path.
+AP_HIDDEN void ap_fp_set(int on);
+// ap_fp_take moves up to max kept blocks into out and returns how many.
+AP_HIDDEN int ap_fp_take(ap_fp_entry *out, int max);
+// ap_fp_read copies the counters.
+AP_HIDDEN void ap_fp_read(ap_fp_counts *out);
+
+// ap_set_error sets the calling thread's last error (a copy of msg; NULL
+// clears it). oom says whether the failure was out of memory.
+AP_HIDDEN void ap_set_error(const char *msg, int oom);
+// ap_error_peek returns the calling thread's last error, or NULL; it stays
+// owned by the thread. *oom says whether it was out of memory.
+AP_HIDDEN const char *ap_error_peek(int *oom);
 
 #endif

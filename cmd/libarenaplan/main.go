@@ -11,19 +11,26 @@
 //	void *arenaplan_torch_alloc(size_t size, int device, cudaStream_t stream);
 //	void  arenaplan_torch_free(void *ptr, size_t size, int device, cudaStream_t stream);
 //
+// arenaplan_torch_alloc throws a C++ exception when it cannot serve a
+// request (torch_alloc.cc), as PyTorch's own allocators do; C programs
+// call arenaplan_alloc and arenaplan_free instead, which return NULL and
+// leave the reason in arenaplan_last_error (per thread, cleared by the
+// next allocator call that succeeds).
+//
 // The pair (and the record_stream hook) are C (fastpath.c): a freed block
 // of the spill allocator's default pool is kept there and handed out again
 // for the next request of the same size, device and stream without a call
 // into Go, while no capture, step or region could want it; everything
 // else goes to the Go exports arenaplan_go_*. Every control function
-// shuts that path and gives the kept blocks back first (fenced).
+// shuts that path and gives the kept blocks back first (fenced), and so
+// does an allocation Go cannot serve before it is tried again.
 // ARENAPLAN_FASTPATH=0 keeps it shut.
 //
 // The control functions return NULL on success or an error message that
-// the caller frees with arenaplan_free_string. No Go panic crosses the C
-// boundary: each export recovers and reports it as an error. With
-// ARENAPLAN_DEVICE=sim in the environment the library runs on the
-// simulated device (for tests without a GPU).
+// the caller frees with arenaplan_free_string; a NULL out-pointer is an
+// error. No Go panic crosses the C boundary: each export recovers and
+// reports it as an error. With ARENAPLAN_DEVICE=sim in the environment
+// the library runs on the simulated device (for tests without a GPU).
 package main
 
 /*
@@ -37,12 +44,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"sync"
 	"time"
 	"unsafe"
 
+	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/bridge"
 	"github.com/arenaplan/arenaplan/cuda"
 )
@@ -50,11 +59,9 @@ import (
 func main() {}
 
 var (
-	once    sync.Once
-	lib     *bridge.Bridge
-	libErr  error
-	errMu   sync.Mutex
-	lastErr string
+	once   sync.Once
+	lib    *bridge.Bridge
+	libErr error
 )
 
 func get() (*bridge.Bridge, error) {
@@ -81,80 +88,108 @@ func cgetenv(name string) string {
 	return C.GoString(v)
 }
 
-func setLast(err error) {
-	errMu.Lock()
-	lastErr = err.Error()
-	errMu.Unlock()
-}
+// fault, when set (fault.go, built with -tags arenaplan_fault for tests),
+// runs at the start of every export with its name: a test makes it panic
+// to check that no panic crosses the C boundary.
+var fault func(export string)
 
-// guard turns a panic into an error; use as defer guard(&err).
-func guard(err *error) {
-	if r := recover(); r != nil {
-		*err = fmt.Errorf("arenaplan: internal error (a bug; please report it): %v", r)
-	}
-}
-
-func cerr(err error) *C.char {
-	if err == nil {
-		return nil
-	}
-	return C.CString(err.Error())
-}
-
-// arenaplan_go_alloc serves arenaplan_torch_alloc (fastpath.c) when its
-// fast path cannot; keepable says whether the block may be kept there at
-// its free (bridge.Bridge.AllocCacheable).
-//
-//export arenaplan_go_alloc
-func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, keepable *C.int) (ptr unsafe.Pointer) {
-	var err error
+// call runs f for export on the bridge, turning a panic into an error.
+func call(export string, f func(*bridge.Bridge) error) (err error) {
 	defer func() {
-		guard(&err)
-		if err != nil {
-			setLast(err)
-			ptr = nil
+		if r := recover(); r != nil {
+			err = fmt.Errorf("arenaplan: %s: internal error (a bug; please report it): %v", export, r)
 		}
 	}()
+	if fault != nil {
+		fault(export)
+	}
 	b, err := get()
 	if err != nil {
-		return nil
+		return err
 	}
-	var p cuda.DevicePtr
-	var keep bool
-	p, keep, err = b.AllocCacheable(uint64(size), int(device), uintptr(stream))
+	return f(b)
+}
+
+// allocator runs f for an export of the allocator pair, which cannot
+// return an error: a failure (or a panic) becomes the calling thread's
+// last error (arenaplan_last_error) and success clears it. A C callback
+// runs on its caller's thread, so the thread-local error is the caller's.
+func allocator(export string, f func(*bridge.Bridge) error) bool {
+	err := call(export, f)
 	if err != nil {
-		return nil
+		cs := C.CString(err.Error())
+		oom := C.int(0)
+		if errors.Is(err, arena.ErrOutOfMemory) {
+			oom = 1
+		}
+		C.ap_set_error(cs, oom)
+		C.free(unsafe.Pointer(cs))
+		return false
 	}
-	if keep {
-		*keepable = 1
+	C.ap_set_error(nil, 0)
+	return true
+}
+
+// arenaplan_go_alloc serves arenaplan_alloc (fastpath.c) when its fast
+// path cannot; keepable says whether the block may be kept there at its
+// free (bridge.Bridge.AllocCacheable).
+//
+//export arenaplan_go_alloc
+func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, keepable *C.int) unsafe.Pointer {
+	var p cuda.DevicePtr
+	ok := allocator("alloc", func(b *bridge.Bridge) error {
+		var keep bool
+		var err error
+		p, keep, err = b.AllocCacheable(uint64(size), int(device), uintptr(stream))
+		if err != nil {
+			return outOfMemory(uint64(size), int(device), err)
+		}
+		if keep {
+			*keepable = 1
+		}
+		return nil
+	})
+	if !ok {
+		return nil
 	}
 	// A device address, never dereferenced by Go.
 	return *(*unsafe.Pointer)(unsafe.Pointer(&p))
 }
 
-// quietly runs f for an export that cannot return an error: a failure, or
-// a panic, becomes the last error (arenaplan_last_error).
-func quietly(f func(*bridge.Bridge) error) {
-	var err error
-	defer func() {
-		guard(&err)
-		if err != nil {
-			setLast(err)
-		}
-	}()
-	b, err := get()
-	if err != nil {
-		return
+// outOfMemory words an allocation failure: out of memory as PyTorch words
+// it ("CUDA out of memory. Tried to allocate ..."), which retry logic such
+// as accelerate's find_executable_batch_size looks for.
+func outOfMemory(size uint64, device int, err error) error {
+	if !errors.Is(err, arena.ErrOutOfMemory) {
+		return err
 	}
-	err = f(b)
+	return fmt.Errorf("CUDA out of memory. Tried to allocate %s on device %d. arenaplan: %w", fmtBytes(size), device, err)
 }
 
-// arenaplan_go_free serves arenaplan_torch_free (fastpath.c) for the
-// blocks its fast path does not keep.
+func fmtBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// arenaplan_go_drain gives the blocks the C fast path keeps back to Go
+// (fastpath.c calls it before trying a failed allocation again).
+//
+//export arenaplan_go_drain
+func arenaplan_go_drain() {
+	allocator("drain", func(b *bridge.Bridge) error { return fenced(b, func() error { return nil }) })
+}
+
+// arenaplan_go_free serves arenaplan_free (fastpath.c) for the blocks its
+// fast path does not keep.
 //
 //export arenaplan_go_free
 func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) {
-	quietly(func(b *bridge.Bridge) error {
+	allocator("free", func(b *bridge.Bridge) error {
 		err := b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
 		if err != nil {
 			// PyTorch will not see it: say it where a person will.
@@ -169,14 +204,14 @@ func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream u
 //
 //export arenaplan_go_record_stream
 func arenaplan_go_record_stream(ptr unsafe.Pointer, stream unsafe.Pointer) {
-	quietly(func(b *bridge.Bridge) error {
+	allocator("record_stream", func(b *bridge.Bridge) error {
 		return b.RecordStreamAny(cuda.DevicePtr(uintptr(ptr)), uintptr(stream))
 	})
 }
 
 //export arenaplan_torch_empty_cache
 func arenaplan_torch_empty_cache() {
-	quietly(func(b *bridge.Bridge) error { return fenced(b, b.EmptyCache) })
+	allocator("empty_cache", func(b *bridge.Bridge) error { return fenced(b, b.EmptyCache) })
 }
 
 // arenaplan_captures_underway tells the library how many graph captures
@@ -184,45 +219,54 @@ func arenaplan_torch_empty_cache() {
 //
 //export arenaplan_captures_underway
 func arenaplan_captures_underway(n C.int) {
-	quietly(func(b *bridge.Bridge) error {
+	allocator("captures_underway", func(b *bridge.Bridge) error {
 		return fenced(b, func() error { b.CapturesUnderway(int(n)); return nil })
 	})
-}
-
-// arenaplan_last_error returns the last failure of an allocator call (they
-// cannot return one), or NULL; free it with arenaplan_free_string.
-//
-//export arenaplan_last_error
-func arenaplan_last_error() *C.char {
-	errMu.Lock()
-	defer errMu.Unlock()
-	if lastErr == "" {
-		return nil
-	}
-	return C.CString(lastErr)
 }
 
 //export arenaplan_free_string
 func arenaplan_free_string(s *C.char) { C.free(unsafe.Pointer(s)) }
 
-//export arenaplan_step_new
-func arenaplan_step_new(device C.int, name *C.char, id *C.int) (e *C.char) {
-	var err error
-	defer func() { guard(&err); e = cerr(err) }()
-	b, err := get()
-	if err != nil {
-		return
-	}
-	s, err := b.NewStep(int(device), C.GoString(name))
+// errNil is the error for a NULL out-pointer.
+func errNil(export, arg string) error {
+	return fmt.Errorf("arenaplan: %s: %s is NULL", export, arg)
+}
+
+// control runs a control call f of export, fenced, and returns its error
+// as a C string.
+func control(export string, f func(*bridge.Bridge) error) *C.char {
+	err := call(export, func(b *bridge.Bridge) error { return fenced(b, func() error { return f(b) }) })
 	if err == nil {
-		*id = C.int(s.ID())
+		return nil
 	}
-	return
+	return C.CString(err.Error())
+}
+
+//export arenaplan_step_new
+func arenaplan_step_new(device C.int, name *C.char, id *C.int) *C.char {
+	return control("arenaplan_step_new", func(b *bridge.Bridge) error {
+		if id == nil {
+			return errNil("arenaplan_step_new", "id")
+		}
+		s, err := b.NewStep(int(device), goString(name))
+		if err == nil {
+			*id = C.int(s.ID())
+		}
+		return err
+	})
+}
+
+// goString is C.GoString (NULL: "").
+func goString(s *C.char) string {
+	if s == nil {
+		return ""
+	}
+	return C.GoString(s)
 }
 
 // step runs f on step id.
-func step(id C.int, f func(*bridge.Step) error) *C.char {
-	return bridgeCall(func(b *bridge.Bridge) error {
+func step(export string, id C.int, f func(*bridge.Step) error) *C.char {
+	return control(export, func(b *bridge.Bridge) error {
 		s, err := b.Step(int(id))
 		if err != nil {
 			return err
@@ -233,28 +277,42 @@ func step(id C.int, f func(*bridge.Step) error) *C.char {
 
 //export arenaplan_step_record
 func arenaplan_step_record(id C.int, stream unsafe.Pointer) *C.char {
-	return step(id, func(s *bridge.Step) error { return s.Record(uintptr(stream)) })
+	return step("arenaplan_step_record", id, func(s *bridge.Step) error { return s.Record(uintptr(stream)) })
 }
 
 //export arenaplan_step_serve
 func arenaplan_step_serve(id C.int, stream unsafe.Pointer, strict C.int) *C.char {
-	return step(id, func(s *bridge.Step) error { return s.Serve(uintptr(stream), strict != 0) })
+	return step("arenaplan_step_serve", id, func(s *bridge.Step) error { return s.Serve(uintptr(stream), strict != 0) })
 }
 
 //export arenaplan_step_join_capture
 func arenaplan_step_join_capture(id C.int) *C.char {
-	return step(id, func(s *bridge.Step) error { return s.JoinCapture() })
+	return step("arenaplan_step_join_capture", id, func(s *bridge.Step) error { return s.JoinCapture() })
 }
 
 //export arenaplan_step_end
 func arenaplan_step_end(id C.int, failed C.int) *C.char {
-	return step(id, func(s *bridge.Step) error { return s.End(failed != 0) })
+	return step("arenaplan_step_end", id, func(s *bridge.Step) error { return s.End(failed != 0) })
+}
+
+// budget turns a planning budget in seconds into a duration: a finite
+// number from 0 to a day.
+func budget(export string, seconds C.double) (time.Duration, error) {
+	v := float64(seconds)
+	if math.IsNaN(v) || v < 0 || v > 86400 {
+		return 0, fmt.Errorf("arenaplan: %s: planning budget %v s: want a number of seconds from 0 to 86400", export, v)
+	}
+	return time.Duration(v * float64(time.Second)), nil
 }
 
 //export arenaplan_step_plan
 func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
-	return step(id, func(s *bridge.Step) error {
-		return s.Plan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+	return step("arenaplan_step_plan", id, func(s *bridge.Step) error {
+		d, err := budget("arenaplan_step_plan", budgetSeconds)
+		if err != nil {
+			return err
+		}
+		return s.Plan(d)
 	})
 }
 
@@ -264,24 +322,55 @@ func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
 //
 //export arenaplan_step_replan
 func arenaplan_step_replan(id C.int, budgetSeconds C.double) *C.char {
-	return step(id, func(s *bridge.Step) error {
-		return s.Replan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+	return step("arenaplan_step_replan", id, func(s *bridge.Step) error {
+		d, err := budget("arenaplan_step_replan", budgetSeconds)
+		if err != nil {
+			return err
+		}
+		return s.Replan(d)
 	})
 }
 
 //export arenaplan_step_save
 func arenaplan_step_save(id C.int, path *C.char) *C.char {
-	return step(id, func(s *bridge.Step) error { return s.Save(C.GoString(path)) })
+	return step("arenaplan_step_save", id, func(s *bridge.Step) error {
+		if path == nil {
+			return errNil("arenaplan_step_save", "path")
+		}
+		return s.Save(C.GoString(path))
+	})
 }
 
 //export arenaplan_step_load
 func arenaplan_step_load(id C.int, path *C.char) *C.char {
-	return step(id, func(s *bridge.Step) error { return s.Load(C.GoString(path)) })
+	return step("arenaplan_step_load", id, func(s *bridge.Step) error {
+		if path == nil {
+			return errNil("arenaplan_step_load", "path")
+		}
+		return s.Load(C.GoString(path))
+	})
 }
 
 //export arenaplan_step_close
 func arenaplan_step_close(id C.int) *C.char {
-	return step(id, func(s *bridge.Step) error { return s.Close() })
+	return step("arenaplan_step_close", id, func(s *bridge.Step) error { return s.Close() })
+}
+
+// setJSON sets *out to v as JSON (free it with arenaplan_free_string).
+func setJSON(export string, out **C.char, v func() (any, error)) error {
+	if out == nil {
+		return errNil(export, "out")
+	}
+	val, err := v()
+	if err != nil {
+		return err
+	}
+	js, err := json.Marshal(val)
+	if err != nil {
+		return err
+	}
+	*out = C.CString(string(js))
+	return nil
 }
 
 // arenaplan_step_report sets *out to the step's report as JSON (free it
@@ -289,51 +378,38 @@ func arenaplan_step_close(id C.int) *C.char {
 //
 //export arenaplan_step_report
 func arenaplan_step_report(id C.int, out **C.char) *C.char {
-	return step(id, func(s *bridge.Step) error {
-		js, err := json.Marshal(s.Report())
-		if err == nil {
-			*out = C.CString(string(js))
-		}
-		return err
+	return step("arenaplan_step_report", id, func(s *bridge.Step) error {
+		return setJSON("arenaplan_step_report", out, func() (any, error) { return s.Report(), nil })
 	})
+}
+
+// FastPath counts, for every device, the allocations the C fast path
+// served (Hits) or passed on to Go while open (Misses), the frees it kept
+// (Kept), the times a failed allocation made it give its blocks back
+// (Drains), the second frees of a kept block it refused (DoubleFrees), and
+// what it holds now (Blocks, Bytes).
+type FastPath struct{ Hits, Kept, Misses, Drains, DoubleFrees, Blocks, Bytes uint64 }
+
+func fastPathCounts() FastPath {
+	var c C.ap_fp_counts
+	C.ap_fp_read(&c)
+	return FastPath{uint64(c.hits), uint64(c.kept), uint64(c.misses), uint64(c.drains), uint64(c.double_frees),
+		uint64(c.blocks), uint64(c.bytes)}
 }
 
 // arenaplan_stats sets *out to device's counters as JSON.
 //
 //export arenaplan_stats
 func arenaplan_stats(device C.int, out **C.char) *C.char {
-	return bridgeCall(func(b *bridge.Bridge) error {
-		st, err := b.Stats(int(device))
-		if err != nil {
-			return err
-		}
-		var h, k, m C.uint64_t
-		C.fp_counts(&h, &k, &m)
-		js, err := json.Marshal(struct {
-			bridge.DeviceStats
-			// FastPath counts, for every device, the allocations the C
-			// fast path served (Hits) or passed on to Go while open
-			// (Misses), and the frees it kept (Kept).
-			FastPath struct{ Hits, Kept, Misses uint64 }
-		}{st, struct{ Hits, Kept, Misses uint64 }{uint64(h), uint64(k), uint64(m)}})
-		if err == nil {
-			*out = C.CString(string(js))
-		}
-		return err
+	return control("arenaplan_stats", func(b *bridge.Bridge) error {
+		return setJSON("arenaplan_stats", out, func() (any, error) {
+			st, err := b.Stats(int(device))
+			return struct {
+				bridge.DeviceStats
+				FastPath FastPath
+			}{st, fastPathCounts()}, err
+		})
 	})
-}
-
-// bridgeCall runs f on the bridge, fenced, and returns its error as a C
-// string.
-func bridgeCall(f func(*bridge.Bridge) error) (e *C.char) {
-	var err error
-	defer func() { guard(&err); e = cerr(err) }()
-	b, err := get()
-	if err != nil {
-		return
-	}
-	err = fenced(b, func() error { return f(b) })
-	return
 }
 
 var (
@@ -347,11 +423,11 @@ var (
 func fenced(b *bridge.Bridge, f func() error) error {
 	fpMu.Lock()
 	defer fpMu.Unlock()
-	C.fp_set(0)
+	C.ap_fp_set(0)
 	var errs []error
-	var buf [256]C.fp_entry
+	var buf [256]C.ap_fp_entry
 	for {
-		n := int(C.fp_take(&buf[0], C.int(len(buf))))
+		n := int(C.ap_fp_take(&buf[0], C.int(len(buf))))
 		for _, e := range buf[:n] {
 			errs = append(errs, b.Free(cuda.DevicePtr(e.ptr), int(e.device)))
 		}
@@ -361,14 +437,14 @@ func fenced(b *bridge.Bridge, f func() error) error {
 	}
 	errs = append(errs, f())
 	if !noFast && b.FastPathAllowed() {
-		C.fp_set(1)
+		C.ap_fp_set(1)
 	}
 	return errors.Join(errs...)
 }
 
 // family runs f on family id.
-func family(id C.int, f func(*bridge.Family) error) *C.char {
-	return bridgeCall(func(b *bridge.Bridge) error {
+func family(export string, id C.int, f func(*bridge.Family) error) *C.char {
+	return control(export, func(b *bridge.Bridge) error {
 		fam, err := b.Family(int(id))
 		if err != nil {
 			return err
@@ -381,8 +457,11 @@ func family(id C.int, f func(*bridge.Family) error) *C.char {
 //
 //export arenaplan_family_new
 func arenaplan_family_new(device C.int, name *C.char, id *C.int) *C.char {
-	return bridgeCall(func(b *bridge.Bridge) error {
-		f, err := b.NewFamily(int(device), C.GoString(name))
+	return control("arenaplan_family_new", func(b *bridge.Bridge) error {
+		if id == nil {
+			return errNil("arenaplan_family_new", "id")
+		}
+		f, err := b.NewFamily(int(device), goString(name))
 		if err == nil {
 			*id = C.int(f.ID())
 		}
@@ -394,8 +473,11 @@ func arenaplan_family_new(device C.int, name *C.char, id *C.int) *C.char {
 //
 //export arenaplan_family_member
 func arenaplan_family_member(id C.int, name *C.char, sid *C.int) *C.char {
-	return family(id, func(f *bridge.Family) error {
-		s, err := f.NewMember(C.GoString(name))
+	return family("arenaplan_family_member", id, func(f *bridge.Family) error {
+		if sid == nil {
+			return errNil("arenaplan_family_member", "sid")
+		}
+		s, err := f.NewMember(goString(name))
 		if err == nil {
 			*sid = C.int(s.ID())
 		}
@@ -405,36 +487,46 @@ func arenaplan_family_member(id C.int, name *C.char, sid *C.int) *C.char {
 
 //export arenaplan_family_plan
 func arenaplan_family_plan(id C.int, budgetSeconds C.double) *C.char {
-	return family(id, func(f *bridge.Family) error {
-		return f.Plan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+	return family("arenaplan_family_plan", id, func(f *bridge.Family) error {
+		d, err := budget("arenaplan_family_plan", budgetSeconds)
+		if err != nil {
+			return err
+		}
+		return f.Plan(d)
 	})
 }
 
 //export arenaplan_family_save
 func arenaplan_family_save(id C.int, path *C.char) *C.char {
-	return family(id, func(f *bridge.Family) error { return f.Save(C.GoString(path)) })
+	return family("arenaplan_family_save", id, func(f *bridge.Family) error {
+		if path == nil {
+			return errNil("arenaplan_family_save", "path")
+		}
+		return f.Save(C.GoString(path))
+	})
 }
 
 //export arenaplan_family_load
 func arenaplan_family_load(id C.int, path *C.char) *C.char {
-	return family(id, func(f *bridge.Family) error { return f.Load(C.GoString(path)) })
+	return family("arenaplan_family_load", id, func(f *bridge.Family) error {
+		if path == nil {
+			return errNil("arenaplan_family_load", "path")
+		}
+		return f.Load(C.GoString(path))
+	})
 }
 
 //export arenaplan_family_close
 func arenaplan_family_close(id C.int) *C.char {
-	return family(id, func(f *bridge.Family) error { return f.Close() })
+	return family("arenaplan_family_close", id, func(f *bridge.Family) error { return f.Close() })
 }
 
 // arenaplan_family_report sets *out to the family's report as JSON.
 //
 //export arenaplan_family_report
 func arenaplan_family_report(id C.int, out **C.char) *C.char {
-	return family(id, func(f *bridge.Family) error {
-		js, err := json.Marshal(f.Report())
-		if err == nil {
-			*out = C.CString(string(js))
-		}
-		return err
+	return family("arenaplan_family_report", id, func(f *bridge.Family) error {
+		return setJSON("arenaplan_family_report", out, func() (any, error) { return f.Report(), nil })
 	})
 }
 
@@ -443,27 +535,35 @@ func arenaplan_family_report(id C.int, out **C.char) *C.char {
 //
 //export arenaplan_region_begin
 func arenaplan_region_begin(device C.int, thread C.long, tag *C.char, backup C.int) *C.char {
-	return bridgeCall(func(b *bridge.Bridge) error {
+	return control("arenaplan_region_begin", func(b *bridge.Bridge) error {
+		if tag == nil {
+			return errNil("arenaplan_region_begin", "tag")
+		}
 		return b.BeginRegion(int(device), int(thread), C.GoString(tag), backup != 0)
 	})
 }
 
 //export arenaplan_region_end
 func arenaplan_region_end(device C.int, thread C.long) *C.char {
-	return bridgeCall(func(b *bridge.Bridge) error { return b.EndRegion(int(device), int(thread)) })
+	return control("arenaplan_region_end", func(b *bridge.Bridge) error { return b.EndRegion(int(device), int(thread)) })
 }
 
 // arenaplan_pause releases the memory of the regions named in tags (comma
-// separated; "graphs" for the graphs; empty: everything) on device.
+// separated; "graphs" for the graphs; empty or NULL: everything) on
+// device.
 //
 //export arenaplan_pause
 func arenaplan_pause(device C.int, tags *C.char) *C.char {
-	return bridgeCall(func(b *bridge.Bridge) error { return b.Pause(int(device), splitTags(C.GoString(tags))...) })
+	return control("arenaplan_pause", func(b *bridge.Bridge) error {
+		return b.Pause(int(device), splitTags(goString(tags))...)
+	})
 }
 
 //export arenaplan_resume
 func arenaplan_resume(device C.int, tags *C.char) *C.char {
-	return bridgeCall(func(b *bridge.Bridge) error { return b.Resume(int(device), splitTags(C.GoString(tags))...) })
+	return control("arenaplan_resume", func(b *bridge.Bridge) error {
+		return b.Resume(int(device), splitTags(goString(tags))...)
+	})
 }
 
 func splitTags(s string) []string {

@@ -45,8 +45,8 @@ class Library:
         vp, ci, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p
         err = ctypes.c_void_p  # a char* we must free, so not c_char_p
         sig = {
-            "arenaplan_torch_alloc": (vp, [ctypes.c_size_t, ci, vp]),
-            "arenaplan_torch_free": (None, [vp, ctypes.c_size_t, ci, vp]),
+            "arenaplan_alloc": (vp, [ctypes.c_size_t, ci, vp]),
+            "arenaplan_free": (None, [vp, ctypes.c_size_t, ci, vp]),
             "arenaplan_last_error": (err, []),
             "arenaplan_captures_underway": (None, [ci]),
             "arenaplan_free_string": (None, [vp]),
@@ -97,7 +97,8 @@ class Library:
             raise ArenaplanError(msg)
 
     def last_error(self) -> Optional[str]:
-        """The last failure of an allocator call, or None."""
+        """The last failure of an allocator call made on this thread, or
+        None; an allocator call that succeeds clears it."""
         return self._take(self._lib.arenaplan_last_error())
 
     def captures_underway(self, n: int) -> None:
@@ -105,12 +106,14 @@ class Library:
         on it asks the driver about capture only while n > 0)."""
         self._lib.arenaplan_captures_underway(n)
 
-    # The allocator pair, for tests without torch.
+    # The allocator pair for C callers (0 on failure, the reason in
+    # last_error), for tests without torch. PyTorch calls
+    # arenaplan_torch_alloc, which throws a C++ exception instead.
     def alloc(self, size: int, device: int = 0, stream: int = 0) -> int:
-        return self._lib.arenaplan_torch_alloc(size, device, stream) or 0
+        return self._lib.arenaplan_alloc(size, device, stream) or 0
 
     def free(self, ptr: int, size: int = 0, device: int = 0, stream: int = 0) -> None:
-        self._lib.arenaplan_torch_free(ptr, size, device, stream)
+        self._lib.arenaplan_free(ptr, size, device, stream)
 
     # Steps.
     def step_new(self, device: int, name: str) -> int:

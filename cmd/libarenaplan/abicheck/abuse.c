@@ -1,0 +1,460 @@
+// abuse runs what a careless or unlucky host program does to its allocator
+// against libarenaplan.so on the simulated device, each case in a fresh
+// process (an abort of the host is a result, not the end of the run), and
+// prints one row per case: exit status, allocations that failed, the error
+// the library gave, the host memory it cost. It exits 1 if any case does
+// not behave: an allocation that fits must succeed, one that does not
+// must fail with a reason, no address may be live twice, nothing may
+// abort.
+//
+//   cc -O2 -o abuse abuse.c -ldl -lpthread
+//   ARENAPLAN_DEVICE=sim ./abuse ./libarenaplan.so [CASE ...]
+//   ARENAPLAN_DEVICE=sim ./abuse ./libarenaplan-fault.so fault
+//
+// The fault case needs a library built with -tags arenaplan_fault: it
+// makes every export panic and checks that each one reports an error.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MiB ((size_t)1 << 20)
+#define DEVICE_BYTES (1024 * MiB) // the simulated device each case runs on
+
+typedef void *(*alloc_fn)(size_t, int, void *);
+typedef void (*free_fn)(void *, size_t, int, void *);
+
+static void *lib;
+static alloc_fn ap_alloc;
+static free_fn ap_free;
+static char *(*last_error)(void);
+static void (*free_string)(char *);
+static void (*captures)(int);
+
+// result is what a case reports back to the parent (through a pipe).
+typedef struct {
+	int bad;      // checks that failed
+	long failed;  // allocations that returned NULL
+	long allocs;  // allocations made
+	char err[200]; // the library's last error, or a note
+	char note[200];
+} result;
+
+static void *sym(const char *name) { return dlsym(lib, name); }
+
+static void take_error(result *r) {
+	char *e = last_error ? last_error() : NULL;
+	if (e) {
+		snprintf(r->err, sizeof r->err, "%s", e);
+		free_string(e);
+	}
+}
+
+static long rss_kib(void) {
+	FILE *f = fopen("/proc/self/statm", "r");
+	long pages = 0, res = 0;
+	if (f) {
+		if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+		fclose(f);
+	}
+	return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next(void) {
+	rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+	return rng;
+}
+
+static void *alloc_counted(result *r, size_t size, int device, void *stream) {
+	void *p = ap_alloc(size, device, stream);
+	r->allocs++;
+	if (!p) r->failed++;
+	return p;
+}
+
+// variable: 2000 steps of 4 tensors of 256 KiB x 1..512 (at most 512 MiB
+// live) on a 1 GiB device: every allocation fits.
+static void case_variable(result *r) {
+	void *st = (void *)(uintptr_t)0x11;
+	for (int step = 0; step < 2000; step++) {
+		void *p[4];
+		size_t sz[4];
+		for (int i = 0; i < 4; i++) {
+			sz[i] = (256 << 10) * (1 + next() % 512);
+			p[i] = alloc_counted(r, sz[i], 0, st);
+		}
+		for (int i = 0; i < 4; i++) ap_free(p[i], sz[i], 0, st);
+	}
+	if (r->failed) take_error(r), r->bad++;
+}
+
+// free-bigger: free 600 MiB, then ask for 700 MiB.
+static void case_free_bigger(result *r) {
+	void *p = alloc_counted(r, 600 * MiB, 0, NULL);
+	ap_free(p, 600 * MiB, 0, NULL);
+	void *q = alloc_counted(r, 700 * MiB, 0, NULL);
+	if (!q) take_error(r), r->bad++;
+	ap_free(q, 700 * MiB, 0, NULL);
+}
+
+// grow: 192, 256 and 768 MiB one after another (each freed), then 1280
+// MiB, more than the device: the last fails with a reason, and the
+// allocator still serves what fits.
+static void case_grow(result *r) {
+	size_t sizes[] = {192 * MiB, 256 * MiB, 768 * MiB};
+	for (int i = 0; i < 3; i++) {
+		void *p = alloc_counted(r, sizes[i], 0, NULL);
+		if (!p) r->bad++;
+		ap_free(p, sizes[i], 0, NULL);
+	}
+	void *big = alloc_counted(r, 1280 * MiB, 0, NULL);
+	take_error(r);
+	if (big || !strstr(r->err, "CUDA out of memory.")) r->bad++;
+	void *again = alloc_counted(r, 768 * MiB, 0, NULL);
+	if (!again) r->bad++;
+	ap_free(again, 768 * MiB, 0, NULL);
+}
+
+// double-free: a block freed twice is reported; the next two allocations
+// of its size get different addresses.
+static void case_double_free(result *r) {
+	void *p = alloc_counted(r, 65536, 0, NULL);
+	ap_free(p, 65536, 0, NULL);
+	ap_free(p, 65536, 0, NULL);
+	take_error(r);
+	void *a = alloc_counted(r, 65536, 0, NULL), *b = alloc_counted(r, 65536, 0, NULL);
+	if (!r->err[0]) r->bad++;
+	if (a == b) r->bad++, snprintf(r->note, sizeof r->note, "one address handed out twice: %p", a);
+	ap_free(a, 65536, 0, NULL);
+	ap_free(b, 65536, 0, NULL);
+}
+
+// interior-free: a free of an address inside a block is reported and
+// changes nothing.
+static void case_interior_free(result *r) {
+	void *p = alloc_counted(r, 65536, 0, NULL);
+	ap_free((char *)p + 256, 65536, 0, NULL);
+	take_error(r);
+	void *q = alloc_counted(r, 65536, 0, NULL);
+	if (!r->err[0] || q == p) r->bad++;
+	ap_free(q, 65536, 0, NULL);
+	ap_free(p, 65536, 0, NULL);
+}
+
+// wrong-device: a free that names another device is reported; the block
+// stays live until its real free.
+static void case_wrong_device(result *r) {
+	void *p = alloc_counted(r, 65536, 0, NULL);
+	ap_free(p, 65536, 1, NULL);
+	take_error(r);
+	void *q = alloc_counted(r, 65536, 0, NULL);
+	if (!r->err[0] || q == p) r->bad++;
+	ap_free(q, 65536, 0, NULL);
+	ap_free(p, 65536, 0, NULL);
+}
+
+// error-per-thread: a failure on one thread is not another thread's last
+// error, and a success clears it.
+static void *fail_once(void *arg) {
+	(void)arg;
+	ap_alloc((size_t)1 << 50, 0, NULL);
+	return NULL;
+}
+static void case_error_per_thread(result *r) {
+	pthread_t t;
+	pthread_create(&t, NULL, fail_once, NULL);
+	pthread_join(t, NULL);
+	take_error(r);
+	if (r->err[0]) r->bad++, snprintf(r->note, sizeof r->note, "another thread's failure");
+	ap_alloc((size_t)1 << 50, 0, NULL);
+	char *e = last_error();
+	if (!e) r->bad++;
+	else free_string(e);
+	void *p = alloc_counted(r, 4096, 0, NULL);
+	e = last_error();
+	if (e) r->bad++, snprintf(r->note, sizeof r->note, "kept after a success: %s", e), free_string(e);
+	ap_free(p, 4096, 0, NULL);
+}
+
+// null-args: every out-pointer and path argument NULL.
+static void case_null_args(result *r) {
+	char *(*step_new)(int, const char *, int *) = sym("arenaplan_step_new");
+	char *(*stats)(int, char **) = sym("arenaplan_stats");
+	char *(*step_report)(int, char **) = sym("arenaplan_step_report");
+	char *(*step_save)(int, const char *) = sym("arenaplan_step_save");
+	char *(*family_new)(int, const char *, int *) = sym("arenaplan_family_new");
+	char *(*family_member)(int, const char *, int *) = sym("arenaplan_family_member");
+	char *(*family_report)(int, char **) = sym("arenaplan_family_report");
+	char *(*region_begin)(int, long, const char *, int) = sym("arenaplan_region_begin");
+	int id = -1, fid = -1, errors = 0, calls = 0;
+	char *e;
+#define NULLCALL(call)                                 \
+	do {                                           \
+		calls++;                               \
+		e = (call);                            \
+		if (e) errors++, free_string(e);       \
+	} while (0)
+	NULLCALL(step_new(0, "n", NULL));
+	NULLCALL(stats(0, NULL));
+	e = step_new(0, "n", &id);
+	if (e) free_string(e);
+	NULLCALL(step_report(id, NULL));
+	NULLCALL(step_save(id, NULL));
+	NULLCALL(family_new(0, "f", NULL));
+	e = family_new(0, "f", &fid);
+	if (e) free_string(e);
+	NULLCALL(family_member(fid, "m", NULL));
+	NULLCALL(family_report(fid, NULL));
+	NULLCALL(region_begin(0, 1, NULL, 0));
+	snprintf(r->note, sizeof r->note, "%d of %d calls returned an error", errors, calls);
+	if (errors != calls) r->bad++;
+}
+
+// step-order: step calls out of order and on closed or unknown steps.
+static void case_step_order(result *r) {
+	char *(*step_new)(int, const char *, int *) = sym("arenaplan_step_new");
+	char *(*step_serve)(int, void *, int) = sym("arenaplan_step_serve");
+	char *(*step_record)(int, void *) = sym("arenaplan_step_record");
+	char *(*step_end)(int, int) = sym("arenaplan_step_end");
+	char *(*step_plan)(int, double) = sym("arenaplan_step_plan");
+	char *(*step_close)(int) = sym("arenaplan_step_close");
+	char *(*step_report)(int, char **) = sym("arenaplan_step_report");
+	int id = -1, errors = 0, calls = 0;
+	char *e = step_new(0, "order", &id), *js = NULL;
+	if (e) free_string(e);
+	void *st = (void *)(uintptr_t)0x22;
+	NULLCALL(step_serve(id, st, 1));        // before any plan
+	NULLCALL(step_end(id, 0));              // nothing running
+	NULLCALL(step_plan(id, 1.0));           // nothing recorded
+	NULLCALL(step_plan(id, 0.0 / 0.0));     // NaN budget
+	e = step_record(id, st);                // fine
+	if (e) free_string(e), r->bad++;
+	NULLCALL(step_record(id, st));          // recording already
+	void *p = ap_alloc(4096, 0, st);
+	ap_free(p, 4096, 0, st);
+	e = step_end(id, 0);
+	if (e) free_string(e), r->bad++;
+	e = step_close(id);
+	if (e) free_string(e), r->bad++;
+	NULLCALL(step_close(id));               // closed already
+	NULLCALL(step_report(id, &js));         // closed
+	NULLCALL(step_serve(-5, st, 0));        // unknown
+	snprintf(r->note, sizeof r->note, "%d of %d wrong calls returned an error", errors, calls);
+	if (errors != calls) r->bad++;
+}
+
+// threads: 8 threads, 4 live blocks each of up to 24 MiB (at most 768 MiB
+// live of 1 GiB): every allocation fits, and no two live blocks overlap.
+#define THREADS 8
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t live_p[THREADS * 4];
+static size_t live_sz[THREADS * 4];
+static long thread_failed, thread_overlaps;
+
+static void *thread_work(void *arg) {
+	int id = (int)(intptr_t)arg;
+	void *st = (void *)(uintptr_t)(0x100 + id % 3);
+	uint64_t x = 0x9E3779B97F4A7C15ull * (id + 1);
+	for (int i = 0; i < 4000; i++) {
+		int slot = id * 4 + i % 4;
+		if (live_p[slot]) {
+			pthread_mutex_lock(&live_mu);
+			uintptr_t old = live_p[slot];
+			size_t osz = live_sz[slot];
+			live_p[slot] = 0;
+			pthread_mutex_unlock(&live_mu);
+			ap_free((void *)old, osz, 0, st);
+		}
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		size_t size = (size_t)(1 + x % 96) * (256 << 10);
+		void *p = ap_alloc(size, 0, st);
+		pthread_mutex_lock(&live_mu);
+		if (!p) {
+			thread_failed++;
+		} else {
+			for (int j = 0; j < THREADS * 4; j++) {
+				uintptr_t a = live_p[j], b = (uintptr_t)p;
+				if (a && b < a + live_sz[j] && a < b + size) thread_overlaps++;
+			}
+			live_p[slot] = (uintptr_t)p, live_sz[slot] = size;
+		}
+		pthread_mutex_unlock(&live_mu);
+	}
+	for (int k = 0; k < 4; k++) {
+		int slot = id * 4 + k;
+		if (live_p[slot]) ap_free((void *)live_p[slot], live_sz[slot], 0, st), live_p[slot] = 0;
+	}
+	return NULL;
+}
+static void case_threads(result *r) {
+	pthread_t t[THREADS];
+	for (int i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, thread_work, (void *)(intptr_t)i);
+	for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+	r->allocs = THREADS * 4000, r->failed = thread_failed;
+	snprintf(r->note, sizeof r->note, "%ld overlapping live blocks", thread_overlaps);
+	if (thread_failed || thread_overlaps) take_error(r), r->bad++;
+}
+
+// streams: one allocation and its free on each of 200000 stream handles;
+// what the library keeps per stream must not grow with their number.
+static void case_streams(result *r) {
+	long before = rss_kib();
+	for (long i = 0; i < 200000; i++) {
+		void *st = (void *)(uintptr_t)(0x10000 + i * 16);
+		void *p = alloc_counted(r, 4096, 0, st);
+		ap_free(p, 4096, 0, st);
+	}
+	long grew = (rss_kib() - before) / 1024;
+	snprintf(r->note, sizeof r->note, "host memory +%ld MiB", grew);
+	if (r->failed || grew > 64) take_error(r), r->bad++;
+}
+
+// fault: every export panics (a library built with -tags arenaplan_fault
+// and ARENAPLAN_FAULT_PANIC=all): each reports an error, none aborts.
+static void case_fault(result *r) {
+	setenv("ARENAPLAN_FAULT_PANIC", "all", 1);
+	int errors = 0, calls = 0, id = -1;
+	char *js = NULL, *e;
+	void *p = ap_alloc(4096, 0, NULL);
+	calls++;
+	e = last_error();
+	if (!p && e && strstr(e, "internal error")) errors++;
+	if (e) free_string(e);
+	ap_free((void *)(uintptr_t)0x1000, 4096, 0, NULL);
+	calls++;
+	e = last_error();
+	if (e && strstr(e, "internal error")) errors++;
+	if (e) free_string(e);
+	const char *ctl[] = {"arenaplan_step_new", "arenaplan_family_new"};
+	for (int i = 0; i < 2; i++) NULLCALL(((char *(*)(int, const char *, int *))sym(ctl[i]))(0, "x", &id));
+	const char *withid[] = {"arenaplan_step_record", "arenaplan_step_join_capture", "arenaplan_step_close",
+	                        "arenaplan_family_close"};
+	for (int i = 0; i < 4; i++) NULLCALL(((char *(*)(int, void *))sym(withid[i]))(0, NULL));
+	NULLCALL(((char *(*)(int, void *, int))sym("arenaplan_step_serve"))(0, NULL, 0));
+	NULLCALL(((char *(*)(int, int))sym("arenaplan_step_end"))(0, 0));
+	const char *plans[] = {"arenaplan_step_plan", "arenaplan_step_replan", "arenaplan_family_plan"};
+	for (int i = 0; i < 3; i++) NULLCALL(((char *(*)(int, double))sym(plans[i]))(0, 1.0));
+	const char *paths[] = {"arenaplan_step_save", "arenaplan_step_load", "arenaplan_family_save",
+	                       "arenaplan_family_load", "arenaplan_family_member"};
+	for (int i = 0; i < 5; i++) NULLCALL(((char *(*)(int, const char *, int *))sym(paths[i]))(0, "/x", &id));
+	const char *outs[] = {"arenaplan_step_report", "arenaplan_family_report", "arenaplan_stats"};
+	for (int i = 0; i < 3; i++) NULLCALL(((char *(*)(int, char **))sym(outs[i]))(0, &js));
+	NULLCALL(((char *(*)(int, long, const char *, int))sym("arenaplan_region_begin"))(0, 1, "t", 0));
+	NULLCALL(((char *(*)(int, long))sym("arenaplan_region_end"))(0, 1));
+	const char *tags[] = {"arenaplan_pause", "arenaplan_resume"};
+	for (int i = 0; i < 2; i++) NULLCALL(((char *(*)(int, const char *))sym(tags[i]))(0, ""));
+	// The hooks without a result: they must return, and say why.
+	const char *quiet[] = {"arenaplan_torch_empty_cache"};
+	for (int i = 0; i < 1; i++) {
+		((void (*)(void))sym(quiet[i]))();
+		calls++;
+		e = last_error();
+		if (e) errors++, free_string(e);
+	}
+	captures(0);
+	calls++;
+	e = last_error();
+	if (e) errors++, free_string(e);
+	snprintf(r->note, sizeof r->note, "%d of %d exports reported the panic", errors, calls);
+	if (errors != calls) r->bad++;
+}
+
+struct kase {
+	const char *name;
+	void (*run)(result *);
+	const char *what;
+};
+static struct kase cases[] = {
+    {"variable", case_variable, "2000 steps x 4 tensors of 256 KiB x 1..512 on 1 GiB"},
+    {"free-bigger", case_free_bigger, "free 600 MiB, then ask for 700 MiB"},
+    {"grow", case_grow, "192, 256, 768 MiB, then 1280 MiB (more than the device)"},
+    {"double-free", case_double_free, "free a block twice, then two allocations"},
+    {"interior-free", case_interior_free, "free an address inside a block"},
+    {"wrong-device", case_wrong_device, "free a block naming another device"},
+    {"error-per-thread", case_error_per_thread, "last error of another thread; cleared by success"},
+    {"null-args", case_null_args, "NULL out-pointers and paths"},
+    {"step-order", case_step_order, "step calls out of order, closed, unknown"},
+    {"threads", case_threads, "8 threads, variable sizes up to 3/4 of the device"},
+    {"streams", case_streams, "200000 distinct streams"},
+    {"fault", case_fault, "every export panics (fault build)"},
+};
+
+static void child(const char *path, struct kase *k, int fd) {
+	char mem[32];
+	snprintf(mem, sizeof mem, "%zu", DEVICE_BYTES);
+	setenv("ARENAPLAN_SIM_MEMORY", mem, 1);
+	result r = {0};
+	lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		snprintf(r.err, sizeof r.err, "%s", dlerror());
+		r.bad = 1;
+	} else {
+		ap_alloc = sym("arenaplan_alloc");
+		ap_free = sym("arenaplan_free");
+		if (!ap_alloc) ap_alloc = sym("arenaplan_torch_alloc"), ap_free = sym("arenaplan_torch_free");
+		last_error = sym("arenaplan_last_error");
+		free_string = sym("arenaplan_free_string");
+		captures = sym("arenaplan_captures_underway");
+		captures(0); // as arenaplan.torch does at install: the fast path opens
+		k->run(&r);
+	}
+	if (write(fd, &r, sizeof r) != sizeof r) _exit(3);
+	_exit(r.bad ? 1 : 0);
+}
+
+int main(int argc, char **argv) {
+	if (argc < 2) {
+		fprintf(stderr, "usage: abuse LIBRARY.so [CASE ...]\n");
+		return 2;
+	}
+	char path[4096];
+	if (!realpath(argv[1], path)) {
+		perror(argv[1]);
+		return 2;
+	}
+	int bad = 0;
+	printf("| case | what | exit | failed allocs | library's error / note | verdict |\n");
+	printf("| --- | --- | --- | --- | --- | --- |\n");
+	fflush(stdout);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct kase *k = &cases[i];
+		int wanted = argc == 2 ? strcmp(k->name, "fault") != 0 : 0;
+		for (int a = 2; a < argc; a++) wanted |= strcmp(argv[a], k->name) == 0;
+		if (!wanted) continue;
+		int fds[2];
+		if (pipe(fds) != 0) return 2;
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		pid_t pid = fork();
+		if (pid == 0) {
+			close(fds[0]);
+			child(path, k, fds[1]);
+		}
+		close(fds[1]);
+		result r = {0};
+		ssize_t got = read(fds[0], &r, sizeof r);
+		close(fds[0]);
+		int status = 0;
+		waitpid(pid, &status, 0);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		char exit_s[32];
+		if (WIFSIGNALED(status)) snprintf(exit_s, sizeof exit_s, "signal %d", WTERMSIG(status));
+		else snprintf(exit_s, sizeof exit_s, "%d", WEXITSTATUS(status));
+		int ok = got == sizeof r && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+		bad += !ok;
+		for (char *c = r.err; *c; c++)
+			if (*c == '|' || *c == '\n') *c = ' ';
+		printf("| %s | %s | %s | %ld of %ld | %.120s%s%s | %s (%.1f s) |\n", k->name, k->what, exit_s, r.failed, r.allocs,
+		       r.err, r.err[0] && r.note[0] ? "; " : "", r.note, ok ? "ok" : "FAIL",
+		       (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+		fflush(stdout);
+	}
+	return bad ? 1 : 0;
+}
