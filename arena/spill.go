@@ -91,20 +91,22 @@ func (s *Spill) ForeignCaptures(n int) {
 // SpillStats are the allocator's counters. Mapped = InUse + Cached, and
 // Waiting is the part of Cached not yet reusable.
 type SpillStats struct {
-	AddressSpace uint64 // virtual addresses reserved up front
-	Mapped       uint64 // physical bytes mapped in segments
-	InUse        uint64 // bytes of allocated blocks (rounded sizes)
-	Requested    uint64 // bytes the live allocations asked for
-	Cached       uint64 // Mapped - InUse: free blocks and blocks waiting
-	Waiting      uint64 // freed blocks not reusable yet (other streams)
-	PeakInUse    uint64
-	PeakMapped   uint64
-	Segments     int
-	Live         int    // allocated blocks
-	Allocs       uint64 // successful Alloc calls
-	Frees        uint64
-	Grows        uint64 // segments mapped
-	Unmaps       uint64 // segments unmapped
+	AddressSpace  uint64 // virtual addresses reserved up front
+	Mapped        uint64 // physical bytes mapped in segments
+	InUse         uint64 // bytes of allocated blocks (rounded sizes)
+	Requested     uint64 // bytes the live allocations asked for
+	Cached        uint64 // Mapped - InUse: free blocks and blocks waiting
+	Waiting       uint64 // freed blocks not reusable yet (other streams)
+	PeakInUse     uint64
+	PeakMapped    uint64
+	Segments      int
+	Live          int    // allocated blocks
+	Allocs        uint64 // successful Alloc calls
+	Frees         uint64
+	Grows         uint64 // segments mapped
+	Unmaps        uint64 // segments unmapped
+	GrownBytes    uint64 // bytes of the segments mapped, in all
+	UnmappedBytes uint64 // bytes of the segments unmapped, in all
 	// CaptureReuses counts blocks made reusable during a capture by the
 	// marker walk; NodesVisited what the walk cost in graph nodes.
 	CaptureReuses uint64
@@ -627,6 +629,7 @@ func (s *Spill) addSegment(seg *segment) *block {
 	s.st.Mapped += size
 	s.st.Segments++
 	s.st.Grows++
+	s.st.GrownBytes += size
 	s.st.PeakMapped = max(s.st.PeakMapped, s.st.Mapped)
 	return seg.first
 }
@@ -846,6 +849,7 @@ func (s *Spill) trim(all bool) uint64 {
 		s.st.Mapped -= seg.size
 		s.st.Segments--
 		s.st.Unmaps++
+		s.st.UnmappedBytes += seg.size
 		freed += seg.size
 	}
 	for p := range s.pools {

@@ -235,6 +235,7 @@ type DeviceStats struct {
 	// CloseError is the last failure closing an arena whose close waited
 	// for the captures underway to end ("" if none).
 	CloseError  string `json:",omitempty"`
+	Arenas      int    // planned arenas held
 	ArenaBytes  uint64 // planned arenas, sum of sizes
 	ArenaMapped uint64 // physical bytes the arenas map now
 	Spill       arena.SpillStats
@@ -443,7 +444,7 @@ func (b *Bridge) Stats(ordinal int) (DeviceStats, error) {
 	d.mu.Lock()
 	st := d.st
 	st.PlannedLive = len(d.planned)
-	st.ArenaBytes, st.ArenaMapped = d.arenas()
+	st.ArenaBytes, st.ArenaMapped, st.Arenas = d.arenas()
 	if d.lastCloseErr != nil {
 		st.CloseError = d.lastCloseErr.Error()
 	}
@@ -573,8 +574,8 @@ func (b *Bridge) stepsOf(d *Device) []*Step {
 }
 
 // arenas returns the planned bytes and the mapped bytes of the device's
-// open steps' arenas; d.mu is held.
-func (d *Device) arenas() (planned, mapped uint64) {
+// open steps' arenas, and how many there are; d.mu is held.
+func (d *Device) arenas() (planned, mapped uint64, n int) {
 	seen := map[*arena.Arena]bool{}
 	for _, a := range d.deferred {
 		seen[a] = true
@@ -594,12 +595,12 @@ func (d *Device) arenas() (planned, mapped uint64) {
 			}
 		}
 	}
-	return planned, mapped
+	return planned, mapped, len(seen)
 }
 
 // oom adds what the device holds to an allocation failure; d.mu is held.
 func (d *Device) oom(size uint64, err error) error {
-	arenas, _ := d.arenas()
+	arenas, _, _ := d.arenas()
 	sp := d.spill.Stats()
 	return fmt.Errorf("bridge: device %d: allocating %d bytes (planned arenas %s, spill %s mapped, %s in use): %w",
 		d.ordinal, size, fmtBytes(arenas), fmtBytes(sp.Mapped), fmtBytes(sp.InUse), err)

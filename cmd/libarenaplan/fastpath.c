@@ -39,6 +39,45 @@
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int on;
 static ap_fp_counts counts;
+static ap_dev_stats dstats[AP_MAX_DEVICES];
+
+// Statistics round a request as the spill allocator does (512 bytes).
+#define ROUND(n) (((int64_t)(n) + 511) & ~(int64_t)511)
+#define SMALL ((size_t)1 << 20)
+
+static inline void stat_add(ap_stat *s, int64_t n) {
+	s->current += n;
+	s->allocated += n;
+	if (s->current > s->peak) {
+		s->peak = s->current;
+	}
+}
+
+static inline void stat_sub(ap_stat *s, int64_t n) {
+	s->current -= n;
+	s->freed += n;
+}
+
+static inline void count_pool(ap_dev_stats *d, int pool, size_t size, int add) {
+	if (add) {
+		stat_add(&d->allocation[pool], 1);
+		stat_add(&d->allocated_bytes[pool], ROUND(size));
+		stat_add(&d->requested_bytes[pool], (int64_t)size);
+	} else {
+		stat_sub(&d->allocation[pool], 1);
+		stat_sub(&d->allocated_bytes[pool], ROUND(size));
+		stat_sub(&d->requested_bytes[pool], (int64_t)size);
+	}
+}
+
+// counted records an allocation (add) or a free of size bytes on device
+// in its statistics; mu is held.
+static inline void counted(int device, size_t size, int add) {
+	if ((unsigned)device < AP_MAX_DEVICES) {
+		count_pool(&dstats[device], 0, size, add);
+		count_pool(&dstats[device], size <= SMALL ? 1 : 2, size, add);
+	}
+}
 
 // live: the blocks Go said may be kept, handed out now (OUT) or kept here
 // (KEPT). Open addressing, backward-shift deletion.
@@ -184,23 +223,29 @@ static void *go_alloc(size_t size, int device, void *stream) {
 		pthread_mutex_lock(&mu);
 		uint64_t held = counts.blocks;
 		counts.drains += held > 0;
+		if (held > 0 && (unsigned)device < AP_MAX_DEVICES) {
+			dstats[device].num_alloc_retries++;
+		}
 		pthread_mutex_unlock(&mu);
-		if (held == 0) {
-			return NULL;
+		if (held > 0) {
+			arenaplan_go_drain();
+			keepable = 0;
+			p = arenaplan_go_alloc(size, device, stream, &keepable);
 		}
-		arenaplan_go_drain();
-		keepable = 0;
-		p = arenaplan_go_alloc(size, device, stream, &keepable);
-		if (p == NULL) {
-			return NULL;
+	}
+	pthread_mutex_lock(&mu);
+	if (p == NULL) {
+		if (last_oom && (unsigned)device < AP_MAX_DEVICES) {
+			dstats[device].num_ooms++;
 		}
-		clear_error();
+		pthread_mutex_unlock(&mu);
+		return NULL;
 	}
 	if (keepable) {
-		pthread_mutex_lock(&mu);
 		live_put((uintptr_t)p, size, stream, device);
-		pthread_mutex_unlock(&mu);
 	}
+	counted(device, size, 1);
+	pthread_mutex_unlock(&mu);
 	return p;
 }
 
@@ -218,6 +263,7 @@ void *arenaplan_alloc(size_t size, int device, void *stream) {
 				counts.hits++;
 				counts.blocks--;
 				counts.bytes -= size;
+				counted(device, size, 1);
 				pthread_mutex_unlock(&mu);
 				clear_error();
 				return (void *)p;
@@ -263,6 +309,7 @@ void arenaplan_free(void *ptr, size_t size, int device, void *stream) {
 					counts.kept++;
 					counts.blocks++;
 					counts.bytes += size;
+					counted(device, size, 0);
 					pthread_mutex_unlock(&mu);
 					clear_error();
 					return;
@@ -272,7 +319,11 @@ void arenaplan_free(void *ptr, size_t size, int device, void *stream) {
 		}
 	}
 	pthread_mutex_unlock(&mu);
-	arenaplan_go_free(ptr, size, device, stream);
+	if (arenaplan_go_free(ptr, size, device, stream)) {
+		pthread_mutex_lock(&mu);
+		counted(device, size, 0);
+		pthread_mutex_unlock(&mu);
+	}
 }
 
 void arenaplan_torch_free(void *ptr, size_t size, int device, void *stream) { arenaplan_free(ptr, size, device, stream); }
@@ -317,5 +368,42 @@ int ap_fp_take(ap_fp_entry *out, int max) {
 void ap_fp_read(ap_fp_counts *out) {
 	pthread_mutex_lock(&mu);
 	*out = counts;
+	pthread_mutex_unlock(&mu);
+}
+
+void ap_dev_read(int device, ap_dev_stats *out) {
+	pthread_mutex_lock(&mu);
+	if ((unsigned)device < AP_MAX_DEVICES) {
+		*out = dstats[device];
+	} else {
+		memset(out, 0, sizeof *out);
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+void ap_dev_reset_peak(int device) {
+	pthread_mutex_lock(&mu);
+	if ((unsigned)device < AP_MAX_DEVICES) {
+		ap_dev_stats *d = &dstats[device];
+		for (int i = 0; i < 3; i++) {
+			d->allocation[i].peak = d->allocation[i].current;
+			d->allocated_bytes[i].peak = d->allocated_bytes[i].current;
+			d->requested_bytes[i].peak = d->requested_bytes[i].current;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+void ap_dev_reset_accumulated(int device) {
+	pthread_mutex_lock(&mu);
+	if ((unsigned)device < AP_MAX_DEVICES) {
+		ap_dev_stats *d = &dstats[device];
+		for (int i = 0; i < 3; i++) {
+			d->allocation[i].allocated = d->allocation[i].freed = 0;
+			d->allocated_bytes[i].allocated = d->allocated_bytes[i].freed = 0;
+			d->requested_bytes[i].allocated = d->requested_bytes[i].freed = 0;
+		}
+		d->num_ooms = d->num_alloc_retries = 0;
+	}
 	pthread_mutex_unlock(&mu);
 }

@@ -21,6 +21,27 @@ typedef struct {
 	uint64_t blocks, bytes;
 } ap_fp_counts;
 
+// PyTorch's memory statistics a device's allocations keep, counted in C
+// on every allocation and free (fast path or not): one stat is current,
+// peak and the cumulative allocated and freed; pools 0 all, 1 small (at
+// most 1 MiB), 2 large, as PyTorch's caching allocator splits them.
+typedef struct {
+	int64_t current, peak, allocated, freed;
+} ap_stat;
+typedef struct {
+	ap_stat allocation[3], allocated_bytes[3], requested_bytes[3];
+	uint64_t num_ooms, num_alloc_retries;
+} ap_dev_stats;
+#define AP_MAX_DEVICES 64
+
+// ap_dev_read copies device's statistics (zero for a device out of range).
+AP_HIDDEN void ap_dev_read(int device, ap_dev_stats *out);
+// ap_dev_reset_peak sets every peak of device to its current value.
+AP_HIDDEN void ap_dev_reset_peak(int device);
+// ap_dev_reset_accumulated zeroes device's cumulative counts and its
+// out-of-memory and retry counts.
+AP_HIDDEN void ap_dev_reset_accumulated(int device);
+
 // ap_fp_set opens (1) or shuts (0) the fast path.
 AP_HIDDEN void ap_fp_set(int on);
 // ap_fp_take moves up to max kept blocks into out and returns how many.

@@ -187,16 +187,27 @@ func arenaplan_go_drain() {
 // arenaplan_go_free serves arenaplan_free (fastpath.c) for the blocks its
 // fast path does not keep.
 //
+//
+// It returns 1 if the block was freed (the C library then counts it in the
+// device's statistics), 0 if the free was refused.
+//
 //export arenaplan_go_free
-func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) {
-	allocator("free", func(b *bridge.Bridge) error {
+func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) C.int {
+	return boolInt(allocator("free", func(b *bridge.Bridge) error {
 		err := b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
 		if err != nil {
 			// PyTorch will not see it: say it where a person will.
 			fmt.Fprintln(os.Stderr, "arenaplan:", err)
 		}
 		return err
-	})
+	}))
+}
+
+func boolInt(v bool) C.int {
+	if v {
+		return 1
+	}
+	return 0
 }
 
 // arenaplan_go_record_stream serves arenaplan_torch_record_stream
