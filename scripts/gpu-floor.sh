@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-floor.sh: the executor's replayed step against the fastest PyTorch
 # twin and against the memory floor, in one run on one GPU, for
-# gpt2-decode batch 1 and 8 and mlp (BENCHMARKS.md's executor table). The device machine has CUDA, nvcc,
-# compute-sanitizer and PyTorch but no Go: build the run command first,
+# gpt2-decode batch 1 and 8 and mlp (BENCHMARKS.md's executor table). The
+# device machine has CUDA, nvcc, compute-sanitizer and PyTorch but no Go:
+# build the run command first,
 #
 #   CGO_ENABLED=0 go build -o .dev/run ./cmd/run
 #
