@@ -106,6 +106,10 @@ type Device interface {
 	// ComputeCapability returns the device's compute capability (9.0 on
 	// an H100 or H200).
 	ComputeCapability() (major, minor int, err error)
+	// Multiprocessors returns the device's multiprocessor count
+	// (MULTIPROCESSOR_COUNT: 132 on an H100 SXM or H200), which launch
+	// grids are sized by.
+	Multiprocessors() (int, error)
 
 	// BeginCapture starts capturing s in the given mode.
 	BeginCapture(s Stream, mode CaptureMode) error

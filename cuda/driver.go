@@ -161,6 +161,7 @@ type Driver struct {
 	version int
 	ccMajor int
 	ccMinor int
+	sms     int
 	closed  bool
 	pinned  map[unsafe.Pointer]uint64 // PinnedAlloc memory not yet freed
 	foreign map[uintptr]*driverStream // Foreign streams by handle
@@ -244,15 +245,19 @@ func (d *Driver) init() error {
 		return d.err(fnDeviceGetName, r)
 	}
 	d.name = cString(d.scratch)
-	for i, attr := range [2]uintptr{cuDeviceAttributeComputeCapabilityMajor, cuDeviceAttributeComputeCapabilityMinor} {
-		if r := d.call(fnDeviceGetAttribute, d.out(0), attr, uintptr(d.dev)); r != Success {
-			return fmt.Errorf("cuda: device %d: compute capability: %w", d.ordinal, d.err(fnDeviceGetAttribute, r))
+	for _, a := range [...]struct {
+		attr uintptr
+		dst  *int
+		what string
+	}{
+		{cuDeviceAttributeComputeCapabilityMajor, &d.ccMajor, "compute capability"},
+		{cuDeviceAttributeComputeCapabilityMinor, &d.ccMinor, "compute capability"},
+		{cuDeviceAttributeMultiprocessorCount, &d.sms, "multiprocessor count"},
+	} {
+		if r := d.call(fnDeviceGetAttribute, d.out(0), a.attr, uintptr(d.dev)); r != Success {
+			return fmt.Errorf("cuda: device %d: %s: %w", d.ordinal, a.what, d.err(fnDeviceGetAttribute, r))
 		}
-		if i == 0 {
-			d.ccMajor = int(d.i32(0))
-		} else {
-			d.ccMinor = int(d.i32(0))
-		}
+		*a.dst = int(d.i32(0))
 	}
 	if r := d.call(fnDevicePrimaryCtxRetain, d.out(0), uintptr(d.dev)); r != Success {
 		return fmt.Errorf("cuda: device %d: %w", d.ordinal, d.err(fnDevicePrimaryCtxRetain, r))
@@ -272,6 +277,7 @@ func (d *Driver) Name() string { return d.name }
 
 // CUdevice_attribute values.
 const (
+	cuDeviceAttributeMultiprocessorCount    = 16
 	cuDeviceAttributeComputeCapabilityMajor = 75
 	cuDeviceAttributeComputeCapabilityMinor = 76
 )
@@ -285,6 +291,17 @@ func (d *Driver) ComputeCapability() (major, minor int, err error) {
 		return 0, 0, &Error{Op: fnNames[fnDeviceGetAttribute], Code: ErrorInvalidContext}
 	}
 	return d.ccMajor, d.ccMinor, nil
+}
+
+// Multiprocessors is cuDeviceGetAttribute's MULTIPROCESSOR_COUNT, read
+// when the device was opened.
+func (d *Driver) Multiprocessors() (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return 0, &Error{Op: fnNames[fnDeviceGetAttribute], Code: ErrorInvalidContext}
+	}
+	return d.sms, nil
 }
 
 func (d *Driver) BindThread() error {

@@ -11,7 +11,7 @@ import (
 // page-locked host memory, and the cost of pinning itself, on GPU 0 (it
 // skips without a driver), checking that a pattern written into pinned
 // memory comes back through the device into both. It prints one PINNED
-// line for BENCHMARKS.md.
+// line for docs/TESTING.md.
 func TestGPUPinnedCopy(t *testing.T) {
 	d := openDriver(t)
 	defer d.Close()

@@ -35,6 +35,9 @@ type SimConfig struct {
 	// ComputeCapability is what ComputeCapability returns, as
 	// {major, minor}; default {9, 0}, an H100 or H200.
 	ComputeCapability [2]int
+	// Multiprocessors is what Multiprocessors returns; default 132, an
+	// H100 SXM or H200.
+	Multiprocessors int
 	// Guest makes the simulation behave as OpenGuest's driver: it locks no
 	// thread and accepts calls from any thread, as if the host program had
 	// made the context current on every thread it calls from. Without it,
@@ -107,6 +110,12 @@ func OpenSim(cfg SimConfig) (*Sim, error) {
 	}
 	if cfg.ComputeCapability == [2]int{} {
 		cfg.ComputeCapability = [2]int{9, 0}
+	}
+	if cfg.Multiprocessors == 0 {
+		cfg.Multiprocessors = 132
+	}
+	if cfg.Multiprocessors < 0 {
+		return nil, fmt.Errorf("cuda: OpenSim: %d multiprocessors", cfg.Multiprocessors)
 	}
 	if cfg.Granularity&(cfg.Granularity-1) != 0 {
 		return nil, fmt.Errorf("cuda: OpenSim: granularity %d is not a power of two", cfg.Granularity)
@@ -647,6 +656,16 @@ func (s *Sim) ComputeCapability() (major, minor int, err error) {
 		return 0, 0, err
 	}
 	return s.cfg.ComputeCapability[0], s.cfg.ComputeCapability[1], nil
+}
+
+// Multiprocessors returns SimConfig.Multiprocessors.
+func (s *Sim) Multiprocessors() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.live("cuDeviceGetAttribute"); err != nil {
+		return 0, err
+	}
+	return s.cfg.Multiprocessors, nil
 }
 
 func (s *Sim) Launch(fn Function, grid, block Dim3, sharedMem uint32, st Stream, args ...KernelArg) error {

@@ -276,3 +276,24 @@ func TestSimThreadLocalCapture(t *testing.T) {
 		sim.EndCapture(st) // invalidated: an error, and the capture is over
 	}
 }
+
+// The simulation reports the multiprocessor count it was given (132, an
+// H100 SXM or H200, by default), so that launch shapes sized by the device
+// can be tested for other devices; a negative count is refused.
+func TestSimMultiprocessors(t *testing.T) {
+	for _, tc := range []struct{ give, want int }{{0, 132}, {108, 108}} {
+		sim, err := cuda.OpenSim(cuda.SimConfig{Multiprocessors: tc.give})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := sim.Multiprocessors()
+		sim.Close()
+		if err != nil || got != tc.want {
+			t.Errorf("Multiprocessors %d: got %d, %v; want %d", tc.give, got, err, tc.want)
+		}
+	}
+	if sim, err := cuda.OpenSim(cuda.SimConfig{Multiprocessors: -1}); err == nil {
+		sim.Close()
+		t.Error("OpenSim with -1 multiprocessors: no error")
+	}
+}

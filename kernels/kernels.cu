@@ -1,4 +1,4 @@
-// Kernels of the built-in workloads (package graphexec: gpt2-decode, mlp).
+// Kernels of the built-in workloads (package workloads: gpt2-decode, mlp).
 //
 // Storage is fp32 throughout. Every kernel is deterministic: reductions run
 // in a fixed order (per-thread loops, then xor-shuffle trees, then warps in
@@ -101,13 +101,12 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // true for every thread that goes on to read an earlier kernel's memory.
 // Why the branch: ptxas schedules the wait as early as it can, above the
 // independent loads that precede it in the source within one basic block
-// (SASS, session 7: ACQBULK first, then every weight and cache load of the
+// (in the SASS: ACQBULK first, then every weight and cache load of the
 // prologue, so none of them overlapped the predecessor). A branch on a
 // value it cannot fold ends the block, and the prologue's loads stay above
 // the wait (scripts/gpu-floor.sh COMPILE=1 checks it in the SASS).
 // Measured on an H100, gpt2-decode replayed (µs a step, batch 1 / 8): 421 /
-// 871 before, 374 / 816 with linear's and attention_part's waits so placed
-// (bench/results/h100-s7-pin.txt).
+// 871 before, 374 / 816 with linear's and attention_part's waits so placed.
 #define PDL_WAIT_IF(c)   \
     do {                 \
         if (c) PDL_WAIT(); \
@@ -214,7 +213,7 @@ __device__ __forceinline__ void load_tile(float4 (&wv)[T], const float4 *__restr
 // each input vector read serves R weight tiles, the sums of every row in
 // the same order as with R = 1. linear_ln uses R = 2 from 3 batch rows on
 // (H100, gpt2-decode replayed: b8 817 -> 781 µs, b4 588 -> 566; R = 2 for
-// linear's rows was slower, 850 and 618: bench/results/h100-s7-rows.txt).
+// linear's rows was slower, 850 and 618).
 template <int NB, bool LN, int T, bool ST = false, int R = 1>
 __device__ __forceinline__ void linear_rows(float *__restrict__ out, const float *__restrict__ in,
                                             const float *__restrict__ w, const float *__restrict__ bias,
@@ -531,16 +530,10 @@ __device__ __forceinline__ void linear_rows_sk(float *__restrict__ out, const fl
 
 // Rows a block of linear takes at once from 3 batch rows on (R of
 // linear_rows_sk; kernels.LinearSplitKRows), and the float4s a lane reads
-// of each per tile (development: -D builds variants).
-#ifndef LINEAR_SK_R
+// of each per tile.
 #define LINEAR_SK_R 4
-#endif
-#ifndef LINEAR_T1
 #define LINEAR_T1 8
-#endif
-#ifndef LINEAR_SK_T
 #define LINEAR_SK_T 2
-#endif
 
 extern "C" {
 
@@ -554,7 +547,7 @@ extern "C" {
 // (grid-stride over the rows), except without a layer norm from 3 batch
 // rows on: one block per LINEAR_SK_R rows, its warps splitting the inputs
 // (linear_rows_sk; H100, gpt2-decode replayed: b4 565 -> 539 µs a step, b8
-// 778 -> 772, bench/results/h100-s8-probes.txt). Any grid; in_dim is a
+// 778 -> 772). Any grid; in_dim is a
 // multiple of 4, every pointer 16-byte aligned, the block size a multiple
 // of 32, at most 1024.
 __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
@@ -595,25 +588,21 @@ __global__ void linear(float *__restrict__ out, const float *__restrict__ in,
 // parameters and the same function. A kernel of its own so that its
 // registers do not raise linear's (fewer resident warps for every linear).
 // At most 128 threads a block, registers bounded for four blocks resident
-// per multiprocessor, launched as at most 4 x 132 blocks (one wave on an
-// H100/H200; workloads.linearLNMaxGrid). Measured on an H100 (session 6,
-// gpt2-decode replayed, µs a step at batch 1 / 8): this bound with 528
-// blocks 421.1 / 871.0; a bound of 2 with 528 blocks 422.2 / 867.4; 3
+// per multiprocessor, launched within one wave (at most 3.5 blocks a
+// multiprocessor: workloads' lnGrid). Measured on an H100 (gpt2-decode
+// replayed, µs a step at batch 1 / 8): this bound with 528 blocks
+// 421.1 / 871.0; a bound of 2 with 528 blocks 422.2 / 867.4; 3
 // with 396 or 462 blocks 432.8 / 883.7 and 424.6 / 874.8; 3 without a grid
 // cap (576 to 1024 blocks, before) 449.6 / 968.2; 4 with 1056 blocks
-// 448.9 / 966.3. -DLINEAR_LN_LB=N builds other variants.
-#ifndef LINEAR_LN_LB
+// 448.9 / 966.3.
 #define LINEAR_LN_LB 4
-#endif
 // LINEAR_LN_T1: float4s a lane reads of a weight row per tile at one batch
 // row. 6, not 8 as at two: a GPT-2 small row (768 floats, 192 float4s) is
 // one tile of 6 with every lane busy, where 8 leave a quarter of the lanes
 // loading nothing and multiplying zeros. H100, gpt2-decode replayed at
-// batch 1: 314 -> 311 µs a step (bench/results/h100-s10-probes.txt). A row
-// of another width is read in more tiles, as before.
-#ifndef LINEAR_LN_T1
+// batch 1: 314 -> 311 µs a step. A row of another width is read in more
+// tiles.
 #define LINEAR_LN_T1 6
-#endif
 __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict__ out, const float *__restrict__ in,
                                            const float *__restrict__ w, const float *__restrict__ bias,
                                            const float *__restrict__ resid, const float *__restrict__ ln_g,
@@ -642,15 +631,10 @@ __global__ void __launch_bounds__(128, LINEAR_LN_LB) linear_ln(float *__restrict
 // split-input rows (3 batch rows and more), which leaves room for two of
 // its blocks a multiprocessor and none for the next kernel's to become
 // resident and load before their wait. H100, gpt2-decode replayed at
-// batch 1 (projection and MLP out): 331 -> 315 µs a step
-// (bench/results/h100-s10-probes.txt). Any batch; otherwise as linear.
-// -DLINEAR_FEW_LB=N and -DLINEAR_FEW_T=N build variants.
-#ifndef LINEAR_FEW_LB
+// batch 1 (projection and MLP out): 331 -> 315 µs a step. Any batch;
+// otherwise as linear.
 #define LINEAR_FEW_LB 4
-#endif
-#ifndef LINEAR_FEW_T
 #define LINEAR_FEW_T LINEAR_T1
-#endif
 __global__ void __launch_bounds__(128, LINEAR_FEW_LB) linear_few(float *__restrict__ out, const float *__restrict__ in,
                                              const float *__restrict__ w, const float *__restrict__ bias,
                                              const float *__restrict__ resid, const float *__restrict__ ln_g,
@@ -773,9 +757,7 @@ __device__ __forceinline__ void ln1_rows(float *__restrict__ out, const float *_
     }
 }
 
-#ifndef LINEAR_LN1_LB
-#define LINEAR_LN1_LB 4
-#endif
+#define LINEAR_LN1_LB 4 // blocks a multiprocessor the registers are bounded for
 
 extern "C" {
 
@@ -818,9 +800,7 @@ __global__ void __launch_bounds__(128, LINEAR_LN1_LB)
 
 #define ST_MAXR 16     // weight rows a block of linear_st takes at most
 #define ST_THREADS 128 // most threads a block of linear_st
-#ifndef ST_LB
 #define ST_LB 4 // blocks a multiprocessor the registers are bounded for
-#endif
 
 // cp_async16 copies 16 bytes from global to shared memory without holding
 // registers (cp.async, sm_80 and later); cp_async_wait_all waits for this
@@ -919,9 +899,7 @@ __device__ __forceinline__ void st_rows(float *__restrict__ out, const float *__
     }
 }
 
-#ifndef ST_RG8
 #define ST_RG8 4 // rows a group at 5 to 8 batch rows (RG*NB = 32)
-#endif
 
 extern "C" {
 
@@ -1005,7 +983,10 @@ __global__ void __launch_bounds__(ST_THREADS, ST_LB)
 
 extern "C" {
 
-// attention: one decode step of multi-head attention, split over the
+// attention: split attention in one kernel, which gpt2-decode no longer
+// launches (attention_part and attention_combine below replaced it); its
+// Go reference is what they are tested against. One decode step of
+// multi-head attention, split over the
 // cache positions (flash-decoding). Block (h, b, s) of grid (heads, batch,
 // splits) takes head h of batch row b and the s-th of `splits` equal chunks
 // of positions 0..pos, pos = step[0] (clamped). qkv[b] holds q, k, v (each
@@ -1401,12 +1382,8 @@ __global__ void attention_combine(float *__restrict__ out, const float *__restri
     // U = 8 where it covers every split (H100, gpt2-decode replayed, batch
     // 8's 5 splits: 765 µs a step, 774 with 16), else 16 (batch 1's 16:
     // 342, 345 with 8).
-#ifdef COMBINE_U
-    combine_partials<COMBINE_U>(out, part, width, heads, splits);
-#else
     if (splits <= 8) combine_partials<8>(out, part, width, heads, splits);
     else combine_partials<16>(out, part, width, heads, splits);
-#endif
 }
 
 } // extern "C"

@@ -40,10 +40,9 @@ const (
 	Embed  = "embed"
 	Linear = "linear"
 	// Attention is split attention in one kernel (the last block of a
-	// head combines); gpt2-decode now launches AttentionPart and
-	// AttentionCombine instead. Kept, with its reference, for
-	// kernels/bench and as the one-pass reference that split attention
-	// is tested against.
+	// head combines); gpt2-decode launches AttentionPart and
+	// AttentionCombine instead. Its reference is the one-pass attention
+	// that split attention is tested against.
 	Attention = "attention"
 	// LinearLN is linear with the layer norm applied once per block to
 	// rows staged in shared memory (see kernels.cu); the same function.

@@ -1,4 +1,4 @@
-// Kernels of graphexec's spill-demo workload: tiny on purpose, the demo is
+// Kernels of the spill-demo workload (package workloads): tiny on purpose, the demo is
 // about memory, not speed. Build the PTX on a GPU machine with
 //
 //	nvcc -ptx -arch=compute_80 -o spill.ptx spill.cu

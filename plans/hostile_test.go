@@ -19,7 +19,7 @@ import (
 // far more than their size. Each is answered at a cost proportional to its
 // size. Small ones are fuzz seeds (FuzzDecode); big ones are generated
 // here, and TestWriteHostile writes them to $ARENAPLAN_HOSTILE_DIR for the
-// measurements in BENCHMARKS.md.
+// measurements in docs/TESTING.md.
 
 // rleFrame is a zstd frame of n zero bytes in RLE blocks of 128 KiB: 4
 // bytes of frame per block, about 32 KB a GiB.

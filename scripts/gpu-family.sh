@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU runs of families of graphs (issue 7): plan --batch-sizes, run --plan
+# GPU runs of families of graphs: plan --batch-sizes, run --plan
 # FAMILY (mixed sequence checked against eager, per-member replay), a
 # small family on the simulated device and under compute-sanitizer, and
 # the PyTorch twin with one shared graph pool (bench/torch_family.py).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-floor.sh: the executor's replayed step against the fastest PyTorch
-# twin and against the memory floor, in one run on one GPU (issue 15), for
-# gpt2-decode batch 1 and 8 and mlp. The device machine has CUDA, nvcc,
-# compute-sanitizer and PyTorch but no Go: build the run command first,
+# twin and against the memory floor, in one run on one GPU, for
+# gpt2-decode batch 1 and 8 and mlp (BENCHMARKS.md's executor table). The
+# device machine has CUDA, nvcc, compute-sanitizer and PyTorch but no Go:
+# build the run command first,
 #
 #   CGO_ENABLED=0 go build -o .dev/run ./cmd/run
 #
@@ -18,13 +19,13 @@
 # 1023, the cache never wraps), mlp MLP_STEPS (1000).
 #
 # Environment: OUT (logs, default /tmp/gpu-floor); RUN (default .dev/run);
-# PTX=FILE runs cmd/run with --ptx FILE; COMPILE=1 first builds
-# kernels/kernels.cu to $OUT/kernels.ptx (compute_80) and
-# $OUT/kernels_90.ptx (compute_90, used: the files to commit) with the ptxas
-# report; CHECK=1 adds the --check runs against the Go references and
-# compute-sanitizer; BEFORE=FILE also times that cmd/run binary (its
-# embedded kernels); PROFILE=1 prints the per-kernel device time of one
-# eager step.
+# REPS (runs of each case, default 2); PTX=FILE runs cmd/run on that PTX
+# (ARENAPLAN_TUNE=ptx=FILE); COMPILE=1 first builds kernels/kernels.cu to
+# $OUT/kernels.ptx (compute_80) and $OUT/kernels_90.ptx (compute_90, used:
+# the files to commit) with the ptxas report; CHECK=1 adds the --check runs
+# against the Go references and compute-sanitizer; PROFILE=1 prints the
+# per-kernel device time of one eager step. ARENAPLAN_TUNE's launch shapes
+# (see cmd/run) pass through to every run.
 set -u
 OUT=${OUT:-/tmp/gpu-floor}
 mkdir -p "$OUT"
@@ -59,18 +60,16 @@ if [ -n "${COMPILE:-}" ]; then
 		exit 1
 	fi
 fi
-PA=()
-[ -n "${PTX:-}" ] && PA=(--ptx "$PTX")
+[ -n "${PTX:-}" ] && export ARENAPLAN_TUNE="ptx=$PTX${ARENAPLAN_TUNE:+,$ARENAPLAN_TUNE}"
+echo "ARENAPLAN_TUNE=${ARENAPLAN_TUNE:-}" | tee -a "$LOG"
 
 # ours NAME BIN ARGS...: one cmd/run, its JSON line tagged NAME.
 ours() {
 	local name=$1 bin=$2
 	shift 2
-	local pa=("${PA[@]}")
-	[ "$bin" != "$RUN" ] && pa=()
-	echo "== $name: $bin ${pa[*]} $*" >>"$LOG"
+	echo "== $name: $bin $*" >>"$LOG"
 	local out
-	out=$("$bin" "${pa[@]}" --json "$@" 2>>"$LOG") || echo "FAILED ($name)" | tee -a "$LOG"
+	out=$("$bin" --json "$@" 2>>"$LOG") || echo "FAILED ($name)" | tee -a "$LOG"
 	echo "$out" >>"$LOG"
 	[ -n "$out" ] && echo "{\"case\":\"$name\",\"tool\":\"ours\",\"r\":$out}" >>"$RES"
 }
@@ -86,7 +85,7 @@ twin() {
 san() {
 	local tool=$1
 	shift
-	timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 "$RUN" "${PA[@]}" "$@" >"$OUT/san-$tool.txt" 2>&1
+	timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 "$RUN" "$@" >"$OUT/san-$tool.txt" 2>&1
 	local rc=$?
 	echo "== sanitizer $tool rc=$rc $*: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.txt" | tr '\n' ' ')" | tee -a "$LOG"
 	echo "{\"case\":\"sanitizer-$tool\",\"tool\":\"sanitizer\",\"r\":{\"rc\":$rc,\"args\":\"$*\"}}" >>"$RES"
@@ -114,23 +113,12 @@ for rep in $(seq "$REPS"); do
 	ours gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps "$STEPS"
 	ours mlp "$RUN" --workload mlp --steps "$MLP_STEPS"
 done
-# The same binary and kernels with no linear_st (batch 8: the linears as
-# before it; batch 1 does not stage).
-ours unstaged-gpt2-b8 "$RUN" --workload gpt2-decode --batch 8 --steps "$STEPS" --unstaged
-# ... and at batch 1 with linear_ln in place of linear_ln1, the MLP's
-# first one at 528 blocks (session 10's kernels and launches).
-ours unstaged-gpt2-b1 "$RUN" --workload gpt2-decode --batch 1 --steps "$STEPS" --no-linear-ln1 --fc-grid 528
-if [ -n "${BEFORE:-}" ]; then
-	ours before-gpt2-b1 "$BEFORE" --workload gpt2-decode --batch 1 --steps "$STEPS"
-	ours before-gpt2-b8 "$BEFORE" --workload gpt2-decode --batch 8 --steps "$STEPS"
-	ours before-mlp "$BEFORE" --workload mlp --steps "$MLP_STEPS"
-fi
 twin gpt2-b1 --workload gpt2-decode --batch 1 --steps "$STEPS"
 twin gpt2-b8 --workload gpt2-decode --batch 8 --steps "$STEPS"
 twin mlp --workload mlp --steps "$MLP_STEPS"
 if [ -n "${PROFILE:-}" ]; then
 	for b in 1 8; do
-		"$RUN" "${PA[@]}" --workload gpt2-decode --batch $b --steps 1 --profile 2>&1 | grep profile | sed "s/^/b$b /" | tee -a "$LOG"
+		ARENAPLAN_TUNE="${ARENAPLAN_TUNE:+$ARENAPLAN_TUNE,}profile=1" "$RUN" --workload gpt2-decode --batch $b --steps 1 2>&1 | grep profile | sed "s/^/b$b /" | tee -a "$LOG"
 	done
 fi
 if [ -n "${CHECK:-}" ]; then
@@ -144,10 +132,9 @@ if [ -n "${CHECK:-}" ]; then
 	san synccheck "${ln1[@]}" --batch 1 --steps 2 --warmup 1
 fi
 
-python3 - "$RES" "$RUN" <<'PY' | tee -a "$LOG"
+python3 - "$RES" <<'PY' | tee -a "$LOG"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-run = sys.argv[2]
 for r in rows:
     if r["tool"] == "sanitizer":
         print(f"sanitizer {r['case'][10:]:10s} rc={r['r']['rc']} {r['r']['args']}")
@@ -159,8 +146,6 @@ print()
 print(f"{'case':8s} {'ours replay us':>16s} {'x floor':>8s} {'torch replay us':>16s} {'x floor':>8s} {'torch/ours':>10s} {'floor us':>9s} {'copy TB/s':>9s} {'MB/step':>8s}  torch attention (trials, replay us)")
 for case in ["gpt2-b1", "gpt2-b8", "mlp"]:
     ours = [r["r"] for r in rows if r["case"] == case and r["tool"] == "ours"]
-    before = [r["r"]["replay_us_per_step"] for r in rows if r["case"] == "before-" + case]
-    unstaged = [r["r"]["replay_us_per_step"] for r in rows if r["case"] == "unstaged-" + case]
     tw = [r["r"] for r in rows if r["case"] == case and r["tool"] == "torch"]
     if not ours or not tw:
         print(f"{case:8s} missing")
@@ -171,5 +156,5 @@ for case in ["gpt2-b1", "gpt2-b8", "mlp"]:
     eq = all(o.get("outputs_equal") for o in ours)
     o = statistics.median(reps)
     trials = ", ".join(f"{k} {v if not isinstance(v, str) else 'n/a'}" for k, v in t.get("attention_trials", {}).items())
-    print(f"{case:8s} {o:10.1f} ({len(reps)}x) {o/fl:8.2f} {t['replay_us_per_step']:16.1f} {t['replay_us_per_step']/fl:8.2f} {t['replay_us_per_step']/o:10.2f} {fl:9.1f} {t['copy_rate_tbs']:9.3f} {t['floor_bytes']/1e6:8.1f}  {t['attention']} ({trials})  ours runs {reps} equal={eq}" + (f" before {before[0]:.1f} ({before[0]/fl:.2f}x floor)" if before else "") + (f" old kernels {unstaged[0]:.1f} ({unstaged[0]/fl:.2f}x floor)" if unstaged else ""))
+    print(f"{case:8s} {o:10.1f} ({len(reps)}x) {o/fl:8.2f} {t['replay_us_per_step']:16.1f} {t['replay_us_per_step']/fl:8.2f} {t['replay_us_per_step']/o:10.2f} {fl:9.1f} {t['copy_rate_tbs']:9.3f} {t['floor_bytes']/1e6:8.1f}  {t['attention']} ({trials})  ours runs {reps} equal={eq}")
 PY

@@ -15,7 +15,8 @@
 #
 # Logs and JSON lines go to $OUT (default /tmp/gpu-run); a short table is
 # printed last. With PTX=FILE the runs use that PTX instead of the embedded
-# one (smoke sets it to the PTX it has just compiled).
+# one (ARENAPLAN_TUNE=ptx=FILE; compile sets it to the PTX it has just
+# compiled).
 set -u
 OUT=${OUT:-/tmp/gpu-run}
 mkdir -p "$OUT"
@@ -36,15 +37,14 @@ if [ -n "$COMPILE" ]; then
 	cat "$OUT/ptxas.txt"
 	PTX=${PTX:-$OUT/kernels.ptx}
 fi
-PTXARG=()
-if [ -n "${PTX:-}" ]; then PTXARG=(--ptx "$PTX"); fi
+if [ -n "${PTX:-}" ]; then export ARENAPLAN_TUNE="ptx=$PTX${ARENAPLAN_TUNE:+,$ARENAPLAN_TUNE}"; fi
 
 # ours NAME ARGS...: one run of cmd/run, its JSON line tagged with NAME.
 ours() {
 	local name=$1
 	shift
 	echo "== run $name: $*" | tee -a "$OUT/log.txt"
-	if out=$("$RUN" "${PTXARG[@]}" --json "$@" 2>>"$OUT/log.txt"); then :; else echo "FAILED ($?)" | tee -a "$OUT/log.txt"; fi
+	if out=$("$RUN" --json "$@" 2>>"$OUT/log.txt"); then :; else echo "FAILED ($?)" | tee -a "$OUT/log.txt"; fi
 	echo "$out" | tee -a "$OUT/log.txt"
 	[ -n "$out" ] && echo "{\"case\":\"$name\",\"tool\":\"arenaplan\",\"r\":$out}" >>"$RES"
 }
@@ -64,7 +64,7 @@ sanitize() {
 	local tool=$1
 	shift
 	echo "== compute-sanitizer --tool $tool: $*" | tee -a "$OUT/log.txt"
-	compute-sanitizer --tool "$tool" --error-exitcode 9 "$RUN" "${PTXARG[@]}" "$@" >"$OUT/sanitizer-$tool.txt" 2>&1
+	compute-sanitizer --tool "$tool" --error-exitcode 9 "$RUN" "$@" >"$OUT/sanitizer-$tool.txt" 2>&1
 	local rc=$?
 	tail -3 "$OUT/sanitizer-$tool.txt" | tee -a "$OUT/log.txt"
 	echo "{\"case\":\"sanitizer-$tool\",\"tool\":\"compute-sanitizer\",\"r\":{\"rc\":$rc,\"args\":\"$*\"}}" >>"$RES"
@@ -90,8 +90,9 @@ else
 	if [ -f .dev/gpt2.plan ] && [ -z "${PTX:-}" ]; then ours gpt2-b1-planfile --plan .dev/gpt2.plan --steps 200; fi
 	ours gpt2-l48 --workload gpt2-decode --layers 48 --steps 50
 	echo "== per-kernel device time, one eager step (event pairs: each adds a few us)" | tee -a "$OUT/log.txt"
-	"$RUN" "${PTXARG[@]}" --workload gpt2-decode --batch 1 --steps 1 --profile 2>&1 | grep profile | tee -a "$OUT/log.txt"
-	"$RUN" "${PTXARG[@]}" --workload gpt2-decode --batch 8 --steps 1 --profile 2>&1 | grep profile | tee -a "$OUT/log.txt"
+	for b in 1 8; do
+		ARENAPLAN_TUNE="${ARENAPLAN_TUNE:+$ARENAPLAN_TUNE,}profile=1" "$RUN" --workload gpt2-decode --batch $b --steps 1 2>&1 | grep profile | tee -a "$OUT/log.txt"
+	done
 	torchrun gpt2-b1 --workload gpt2-decode --batch 1 --steps 200
 	torchrun gpt2-b8 --workload gpt2-decode --batch 8 --steps 200
 	torchrun mlp --workload mlp --steps 1000

@@ -21,7 +21,7 @@ for a in "--iters 100" "--iters 100 --no-capture-reuse" "--iters 1000" "--iters 
   echo "ARGS $a"; ./run --workload spill-demo $a --steps 50 --json --check; echo "rc=$?"
 done | tee $OUT/run.jsonl
 echo "== nvcc PTX"
-./run --workload spill-demo --iters 100 --steps 20 --json --check --spill-ptx $OUT/spill.ptx; echo "rc=$?"
+ARENAPLAN_TUNE=spill_ptx=$OUT/spill.ptx ./run --workload spill-demo --iters 100 --steps 20 --json --check; echo "rc=$?"
 echo "== memcheck"
 compute-sanitizer --tool memcheck --print-limit 20 ./run --workload spill-demo --iters 50 --steps 3 --warmup 1 2>&1 | tail -25
 compute-sanitizer --tool memcheck --print-limit 20 ./run --workload spill-demo --iters 50 --steps 3 --warmup 1 --no-capture-reuse 2>&1 | tail -4

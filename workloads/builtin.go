@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"slices"
-	"strings"
 
 	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/kernels"
@@ -35,31 +33,13 @@ func init() {
 const (
 	linearBlock   = 128  // threads: 4 warps, one output row each
 	linearMaxGrid = 1024 // blocks; warps stride over the rows beyond
-	// linearLNMaxGrid bounds linear_ln's grid: one wave (at most four
-	// blocks per multiprocessor of an H100/H200, linear_ln's launch
-	// bound), so that a block normalises its input rows once for more
-	// weight rows (see kernels.cu; 8.7% faster at batch 8 than 768 to 1024
-	// blocks), and 3.5 a multiprocessor rather than 4, so that the next
-	// kernel's blocks (the attention after QKV, the MLP's second linear)
-	// find room to load before linear_ln ends. H100, gpt2-decode
-	// replayed, µs at batch 1 / 8: 528 blocks 342.1 / 654.8, 462 331.6 /
-	// 657.2, 396 336.5 / 662.9, 330 347.1 (bench/results/h100-s9-probes.txt).
-	linearLNMaxGrid = 462
-	attentionBlock  = 128
-	// attentionBlocks is the most blocks attention_part aims for by
-	// splitting the cache positions (in chunks of at least one round): four per
-	// multiprocessor of an H100/H200, as many as are resident at once, so
-	// that no block waits for a second wave.
-	attentionBlocks = 528
+	// defaultMultiprocessors sizes the grids when Kernels names no device:
+	// an H100 SXM or H200.
+	defaultMultiprocessors = 132
+	attentionBlock         = 128
 	// lnStageMax is the most dynamic shared memory a layer-norm linear
 	// gets for its normalised input rows (the default limit of a block).
 	lnStageMax = 48 << 10
-	// stagedBlocks is how many blocks linear_st aims for: two per
-	// multiprocessor of an H100/H200, so that with its 128 threads of at
-	// most 128 registers and at most stagedMax bytes of weights a block,
-	// the blocks of two consecutive linears fit on a multiprocessor
-	// together (the next one's weight copies overlap this one's work).
-	stagedBlocks = 264
 	// stagedMax is the most weight bytes a linear_st block stages: under
 	// the 48 KiB a block gets without opting in, with room for its static
 	// shared memory.
@@ -71,8 +51,57 @@ const (
 	maxKVLen        = 8192
 )
 
-// linearLaunch is one launch of a linear (kernels.LinearStaged, LinearLN
-// or Linear: one function, three launch shapes); see kernels.cu.
+// multiprocessors is the device's multiprocessor count the grids are
+// sized for.
+func (k Kernels) multiprocessors() uint32 {
+	if k.Multiprocessors > 0 {
+		return uint32(k.Multiprocessors)
+	}
+	return defaultMultiprocessors
+}
+
+// lnGrid bounds linear_ln's and linear_ln1's grid: one wave (both are
+// bounded for four blocks of 128 threads a multiprocessor), so that a
+// block normalises its input rows once for more weight rows (8.7% faster
+// at batch 8 than 768 to 1024 blocks), and 3.5 a multiprocessor rather
+// than 4, so that the next kernel's blocks (the attention after QKV, the
+// MLP's second linear) find room to load before it ends. H100 (132
+// multiprocessors), gpt2-decode replayed, µs a step at batch 1 / 8: 528
+// blocks 342.1 / 654.8, 462 331.6 / 657.2, 396 336.5 / 662.9, 330 347.1;
+// with linear_ln1 at batch 1, 462 against 528 blocks: 302.2 / 304.9.
+func (k Kernels) lnGrid() uint32 {
+	if k.tune.lnGrid > 0 {
+		return k.tune.lnGrid
+	}
+	return k.multiprocessors() * 7 / 2
+}
+
+// attentionBlocks is the most blocks attention_part aims for by splitting
+// the cache positions (in chunks of at least one round): four a
+// multiprocessor, as many as are resident at once, so that no block waits
+// for a second wave.
+func (k Kernels) attentionBlocks() int {
+	if k.tune.attentionBlocks > 0 {
+		return int(k.tune.attentionBlocks)
+	}
+	return int(4 * k.multiprocessors())
+}
+
+// stagedBlocks is how many blocks linear_st aims for: two a
+// multiprocessor, so that with its 128 threads of at most 128 registers
+// and at most stagedMax bytes of weights a block, the blocks of two
+// consecutive linears fit on a multiprocessor together (the next one's
+// weight copies overlap this one's work).
+func (k Kernels) stagedBlocks() uint32 {
+	if k.tune.stagedGrid > 0 {
+		return k.tune.stagedGrid
+	}
+	return 2 * k.multiprocessors()
+}
+
+// linearLaunch is one launch of a linear (kernels.LinearStaged, LinearLN,
+// LinearLN1, LinearFew or Linear: one function, several launch shapes);
+// see kernels.cu.
 func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *graph.Tensor, inDim, outDim, batch int, mode uint32) graph.Launch {
 	// From 3 batch rows on, where a block's share of the weight rows fits
 	// in shared memory, the rows are staged there before the kernel waits
@@ -81,11 +110,12 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	// into registers before the wait, and staging measured slower. (So a
 	// graph rebound across 3 batch rows changes kernels and is captured
 	// again, not updated in place.)
-	if k.staged(name, batch) {
-		blocks := uint32(stagedBlocks)
-		if k.StagedGrid > 0 {
-			blocks = k.StagedGrid
-		}
+	from := stagedFromBatch
+	if k.tune.stagedFromBatch > 0 {
+		from = int(k.tune.stagedFromBatch)
+	}
+	if min(batch, kernels.MaxBatchRows) >= from {
+		blocks := k.stagedBlocks()
 		rows := (uint32(outDim) + blocks - 1) / blocks
 		if rows <= kernels.LinearStagedMaxRows && uint64(rows)*uint64(inDim)*4 <= stagedMax {
 			return linearOf(name, kernels.LinearStaged, (uint32(outDim)+rows-1)/rows, linearBlock, rows*uint32(inDim)*4,
@@ -93,13 +123,13 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 		}
 	}
 	kernel, shared, maxGrid := kernels.Linear, uint32(0), uint32(linearMaxGrid)
-	if k.LinearGrid > 0 {
-		maxGrid = k.LinearGrid
+	if k.tune.linearGrid > 0 {
+		maxGrid = k.tune.linearGrid
 	}
 	// At batch 1 a plain linear is linear_few: linear's code for one
 	// row at fewer registers (at batch 2 two rows at a time measured
 	// slower than linear: H100, gpt2-decode replayed, 420 vs 381 µs).
-	if lnG == nil && batch == 1 && !k.NoLinearFew {
+	if lnG == nil && batch == 1 {
 		kernel = kernels.LinearFew
 	}
 	// Rows a block takes at once: one a warp; from 3 batch rows on, a
@@ -108,76 +138,23 @@ func (k Kernels) linearLaunch(name string, out, in, w, bias, resid, lnG, lnB *gr
 	rows := uint32(linearBlock / 32)
 	if lnG == nil && min(batch, kernels.MaxBatchRows) >= 3 {
 		rows = kernels.LinearSplitKRows
-		if k.LinearRows > 0 {
-			rows = k.LinearRows
-		}
 	}
 	// A layer-norm linear that is not staged (every one below 3 batch
 	// rows, the logits at any batch) normalises its batch rows once per
 	// block into shared memory (linear_ln) when they fit there.
 	if st := 4 * min(batch, kernels.MaxBatchRows) * inDim; lnG != nil && st <= lnStageMax {
-		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), k.lnGrid(name), linearBlock/32
-		if k.LNWarpRows > 0 {
-			rows *= k.LNWarpRows
-		}
+		kernel, shared, maxGrid, rows = kernels.LinearLN, uint32(st), k.lnGrid(), linearBlock/32
 	}
 	// At batch 1 a layer-norm linear of rows up to LinearLN1MaxIn is
 	// linear_ln1: each warp normalises the input row itself, in
 	// registers, one round trip after its wait (linear_ln: a warp's
-	// statistics, a barrier, the row staged, a second barrier).
-	if lnG != nil && batch == 1 && inDim <= kernels.LinearLN1MaxIn && k.ln1(name) {
-		kernel, shared, maxGrid, rows = kernels.LinearLN1, 0, k.lnGrid(name), linearBlock/32
-	}
-	block := uint32(linearBlock)
-	if kernel == kernels.LinearFew && k.FewBlock > 0 {
-		block, rows = k.FewBlock, k.FewBlock/32
+	// statistics, a barrier, the row staged, a second barrier). H100,
+	// gpt2-decode replayed at batch 1: 309.5 -> 302.2 µs a step.
+	if lnG != nil && batch == 1 && inDim <= kernels.LinearLN1MaxIn {
+		kernel, shared, maxGrid, rows = kernels.LinearLN1, 0, k.lnGrid(), linearBlock/32
 	}
 	grid := min((uint32(outDim)+rows-1)/rows, maxGrid)
-	return linearOf(name, kernel, grid, block, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
-}
-
-// lnGrid is the most blocks of the linear_ln or linear_ln1 launch called
-// name: linearLNMaxGrid, or what the development knobs say
-// (--linear-ln-grid for every one, --qkv-grid and --fc-grid for the QKV
-// projection's and the MLP's first linear's). With linear_ln at batch 1
-// the MLP's first linear had been faster at 528 blocks (309.0 µs a step,
-// 311.4 at 462); with linear_ln1 462 is (302.2 against 304.9 at 528; H100,
-// gpt2-decode replayed, bench/results/h100-s11-probes.txt).
-func (k Kernels) lnGrid(name string) uint32 {
-	g := uint32(linearLNMaxGrid)
-	if k.LinearLNGrid > 0 {
-		g = k.LinearLNGrid
-	}
-	switch {
-	case strings.Contains(name, "qkv") && k.QKVGrid > 0:
-		g = k.QKVGrid
-	case strings.Contains(name, "fc+") && k.FCGrid > 0:
-		g = k.FCGrid
-	}
-	return g
-}
-
-// ln1 says whether the layer-norm linear called name may be linear_ln1
-// (the development knobs --no-linear-ln1 and --ln1-only).
-func (k Kernels) ln1(name string) bool {
-	if k.NoLinearLN1 {
-		return false
-	}
-	return k.LN1Only == nil || slices.ContainsFunc(k.LN1Only, func(s string) bool { return strings.Contains(name, s) })
-}
-
-// staged says whether the linear called name stages its weights
-// (linear_st, where they fit): from stagedFromBatch batch rows on, unless
-// the development knobs say otherwise.
-func (k Kernels) staged(name string, batch int) bool {
-	from := stagedFromBatch
-	if k.StagedFromBatch > 0 {
-		from = int(k.StagedFromBatch)
-	}
-	if k.StagedOnly != nil && !slices.ContainsFunc(k.StagedOnly, func(s string) bool { return strings.Contains(name, s) }) {
-		return false
-	}
-	return !k.Unstaged && min(batch, kernels.MaxBatchRows) >= from
+	return linearOf(name, kernel, grid, linearBlock, shared, out, in, w, bias, resid, lnG, lnB, inDim, outDim, batch, mode)
 }
 
 // linearOf is a launch of one of the linear kernels (they share their
@@ -264,17 +241,14 @@ func buildGPT2(s Shape, k Kernels) (*graph.Graph, error) {
 		Args: []graph.Arg{graph.Out(x), graph.In(wte), graph.In(wpe), graph.In(step), graph.Scalar(launch.U32(uint32(W))), graph.Scalar(launch.U32(uint32(V))), graph.Scalar(launch.U32(uint32(T)))},
 	})
 	projStd := float32(std / math.Sqrt(float64(2*L)))
-	ab := attentionBlocks
-	if k.AttentionBlocks > 0 {
-		ab = int(k.AttentionBlocks)
-	}
+	ab := k.attentionBlocks()
 	// As many splits of the cache positions as fit ab blocks, but no chunk
 	// shorter than one round of attention_part (the positions it loads
 	// before it waits): on an H100 at batch 1, 16 splits of 64 positions
-	// replay in 355 µs a step, 32 of 32 in 373 (bench/results/h100-s8-probes.txt).
+	// replay in 355 µs a step, 32 of 32 in 373.
 	ablock := attentionBlock
-	if k.AttentionBlock > 0 {
-		ablock = int(k.AttentionBlock)
+	if k.tune.attentionThreads > 0 {
+		ablock = int(k.tune.attentionThreads)
 	}
 	round := kernels.AttentionRound(hd, ablock)
 	splits := max(1, min(ab/(H*B), (T+round-1)/round))

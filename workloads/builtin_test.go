@@ -1,6 +1,7 @@
 package workloads_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/arenaplan/arenaplan/graph"
@@ -56,7 +57,7 @@ func TestGPT2LinearLaunches(t *testing.T) {
 			}
 			if op.Kernel == kernels.LinearLN1 {
 				linears++
-				if op.Shared != 0 || op.Block.X > kernels.LinearLN1MaxBlock || op.Grid.X == 0 || op.Grid.X > 4*132 {
+				if op.Shared != 0 || op.Block.X > kernels.LinearLN1MaxBlock || op.Grid.X == 0 || op.Grid.X > 462 {
 					t.Errorf("%s: linear_ln1 grid %d, block %d, %d bytes of shared memory", op.Name, op.Grid.X, op.Block.X, op.Shared)
 				}
 				continue
@@ -95,11 +96,11 @@ func TestGPT2LinearLaunches(t *testing.T) {
 				if op.Block.X > kernels.LinearLNMaxBlock {
 					t.Errorf("%s: block %d", op.Name, op.Block.X)
 				}
-				// One wave: at most four blocks for each of an
+				// Within one wave: at most 3.5 blocks for each of an
 				// H100/H200's 132 multiprocessors (one block per 4
 				// output rows where that is fewer).
-				if op.Grid.X == 0 || op.Grid.X > 4*132 {
-					t.Errorf("%s: linear_ln grid %d, want 1 to %d blocks", op.Name, op.Grid.X, 4*132)
+				if op.Grid.X == 0 || op.Grid.X > 462 {
+					t.Errorf("%s: linear_ln grid %d, want 1 to %d blocks", op.Name, op.Grid.X, 462)
 				}
 			case kernels.Linear:
 				linears++
@@ -120,164 +121,108 @@ func TestGPT2LinearLaunches(t *testing.T) {
 	}
 }
 
-// Staging is a choice the development knobs can take back: --unstaged
-// launches no linear_st; --staged-from-batch 1 stages at batch 1.
-func TestGPT2StagedKnobs(t *testing.T) {
-	count := func(k workloads.Kernels, batch int) int {
-		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: batch}, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, op := range g.Ops {
-			if op.Kernel == kernels.LinearStaged {
-				n++
-			}
-		}
-		return n
+// gpt2Ops builds a one-layer gpt2-decode with k and returns its launches by
+// op name.
+func gpt2Ops(t *testing.T, k workloads.Kernels, batch int) map[string]*graph.Op {
+	t.Helper()
+	g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: batch}, k)
+	if err != nil {
+		t.Fatal(err)
 	}
-	k := workloads.EmbeddedKernels()
-	if n := count(k, 8); n != 4 {
-		t.Errorf("batch 8: %d linear_st launches, want 4 (QKV, projection, MLP in and out)", n)
+	ops := map[string]*graph.Op{}
+	for _, op := range g.Ops {
+		ops[op.Name] = op
 	}
-	if n := count(k, 1); n != 0 {
-		t.Errorf("batch 1: %d linear_st launches, want 0", n)
-	}
-	k.Unstaged = true
-	if n := count(k, 8); n != 0 {
-		t.Errorf("--unstaged, batch 8: %d linear_st launches", n)
-	}
-	k = workloads.EmbeddedKernels()
-	k.StagedFromBatch = 1
-	if n := count(k, 1); n != 4 {
-		t.Errorf("--staged-from-batch 1, batch 1: %d linear_st launches, want 4", n)
-	}
-	k.StagedOnly = []string{"qkv"}
-	if n := count(k, 1); n != 1 {
-		t.Errorf("--staged-only qkv: %d linear_st launches, want 1", n)
-	}
-	k.StagedOnly = []string{".proj", "fc_proj"}
-	if n := count(k, 1); n != 2 {
-		t.Errorf("--staged-only .proj,fc_proj: %d linear_st launches, want 2", n)
-	}
+	return ops
 }
 
-// --no-linear-few takes linear_few back: linear at batch 1, as before it.
-func TestGPT2FewKnob(t *testing.T) {
-	kinds := func(k workloads.Kernels) map[string]int {
-		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 2, Batch: 1}, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := map[string]int{}
-		for _, op := range g.Ops {
-			n[op.Kernel]++
-		}
-		return n
-	}
-	k := workloads.EmbeddedKernels()
-	if n := kinds(k); n[kernels.LinearFew] != 4 || n[kernels.Linear] != 0 {
-		t.Errorf("batch 1: %v, want 4 linear_few", n)
-	}
-	k.NoLinearFew = true
-	if n := kinds(k); n[kernels.LinearFew] != 0 || n[kernels.Linear] != 4 {
-		t.Errorf("batch 1, --no-linear-few: %v, want 4 linear", n)
-	}
-}
-
-// --no-linear-ln1 takes linear_ln1 back (linear_ln at batch 1, as before
-// it); --ln1-only keeps it for the named layer-norm linears.
-func TestGPT2LN1Knobs(t *testing.T) {
-	kinds := func(k workloads.Kernels) map[string]string {
-		g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: 1}, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := map[string]string{}
-		for _, op := range g.Ops {
-			n[op.Name] = op.Kernel
-		}
-		return n
-	}
-	names := []string{"h0.ln1+qkv", "h0.ln2+fc+gelu", "ln_f+logits"}
+// The launch grids follow the device's multiprocessor count: layer-norm
+// linears at most 3.5 blocks a multiprocessor, attention_part at most 4,
+// linear_st about 2; on a 132-multiprocessor H100 or H200 (the default)
+// 462, 528 and 264 blocks.
+func TestGPT2GridsFollowDevice(t *testing.T) {
 	for _, tc := range []struct {
-		k    workloads.Kernels
-		want []string
+		sms, want            int // Kernels.Multiprocessors; 0: 132
+		ln, attention, stage uint32
 	}{
-		{workloads.EmbeddedKernels(), []string{kernels.LinearLN1, kernels.LinearLN1, kernels.LinearLN1}},
-		{workloads.Kernels{NoLinearLN1: true}, []string{kernels.LinearLN, kernels.LinearLN, kernels.LinearLN}},
-		{workloads.Kernels{LN1Only: []string{"qkv", "fc+"}}, []string{kernels.LinearLN1, kernels.LinearLN1, kernels.LinearLN}},
-		{workloads.Kernels{LN1Only: []string{"logits"}}, []string{kernels.LinearLN, kernels.LinearLN, kernels.LinearLN1}},
+		{0, 132, 462, 528, 264}, {132, 132, 462, 528, 264}, {108, 108, 378, 432, 216}, {78, 78, 273, 312, 156},
 	} {
-		tc.k.PTX, tc.k.PTX90 = kernels.PTX, kernels.PTX90
-		got := kinds(tc.k)
-		for i, name := range names {
-			if got[name] != tc.want[i] {
-				t.Errorf("%+v: %s runs %s, want %s", tc.k.LN1Only, name, got[name], tc.want[i])
+		k := workloads.EmbeddedKernels()
+		k.Multiprocessors = tc.sms
+		b1, b8 := gpt2Ops(t, k, 1), gpt2Ops(t, k, 8)
+		for _, name := range []string{"h0.ln1+qkv", "h0.ln2+fc+gelu", "ln_f+logits"} {
+			if g := b1[name].Grid.X; g != tc.ln {
+				t.Errorf("%d multiprocessors, batch 1: %s has %d blocks, want %d", tc.want, name, g, tc.ln)
 			}
 		}
+		// Batch 1 of the default 12 heads and 1024 positions: the splits
+		// stop at rounds of 32 positions before they reach the block
+		// count; batch 8: as many as fit it.
+		att := b8["h0.attention"]
+		if blocks := att.Grid.X * att.Grid.Y * att.Grid.Z; blocks > tc.attention || blocks+att.Grid.X*att.Grid.Y <= tc.attention {
+			t.Errorf("%d multiprocessors, batch 8: attention_part has %d blocks (%d splits), want the most splits within %d", tc.want, blocks, att.Grid.Z, tc.attention)
+		}
+		// The projection (768 rows of 768 inputs) stages
+		// ceil(768/stage) rows a block: 3 on 256 blocks of the 264 an
+		// H100 aims for.
+		st := b8["h0.proj+residual"]
+		rows := (768 + tc.stage - 1) / tc.stage
+		if st.Kernel != kernels.LinearStaged || st.Grid.X != (768+rows-1)/rows {
+			t.Errorf("%d multiprocessors, batch 8: the projection runs %s on %d blocks, want linear_st on %d", tc.want, st.Kernel, st.Grid.X, (768+rows-1)/rows)
+		}
+	}
+	k := workloads.EmbeddedKernels()
+	k.Multiprocessors = -1
+	if _, err := workloads.BuildWith("mlp", workloads.Shape{}, k); err == nil {
+		t.Error("-1 multiprocessors: no error")
 	}
 }
 
-// --few-block and --attention-block set those kernels' block sizes (the
-// grid and the attention's splits follow), and refuse what the kernels
-// cannot run.
-func TestGPT2BlockKnobs(t *testing.T) {
-	k := workloads.EmbeddedKernels()
-	k.FewBlock, k.AttentionBlock = 64, 64
-	g, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: 1}, k)
+// Tune overrides launch shapes and refuses what it cannot take.
+func TestTune(t *testing.T) {
+	k, err := workloads.EmbeddedKernels().Tune(" ln_grid=100 , attention_threads=64,staged_from_batch=1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, op := range g.Ops {
-		switch op.Kernel {
-		case kernels.LinearFew:
-			if _, out := linearDims(op); op.Block.X != 64 || op.Grid.X != out/2 {
-				t.Errorf("%s: block %d, grid %d for %d rows", op.Name, op.Block.X, op.Grid.X, out)
-			}
-		case kernels.AttentionPart:
-			// 1024 positions in rounds of 4 groups of 8 (64 threads, 16 a key).
-			if op.Block.X != 64 || op.Grid.Z != 32 {
-				t.Errorf("%s: block %d, %d splits", op.Name, op.Block.X, op.Grid.Z)
-			}
-		}
+	ops := gpt2Ops(t, k, 1)
+	if g := ops["h0.ln1+qkv"]; g.Kernel != kernels.LinearStaged {
+		// staged_from_batch=1 stages QKV at batch 1; the logits do not fit.
+		t.Errorf("staged_from_batch=1: QKV runs %s", g.Kernel)
 	}
-	// --qkv-grid and --fc-grid bound those two linear_ln launches only.
-	k = workloads.EmbeddedKernels()
-	k.QKVGrid, k.FCGrid = 100, 200
-	g, err = workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1, Batch: 1}, k)
+	if g := ops["ln_f+logits"].Grid.X; g != 100 {
+		t.Errorf("ln_grid=100: logits on %d blocks", g)
+	}
+	// 1024 positions in rounds of 4 groups of 8 (64 threads, 16 a key).
+	if a := ops["h0.attention"]; a.Block.X != 64 || a.Grid.Z != 32 {
+		t.Errorf("attention_threads=64: block %d, %d splits", a.Block.X, a.Grid.Z)
+	}
+	k, err = workloads.EmbeddedKernels().Tune("staged_from_batch=9")
 	if err != nil {
 		t.Fatal(err)
 	}
-	grids := map[string]uint32{}
-	for _, op := range g.Ops {
-		grids[op.Name] = op.Grid.X
-	}
-	if grids["h0.ln1+qkv"] != 100 || grids["h0.ln2+fc+gelu"] != 200 || grids["ln_f+logits"] <= 200 {
-		t.Errorf("--qkv-grid 100 --fc-grid 200: grids %v", grids)
-	}
-	// By default every layer-norm linear takes at most 462 blocks
-	// (linear_ln1 at batch 1, linear_ln at 2).
-	for _, tc := range []struct {
-		batch int
-		want  uint32
-	}{{1, 462}, {2, 462}} {
-		g, err := workloads.Build("gpt2-decode", workloads.Shape{Layers: 1, Batch: tc.batch})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, op := range g.Ops {
-			if op.Name == "h0.ln2+fc+gelu" && op.Grid.X != tc.want {
-				t.Errorf("batch %d: %s has %d blocks, want %d", tc.batch, op.Name, op.Grid.X, tc.want)
-			}
-			if op.Name == "h0.ln1+qkv" && op.Grid.X != 462 {
-				t.Errorf("batch %d: %s has %d blocks, want 462", tc.batch, op.Name, op.Grid.X)
-			}
+	for name, op := range gpt2Ops(t, k, 8) {
+		if op.Kernel == kernels.LinearStaged {
+			t.Errorf("staged_from_batch=9, batch 8: %s is staged", name)
 		}
 	}
-	for _, bad := range []workloads.Kernels{{FewBlock: 48}, {FewBlock: 256}, {AttentionBlock: 100}, {AttentionBlock: 512}} {
-		if _, err := workloads.BuildWith("gpt2-decode", workloads.Shape{Layers: 1}, bad); err == nil {
-			t.Errorf("%+v: no error", bad)
+	if k, err := workloads.EmbeddedKernels().Tune(""); err != nil || k.Multiprocessors != 0 {
+		t.Errorf("empty spec: %v", err)
+	}
+	for _, bad := range []struct{ spec, want string }{
+		{"ln_grid", "want key=value"},
+		{"grid=4", `unknown key "grid"`},
+		{"ln_grid=4,ln_grid=5", "given twice"},
+		{"ln_grid=0", "want 1..1048576"},
+		{"ln_grid=-1", "want 1..1048576"},
+		{"attention_threads=100", "a multiple of 32"},
+		{"attention_threads=512", "a multiple of 32, 32..256"},
+	} {
+		_, err := workloads.EmbeddedKernels().Tune(bad.spec)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Tune(%q): %v, want an error with %q", bad.spec, err, bad.want)
 		}
+	}
+	if len(workloads.TuneKeys()) != 6 {
+		t.Errorf("TuneKeys: %v", workloads.TuneKeys())
 	}
 }

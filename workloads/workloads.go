@@ -72,8 +72,8 @@ func Build(name string, s Shape) (*graph.Graph, error) {
 	return BuildWith(name, s, EmbeddedKernels())
 }
 
-// BuildWith is Build with other kernels (development: PTX built from a
-// modified kernels.cu).
+// BuildWith is Build with other kernels: PTX built from a modified
+// kernels.cu, another device's multiprocessor count, tuned launch shapes.
 func BuildWith(name string, s Shape, k Kernels) (*graph.Graph, error) {
 	w, err := Lookup(name)
 	if err != nil {
@@ -90,17 +90,15 @@ func (w *Workload) Build(s Shape) (*graph.Graph, error) {
 
 // BuildWith is Build with other kernels.
 func (w *Workload) BuildWith(s Shape, k Kernels) (*graph.Graph, error) {
-	switch {
-	case k.AttentionBlock%32 != 0 || k.AttentionBlock > kernels.MaxAttentionPartBlock:
-		return nil, fmt.Errorf("workloads: %s: attention block of %d threads: want a multiple of 32, at most %d", w.Name, k.AttentionBlock, kernels.MaxAttentionPartBlock)
-	case k.FewBlock%32 != 0 || k.FewBlock > kernels.LinearFewMaxBlock:
-		return nil, fmt.Errorf("workloads: %s: linear_few block of %d threads: want a multiple of 32, at most %d", w.Name, k.FewBlock, kernels.LinearFewMaxBlock)
+	if k.Multiprocessors < 0 || k.Multiprocessors > 1<<16 {
+		return nil, fmt.Errorf("workloads: %s: %d multiprocessors: want 1..65536 (0: 132)", w.Name, k.Multiprocessors)
 	}
 	return w.build(w.Resolve(s), k)
 }
 
-// Kernels are the PTX modules the built-in workloads load. The graphs
-// they build hold them; nothing global is changed.
+// Kernels are the PTX modules the built-in workloads load, and the device
+// their launch grids are sized for. The graphs they build hold them;
+// nothing global is changed.
 type Kernels struct {
 	// PTX holds the entries of package kernels (gpt2-decode, mlp): the
 	// compute_80 build, which every device since sm_80 can JIT.
@@ -110,47 +108,14 @@ type Kernels struct {
 	PTX90 []byte
 	// SpillPTX holds spill-demo's entries.
 	SpillPTX []byte
-	// LinearGrid and LinearLNGrid, when not 0, bound the blocks of a
-	// linear and a linear_ln launch (development: launch shapes measured
-	// against the defaults).
-	LinearGrid, LinearLNGrid uint32
-	// LinearRows, when not 0, sizes a plain linear's grid from 3 batch
-	// rows on for this many rows a block (development: kernels built with
-	// another LINEAR_SK_R).
-	LinearRows uint32
-	// AttentionBlocks, when not 0, is the most blocks attention_part
-	// aims for by splitting the cache positions (development).
-	AttentionBlocks uint32
-	// Unstaged launches no linear_st: the linears as they were before it
-	// (development: measured against it in one run).
-	Unstaged bool
-	// StagedGrid, when not 0, is how many blocks a linear_st launch aims
-	// for (development).
-	StagedGrid uint32
-	// StagedFromBatch, when not 0, is the fewest batch rows at which
-	// the linears stage their weights (development).
-	StagedFromBatch uint32
-	// StagedOnly, when not nil, stages only the linears whose op name
-	// contains one of these (development).
-	StagedOnly []string
-	// NoLinearFew launches linear, not linear_few, at batch 1
-	// (development).
-	NoLinearFew bool
-	// AttentionBlock and FewBlock, when not 0, are the threads of an
-	// attention_part block and of a linear_few block (development).
-	AttentionBlock, FewBlock uint32
-	// LNWarpRows, when not 0, sizes a linear_ln grid for this many output
-	// rows a warp (at most LinearLNGrid or its default; development).
-	LNWarpRows uint32
-	// QKVGrid and FCGrid, when not 0, bound the linear_ln grids of the
-	// QKV projection and of the MLP's first linear (development).
-	QKVGrid, FCGrid uint32
-	// NoLinearLN1 launches linear_ln, not linear_ln1, at batch 1
-	// (development).
-	NoLinearLN1 bool
-	// LN1Only, when not nil, launches linear_ln1 only for the layer-norm
-	// linears whose op name contains one of these (development).
-	LN1Only []string
+	// Multiprocessors is the multiprocessor count of the device that the
+	// launch grids are sized for (cuda.Device.Multiprocessors); 0: 132,
+	// an H100 SXM or H200. The grids are part of the workload's
+	// fingerprint, so a plan file made for one count is refused on a
+	// device of another.
+	Multiprocessors int
+	// tune overrides launch shapes (Tune).
+	tune tuning
 }
 
 // EmbeddedKernels are the kernels embedded in package kernels.

@@ -9,9 +9,9 @@ import (
 )
 
 // TestModuleVariants: a built-in graph carries its kernels' compute_90
-// build, which a device of 9.0 and later loads (kernels.ForDevice before
-// the engine lost its kernel globals); kernels given for development are
-// loaded as given on every device.
+// build, which a device of 9.0 and later loads; PTX given without a
+// compute_90 build (a modified kernels.cu) is loaded as given on every
+// device.
 func TestModuleVariants(t *testing.T) {
 	if len(kernels.PTX90) == 0 {
 		t.Skip("kernels_90.ptx is empty")
@@ -32,7 +32,7 @@ func TestModuleVariants(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := g.ModulePTX(0, 9); &got[0] != &dev[0] {
-		t.Error("development PTX replaced on a 9.0 device")
+		t.Error("the given PTX replaced on a 9.0 device")
 	}
 	// The fingerprint is the compute_80 PTX's: the same workload whichever
 	// build a device loads.

@@ -50,8 +50,10 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 	switch {
 	case c.workload != "mlp":
 		return nil, usageError{fmt.Errorf("--stages splits the mlp workload, not %q", c.workload)}
-	case c.pause || c.check || c.sequence != "" || c.profile:
-		return nil, usageError{errors.New("--stages runs a chain: --pause, --check, --sequence and --profile do not apply")}
+	case c.pause || c.check || c.sequence != "":
+		return nil, usageError{errors.New("--stages runs a chain: --pause, --check and --sequence do not apply")}
+	case c.profile:
+		return nil, usageError{fmt.Errorf("--stages runs a chain: %s's profile does not apply", workloads.TuneEnv)}
 	}
 	cuts, err := parseCuts(c.stages)
 	if err != nil {
@@ -61,13 +63,25 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 		return nil, usageError{err}
 	}
 	shape := c.shape.Shape()
+	// The flags' shape and cuts are checked before a device is opened.
+	if _, err := workloads.MLPStagesWith(shape, c.kernels, cuts...); err != nil {
+		return nil, usageError{err}
+	}
+	dev, choice, err := openDevice(c.device)
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Close()
+	if err := c.sizeFor(dev); err != nil {
+		return nil, err
+	}
 	gs, err := workloads.MLPStagesWith(shape, c.kernels, cuts...)
 	if err != nil {
-		return nil, usageError{err} // the flags' shape or cuts
+		return nil, err
 	}
 	whole, err := workloads.BuildWith("mlp", shape, c.kernels)
 	if err != nil {
-		return nil, usageError{err}
+		return nil, err
 	}
 	links, err := graph.LinkByName(gs)
 	if err != nil {
@@ -77,11 +91,6 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	dev, choice, err := openDevice(c.device)
-	if err != nil {
-		return nil, err
-	}
-	defer dev.Close()
 	ch, err := graphexec.NewChain(dev, gs, links, cp, graphexec.Options{NoPDL: c.noPDL})
 	if err != nil {
 		return nil, err

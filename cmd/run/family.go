@@ -74,7 +74,7 @@ func familyGraphs(c *config, fam *plans.Family) ([]*graph.Graph, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}
-		if err := graph.VerifyPlan(g, planLabel(w), w.Fingerprint, m.Trace, fam.Plan.Members[i].Plan); err != nil {
+		if err := verifyPlan(c, g, w, m.Trace, fam.Plan.Members[i].Plan); err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}
 		gs = append(gs, g)
@@ -130,10 +130,6 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 	if c.check {
 		return nil, usageError{fmt.Errorf("--check does not apply to a family plan yet: run it on --device sim, whose eager steps are the Go references")}
 	}
-	gs, err := familyGraphs(c, fam)
-	if err != nil {
-		return nil, err
-	}
 	seq, err := familySequence(c, fam)
 	if err != nil {
 		return nil, err
@@ -143,6 +139,13 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 		return nil, err
 	}
 	defer dev.Close()
+	if err := c.sizeFor(dev); err != nil {
+		return nil, err
+	}
+	gs, err := familyGraphs(c, fam)
+	if err != nil {
+		return nil, err
+	}
 	f, err := graphexec.NewFamily(dev, gs, fam.Members, fam.Plan, graphexec.Options{NoPDL: c.noPDL})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.planPath, err)
@@ -170,7 +173,7 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 	fr := &FamilyRun{SharedBytes: fp.SharedRegion.Hi, SeparateArenas: fp.SeparateArenas, SequenceSteps: len(seq)}
 	rep.FamilyRun = fr
 	regionBytes(rep, fam, gs)
-	if fr.SeparateStandalone, err = standaloneArenas(ctx, gs, fp.Align, c.budget); err != nil {
+	if fr.SeparateStandalone, err = standaloneArenas(ctx, gs, c.kernels, fp.Align, c.budget); err != nil {
 		return nil, err
 	}
 	fr.Members = famreport.NewFamilyReport(fam).Members
@@ -351,7 +354,7 @@ func regionBytes(rep *report, fam *plans.Family, gs []*graph.Graph) {
 
 // standaloneArenas plans each member's workload built alone (shared
 // tensors sized for its own batch) and sums the arenas.
-func standaloneArenas(ctx context.Context, gs []*graph.Graph, align int64, budget time.Duration) (int64, error) {
+func standaloneArenas(ctx context.Context, gs []*graph.Graph, k workloads.Kernels, align int64, budget time.Duration) (int64, error) {
 	var sum int64
 	for _, g := range gs {
 		s, err := workloads.ShapeOf(g.Shape)
@@ -359,7 +362,7 @@ func standaloneArenas(ctx context.Context, gs []*graph.Graph, align int64, budge
 			return 0, err
 		}
 		s.MaxBatch = 0
-		alone, err := workloads.Build(g.Name, s)
+		alone, err := workloads.BuildWith(g.Name, s, k)
 		if err != nil {
 			return 0, err
 		}

@@ -11,25 +11,31 @@ import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/internal/interrupt"
+	"github.com/arenaplan/arenaplan/workloads"
 )
 
 // TestNotRegularFiles: a FIFO with no writer and a device are refused by
-// name as --plan, --ptx and --spill-ptx, before anything opens them.
+// name as --plan and as ARENAPLAN_TUNE's ptx and spill_ptx, before
+// anything opens them.
 func TestNotRegularFiles(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "x.plan")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Skip("mkfifo:", err)
 	}
-	for _, args := range [][]string{
-		{"--plan", fifo},
-		{"--plan", "/dev/zero"},
-		{"--workload", "mlp", "--ptx", fifo},
-		{"--workload", "mlp", "--ptx", "/dev/zero"},
-		{"--workload", "mlp", "--spill-ptx", "/dev/zero"},
+	for _, tc := range []struct {
+		tune string
+		args []string
+	}{
+		{"", []string{"--plan", fifo}},
+		{"", []string{"--plan", "/dev/zero"}},
+		{"ptx=" + fifo, []string{"--workload", "mlp"}},
+		{"ptx=/dev/zero", []string{"--workload", "mlp"}},
+		{"spill_ptx=/dev/zero", []string{"--workload", "mlp"}},
 	} {
+		t.Setenv(workloads.TuneEnv, tc.tune)
 		var out, errb bytes.Buffer
-		if code := run(context.Background(), append(args, "--device", "sim"), &out, &errb); code != 1 || !strings.Contains(errb.String(), "not a regular file") {
-			t.Errorf("run %v: exit %d: %s", args, code, errb.String())
+		if code := run(context.Background(), append(tc.args, "--device", "sim"), &out, &errb); code != 1 || !strings.Contains(errb.String(), "not a regular file") {
+			t.Errorf("%s=%s run %v: exit %d: %s", workloads.TuneEnv, tc.tune, tc.args, code, errb.String())
 		}
 	}
 }

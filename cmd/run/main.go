@@ -17,6 +17,17 @@
 // refused), 130 when interrupted: the first Ctrl-C ends the run at
 // once (the device is released by the process's exit), a second one exits
 // whatever it is doing.
+//
+// Development settings (measuring kernels and launch shapes on a GPU, not
+// for users) come from the environment variable ARENAPLAN_TUNE, a
+// comma-separated list of key=value: the launch shapes of
+// workloads.TuneKeys (ln_grid=528, attention_threads=64, ...), and
+//
+//	ptx=FILE        load this PTX (a build of a modified kernels.cu) instead of the embedded kernels
+//	spill_ptx=FILE  load this PTX instead of the embedded spill-demo kernels
+//	profile=1       print each kernel's device time in one eager step, by op kind, to stderr
+//
+// An unknown key or a bad value is a usage error (exit status 2).
 package main
 
 import (
@@ -27,8 +38,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -41,6 +54,7 @@ import (
 	"github.com/arenaplan/arenaplan/graphexec"
 	"github.com/arenaplan/arenaplan/internal/interrupt"
 	"github.com/arenaplan/arenaplan/internal/regfile"
+	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
 	"github.com/arenaplan/arenaplan/workloads"
@@ -76,7 +90,7 @@ type config struct {
 	pause    bool
 	spillPTX string
 	stages   string
-	kernels  workloads.Kernels // the embedded ones, or --ptx and --spill-ptx
+	kernels  workloads.Kernels // the embedded ones, or ARENAPLAN_TUNE's
 	shape    *workloads.ShapeFlags
 	fs       *pflag.FlagSet
 }
@@ -113,28 +127,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.check, "check", false, "also run the Go reference kernels on the simulated device and compare outputs")
 	fs.DurationVar(&c.budget, "budget", planner.DefaultBudget, "planning budget when no --plan is given")
 	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object")
-	fs.StringVar(&c.ptx, "ptx", "", "use this PTX file instead of the embedded kernels (development)")
 	fs.BoolVar(&c.noReuse, "no-capture-reuse", false, "turn the spillover allocator's capture-time reuse off (for comparison)")
 	fs.BoolVar(&c.pause, "pause", false, "also replay the sequence once more, pausing and resuming the arena twice halfway (weights and KV cache backed up, the rest dropped), and check the outputs; reports the memory returned and the times")
 	fs.BoolVar(&c.noPDL, "no-pdl", false, "launch every kernel plainly, without programmatic dependent launch on compute capability 9.0 and later (for comparison)")
-	fs.Uint32Var(&c.kernels.LinearGrid, "linear-grid", 0, "at most this many blocks a linear launch (development; 0: the default)")
-	fs.Uint32Var(&c.kernels.LinearLNGrid, "linear-ln-grid", 0, "at most this many blocks a linear_ln launch (development; 0: the default)")
-	fs.Uint32Var(&c.kernels.LinearRows, "linear-rows", 0, "size a linear's grid for this many rows a block from 3 batch rows on (development; 0: the default)")
-	fs.Uint32Var(&c.kernels.AttentionBlocks, "attention-blocks", 0, "at most this many attention_part blocks (development; 0: the default)")
-	fs.BoolVar(&c.kernels.Unstaged, "unstaged", false, "launch no linear_st: the linears as before it (development)")
-	fs.BoolVar(&c.kernels.NoLinearFew, "no-linear-few", false, "launch linear, not linear_few, at batch 1 (development)")
-	fs.Uint32Var(&c.kernels.AttentionBlock, "attention-block", 0, "threads an attention_part block (development; 0: the default)")
-	fs.BoolVar(&c.kernels.NoLinearLN1, "no-linear-ln1", false, "launch linear_ln, not linear_ln1, at batch 1 (development)")
-	fs.StringSliceVar(&c.kernels.LN1Only, "ln1-only", nil, "launch linear_ln1 only for the layer-norm linears whose op name contains one of these (development: qkv, fc+, logits)")
-	fs.Uint32Var(&c.kernels.QKVGrid, "qkv-grid", 0, "at most this many blocks the QKV projection's linear_ln (development; 0: the default)")
-	fs.Uint32Var(&c.kernels.FCGrid, "fc-grid", 0, "at most this many blocks the MLP's first linear_ln (development; 0: the default)")
-	fs.Uint32Var(&c.kernels.LNWarpRows, "ln-warp-rows", 0, "size a linear_ln grid for this many output rows a warp (development; 0: one wave)")
-	fs.Uint32Var(&c.kernels.FewBlock, "few-block", 0, "threads a linear_few block, a multiple of 32 (development; 0: the default)")
-	fs.Uint32Var(&c.kernels.StagedGrid, "staged-grid", 0, "linear_st launches aim for this many blocks (development; 0: the default)")
-	fs.Uint32Var(&c.kernels.StagedFromBatch, "staged-from-batch", 0, "stage the linears' weights from this many batch rows on (development; 0: the default)")
-	fs.StringSliceVar(&c.kernels.StagedOnly, "staged-only", nil, "stage only the linears whose op name contains one of these (development: qkv, .proj, fc+, fc_proj)")
-	fs.StringVar(&c.spillPTX, "spill-ptx", "", "use this PTX file instead of the embedded spill-demo kernels (development)")
-	fs.BoolVar(&c.profile, "profile", false, "print each kernel's device time in one eager step, by op kind, to stderr (development)")
 	usage := func(w io.Writer) {
 		fmt.Fprintf(w, "usage: run [--plan FILE.plan | --workload NAME] [shape flags] [flags]\n\nflags:\n%s", fs.FlagUsages())
 	}
@@ -168,15 +163,18 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case c.budget <= 0:
 		return usageError{fmt.Errorf("--budget %v: must be positive", c.budget)}
 	}
+	if err := c.tuneFrom(os.Getenv(workloads.TuneEnv)); err != nil {
+		return usageError{err}
+	}
 	if c.ptx != "" {
-		data, err := readPTX(ctx, "--ptx", c.ptx)
+		data, err := readPTX(ctx, "ptx", c.ptx)
 		if err != nil {
 			return err
 		}
 		c.kernels.PTX, c.kernels.PTX90 = data, nil // loaded as given, on every device
 	}
 	if c.spillPTX != "" {
-		data, err := readPTX(ctx, "--spill-ptx", c.spillPTX)
+		data, err := readPTX(ctx, "spill_ptx", c.spillPTX)
 		if err != nil {
 			return err
 		}
@@ -208,15 +206,73 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// maxPTX bounds a PTX file given with --ptx or --spill-ptx: the embedded
+// tuneFrom reads ARENAPLAN_TUNE's spec (see the package documentation):
+// cmd/run's own keys here, the launch shapes through
+// workloads.Kernels.Tune.
+func (c *config) tuneFrom(spec string) error {
+	own := []string{"ptx", "spill_ptx", "profile"}
+	var shapes []string
+	for _, f := range strings.Split(spec, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		key, val, _ := strings.Cut(f, "=")
+		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
+		switch key {
+		case "ptx", "spill_ptx":
+			if val == "" {
+				return fmt.Errorf("%s: %s: want %s=FILE", workloads.TuneEnv, key, key)
+			}
+			dst := &c.ptx
+			if key == "spill_ptx" {
+				dst = &c.spillPTX
+			}
+			if *dst != "" {
+				return fmt.Errorf("%s: %s given twice", workloads.TuneEnv, key)
+			}
+			*dst = val
+		case "profile":
+			v, err := strconv.ParseBool(val)
+			if err != nil {
+				return fmt.Errorf("%s: profile=%q: want 1 or 0", workloads.TuneEnv, val)
+			}
+			c.profile = v
+		default:
+			if _, ok := workloads.TuneKeys()[key]; !ok {
+				keys := slices.Sorted(maps.Keys(workloads.TuneKeys()))
+				return fmt.Errorf("%s: unknown key %q (have %s)", workloads.TuneEnv, key, strings.Join(append(keys, own...), ", "))
+			}
+			shapes = append(shapes, f)
+		}
+	}
+	k, err := c.kernels.Tune(strings.Join(shapes, ","))
+	if err != nil {
+		return fmt.Errorf("%s: %w", workloads.TuneEnv, err)
+	}
+	c.kernels = k
+	return nil
+}
+
+// sizeFor sizes the launch grids for dev's multiprocessors.
+func (c *config) sizeFor(dev cuda.Device) error {
+	n, err := dev.Multiprocessors()
+	if err != nil {
+		return err
+	}
+	c.kernels.Multiprocessors = n
+	return nil
+}
+
+// maxPTX bounds a PTX file given with ARENAPLAN_TUNE's ptx or spill_ptx: the embedded
 // modules are 0.1 MB, so 64 MiB is generous, and a file is checked for
 // being a regular file before it is opened (no FIFO hang, no /dev/zero).
 const maxPTX = 64 << 20
 
-func readPTX(ctx context.Context, flag, path string) ([]byte, error) {
+func readPTX(ctx context.Context, key, path string) ([]byte, error) {
 	data, err := regfile.Read(ctx, path, maxPTX)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+		return nil, fmt.Errorf("%s: %s=%s: %w", workloads.TuneEnv, key, path, err)
 	}
 	return data, nil
 }
@@ -297,39 +353,67 @@ func openDevice(spec string) (cuda.Device, string, error) {
 	return nil, "", usageError{fmt.Errorf("--device %q: want auto, sim, cuda or cuda:N", spec)}
 }
 
-// workloadFor decides the workload and shape: the plan file's (dispatch
-// refuses --workload and shape flags beside --plan), else the flags'.
-func workloadFor(c *config, f *plans.File) (*graph.Graph, *plans.File, error) {
+// shapeFor decides the workload and shape: the plan file's (dispatch
+// refuses --workload and shape flags beside --plan), else the flags'. It
+// builds the workload once to refuse a bad shape before a device is
+// opened.
+func shapeFor(c *config, f *plans.File) (string, workloads.Shape, error) {
 	name := c.workload
 	shape := c.shape.Shape()
 	if f != nil {
 		if f.Workload == nil {
-			return nil, nil, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
+			return "", shape, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
 		}
 		name = f.Workload.Name
 		ps, err := workloads.ShapeOf(f.Workload.Shape)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
+			return "", shape, fmt.Errorf("%s: %w", c.planPath, err)
 		}
 		ps.Seed = shape.Seed
 		shape = ps
 	} else if err := c.shape.Check(name); err != nil {
-		return nil, nil, usageError{err}
+		return "", shape, usageError{err}
 	}
+	if _, err := workloads.BuildWith(name, shape, c.kernels); err != nil {
+		if f == nil {
+			return "", shape, usageError{err} // a shape the flags gave
+		}
+		return "", shape, fmt.Errorf("%s: %w", c.planPath, err)
+	}
+	return name, shape, nil
+}
+
+// workloadFor builds the workload for the device c.kernels is sized for
+// and, with a plan file, verifies the plan against it.
+func workloadFor(c *config, f *plans.File, name string, shape workloads.Shape) (*graph.Graph, error) {
 	g, err := workloads.BuildWith(name, shape, c.kernels)
 	if err != nil {
-		if f == nil {
-			return nil, nil, usageError{err} // a shape the flags gave
-		}
-		return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
+		return nil, err
 	}
 	if f != nil {
-		if err := graph.VerifyPlan(g, planLabel(f.Workload), f.Workload.Fingerprint, f.Trace, f.Plan); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
+		if err := verifyPlan(c, g, f.Workload, f.Trace, f.Plan); err != nil {
+			return nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
 	}
-	return g, f, nil
+	return g, nil
 }
+
+// verifyPlan checks that a plan file's workload is g, and says why a
+// fingerprint may differ on a device of another size.
+func verifyPlan(c *config, g *graph.Graph, w *plans.Workload, t *lifetime.Trace, p *planner.Plan) error {
+	err := graph.VerifyPlan(g, planLabel(w), w.Fingerprint, t, p)
+	var fe *graph.FingerprintError
+	if errors.As(err, &fe) && c.kernels.Multiprocessors != 0 && c.kernels.Multiprocessors != defaultMultiprocessors {
+		return fmt.Errorf("%w (launch grids sized for this device's %d multiprocessors; plan --workload sizes them for %d)",
+			err, c.kernels.Multiprocessors, defaultMultiprocessors)
+	}
+	return err
+}
+
+// defaultMultiprocessors is what a workload's launch grids are sized for
+// without a device (workloads.Kernels.Multiprocessors 0): an H100 SXM or
+// H200.
+const defaultMultiprocessors = 132
 
 func planLabel(w *plans.Workload) string {
 	s := w.Name + "("
@@ -359,7 +443,7 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 	if c.sequence != "" {
 		return nil, usageError{errors.New("--sequence needs a family plan (plan --batch-sizes)")}
 	}
-	g, f, err := workloadFor(c, file)
+	name, shape, err := shapeFor(c, file)
 	if err != nil {
 		return nil, err
 	}
@@ -368,6 +452,14 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 		return nil, err
 	}
 	defer dev.Close()
+	if err := c.sizeFor(dev); err != nil {
+		return nil, err
+	}
+	g, err := workloadFor(c, file, name, shape)
+	if err != nil {
+		return nil, err
+	}
+	f := file
 	opt := graphexec.Options{Plan: graph.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse, NoPDL: c.noPDL}
 	var plan *planner.Plan
 	source := "memory"
@@ -612,8 +704,17 @@ func launchStr(r *report) string {
 }
 
 // simConfig is the simulated device: sized to this host, running the
-// built-in workloads' Go references.
-func simConfig() cuda.SimConfig { return cuda.SizedSimConfig(workloads.SimKernels()) }
+// built-in workloads' Go references, with simMultiprocessors (0: the
+// simulation's default, 132).
+func simConfig() cuda.SimConfig {
+	cfg := cuda.SizedSimConfig(workloads.SimKernels())
+	cfg.Multiprocessors = simMultiprocessors
+	return cfg
+}
+
+// simMultiprocessors is the simulated device's multiprocessor count; tests
+// set it to run the workloads' launch shapes for other devices.
+var simMultiprocessors int
 
 func bytesStr(n int64) string {
 	switch {

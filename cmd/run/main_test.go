@@ -86,8 +86,8 @@ func TestRunPlanFile(t *testing.T) {
 	}
 
 	// Another shape or workload on the command line conflicts with the
-	// plan's: a usage error (issue 13: conflicting flags exit 2, never one
-	// silently preferred), before any file is read.
+	// plan's: a usage error (conflicting flags exit 2, never one silently
+	// preferred), before any file is read.
 	_, code, stderr = runJSON(t, "--plan", path, "--width", "64", "--steps", "1")
 	if code != 2 || !strings.Contains(stderr, "do not apply beside it: --width") {
 		t.Errorf("foreign shape: exit %d, %q", code, stderr)

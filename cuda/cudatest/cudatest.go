@@ -446,6 +446,9 @@ func caseLaunchEx(dev cuda.Device) (string, error) {
 	major, _, err := dev.ComputeCapability()
 	c.must(err, "ComputeCapability")
 	c.expect(major >= 1, "compute capability major %d", major)
+	sms, err := dev.Multiprocessors()
+	c.must(err, "Multiprocessors")
+	c.expect(sms >= 1, "%d multiprocessors", sms)
 	k, err := loadKernels(dev)
 	if !c.must(err, "kernels") {
 		return "load=" + code(err), c.err
