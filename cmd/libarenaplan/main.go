@@ -187,7 +187,6 @@ func arenaplan_go_drain() {
 // arenaplan_go_free serves arenaplan_free (fastpath.c) for the blocks its
 // fast path does not keep.
 //
-//
 // It returns 1 if the block was freed (the C library then counts it in the
 // device's statistics), 0 if the free was refused.
 //
