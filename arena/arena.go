@@ -56,9 +56,9 @@ type region struct {
 	chunks []chunk
 	paused bool
 	// host holds a Backup region's bytes while it is paused. Page-locked
-	// memory (pinned) stays after Resume for the next Pause, which then
-	// copies at the bus's speed without pinning again; Go memory (the
-	// fallback) is dropped.
+	// memory (pinned) is made with the region (New) and stays after Resume
+	// for the next Pause, which then copies at the bus's speed without
+	// pinning again; Go memory (the fallback) is dropped.
 	host   []byte
 	pinned bool
 }
@@ -81,8 +81,9 @@ type RegionInfo struct {
 	Policy Policy
 	Paused bool
 	// Host is the host memory holding or kept for a Backup region's
-	// bytes (Hi-Lo once it has been paused, until ReleaseHost or Close),
-	// and Pinned says it is page-locked.
+	// bytes (Hi-Lo from New, or from the first Pause where New could not
+	// pin it, until ReleaseHost or Close), and Pinned says it is
+	// page-locked.
 	Host   uint64
 	Pinned bool
 }
@@ -179,7 +180,27 @@ func New(dev cuda.Device, t *lifetime.Trace, p *planner.Plan, opts ...Option) (*
 			return nil, fmt.Errorf("arena: New: trace %q: %w", t.Name, a.mapError(r, err))
 		}
 	}
+	a.pinHost()
 	return a, nil
+}
+
+// pinHost gives every Backup region its page-locked host copy now, so
+// that the first Pause copies at the bus's speed as later ones do instead
+// of pinning first (pinning 1 GiB takes ~360 ms; backing up into freshly
+// pinned memory ran at 2.4-2.7 GiB/s against >= 25 GiB/s into memory
+// pinned before). It costs host memory only, and it happens here, not in
+// the background: PinnedAlloc is not allowed during a stream capture,
+// which may begin as soon as New returns. A region the driver cannot pin
+// for is left as before: its first Pause tries again.
+func (a *Arena) pinHost() {
+	for _, r := range a.regions {
+		if r.policy != Backup || r.host != nil || r.hi <= r.lo {
+			continue
+		}
+		if b, err := a.dev.PinnedAlloc(uint64(r.hi - r.lo)); err == nil {
+			r.host, r.pinned = b, true
+		}
+	}
 }
 
 // buildRegions groups buffers by tag and merges tags whose plan ranges

@@ -356,17 +356,35 @@ func testBackupAndDrop(t *testing.T, e *env, exact bool) {
 		t.Fatal("test needs a1 and w0 to share memory with no other buffer")
 	}
 	var backed uint64 // the bytes the Backup regions hold
+	mapped := a.Mapped()
 	for _, r := range a.Regions() {
 		if r.Policy == Backup {
 			backed += uint64(r.Hi - r.Lo)
+			// The host copy exists before the first Pause, so that
+			// Pause only copies.
+			if r.Host != uint64(r.Hi-r.Lo) || e.sim != nil && !r.Pinned {
+				t.Errorf("region %v: %d host bytes (pinned %v) before the first Pause, want %d pinned", r.Tags, r.Host, r.Pinned, r.Hi-r.Lo)
+			}
+		}
+	}
+	if e.sim != nil && e.sim.PinnedBytes() != backed {
+		t.Errorf("%d pinned bytes before the first Pause, want %d", e.sim.PinnedBytes(), backed)
+	}
+	if got := a.Mapped(); got != mapped {
+		t.Errorf("the host copies changed the device memory mapped: %d bytes, then %d", mapped, got)
+	}
+	if e.sim != nil {
+		// Pinned memory is host memory: device memory is the arena's.
+		if free, total, err := e.dev.MemGetInfo(); err != nil || total-free != a.Reserved() {
+			t.Errorf("device memory in use %d (err %v), want the arena's %d", total-free, err, a.Reserved())
 		}
 	}
 	for round := 0; round < 2; round++ {
 		if err := a.Pause(); err != nil {
 			t.Fatal(err)
 		}
-		// The backups are page-locked memory, pinned on the first Pause
-		// and kept for the next one.
+		// The backups are page-locked memory, pinned with the arena
+		// and kept from one Pause to the next.
 		if e.sim != nil && e.sim.PinnedBytes() != backed {
 			t.Errorf("round %d: %d pinned bytes while paused, want %d", round, e.sim.PinnedBytes(), backed)
 		}

@@ -37,14 +37,16 @@ import (
 //  5. for traces with too many conflicting pairs to list, the peak core
 //     of the whole trace, then range-maximum skylines beside the bestfit
 //     baseline (huge);
-//  6. stops when the lower bound is reached, every leaf is proven or out
-//     of work, or the budget is spent, less what Check and the output
-//     need (reserve), and returns the best plan found.
+//  6. stops when the lower bound is reached, every leaf is proven, out
+//     of work or stopped by the stop rule (Options.FullBudget), or the
+//     budget is spent, less what Check and the output need (reserve),
+//     and returns the best plan found, with why it stopped (Plan.Stop).
 //
 // Determinism: every stage is deterministic on its own; the search stops
 // before its budget only when a stage reaches the lower bound, when
 // the descent, whose sequence depends on nothing but its own results,
-// proves its best height optimal, or when nothing is left to try. Parallel
+// proves its best height optimal, when the stop rule, which counts the
+// nodes of finished jobs, ends a leaf, or when nothing is left to try. Parallel
 // stages pick their result in a fixed order: the portfolio the first
 // pass, in portfolio order, among those that finished before one reached
 // the bound; the exact search the lowest-numbered lower-bound job that
@@ -135,6 +137,7 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 	base.Algo = "auto"
 	lbBytes := p.lb * p.unit
 	if base.Arena <= lbBytes {
+		base.Stop = StopBound
 		return base, nil
 	}
 	// Turns: each leaf not yet done gets an even share of the time left,
@@ -145,6 +148,7 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 	// it, until the deadline or until every leaf is done.
 	floor := r.best
 	states := make([]*leafSearch, len(leaves))
+	stop := StopBudget
 	for turn := 0; ; turn++ {
 		var open []int
 		for k := range leaves {
@@ -152,7 +156,18 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 				open = append(open, k)
 			}
 		}
-		if len(open) == 0 || turn > 0 && (time.Until(r.deadline) <= 0 || r.ctx.Err() != nil) {
+		if len(open) == 0 {
+			// Every leaf at its bound or proven optimal, or left
+			// by the stop rule with nothing more worth trying.
+			stop = StopProof
+			for _, s := range states {
+				if !s.done {
+					stop = StopRule
+				}
+			}
+			break
+		}
+		if turn > 0 && (time.Until(r.deadline) <= 0 || r.ctx.Err() != nil) {
 			break
 		}
 		for x, k := range open {
@@ -173,9 +188,10 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 		}
 	}
 	if r.best*p.unit >= base.Arena {
+		base.Stop = stop
 		return base, nil
 	}
-	plan := &Plan{Algo: "auto", Offsets: make([]int64, len(p.items))}
+	plan := &Plan{Algo: "auto", Offsets: make([]int64, len(p.items)), Stop: stop}
 	for i := range p.items {
 		plan.Offsets[i] = r.offs[i] * p.unit
 	}
@@ -229,7 +245,7 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 			for i := range offs {
 				offs[i] *= p.unit
 			}
-			core = &Plan{Algo: "auto", Offsets: offs, Arena: ArenaSize(t, offs, r.opt.Align), ToBest: time.Since(r.start)}
+			core = &Plan{Algo: "auto", Offsets: offs, Arena: ArenaSize(t, offs, r.opt.Align), ToBest: time.Since(r.start), Stop: StopBound}
 			if core.Arena <= p.lb*p.unit {
 				return core, nil
 			}
@@ -305,6 +321,7 @@ func (r *anytimeRun) huge(t *lifetime.Trace) (*Plan, error) {
 	if core != nil && core.Arena < best.Arena {
 		best = core
 	}
+	best.Stop = StopBudget // Run says StopBound where it is at the bound
 	return best, nil
 }
 
@@ -615,6 +632,10 @@ type exactSearch struct {
 	nodes    int64
 	// Nodes of the finished lower-bound jobs and descent jobs.
 	lbNodes, detNodes int64
+	// Nodes of every job that ran to its end (not cut off by the clock),
+	// and their count when best last fell: the stop rule's measure.
+	doneNodes, bestNodes int64
+	settled              bool // the stop rule ended the search
 
 	det   *descent
 	extra []*descent  // the descents of workers 1, 2, ...
@@ -627,6 +648,21 @@ func newExactSearch(d *leafData, target, best int64, offs []int64, at time.Durat
 		detBest: best, detOffs: offs, detAt: at,
 		det: &descent{heurs: descentHeuristics, base: base, floor: target}}
 }
+
+// The stop rule (Options.FullBudget): a leaf's exact search ends once its
+// best height is within 1/stopGap of the leaf's target (the lower bound)
+// and it has searched stopBase + stopNodes × buffers nodes, counting only
+// jobs that ran to their end, since that height was found. A gap that
+// small is worth less than the search it would take: on decode-step
+// traces (internal/tracegen.Decode) the best plan comes from the greedy
+// passes and the exact search finds nothing lower in millions of nodes;
+// leaves further from their bound (MiniMalloc's challenging set, gaps of
+// 4% and more) search on as before.
+const (
+	stopGap   = 256
+	stopNodes = 4
+	stopBase  = 1024
+)
 
 // lbRounds is how many rounds of lower-bound jobs run before the workers
 // that run them start to alternate with descent jobs.
@@ -693,8 +729,9 @@ func (r *anytimeRun) exact(st *exactSearch, until time.Time) (int64, []int64, ti
 			}
 			return cutOff
 		}
-		// Only finished jobs count towards the split, so that it does
-		// not depend on where the clock stopped one.
+		// Only finished jobs count towards the split and the stop rule,
+		// so that they do not depend on where the clock stopped one.
+		st.doneNodes += s.nodes
 		switch {
 		case j.lbIndex >= 0:
 			st.lbNodes += s.nodes
@@ -705,6 +742,7 @@ func (r *anytimeRun) exact(st *exactSearch, until time.Time) (int64, []int64, ti
 			h := height(d, s.sol)
 			if h < st.best {
 				st.best, st.offs, st.at = h, s.sol, time.Since(r.start)
+				st.bestNodes = st.doneNodes
 			}
 			if j.det && h < st.detBest {
 				st.detBest, st.detOffs, st.detAt = h, s.sol, time.Since(r.start)
@@ -727,7 +765,13 @@ func (r *anytimeRun) exact(st *exactSearch, until time.Time) (int64, []int64, ti
 		}
 		return res
 	}
-	finished := func() bool { return st.lbWin >= 0 || st.proven }
+	stall := stopBase + stopNodes*int64(d.k)
+	finished := func() bool {
+		if !r.opt.FullBudget && !st.settled && st.lbWin < 0 && (st.best-target)*stopGap <= target && st.doneNodes-st.bestNodes >= stall {
+			st.settled = true
+		}
+		return st.lbWin >= 0 || st.proven || st.settled
+	}
 	done := func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
@@ -877,9 +921,9 @@ func (r *anytimeRun) exact(st *exactSearch, until time.Time) (int64, []int64, ti
 	case st.lbWin >= 0:
 		return height(d, st.lbWinSol), st.lbWinSol, st.lbAt, true, false
 	case st.proven || r.opt.Workers <= 1:
-		return st.detBest, st.detOffs, st.detAt, st.proven, idle
+		return st.detBest, st.detOffs, st.detAt, st.proven, idle || st.settled
 	}
-	return st.best, st.offs, st.at, false, idle
+	return st.best, st.offs, st.at, false, idle || st.settled
 }
 
 // height is the highest top of a leaf's offsets (at least its base).

@@ -257,14 +257,19 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 	mps := make([]MemberPlan, len(members))
 	errs := make([]error, len(members))
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, max(1, min(runtime.NumCPU(), len(members))))
+	par := max(1, min(runtime.NumCPU(), len(members)))
+	sem := make(chan struct{}, par)
+	// Members side by side share the workers: more goroutines than
+	// cores only slice the cores between the searches.
+	mopt := opt
+	mopt.Workers = max(1, opt.Workers/par)
 	for i, m := range members {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			mps[i], errs[i] = planMember(ctx, algo, m, at, base, opt)
+			mps[i], errs[i] = planMember(ctx, algo, m, at, base, mopt)
 		}()
 	}
 	wg.Wait()
@@ -314,7 +319,7 @@ func planMember(ctx context.Context, algo string, m Member, at map[string]int64,
 		for j, i := range private {
 			p.Offsets[i] = base + sp.Offsets[j]
 		}
-		p.Algo, p.Elapsed, p.ToBest = sp.Algo, sp.Elapsed, sp.ToBest
+		p.Algo, p.Elapsed, p.ToBest, p.Stop = sp.Algo, sp.Elapsed, sp.ToBest, sp.Stop
 	}
 	for i, k := range m.Keys {
 		if k != "" {

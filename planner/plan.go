@@ -47,7 +47,25 @@ type Plan struct {
 	// Elapsed is the planning time; ToBest when the final arena was first
 	// found (equal to Elapsed for one-shot algorithms).
 	Elapsed, ToBest time.Duration
+	// Stop says why an anytime search ended ("" for one-shot algorithms).
+	Stop Stop
 }
+
+// Stop is why an anytime search ended, from the strongest reason to the
+// weakest.
+type Stop string
+
+const (
+	// StopBound: the arena reached the lower bound.
+	StopBound Stop = "bound"
+	// StopProof: the search proved that no smaller arena exists.
+	StopProof Stop = "proof"
+	// StopRule: the stop rule (see Options.FullBudget) decided that more
+	// search was unlikely to pay, or nothing was left to try.
+	StopRule Stop = "rule"
+	// StopBudget: the budget ran out, or the context was cancelled.
+	StopBudget Stop = "budget"
+)
 
 // Ratio is Arena / LowerBound (1 when the lower bound is 0).
 func (p *Plan) Ratio() float64 {
@@ -68,9 +86,19 @@ type Progress struct {
 type Options struct {
 	// Align rounds every size up and aligns every offset (0: DefaultAlign).
 	Align int64
-	// Budget bounds anytime searches (0: DefaultBudget). The search stops
-	// early when it proves optimality.
+	// Budget bounds anytime searches (0: DefaultBudget). It is a ceiling:
+	// the search stops early when it reaches the lower bound, proves its
+	// arena optimal, or when the stop rule says more search is unlikely
+	// to pay (Plan.Stop says which).
 	Budget time.Duration
+	// FullBudget turns the stop rule off: the search goes on until the
+	// budget is spent, unless it reaches the lower bound or proves its
+	// arena optimal. The rule: a leaf's exact search stops once its best
+	// arena is within 1/256 of the lower bound and it has searched 4
+	// nodes per buffer, plus 1024, without finding a lower one. It counts
+	// search nodes, not time, so with Workers == 1 it stops at the same
+	// point on every machine.
+	FullBudget bool
 	// Workers is how many goroutines a search may use (0: GOMAXPROCS).
 	// Workers == 1 makes every algorithm deterministic.
 	Workers int
@@ -175,6 +203,9 @@ func Run(ctx context.Context, algo string, t *lifetime.Trace, opt Options) (*Pla
 	p.LowerBound, _ = t.LowerBound(opt.Align)
 	p.Arena = ArenaSize(t, p.Offsets, opt.Align)
 	p.Optimal = p.Arena == p.LowerBound
+	if p.Optimal && p.Stop != "" {
+		p.Stop = StopBound
+	}
 	p.Elapsed = elapsed
 	if p.ToBest == 0 || p.ToBest > elapsed {
 		p.ToBest = elapsed
