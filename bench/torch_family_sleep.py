@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Batch-size families and sleep/wake from PyTorch (issue 14), one process
+"""Batch-size families and sleep/wake from PyTorch, one process
 per mode.
 
     python3 bench/torch_family_sleep.py --mode torch   # PyTorch at its best
