@@ -1,9 +1,10 @@
-"""Builds arenaplan's shared library with Go and installs the Python package.
+"""Builds arenaplan's shared library with Go while the package builds; the
+package's metadata is in pyproject.toml.
 
     python3 -m pip install --no-build-isolation ./python
 
-needs Go 1.25+ and a C compiler (the library is the project's one cgo
-artifact). ARENAPLAN_GO names another go binary.
+needs Go 1.25+ and a C and C++ compiler (the library is the project's one
+cgo artifact). ARENAPLAN_GO names another go binary.
 """
 import os
 import subprocess
@@ -48,13 +49,4 @@ except ImportError:  # no wheel package: pip installs from the source tree
     pass
 
 
-setup(
-    name="arenaplan",
-    version="0.1.0",
-    description="Planned GPU memory for PyTorch: CUDA graphs at the lower bound of live bytes",
-    packages=["arenaplan"],
-    package_data={"arenaplan": ["_lib/libarenaplan.so"]},
-    python_requires=">=3.9",
-    cmdclass=cmdclass,
-    zip_safe=False,
-)
+setup(cmdclass=cmdclass)
