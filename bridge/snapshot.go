@@ -349,13 +349,22 @@ func (d *Device) segmentEvents(dh *deviceHistory, stream uintptr) {
 // buffers, each spill segment (default pool, capture pools, regions) with
 // its blocks, and, while history is recorded, the device's history.
 // Buffers of a replaced plan still live in a retired arena are not
-// described (their sizes are no longer known).
+// described (their sizes are no longer known). A device never used is
+// not opened: its snapshot is empty.
 func (b *Bridge) Snapshot(ordinal int) (*Snapshot, error) {
-	d, err := b.device(ordinal)
-	if err != nil {
-		return nil, err
-	}
 	snap := &Snapshot{Device: ordinal, Segments: []SegmentState{}, Trace: []TraceEntry{}}
+	b.mu.Lock()
+	d, closed := b.devices[ordinal], b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if d == nil {
+		if ordinal < 0 {
+			return nil, fmt.Errorf("bridge: Snapshot(%d): negative ordinal", ordinal)
+		}
+		return snap, nil
+	}
 	h := &b.hist
 	h.mu.Lock()
 	if h.on.Load() {
