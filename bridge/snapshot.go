@@ -424,7 +424,6 @@ func (d *Device) arenaSegments() ([]SegmentState, error) {
 	type arenaUse struct {
 		owner  string
 		stream uintptr
-		paused bool
 		blocks []BlockState
 	}
 	fams := map[*arena.Arena]string{}

@@ -282,3 +282,55 @@ func TestSnapshotOOM(t *testing.T) {
 		t.Fatalf("trace after an out-of-memory failure: %+v", snap.Trace)
 	}
 }
+
+// TestSnapshotConcurrent: allocations on several goroutines while history
+// is turned on and off and snapshots are taken: no deadlock, and every
+// snapshot's history pairs each free with an allocation of its size.
+func TestSnapshotConcurrent(t *testing.T) {
+	b := New(Config{Sim: true, SimMemory: 1 << 30, SpillAddressSpace: 256 << 20})
+	t.Cleanup(func() { b.Close() })
+	done := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for i := range 300 {
+				size := uint64(1000 + 512*g + i%7)
+				p, err := b.Alloc(size, 0, uintptr(0x50+g))
+				if err != nil {
+					done <- err
+					return
+				}
+				if err := b.Free(p, 0); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for i := range 40 {
+		if err := b.RecordHistory(i%3 != 2, 64); err != nil {
+			t.Fatal(err)
+		}
+		snap, err := b.Snapshot(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes := map[uint64]uint64{}
+		for _, e := range snap.Trace {
+			switch e.Action {
+			case ActionAlloc:
+				sizes[e.Addr] = e.Size
+			case ActionFreeRequested:
+				if s, ok := sizes[e.Addr]; ok && s != e.Size {
+					t.Fatalf("free of %#x with %d bytes, allocated with %d", e.Addr, e.Size, s)
+				}
+				delete(sizes, e.Addr)
+			}
+		}
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
