@@ -115,6 +115,8 @@ type Bridge struct {
 
 	regionsOpen atomic.Int32 // threads inside a region, on any device
 
+	hist history // allocation history for snapshots (snapshot.go)
+
 	// opened holds the devices of ordinals below len(open), read
 	// without b.mu: every allocation looks its device up.
 	opened [16]atomic.Pointer[Device]
@@ -351,16 +353,23 @@ func (b *Bridge) AllocCacheable(size uint64, ordinal int, stream uintptr) (cuda.
 	if err != nil {
 		return 0, false, err
 	}
+	if b.hist.on.Load() {
+		return d.allocRecorded(size, stream)
+	}
 	return d.alloc(size, stream, true)
 }
 
 // FastPathAllowed says whether a caller may serve allocations from blocks
 // it kept (AllocCacheable) without calling Alloc and Free: no capture is
 // underway as the host counts them (CapturesUnderway was called, and the
-// count is 0), no step runs on any device and no region is open. Ask it
+// count is 0), no step runs on any device, no region is open and no
+// history is recorded (RecordHistory: it must see every call). Ask it
 // again after every call that changes those; with frees kept by the caller
 // given back (Free) before such a call.
 func (b *Bridge) FastPathAllowed() bool {
+	if b.Recording() {
+		return false
+	}
 	b.mu.Lock()
 	if b.closed || b.captures != 0 {
 		b.mu.Unlock()
@@ -392,6 +401,10 @@ func (b *Bridge) Alloc(size uint64, ordinal int, stream uintptr) (cuda.DevicePtr
 	if err != nil {
 		return 0, err
 	}
+	if b.hist.on.Load() {
+		p, _, err := d.allocRecorded(size, stream)
+		return p, err
+	}
 	p, _, err := d.alloc(size, stream, false)
 	return p, err
 }
@@ -403,6 +416,9 @@ func (b *Bridge) Free(p cuda.DevicePtr, ordinal int) error {
 	d, err := b.device(ordinal)
 	if err != nil {
 		return err
+	}
+	if b.hist.on.Load() {
+		return d.freeRecorded(p)
 	}
 	return d.free(p)
 }
