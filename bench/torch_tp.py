@@ -43,7 +43,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from torch_bridge import timed, warm_stream  # noqa: E402
+from torch_bridge import warm_stream  # noqa: E402
 
 
 def build(torch, F, dist, a, rank, world, dev, ctl):
@@ -276,6 +276,43 @@ def checksum(torch, t):
     return int(t.contiguous().view(torch.int16).to(torch.int64).sum())
 
 
+def timed_ranks(torch, dist, fn, iters, blocks):
+    """(fastest, median) µs per call over blocks of iters calls (CUDA
+    events), every block begun on all ranks together: a rank's step waits
+    at each all-reduce for the slowest rank, so a block that one rank
+    starts late measures that rank's lateness, not the step."""
+    times = []
+    for _ in range(blocks):
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(iters):
+            fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1000 / iters)
+    times.sort()
+    return times[0], times[len(times) // 2]
+
+
+def pin(rank, world):
+    """Gives this rank its own contiguous share of the CPUs the process may
+    use (threads made later inherit it), so that ranks never share a core
+    with one another; returns the CPUs, or None where it cannot."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
+    per = len(cpus) // max(world, 1)
+    if per < 2:
+        return None
+    mine = cpus[rank * per:(rank + 1) * per]
+    os.sched_setaffinity(0, mine)
+    return [mine[0], mine[-1]]
+
+
 def eager_diag(torch, dist, step, ctl, a, r, ap):
     """Where an eager step's time goes: host time per step, the step
     without its all-reduces, one allocation and free of a small tensor,
@@ -293,7 +330,7 @@ def eager_diag(torch, dist, step, ctl, a, r, ap):
         return (time.perf_counter() - t0) * 1e6 / k
     d["host_us"] = host(step, n)
     ctl["allreduce"] = False
-    d["no_allreduce_us"] = timed(torch, step, n, a.blocks)
+    d["no_allreduce_us"] = timed_ranks(torch, dist, step, n, a.blocks)[0]
     ctl["allreduce"] = True
     dev = torch.cuda.current_device()
     small = lambda: torch.empty(16384, dtype=torch.bfloat16, device=dev)  # noqa: E731
@@ -396,6 +433,8 @@ def main(t_start):
     p.add_argument("--eager-diag", action="store_true",
                    help="also measure where eager time goes (host time, without all-reduces, counters, profile)")
     p.add_argument("--eager-only", action="store_true", help="no graph: eager timings (and --eager-diag) only")
+    p.add_argument("--pin", action="store_true",
+                   help="give each rank its own contiguous share of the CPUs (ranks never share a core)")
     p.add_argument("--timeout", type=float, default=120,
                    help="seconds a collective may wait for another rank before the process group fails")
     p.add_argument("--json-out", help="also append this rank's JSON line to this file ({rank} {world})")
@@ -405,7 +444,8 @@ def main(t_start):
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", rank))
     fill = lambda s: s.format(rank=rank, world=world, next=(rank + 1) % world) if s else s  # noqa: E731
-    r = {"mode": a.mode, "model": a.model, "tag": a.tag or a.mode, "rank": rank, "world": world,
+    cpus = pin(rank, world) if a.pin else None
+    r = {"mode": a.mode, "model": a.model, "cpus": cpus, "tag": a.tag or a.mode, "rank": rank, "world": world,
          "layers": a.layers if a.model == "llama" else a.mlp_layers,
          "batch": a.batch if a.model == "llama" else a.tokens}
     ap = None
@@ -449,7 +489,7 @@ def main(t_start):
     step, weights = (build if a.model == "llama" else build_mlp)(torch, F, dist, a, rank, world, dev, ctl)
 
     s = warm_stream(torch, step)
-    r["eager_us"] = timed(torch, step, max(a.iters // 5, 5), a.blocks)
+    r["eager_us"], r["eager_med_us"] = timed_ranks(torch, dist, step, max(a.iters // 5, 5), a.blocks)
     if a.eager_diag:
         eager_diag(torch, dist, step, ctl, a, r, ap)
     held = []  # graphs to release before the process group goes
@@ -530,7 +570,7 @@ def run_graph(torch, dist, step, a, r, ap, s, dev, weights, fill, world, held):
         again = step().clone()
     torch.cuda.synchronize()
     r["eager_repeatable"] = bool(torch.equal(again, ref))
-    r["replay_us"] = timed(torch, replay, a.iters, a.blocks)
+    r["replay_us"], r["replay_med_us"] = timed_ranks(torch, dist, replay, a.iters, a.blocks)
     replay()
     torch.cuda.synchronize()
     r["replay_repeatable"] = bool(torch.equal(out, first))
@@ -590,7 +630,7 @@ def run_graph(torch, dist, step, a, r, ap, s, dev, weights, fill, world, held):
                           "pause_ms_max": max(c["pause_ms"] for c in cyc),
                           "resume_ms_max": max(c["resume_ms"] for c in cyc),
                           "max_abs_diff": max(c.get("max_abs_diff", 0.0) for c in cyc)}
-            r["replay_us_after_pause"] = timed(torch, replay, a.iters, a.blocks)
+            r["replay_us_after_pause"] = timed_ranks(torch, dist, replay, a.iters, a.blocks)[0]
         st = ap.stats()
         r["spill_mapped"] = st["Spill"]["Mapped"]
 

@@ -14,9 +14,12 @@
 # JSON (one line per rank per run) go to $OUT (default /tmp/gpu-tp); a
 # table per rank last. WORLDS overrides the world sizes, MODELS the models
 # (llama mlp), TP_ARGS adds bench flags (say --layers 4), PAUSE the
-# pause/resume cycles (default 3); DIAG=1 adds where eager time goes
-# (--eager-diag) and eager-only runs of ours with the C fast path shut
-# (ARENAPLAN_FASTPATH=0) and with plain spill segments (ARENAPLAN_SPILL_PLAIN=1).
+# pause/resume cycles (default 3). Each rank gets its own share of the
+# CPUs (--pin; PIN=0: not). DIAG=1 adds where eager time goes
+# (--eager-diag); DIAG=2 also eager-only runs of ours with the C fast path
+# shut (ARENAPLAN_FASTPATH=0) and with plain spill segments
+# (ARENAPLAN_SPILL_PLAIN=1). REPEAT=1 runs both allocators' eager steps
+# once more at the largest world size (eager-only), after everything else.
 set -u
 OUT=${OUT:-/tmp/gpu-tp}
 mkdir -p "$OUT"
@@ -32,16 +35,21 @@ WORLDS=${WORLDS:-$( (echo 1; echo "$N") | sort -nu | tr '\n' ' ')}
 MODELS=${MODELS:-llama mlp}
 PAUSE=${PAUSE:-3}
 DIAG=${DIAG:-0}
+PIN=${PIN:-1}
+REPEAT=${REPEAT:-0}
 PLANS=${PLANS:-/tmp/gpu-tp-plans}
 rm -rf "$PLANS"; mkdir -p "$PLANS"
 RES=$OUT/results.jsonl
 export TP_EXITS=$OUT/exits.jsonl
+# A rank stuck longer than this prints every thread's stack and fails.
+export TP_DEADLINE=${TP_DEADLINE:-240}
 : >"$RES"; : >"$TP_EXITS"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nvidia-smi topo -m >>"$OUT/gpu.txt" 2>&1
 echo "GPUs: $N; world sizes: $WORLDS; models: $MODELS" | tee -a "$OUT/log.txt"
 diag=()
-[ "$DIAG" = 1 ] && diag=(--eager-diag)
+[ "$DIAG" != 0 ] && diag=(--eager-diag)
+[ "$PIN" = 1 ] && TP_ARGS="--pin ${TP_ARGS:-}"
 
 tp() { # tp TAG MODEL WORLD ARGS...
 	local tag=$1 model=$2 w=$3 t0 rc
@@ -62,7 +70,7 @@ for model in $MODELS; do
 		pl="$PLANS/$model-w{world}-r{rank}.plan"
 		tp torch "$model" "$w" --mode torch "${diag[@]}"
 		tp ours "$model" "$w" --mode ours --plan-out "$pl" --pause "$PAUSE" "${diag[@]}"
-		if [ "$DIAG" = 1 ]; then
+		if [ "$DIAG" = 2 ]; then
 			ARENAPLAN_FASTPATH=0 tp ours-nofast "$model" "$w" --mode ours --eager-only --eager-diag
 			ARENAPLAN_SPILL_PLAIN=1 tp ours-plain "$model" "$w" --mode ours --eager-only --eager-diag
 		fi
@@ -80,6 +88,13 @@ for model in $MODELS; do
 		done_worlds="$done_worlds $w"
 	done
 done
+if [ "$REPEAT" = 1 ]; then
+	w=$(echo $WORLDS | tr ' ' '\n' | sort -n | tail -1)
+	for model in $MODELS; do
+		tp torch-again "$model" "$w" --mode torch --eager-only
+		tp ours-again "$model" "$w" --mode ours --eager-only
+	done
+fi
 grep -E "Error|error|Traceback|FAILED|failed:" "$OUT/log.txt" | grep -v "^==" | sort | uniq -c | sort -rn | head -20
 
 python3 scripts/tp-table.py "$RES" "$TP_EXITS" | tee "$OUT/summary.txt"

@@ -41,7 +41,8 @@ for k in keys:
     refused = [x.get("foreign_refused") for x in (pl, d.get("label", {})) if "foreign_refused" in x]
     ps = o.get("pause")
     ex = exits.get(k, {})
-    order = [x for x in ("torch", "ours", "ours-nofast", "ours-plain", "label", "ours-plan") if x in ex]
+    order = [x for x in ("torch", "ours", "ours-nofast", "ours-plain", "label", "ours-plan", "torch-again", "ours-again")
+             if x in ex]
     codes = "/".join(str(ex[x]["rc"]) for x in order) or "-"
     walls = "/".join(f"{ex[x]['wall_s']:.0f}" for x in order) or "-"
     reload = f"{pl.get('captures', '-')}/{pl.get('divergences', '-')}" if pl else "-"
@@ -53,7 +54,15 @@ for k in keys:
           f"{yn(t.get('allreduce_in_graph')) + '/' + yn(o.get('allreduce_in_graph')):>6} {reload:>14} "
           f"{yn(all(refused) if refused else None):>7} "
           f"{(str(ps['cycles']) + 'x ' + yn(ps['all_equal'])) if ps else '-':>9} {codes:>16} {walls:>16}")
-print("exit codes and wall s per process, in job order: " "torch/ours[/ours-nofast/ours-plain][/label]/ours-plan")
+print("eager: fastest block; exit codes and wall s per process, in job order: "
+      "torch/ours[/ours-nofast/ours-plain][/label]/ours-plan[/torch-again/ours-again]")
+for k in keys:
+    d = rows.get(k, {})
+    e = {tag: (d[tag].get("eager_us"), d[tag].get("eager_med_us")) for tag in
+         ("torch", "ours", "ours-nofast", "ours-plain", "ours-plan", "torch-again", "ours-again") if tag in d}
+    if e:
+        print(f"{k[0]} ws {k[1]} rank {k[2]} eager us fastest/median: " +
+              "; ".join(f"{t} {f1(a, '.0f')}/{f1(b, '.0f')}" for t, (a, b) in e.items()))
 for k in keys:
     d = rows.get(k, {})
     for tag in ("torch", "ours", "ours-nofast", "ours-plain"):
