@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""A tensor-parallel Llama decode step captured with its NCCL all-reduces
-inside the graph, with PyTorch's own allocator or with arenaplan's, one
-process per GPU (torchrun; the allocator is process-wide).
+"""A tensor-parallel step captured with its NCCL all-reduces inside the
+graph, with PyTorch's own allocator or with arenaplan's, one process per
+GPU (torchrun; the allocator is process-wide). Two models: a Llama decode
+step (--model llama, the default) and an MLP-heavy step whose all-reduces
+have three sizes (--model mlp, see build_mlp).
 
     torchrun --standalone --nproc_per_node=N bench/torch_tp.py --mode torch
     torchrun --standalone --nproc_per_node=N bench/torch_tp.py --mode ours --plan-out 'plans/w{world}-r{rank}.plan'
@@ -17,7 +19,8 @@ LM head are replicated. Every rank prints one JSON line (and writes it to
 --json-out): the lower bound and arena/LB (ours), graph memory (PyTorch:
 memory_reserved growth across the capture, cache emptied first; ours:
 report()["graph_bytes"]), capture ms, replay and eager µs (CUDA events,
-fastest of --blocks blocks of --iters), replay == eager bit for bit, the
+fastest and median of --blocks blocks of --iters, each block begun on
+every rank together), replay == eager bit for bit, the
 same logits on every rank, divergences; the kernels a profiled replay ran
 (an NCCL kernel among them puts the all-reduce inside the graph) and, for
 PyTorch's graph (kept with keep_graph=True), its node types and kernel
@@ -25,6 +28,10 @@ names read from the driver (cuGraphGetNodes); that the graph's memory is
 on this rank's GPU; with --pause, replays after pause/resume of every
 rank's graphs equal those before; plan files refused for another rank or
 world size (--foreign-plan).
+
+Exit: the graphs (which hold NCCL's resources) are released before the
+process group is destroyed, so every rank exits by itself; a rank that
+fails prints its error and exits 1 at once.
 
 Placeholders in plan paths: {rank}, {world}, {next} (the next rank).
 NCCL: graphs that registered user buffers keep stale registrations after a
