@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""A tensor-parallel Llama decode step captured with its NCCL all-reduces
-inside the graph, with PyTorch's own allocator or with arenaplan's, one
-process per GPU (torchrun; the allocator is process-wide).
+"""A tensor-parallel step captured with its NCCL all-reduces inside the
+graph, with PyTorch's own allocator or with arenaplan's, one process per
+GPU (torchrun; the allocator is process-wide). Two models: a Llama decode
+step (--model llama, the default) and an MLP-heavy step whose all-reduces
+have three sizes (--model mlp, see build_mlp).
 
     torchrun --standalone --nproc_per_node=N bench/torch_tp.py --mode torch
     torchrun --standalone --nproc_per_node=N bench/torch_tp.py --mode ours --plan-out 'plans/w{world}-r{rank}.plan'
@@ -17,7 +19,8 @@ LM head are replicated. Every rank prints one JSON line (and writes it to
 --json-out): the lower bound and arena/LB (ours), graph memory (PyTorch:
 memory_reserved growth across the capture, cache emptied first; ours:
 report()["graph_bytes"]), capture ms, replay and eager µs (CUDA events,
-fastest of --blocks blocks of --iters), replay == eager bit for bit, the
+fastest and median of --blocks blocks of --iters, each block begun on
+every rank together), replay == eager bit for bit, the
 same logits on every rank, divergences; the kernels a profiled replay ran
 (an NCCL kernel among them puts the all-reduce inside the graph) and, for
 PyTorch's graph (kept with keep_graph=True), its node types and kernel
@@ -25,6 +28,10 @@ names read from the driver (cuGraphGetNodes); that the graph's memory is
 on this rank's GPU; with --pause, replays after pause/resume of every
 rank's graphs equal those before; plan files refused for another rank or
 world size (--foreign-plan).
+
+Exit: the graphs (which hold NCCL's resources) are released before the
+process group is destroyed, so every rank exits by itself; a rank that
+fails prints its error and exits 1 at once.
 
 Placeholders in plan paths: {rank}, {world}, {next} (the next rank).
 NCCL: graphs that registered user buffers keep stale registrations after a
@@ -43,13 +50,14 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from torch_bridge import timed, warm_stream  # noqa: E402
+from torch_bridge import warm_stream  # noqa: E402
 
 
-def build(torch, F, dist, a, rank, world, dev):
+def build(torch, F, dist, a, rank, world, dev, ctl):
     """Returns the decode step (no arguments; closes over static inputs)
     of this rank's shard, with weights from generators seeded so that
-    replicated tensors are equal on every rank."""
+    replicated tensors are equal on every rank. ctl["allreduce"] False
+    skips the all-reduces (eager diagnosis only: the ranks then differ)."""
     W, H, KV, I, V, L, B, T = a.hidden, a.heads, a.kv_heads, a.intermediate, a.vocab, a.layers, a.batch, a.kv_len
     if H % world or KV % world or I % world:
         raise SystemExit(f"heads {H}, KV heads {KV} and MLP {I} must divide by the world size {world}")
@@ -86,6 +94,10 @@ def build(torch, F, dist, a, rank, world, dev):
         x1, x2 = x[..., ::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
 
+    def reduce(t):
+        if ctl["allreduce"]:
+            dist.all_reduce(t)
+
     def step():
         with torch.no_grad():
             x = F.embedding(tok, emb)
@@ -100,15 +112,68 @@ def build(torch, F, dist, a, rank, world, dev):
                 p["v"].index_copy_(2, pos, v)
                 att = F.scaled_dot_product_attention(q, p["k"], p["v"], attn_mask=mask, enable_gqa=KVl != Hl)
                 o = F.linear(att.transpose(1, 2).reshape(B, 1, Hl * hd), p["o"])
-                dist.all_reduce(o)
+                reduce(o)
                 x = x + o
                 h = F.rms_norm(x, (W,), p["n2"])
                 g, u = F.linear(h, p["gu"]).chunk(2, -1)
                 d = F.linear(F.silu(g) * u, p["down"])
-                dist.all_reduce(d)
+                reduce(d)
                 x = x + d
             return F.linear(F.rms_norm(x, (W,), nf), head)
     return step, emb
+
+
+def build_mlp(torch, F, dist, a, rank, world, dev, ctl):
+    """Returns an MLP-heavy tensor-parallel step of another shape than the
+    decode: --tokens tokens of width --hidden through --mlp-layers MLP
+    blocks whose widths cycle through I, I/2 and 2I (I = --intermediate),
+    each block column-parallel up, GELU, a norm over the whole sharded
+    intermediate (an all-reduce of one fp32 per token), row-parallel down
+    (an all-reduce of the block's output), then a row-parallel classifier
+    of --classes in fp32 (a third all-reduce, of another size)."""
+    W, I, L, N, C = a.hidden, a.intermediate, a.mlp_layers, a.tokens, a.classes
+    widths = [(I, I // 2, 2 * I)[l % 3] for l in range(L)]
+    if any(w % world for w in widths) or W % world:
+        raise SystemExit(f"MLP widths {sorted(set(widths))} and hidden {W} must divide by the world size {world}")
+    dt = torch.bfloat16
+
+    def rnd(seed, *shape, scale=None):
+        g = torch.Generator(device=dev).manual_seed(seed)
+        scale = shape[-1] ** -0.5 if scale is None else scale
+        return (torch.randn(*shape, device=dev, generator=g) * scale).to(dt)
+
+    rep, mine = 2000, 3_000_000 * (rank + 1)
+    inp = rnd(rep, N, W, scale=1.0)
+    Wl = W // world
+    head = rnd(mine, C, Wl, scale=W ** -0.5)  # row-parallel: this rank's slice of the hidden
+    nf = torch.ones(W, device=dev, dtype=dt)
+    layers = []
+    for l, w in enumerate(widths):
+        s = mine + 100 * l
+        layers.append(dict(n=torch.ones(W, device=dev, dtype=dt), width=w,
+                           up=rnd(s, w // world, W), down=rnd(s + 1, W, w // world, scale=w ** -0.5)))
+
+    def reduce(t):
+        if ctl["allreduce"]:
+            dist.all_reduce(t)
+
+    def step():
+        with torch.no_grad():
+            x = inp
+            for p in layers:
+                h = F.rms_norm(x, (W,), p["n"])
+                u = F.gelu(F.linear(h, p["up"]))
+                ss = u.float().pow(2).sum(-1, keepdim=True)
+                reduce(ss)  # N fp32: the sum of squares over every rank's slice
+                u = u * torch.rsqrt(ss / p["width"] + 1e-6).to(dt)
+                d = F.linear(u, p["down"])
+                reduce(d)  # N x W bf16
+                x = x + d
+            h = F.rms_norm(x, (W,), nf)[:, rank * Wl:(rank + 1) * Wl]
+            out = F.linear(h, head).float()
+            reduce(out)  # N x C fp32
+            return out
+    return step, inp
 
 
 def short(name):
@@ -218,9 +283,135 @@ def checksum(torch, t):
     return int(t.contiguous().view(torch.int16).to(torch.int64).sum())
 
 
-def main():
+def timed_ranks(torch, dist, fn, iters, blocks):
+    """(fastest, median) µs per call over blocks of iters calls (CUDA
+    events), every block begun on all ranks together: a rank's step waits
+    at each all-reduce for the slowest rank, so a block that one rank
+    starts late measures that rank's lateness, not the step."""
+    times = []
+    for _ in range(blocks):
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(iters):
+            fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1000 / iters)
+    times.sort()
+    return times[0], times[len(times) // 2]
+
+
+def pin(rank, world):
+    """Gives this rank its own contiguous share of the CPUs the process may
+    use (threads made later inherit it), so that ranks never share a core
+    with one another; returns the CPUs, or None where it cannot."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
+    per = len(cpus) // max(world, 1)
+    if per < 2:
+        return None
+    mine = cpus[rank * per:(rank + 1) * per]
+    os.sched_setaffinity(0, mine)
+    return [mine[0], mine[-1]]
+
+
+def eager_diag(torch, dist, step, ctl, a, r, ap):
+    """Where an eager step's time goes: host time per step, the step
+    without its all-reduces, one allocation and free of a small tensor,
+    arenaplan's counters per step, and a profile (top CPU ops by self
+    time, CUDA API calls, GPU busy time) per step."""
+    d = {}
+    n = max(a.iters // 5, 5)
+
+    def host(fn, k):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e6 / k
+    d["host_us"] = host(step, n)
+    ctl["allreduce"] = False
+    d["no_allreduce_us"] = timed_ranks(torch, dist, step, n, a.blocks)[0]
+    ctl["allreduce"] = True
+    dev = torch.cuda.current_device()
+    small = lambda: torch.empty(16384, dtype=torch.bfloat16, device=dev)  # noqa: E731
+    host(small, 1000)
+    d["alloc_free_us"] = host(small, 20000)
+    if ap is not None:
+        s0 = ap.stats()
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+        s1 = ap.stats()
+
+        def delta(path):
+            x0, x1 = s0, s1
+            for k in path:
+                x0, x1 = x0[k], x1[k]
+            return round((x1 - x0) / n, 1)
+        d["per_step"] = {"/".join(k): delta(k) for k in (
+            ("Allocs",), ("Frees",), ("Spilled",), ("FastPath", "Hits"), ("FastPath", "Misses"),
+            ("FastPath", "Kept"), ("Spill", "Allocs"), ("Spill", "Frees"), ("Spill", "Grows"),
+            ("Spill", "Unmaps"))}
+        d["after"] = {k: s1["Spill"][k] for k in ("Waiting", "Live", "Mapped", "Segments")}
+        d["after"]["fastpath_blocks"] = s1["FastPath"]["Blocks"]
+    from torch.profiler import ProfilerActivity, profile
+    k = 5
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(k):
+            step()
+        torch.cuda.synchronize()
+    ops, api, gpu = {}, {}, 0.0
+    for e in prof.key_averages():
+        if e.device_type.name == "CPU":
+            ops[e.key] = (e.count / k, e.self_cpu_time_total / k)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            ev = json.load(f)
+    ev = ev.get("traceEvents", ev) if isinstance(ev, dict) else ev
+    for e in ev:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            c, t = api.get(e["name"], (0, 0.0))
+            api[e["name"]] = (c + 1, t + e.get("dur", 0))
+        elif e.get("cat") == "kernel":
+            gpu += e.get("dur", 0)
+    top = sorted(ops.items(), key=lambda kv: -kv[1][1])[:12]
+    d["top_self_cpu_us"] = {n_: [round(c, 1), round(t, 1)] for n_, (c, t) in top}
+    d["cuda_api_us"] = {n_: [round(c / k, 1), round(t / k, 1)]
+                        for n_, (c, t) in sorted(api.items(), key=lambda kv: -kv[1][1])[:10]}
+    d["gpu_kernel_us"] = round(gpu / k, 1)
+    r["eager_diag"] = d
+
+
+def release(torch, objs):
+    """Drops the graphs and the tensors that live in their memory: CUDA
+    graphs that hold NCCL kernels must be gone before the process group is
+    destroyed (else destroy_process_group waits forever)."""
+    for o in objs:
+        if o is None:
+            continue
+        if hasattr(o, "close"):
+            o.close()
+        elif hasattr(o, "reset"):
+            o.reset()
+    objs.clear()
+    torch.cuda.synchronize()
+
+
+def main(t_start):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["torch", "ours"], required=True)
+    p.add_argument("--model", choices=["llama", "mlp"], default="llama",
+                   help="llama: the decode step; mlp: an MLP-heavy step with all-reduces of three sizes")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=32)
@@ -229,6 +420,9 @@ def main():
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--kv-len", type=int, default=1024)
+    p.add_argument("--mlp-layers", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--classes", type=int, default=4096)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--blocks", type=int, default=10)
     p.add_argument("--plan", help="ours: capture from this rank's plan file (placeholders {rank} {world} {next})")
@@ -243,14 +437,25 @@ def main():
     p.add_argument("--nondeterministic", action="store_true",
                    help="leave PyTorch's nondeterministic kernels on (then eager steps at batch 8 need not repeat "
                         "bit for bit, and neither replay == eager nor replays across a pause can be asked)")
+    p.add_argument("--eager-diag", action="store_true",
+                   help="also measure where eager time goes (host time, without all-reduces, counters, profile)")
+    p.add_argument("--eager-only", action="store_true", help="no graph: eager timings (and --eager-diag) only")
+    p.add_argument("--pin", action="store_true",
+                   help="give each rank its own contiguous share of the CPUs (ranks never share a core)")
+    p.add_argument("--timeout", type=float, default=120,
+                   help="seconds a collective may wait for another rank before the process group fails")
     p.add_argument("--json-out", help="also append this rank's JSON line to this file ({rank} {world})")
     p.add_argument("--tag", default="", help="a name for this run in the JSON")
     a = p.parse_args()
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", rank))
-    fill = lambda s: s.format(rank=rank, world=world, next=(rank + 1) % world) if s else s
-    r = {"mode": a.mode, "tag": a.tag or a.mode, "rank": rank, "world": world, "layers": a.layers, "batch": a.batch}
+    fill = lambda s: s.format(rank=rank, world=world, next=(rank + 1) % world) if s else s  # noqa: E731
+    cpus = pin(rank, world) if a.pin else None
+    r = {"mode": a.mode, "model": a.model, "cpus": cpus, "tag": a.tag or a.mode, "rank": rank, "world": world,
+         "layers": a.layers if a.model == "llama" else a.mlp_layers,
+         "batch": a.batch if a.model == "llama" else a.tokens}
+    ap = None
     if a.mode == "ours":
         os.environ.setdefault("NCCL_GRAPH_REGISTER", "0")
         import arenaplan.torch as ap
@@ -268,6 +473,7 @@ def main():
         else:
             ap.install()
     r["nccl_graph_register"] = os.environ.get("NCCL_GRAPH_REGISTER", "(unset: NCCL's default)")
+    import datetime
     import torch
     import torch.distributed as dist
     if not a.nondeterministic:
@@ -280,16 +486,37 @@ def main():
     import torch.nn.functional as F
     dev = torch.device("cuda", local)
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", device_id=dev)
+    # A rank that waits on a collective longer than --timeout fails (the
+    # process group's watchdog ends the process) instead of hanging.
+    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=a.timeout))
     v = torch.cuda.nccl.version()
     r.update(device=torch.cuda.get_device_name(dev), torch=torch.__version__,
              nccl=".".join(map(str, v)) if isinstance(v, tuple) else str(v))
-    step, weights = build(torch, F, dist, a, rank, world, dev)
+    ctl = {"allreduce": True}
+    step, weights = (build if a.model == "llama" else build_mlp)(torch, F, dist, a, rank, world, dev, ctl)
 
     s = warm_stream(torch, step)
-    r["eager_us"] = timed(torch, step, max(a.iters // 5, 5), a.blocks)
+    r["eager_us"], r["eager_med_us"] = timed_ranks(torch, dist, step, max(a.iters // 5, 5), a.blocks)
+    if a.eager_diag:
+        eager_diag(torch, dist, step, ctl, a, r, ap)
+    held = []  # graphs to release before the process group goes
+    if not a.eager_only:
+        run_graph(torch, dist, step, a, r, ap, s, dev, weights, fill, world, held)
+    r["results_s"] = round(time.time() - t_start, 2)
+    line = json.dumps(r)
+    print(line, flush=True)
+    if a.json_out:
+        os.makedirs(os.path.dirname(fill(a.json_out)) or ".", exist_ok=True)
+        with open(fill(a.json_out), "a") as f:  # one write per line: ranks may share the file
+            f.write(line + "\n")
+    release(torch, held)
+    dist.barrier()
+    dist.destroy_process_group()
 
-    graph = None
+
+def run_graph(torch, dist, step, a, r, ap, s, dev, weights, fill, world, held):
+    """Capture, replay, compare, profile; ours: refusals and pause/resume.
+    Appends the graphs it keeps to held."""
     if a.mode == "torch":
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved()
@@ -297,6 +524,7 @@ def main():
             graph = torch.cuda.CUDAGraph(keep_graph=True)
         except TypeError:
             graph = torch.cuda.CUDAGraph()
+        held.append(graph)
         t0 = time.perf_counter()
         with torch.cuda.graph(graph, stream=s):
             out = step()
@@ -313,6 +541,7 @@ def main():
     else:
         plan = fill(a.plan)
         g = ap.graph(step, plan=plan)
+        held.append(g)
         if plan:
             r["plan"] = plan
         if a.plan_out:
@@ -348,7 +577,7 @@ def main():
         again = step().clone()
     torch.cuda.synchronize()
     r["eager_repeatable"] = bool(torch.equal(again, ref))
-    r["replay_us"] = timed(torch, replay, a.iters, a.blocks)
+    r["replay_us"], r["replay_med_us"] = timed_ranks(torch, dist, replay, a.iters, a.blocks)
     replay()
     torch.cuda.synchronize()
     r["replay_repeatable"] = bool(torch.equal(out, first))
@@ -357,7 +586,7 @@ def main():
         names, in_graph = profiled_kernels(torch, replay, 3, os.path.join(tmp, "trace.json"))
     nccl = sorted({n for n in names if "nccl" in n.lower()})
     r["profiled_replay"] = {"kernels_per_replay": len(names) / 3, "with_graph_id": in_graph,
-                            "nccl_kernels": nccl, "distinct_kernels": sorted({short(n)[:80] for n in names})}
+                            "nccl_kernels": nccl, "distinct_kernels": len({short(n) for n in names})}
     if "graph_nodes" in r:
         r["graph_nodes"]["nccl_kernels"] = sorted({n for n in r["graph_nodes"]["kernels"] if "nccl" in n.lower()})
         r["graph_nodes"]["kernels"] = len(r["graph_nodes"]["kernels"])
@@ -408,19 +637,32 @@ def main():
                           "pause_ms_max": max(c["pause_ms"] for c in cyc),
                           "resume_ms_max": max(c["resume_ms"] for c in cyc),
                           "max_abs_diff": max(c.get("max_abs_diff", 0.0) for c in cyc)}
-            r["replay_us_after_pause"] = timed(torch, replay, a.iters, a.blocks)
+            r["replay_us_after_pause"] = timed_ranks(torch, dist, replay, a.iters, a.blocks)[0]
         st = ap.stats()
         r["spill_mapped"] = st["Spill"]["Mapped"]
 
-    line = json.dumps(r)
-    print(line, flush=True)
-    if a.json_out:
-        os.makedirs(os.path.dirname(fill(a.json_out)) or ".", exist_ok=True)
-        with open(fill(a.json_out), "a") as f:  # one write per line: ranks may share the file
-            f.write(line + "\n")
-    dist.barrier()
-    dist.destroy_process_group()
-
 
 if __name__ == "__main__":
-    main()
+    t_start = time.time()
+    try:
+        import psutil
+        t_start = psutil.Process().create_time()
+    except Exception:
+        pass
+    # A hang anywhere (a rank that never reaches a collective, a teardown
+    # that waits) prints every thread's stack and ends the process with
+    # an error after TP_DEADLINE seconds.
+    import faulthandler
+    faulthandler.dump_traceback_later(float(os.environ.get("TP_DEADLINE", 600)), exit=True)
+    try:
+        main(t_start)
+    except BaseException as e:  # noqa: BLE001: every failure ends this rank with a clear error, now
+        if isinstance(e, SystemExit) and e.code in (None, 0):
+            raise
+        import traceback
+        traceback.print_exc()
+        print(f"rank {os.environ.get('RANK', 0)} of {os.environ.get('WORLD_SIZE', 1)}: failed: "
+              f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        # Not a normal exit: destroying the process group or freeing
+        # graphs could wait for the other ranks, which wait for this one.
+        os._exit(1)

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Tensor parallel on every GPU of the machine (issue 17): bench/torch_tp.py
-# (a Llama-3.2-1B-shaped decode step, all-reduces inside the graph) under
-# torchrun at world size 1 and at the GPU count, with PyTorch's own
-# allocator and with arenaplan's; then every rank loads its own plan in a
-# fresh process and refuses another rank's and another world size's. Builds
-# no Go: first, on a machine with Go and gcc,
+# Tensor parallel on every GPU of the machine: bench/torch_tp.py under
+# torchrun at world size 1 and at the GPU count, for two models (the
+# Llama-3.2-1B-shaped decode step, and an MLP-heavy step whose all-reduces
+# have three sizes), with PyTorch's own allocator and with arenaplan's;
+# then every rank loads its own plan in a fresh process and refuses
+# another rank's and another world size's. Every process's exit code and
+# wall time are recorded (scripts/tp-rank.sh). Builds no Go: first, on a
+# machine with Go and gcc,
 #
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/libarenaplan.so
 #
 # carry .dev/torch to the GPU machine and run scripts/gpu-tp.sh. Logs and
 # JSON (one line per rank per run) go to $OUT (default /tmp/gpu-tp); a
-# table per rank last. WORLDS overrides the world sizes, TP_ARGS adds
-# bench flags (say --layers 4), PAUSE the pause/resume cycles (default 3).
+# table per rank last. WORLDS overrides the world sizes, MODELS the models
+# (llama mlp), TP_ARGS adds bench flags (say --layers 4), PAUSE the
+# pause/resume cycles (default 3). Each rank gets its own share of the
+# CPUs (--pin; PIN=0: not). DIAG=1 adds where eager time goes
+# (--eager-diag); DIAG=2 also eager-only runs of ours with the C fast path
+# shut (ARENAPLAN_FASTPATH=0) and with plain spill segments
+# (ARENAPLAN_SPILL_PLAIN=1). REPEAT=1 runs both allocators' eager steps
+# once more at the largest world size (eager-only), after everything else.
 set -u
 OUT=${OUT:-/tmp/gpu-tp}
 mkdir -p "$OUT"
@@ -24,84 +32,70 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export NCCL_GRAPH_REGISTER=${NCCL_GRAPH_REGISTER:-0}
 N=$(nvidia-smi --list-gpus | wc -l)
 WORLDS=${WORLDS:-$( (echo 1; echo "$N") | sort -nu | tr '\n' ' ')}
+MODELS=${MODELS:-llama mlp}
 PAUSE=${PAUSE:-3}
+DIAG=${DIAG:-0}
+PIN=${PIN:-1}
+REPEAT=${REPEAT:-0}
 PLANS=${PLANS:-/tmp/gpu-tp-plans}
 rm -rf "$PLANS"; mkdir -p "$PLANS"
 RES=$OUT/results.jsonl
+export TP_EXITS=$OUT/exits.jsonl
+# A rank stuck longer than this prints every thread's stack and fails.
+export TP_DEADLINE=${TP_DEADLINE:-240}
+: >"$RES"; : >"$TP_EXITS"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nvidia-smi topo -m >>"$OUT/gpu.txt" 2>&1
-echo "GPUs: $N; world sizes: $WORLDS" | tee -a "$OUT/log.txt"
+echo "GPUs: $N; world sizes: $WORLDS; models: $MODELS" | tee -a "$OUT/log.txt"
+diag=()
+[ "$DIAG" != 0 ] && diag=(--eager-diag)
+[ "$PIN" = 1 ] && TP_ARGS="--pin ${TP_ARGS:-}"
 
-tp() { # tp TAG WORLD ARGS...
-	local tag=$1 w=$2
-	shift 2
-	echo "== $tag, world size $w" | tee -a "$OUT/log.txt"
-	timeout "${TP_TIMEOUT:-400}" torchrun --standalone --nproc_per_node="$w" bench/torch_tp.py --tag "$tag" \
-		--json-out "$RES" "$@" ${TP_ARGS:-} >>"$OUT/log.txt" 2>&1 ||
-		echo "FAILED $tag, world size $w ($?)" | tee -a "$OUT/log.txt"
+tp() { # tp TAG MODEL WORLD ARGS...
+	local tag=$1 model=$2 w=$3 t0 rc
+	shift 3
+	echo "== $tag, $model, world size $w" | tee -a "$OUT/log.txt"
+	t0=$(date +%s)
+	TP_TAG="$model/$tag" timeout "${TP_TIMEOUT:-300}" torchrun --standalone --nproc_per_node="$w" --no-python bash \
+		scripts/tp-rank.sh bench/torch_tp.py --model "$model" --tag "$tag" --json-out "$RES" "$@" ${TP_ARGS:-} \
+		>>"$OUT/log.txt" 2>&1
+	rc=$?
+	echo "   exit $rc after $(($(date +%s) - t0)) s" | tee -a "$OUT/log.txt"
+	[ $rc -eq 0 ] || echo "FAILED $tag, $model, world size $w (exit $rc)" | tee -a "$OUT/log.txt"
 }
 
-done_worlds=""
-for w in $WORLDS; do
-	tp torch "$w" --mode torch
-	tp ours "$w" --mode ours --plan-out "$PLANS/w{world}-r{rank}.plan" --pause "$PAUSE"
-	foreign=()
-	[ "$w" -gt 1 ] && foreign+=(--foreign-plan "$PLANS/w{world}-r{next}.plan")
-	for d in $done_worlds; do foreign+=(--foreign-plan "$PLANS/w$d-r0.plan"); done
-	if [ "$N" -eq 1 ]; then
-		# One GPU: no other rank exists, so make a plan file that says
-		# "rank 1 of 2" (arenaplan told so; the process group is world 1).
-		tp label "$w" --mode ours --label 1/2 --plan-out "$PLANS/label-r1of2.plan" \
-			--foreign-plan "$PLANS/w{world}-r{rank}.plan" --iters 5 --blocks 2
-		foreign+=(--foreign-plan "$PLANS/label-r1of2.plan")
-	fi
-	tp ours-plan "$w" --mode ours --plan "$PLANS/w{world}-r{rank}.plan" "${foreign[@]}"
-	done_worlds="$done_worlds $w"
+for model in $MODELS; do
+	done_worlds=""
+	for w in $WORLDS; do
+		pl="$PLANS/$model-w{world}-r{rank}.plan"
+		tp torch "$model" "$w" --mode torch "${diag[@]}"
+		tp ours "$model" "$w" --mode ours --plan-out "$pl" --pause "$PAUSE" "${diag[@]}"
+		if [ "$DIAG" = 2 ]; then
+			ARENAPLAN_FASTPATH=0 tp ours-nofast "$model" "$w" --mode ours --eager-only --eager-diag
+			ARENAPLAN_SPILL_PLAIN=1 tp ours-plain "$model" "$w" --mode ours --eager-only --eager-diag
+		fi
+		foreign=()
+		[ "$w" -gt 1 ] && foreign+=(--foreign-plan "$PLANS/$model-w{world}-r{next}.plan")
+		for d in $done_worlds; do foreign+=(--foreign-plan "$PLANS/$model-w$d-r0.plan"); done
+		if [ "$N" -eq 1 ]; then
+			# One GPU: no other rank exists, so make a plan file that says
+			# "rank 1 of 2" (arenaplan told so; the process group is world 1).
+			tp label "$model" "$w" --mode ours --label 1/2 --plan-out "$PLANS/$model-label-r1of2.plan" \
+				--foreign-plan "$pl" --iters 5 --blocks 2
+			foreign+=(--foreign-plan "$PLANS/$model-label-r1of2.plan")
+		fi
+		tp ours-plan "$model" "$w" --mode ours --plan "$pl" "${foreign[@]}"
+		done_worlds="$done_worlds $w"
+	done
 done
-grep -E "Error|error|Traceback|FAILED" "$OUT/log.txt" | grep -v "^==" | sort | uniq -c | sort -rn | head -20
+if [ "$REPEAT" = 1 ]; then
+	w=$(echo $WORLDS | tr ' ' '\n' | sort -n | tail -1)
+	for model in $MODELS; do
+		tp torch-again "$model" "$w" --mode torch --eager-only
+		tp ours-again "$model" "$w" --mode ours --eager-only
+	done
+fi
+grep -E "Error|error|Traceback|FAILED|failed:" "$OUT/log.txt" | grep -v "^==" | sort | uniq -c | sort -rn | head -20
 
-[ -f "$RES" ] && python3 - "$RES" <<'PY' | tee "$OUT/summary.txt"
-import json, sys
-rows = {}
-for line in open(sys.argv[1]):
-    line = line.strip()
-    if line.startswith("{"):
-        r = json.loads(line)
-        rows.setdefault((r["world"], r["rank"]), {})[r["tag"]] = r
-M = 2**20
-yn = lambda v: "-" if v is None else ("y" if v is True else ("n" if v is False else "n/a"))
-print(f"{'ws':>2} {'rk':>2} {'LB MiB':>7} {'arena/LB':>8} {'torch MiB':>9} {'ours MiB':>8} {'o/t':>6} "
-      f"{'capture ms t/o':>14} {'replay us t/o':>15} {'o/t':>6} {'eager us':>8} {'equal t/o/p':>11} {'ranks':>5} "
-      f"{'repeat t/o':>10} {'div o/p':>7} {'nccl t/o':>8} {'refused':>7} {'pause':>12} {'on gpu':>6}")
-for (w, rk), d in sorted(rows.items()):
-    t, o, pl = d.get("torch", {}), d.get("ours", {}), d.get("ours-plan", {})
-    lb = o.get("lower_bound", 0)
-    tp, op = t.get("graph_bytes"), o.get("graph_bytes")
-    tr, orr = t.get("replay_us"), o.get("replay_us")
-    ps = o.get("pause", {})
-    refused = [x.get("foreign_refused") for x in (pl, d.get("label", {})) if "foreign_refused" in x]
-    print(f"{w:2} {rk:2} {lb/M:7.1f} {o.get('ratio', float('nan')):8.4f} {tp/M if tp is not None else float('nan'):9.1f} "
-          f"{op/M if op is not None else float('nan'):8.1f} {op/tp if tp and op is not None else float('nan'):6.3f} "
-          f"{t.get('capture_ms', 0):6.0f}/{o.get('capture_ms', 0):<7.0f} {tr or 0:7.1f}/{orr or 0:<7.1f} "
-          f"{orr/tr if tr and orr else float('nan'):6.3f} {t.get('eager_us', 0):8.0f} "
-          f"{yn(t.get('replay_equal')) + '/' + yn(o.get('replay_equal')) + '/' + yn(pl.get('replay_equal')):>11} "
-          f"{yn(all(x.get('same_logits_on_all_ranks', False) for x in (t, o))):>5} "
-          f"{yn(t.get('eager_repeatable') and t.get('replay_repeatable')) + '/' + yn(o.get('eager_repeatable') and o.get('replay_repeatable')):>10} "
-          f"{str(o.get('divergences', '-')) + '/' + str(pl.get('divergences', '-')):>7} "
-          f"{yn(t.get('allreduce_in_graph')) + '/' + yn(o.get('allreduce_in_graph')):>8} "
-          f"{yn(all(refused) if refused else None):>7} "
-          f"{(str(ps.get('cycles', '-')) + 'x ' + yn(ps.get('all_equal')) + ' ' + format(ps.get('returned_bytes_min', 0)/M, '.0f') + 'M') if ps else '-':>12} "
-          f"{yn(all(x.get(k) for x in (t, o) for k in ('graph_memory_on_this_gpu', 'weights_on_this_gpu'))):>6}")
-for (w, rk), d in sorted(rows.items()):
-    t, o = d.get("torch", {}), d.get("ours", {})
-    gn = t.get("graph_nodes")
-    print(f"ws {w} rank {rk}: PyTorch's graph nodes {gn['types'] if gn else t.get('graph_nodes_error', '-')}, "
-          f"NCCL kernels in it {gn['nccl_kernels'] if gn else '-'}; profiled replay NCCL kernels torch "
-          f"{t.get('profiled_replay', {}).get('nccl_kernels', '-')} ours {o.get('profiled_replay', {}).get('nccl_kernels', '-')}; "
-          f"kernels/replay t/o {t.get('profiled_replay', {}).get('kernels_per_replay', '-')}/{o.get('profiled_replay', {}).get('kernels_per_replay', '-')}; "
-          f"ours replay after pause {o.get('replay_us_after_pause', '-')} us; NCCL_GRAPH_REGISTER={o.get('nccl_graph_register', '-')}")
-    for tag in ("ours-plan", "label"):
-        for f, v in d.get(tag, {}).get("foreign_plans", {}).items():
-            print(f"   {tag}: {f}: {v[:160]}")
-PY
+python3 scripts/tp-table.py "$RES" "$TP_EXITS" | tee "$OUT/summary.txt"
 exit 0
