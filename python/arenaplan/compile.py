@@ -220,9 +220,10 @@ class _Ops:
 class _Member:
     """One shape of a compiled graph: the inputs its capture reads."""
 
-    __slots__ = ("args", "ptrs", "copy_idxs", "nbytes", "calls")
+    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls")
 
-    def __init__(self, args: list, ptrs: list, copy_idxs: list, nbytes: int):
+    def __init__(self, index: int, args: list, ptrs: list, copy_idxs: list, nbytes: int):
+        self.index = index  # its key in the family (short, for the library)
         self.args, self.ptrs, self.copy_idxs, self.nbytes = args, ptrs, copy_idxs, nbytes
         self.calls = 0
 
@@ -252,6 +253,7 @@ class _Runner:
         self.family = None
         self.device: Optional[int] = device
         self.dyn: Optional[List[int]] = None  # indices of the inputs that are not parameters or buffers
+        self.next_index = 0
         self.captures = 0  # members captured, re-captures included
         self.family_builds = 0
         self.plain_calls = 0  # calls that ran inductor's code without a graph
@@ -292,9 +294,9 @@ class _Runner:
                 if m is None:
                     return self._plain(inputs)
             self.by_shape[shape] = key
-        return self._replay(key, m, inputs)
+        return self._replay(m, inputs)
 
-    def _replay(self, key: Hashable, m: _Member, inputs: list) -> Any:
+    def _replay(self, m: _Member, inputs: list) -> Any:
         ops = self.ops
         for i in m.copy_idxs:
             dst, src = m.args[i], inputs[i]
@@ -304,10 +306,10 @@ class _Runner:
         if self._last is not None:
             ops.deny(self._last)
             self._last = None
-        outs = self.family.replay(key)
+        outs = self.family.replay(m.index)
         m.calls += 1
         self.replays += 1
-        make = self._views.get(key)
+        make = self._views.get(m.index)
         if make is None:
             return list(outs)
         fresh = make()
@@ -366,7 +368,8 @@ class _Runner:
                 nbytes += ops.nbytes(x)
             else:
                 args.append(x)
-        m = _Member(args, ptrs, copy_idxs, nbytes)
+        m = _Member(self.next_index, args, ptrs, copy_idxs, nbytes)
+        self.next_index += 1
         self.members[key] = m
         if not self._build():
             return None
@@ -383,8 +386,8 @@ class _Runner:
         if self._last is not None:
             self.ops.deny(self._last)
             self._last = None
-        order = sorted(self.members, key=lambda k: -self.members[k].nbytes)
-        fns = {k: (lambda m=self.members[k]: self.inner(list(m.args))) for k in order}
+        order = sorted(self.members.values(), key=lambda m: -m.nbytes)
+        fns = {m.index: (lambda m=m: self.inner(list(m.args))) for m in order}
         try:
             fam = self.ops.capture(fns, f"{self.name}", self.device, self.opts)
         except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
@@ -394,8 +397,8 @@ class _Runner:
         self.family = fam
         self.family_builds += 1
         self.captures += len(fns)
-        for k in order:
-            self._views[k] = self.ops.views(fam.outputs[k])
+        for m in order:
+            self._views[m.index] = self.ops.views(fam.outputs[m.index])
         return True
 
     def _give_up(self, reason: str) -> None:
@@ -414,7 +417,8 @@ class _Runner:
         r: Dict[str, Any] = {"graph": self.name, "captured": self.family is not None, "reason": self.reason,
                              "members": len(self.members), "captures": self.captures,
                              "family_builds": self.family_builds, "replays": self.replays,
-                             "plain_calls": self.plain_calls, "placeholder_bytes": self.placeholder_bytes}
+                             "plain_calls": self.plain_calls, "placeholder_bytes": self.placeholder_bytes,
+                             "static_inputs": len(self.static), "other_inputs": len(self.dyn or ())}
         if self.family is not None:
             f = self.family.report()
             for k in ("arena", "lower_bound", "ratio", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
