@@ -8,7 +8,8 @@
 #
 # carry .dev/torch to the GPU machine and run scripts/gpu-compile.sh.
 # MODELS= (default: tiny tiny-dyn vit bert), MODES= (reduce-overhead ours),
-# TIMEOUT= seconds a process (default 240). Logs and JSON go to $OUT
+# TIMEOUT= seconds a process (default 240), DEADLINE= seconds after which no
+# process starts and none runs on (default 480), so that the table comes. Logs and JSON go to $OUT
 # (default /tmp/gpu-compile); the table last.
 set -u
 OUT=${OUT:-/tmp/gpu-compile}
@@ -22,8 +23,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/gpu.txt"
 for m in ${MODELS:-tiny tiny-dyn vit bert}; do
 	for mode in ${MODES:-reduce-overhead ours}; do
-		echo "== $mode $m $(date +%T)" | tee -a "$OUT/log.txt"
-		timeout ${TIMEOUT:-240} python3 bench/torch_compile.py --mode $mode --model $m --save $SAVE \
+		left=$((${DEADLINE:-480} - SECONDS))
+		if [ $left -lt 20 ]; then echo "SKIPPED $mode $m (deadline)" | tee -a "$OUT/log.txt"; continue; fi
+		t=${TIMEOUT:-240}; [ $t -gt $left ] && t=$left
+		echo "== $mode $m $(date +%T) (timeout $t s)" | tee -a "$OUT/log.txt"
+		timeout $t python3 bench/torch_compile.py --mode $mode --model $m --save $SAVE \
 			>>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $m ($?)" | tee -a "$OUT/log.txt"
 		tail -c 600 "$OUT/results.jsonl" | tail -1 | cut -c1-400
 	done
