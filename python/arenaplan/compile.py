@@ -148,7 +148,7 @@ class _Ops:
 
     @staticmethod
     def shape_key(t) -> Hashable:
-        return (tuple(t.shape), tuple(t.stride()), t.dtype, t.storage_offset())
+        return (tuple(t.shape), tuple(t.stride()), t.dtype)
 
     @staticmethod
     def data_ptr(t) -> int:
