@@ -151,7 +151,7 @@ def summary(path, save):
             r = json.loads(line)
             rows.setdefault(r["model"], {})[r["mode"]] = r
     eq = {}
-    if save:
+    if save and os.path.isdir(save):
         import torch
         for m in rows:
             a, b = (os.path.join(save, f"{m}-{k}.pt") for k in ("ours", "reduce-overhead"))
@@ -159,20 +159,21 @@ def summary(path, save):
                 ta, tb = torch.load(a), torch.load(b)
                 eq[m] = (bool(torch.equal(ta, tb)), float((ta.float() - tb.float()).abs().max()))
     M = 1e6
-    print(f"{'model':9} {'RO pool MB':>10} {'ours MB':>8} {'LB MB':>7} {'ours/LB':>7} {'ours/RO':>7} "
-          f"{'step us RO/ours':>16} {'ours/RO':>7} {'1st call s RO/ours':>18} {'capture ms RO/ours':>19} "
+    print(f"{'model':9} {'LB MB':>7} {'arena/LB':>8} {'RO pool MB':>10} {'ours MB':>8} {'(inputs)':>8} {'ours/RO':>7} "
+          f"{'step us RO/ours':>16} {'ours/RO':>7} {'compile+capture s RO/ours':>25} {'ours/RO':>7} "
           f"{'=plain RO/ours':>14} {'ours=RO (max diff)':>18}  captured")
     for m, d in rows.items():
         t, o = d.get("reduce-overhead", {}), d.get("ours", {})
         tp, op, lb = t.get("graph_bytes"), o.get("graph_bytes"), o.get("lower_bound")
+        ph = sum(g.get("placeholder_bytes", 0) for g in o.get("graphs", []))
         f = lambda v: f"{v / M:.1f}" if isinstance(v, (int, float)) and v else "-"  # noqa: E731
         rat = lambda a, b: f"{a / b:.3f}" if a and b else "-"  # noqa: E731
         ts, os_ = t.get("step_us"), o.get("step_us")
+        ct = (t.get("first_call_ms", 0) + t.get("capture_call_ms", 0)) / 1e3
+        co = (o.get("first_call_ms", 0) + o.get("capture_call_ms", 0)) / 1e3
         e = eq.get(m)
-        print(f"{m:9} {f(tp):>10} {f(op):>8} {f(lb):>7} {rat(op, lb):>7} {rat(op, tp):>7} "
-              f"{str(ts) + '/' + str(os_):>16} {rat(os_, ts):>7} "
-              f"{str(round(t.get('first_call_ms', 0) / 1e3, 1)) + '/' + str(round(o.get('first_call_ms', 0) / 1e3, 1)):>18} "
-              f"{str(t.get('capture_call_ms')) + '/' + str(o.get('capture_call_ms')):>19} "
+        print(f"{m:9} {f(lb):>7} {rat(o.get('arena'), lb):>8} {f(tp):>10} {f(op):>8} {f(ph):>8} {rat(op, tp):>7} "
+              f"{str(ts) + '/' + str(os_):>16} {rat(os_, ts):>7} {f'{ct:.1f}/{co:.1f}':>25} {rat(co, ct):>7} "
               f"{str(t.get('equal_plain'))[0] + '/' + str(o.get('equal_plain'))[0]:>14} "
               f"{(str(e[0]) + ' (' + format(e[1], '.2g') + ')') if e else '-':>18}  {o.get('captured')}")
 
