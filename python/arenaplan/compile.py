@@ -25,8 +25,8 @@ replays. Parameters and buffers (inductor's ``static_input_idxs``) are read
 in place; their addresses are checked on every call, and a call with other
 addresses is captured as another member. Outputs live at fixed addresses in
 the arena: the outputs a call returns are overwritten by the graph's next
-call, and reading them after that raises, as CUDAGraph Trees' outputs do
-(clone what must survive). ``torch.compiler.cudagraph_mark_step_begin()``
+call, and reading those tensors after that raises, as CUDAGraph Trees'
+outputs do (views made of them do not raise: clone what must survive). ``torch.compiler.cudagraph_mark_step_begin()``
 may be called as with CUDAGraph Trees: every call of a captured graph starts
 a new step here, so it never has to be.
 
@@ -209,7 +209,8 @@ class _Ops:
         return make
 
     def deny(self, outs: Sequence[Any]) -> None:
-        """Make reading ``outs`` (and every view of them) raise."""
+        """Make reading ``outs`` raise (those tensors: views a caller made of
+        them are not reached, as with CUDAGraph Trees)."""
         if self._deny is None:
             return
         for o in outs:
