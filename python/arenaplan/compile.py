@@ -1,0 +1,607 @@
+"""torch.compile on arenaplan's graphs: a dynamo backend.
+
+::
+
+    import arenaplan.torch as ap
+    import arenaplan.compile                      # registers the backend "arenaplan"
+    ap.install()                                  # before anything touches CUDA
+    model = build().cuda().eval()
+    fast = torch.compile(model, backend="arenaplan")
+    with torch.no_grad():
+        out = fast(x)                             # compiles; runs inductor's code
+        out = fast(x)                             # captures once on a planned arena, then replays
+    print(arenaplan.compile.report())             # per compiled graph: arena, lower bound, captures, fallbacks
+
+What ``torch.compile(mode="reduce-overhead")`` (CUDAGraph Trees) does, on
+arenaplan's allocator, where CUDAGraph Trees cannot run (they need the
+caching allocator's private pools and checkpoints, which a plugged allocator
+refuses). The backend compiles with inductor, inductor's own CUDA graphs
+off, and wraps every compiled graph: its first ``warmup`` calls run
+inductor's code as it is (autotuning, lazy workspaces); the next call
+captures it with :func:`arenaplan.torch.graphs`: warm-up runs, one recorded,
+a plan at the lower bound of live bytes, one capture; every later call
+copies the inputs that are not parameters or buffers into placeholders and
+replays. Parameters and buffers (inductor's ``static_input_idxs``) are read
+in place; their addresses are checked on every call, and a call with other
+addresses is captured as another member. Outputs live at fixed addresses in
+the arena: the outputs a call returns are overwritten by the graph's next
+call, and reading those tensors after that raises, as CUDAGraph Trees'
+outputs do (views made of them do not raise: clone what must survive). ``torch.compiler.cudagraph_mark_step_begin()``
+may be called as with CUDAGraph Trees: every call of a captured graph starts
+a new step here, so it never has to be.
+
+Several shapes (a graph compiled with dynamic shapes and called at batch 32,
+8, 1): one member per shape, all members in ONE arena planned jointly (an
+:class:`arenaplan.torch.GraphFamily`), at most ``max_shapes`` of them; a
+shape beyond that runs inductor's code without a graph, with one warning.
+A new shape re-captures the family (every member once more): shapes are
+expected to be few and to come early.
+
+Where a graph cannot be captured (tensors on the CPU, several devices, an
+input other than a parameter or buffer written in place, an operation CUDA
+graphs cannot hold, arenaplan not installed, training graphs), inductor's
+code runs without a graph and ONE warning names the reason.
+
+Options: ``torch.compile(model, backend="arenaplan", mode=..., options={...})``.
+``mode``: inductor's ("default", "max-autotune", "max-autotune-no-cudagraphs";
+"reduce-overhead" means "default", since the graphs are ours). ``options``:
+``warmup`` (plain calls before the capture, default 1), ``capture_warmup``
+(runs inside the capture step, the last one recorded, default 2),
+``max_shapes`` (default 8), ``budget`` (planning seconds, default 1.0),
+``strict`` (an allocation the plan cannot serve raises), ``capture``
+(False: never capture, for comparisons); every other key is an inductor
+config patch (``"max_autotune": True``, ...).
+
+Registered at import with ``torch._dynamo.register_backend``; installed
+packages also reach it through the ``torch_dynamo_backends`` entry point
+``arenaplan = "arenaplan.compile:backend"``.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["backend", "report", "reset", "CompileOptions"]
+
+NAME = "arenaplan"
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_OVERWRITTEN = ("arenaplan.compile: this tensor is an output of a CUDA graph that a later call of the same "
+                "compiled graph has overwritten; clone() outputs that must outlive the next call")
+
+
+class CompileOptions:
+    """The backend's options, validated: a bad value raises ValueError."""
+
+    _KEYS = {"warmup": int, "capture_warmup": int, "max_shapes": int, "budget": float, "strict": bool,
+             "capture": bool}
+
+    def __init__(self, mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None):
+        self.mode = mode or "default"
+        if self.mode not in _MODES:
+            raise ValueError(f"arenaplan: mode={mode!r}: want one of {_MODES}")
+        self.warmup, self.capture_warmup, self.max_shapes = 1, 2, 8
+        self.budget, self.strict, self.capture = 1.0, False, True
+        self.inductor: Dict[str, Any] = {}
+        for k, v in (options or {}).items():
+            want = self._KEYS.get(k)
+            if want is None:
+                self.inductor[k] = v
+                continue
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+                raise ValueError(f"arenaplan: option {k}={v!r}: want {want.__name__}")
+            setattr(self, k, v)
+        if self.warmup < 0:
+            raise ValueError(f"arenaplan: option warmup={self.warmup}: want >= 0")
+        if self.capture_warmup < 1:
+            raise ValueError(f"arenaplan: option capture_warmup={self.capture_warmup}: want >= 1 "
+                             "(the last capture warm-up run is the one recorded)")
+        if self.max_shapes < 1:
+            raise ValueError(f"arenaplan: option max_shapes={self.max_shapes}: want >= 1")
+        if self.budget <= 0:
+            raise ValueError(f"arenaplan: option budget={self.budget}: want > 0")
+        if self.inductor.get("triton.cudagraphs"):
+            raise ValueError("arenaplan: option triton.cudagraphs=True: the backend's graphs replace inductor's; "
+                             "use backend='inductor' for CUDAGraph Trees")
+
+    def inductor_patches(self, mode_options: Callable[[str], Dict[str, Any]]) -> Dict[str, Any]:
+        """Inductor's config patches: the mode's, the caller's, and its own
+        CUDA graphs off."""
+        patches: Dict[str, Any] = {}
+        if self.mode not in ("default", "reduce-overhead"):
+            patches.update(mode_options(self.mode))
+        patches.update(self.inductor)
+        patches["triton.cudagraphs"] = False
+        return patches
+
+
+class _Ops:
+    """What a compiled graph's wrapper asks of torch and arenaplan.torch
+    (tests give it a stand-in)."""
+
+    def __init__(self):
+        self._streams: Dict[int, Any] = {}
+        self._ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+        self._storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+        self._tensor = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+        self._deny = getattr(torch._C, "_set_storage_access_error_msg", None)
+
+    def ap(self):
+        from . import torch as ap  # imported late: it needs torch and loads nothing until install()
+        return ap
+
+    def installed(self) -> bool:
+        return self.ap().installed()
+
+    @staticmethod
+    def is_tensor(x) -> bool:
+        return isinstance(x, torch.Tensor)
+
+    @staticmethod
+    def device(t) -> Tuple[str, Optional[int]]:
+        return (t.device.type, t.device.index)
+
+    @staticmethod
+    def shape_key(t) -> Hashable:
+        return (tuple(t.shape), tuple(t.stride()), t.dtype)
+
+    @staticmethod
+    def data_ptr(t) -> int:
+        return t.data_ptr()
+
+    @staticmethod
+    def nbytes(t) -> int:
+        return t.numel() * t.element_size()
+
+    def ptrs_equal(self, args: list, ptrs: list, idxs: list) -> bool:
+        """Whether args[i] is at ptrs[i] for every i in idxs (one C++ call
+        where torch has it: CUDAGraph Trees' own check)."""
+        if self._ptrs_equal is not None:
+            return self._ptrs_equal(args, ptrs, idxs)
+        return all(args[i].data_ptr() == ptrs[i] for i in idxs)
+
+    @staticmethod
+    def placeholder(t):
+        """A tensor like t (shape, strides, dtype, device) to copy inputs into."""
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+    @staticmethod
+    def copy(dst, src) -> None:
+        dst.copy_(src)
+
+    def stream(self, device: int):
+        """One capture stream per device for every graph the backend captures
+        (a stream used before eager steps keeps replays fast; see
+        arenaplan.torch.graph)."""
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = torch.cuda.Stream(device=device)
+        return s
+
+    def capture(self, fns: Dict[Hashable, Callable[[], Any]], name: str, device: int, opts: CompileOptions):
+        return self.ap().graphs(fns, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                                name=name, device=device, stream=self.stream(device))
+
+    def views(self, outs: Sequence[Any]) -> Optional[Callable[[], List[Any]]]:
+        """A function making, on each call, fresh tensors over the memory of
+        ``outs`` (that own nothing, so that the previous call's can be made to
+        raise on access); None where torch lacks the means."""
+        if self._storage is None or self._tensor is None:
+            return None
+        recipe = []
+        for o in outs:
+            if isinstance(o, torch.Tensor) and o.is_cuda and o.numel() > 0:
+                st = o.untyped_storage()
+                recipe.append((True, st.data_ptr(), st.nbytes(), o.device,
+                               {"dtype": o.dtype, "size": tuple(o.shape), "stride": tuple(o.stride()),
+                                "storage_offset": o.storage_offset()}))
+            else:
+                recipe.append((False, o))
+        mk_storage, mk_tensor = self._storage, self._tensor
+
+        def make() -> List[Any]:
+            return [mk_tensor(r[4], mk_storage(r[1], r[3], r[2])) if r[0] else r[1] for r in recipe]
+        return make
+
+    def deny(self, outs: Sequence[Any]) -> None:
+        """Make reading ``outs`` raise (those tensors: views a caller made of
+        them are not reached, as with CUDAGraph Trees)."""
+        if self._deny is None:
+            return
+        for o in outs:
+            if isinstance(o, torch.Tensor):
+                self._deny(o, _OVERWRITTEN)
+
+
+class _Member:
+    """One shape of a compiled graph: the inputs its capture reads."""
+
+    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls")
+
+    def __init__(self, index: int, args: list, ptrs: list, copy_idxs: list, nbytes: int):
+        self.index = index  # its key in the family (short, for the library)
+        self.args, self.ptrs, self.copy_idxs, self.nbytes = args, ptrs, copy_idxs, nbytes
+        self.calls = 0
+
+
+_runners: "weakref.WeakSet[_Runner]" = weakref.WeakSet()
+_order = [0]
+_lock = threading.Lock()
+
+
+class _Runner:
+    """A compiled graph (inductor's boxed callable) run on arenaplan's graphs.
+
+    Called with a list of inputs, which it empties (AOTAutograd's boxed
+    convention, so that inputs can be freed early).
+    """
+
+    _boxed_call = True
+
+    def __init__(self, inner: Callable[[list], Any], name: str, static_idxs: Sequence[int],
+                 reason: Optional[str], opts: CompileOptions, ops: _Ops, device: Optional[int] = None):
+        self.inner, self.name, self.opts, self.ops = inner, name, opts, ops
+        self.static = sorted(set(static_idxs))
+        self.reason = reason  # why this graph never captures; None while it may
+        self.members: Dict[Hashable, _Member] = {}
+        self.by_shape: Dict[Hashable, Hashable] = {}  # shape key -> the member key used last
+        self.seen: Dict[Hashable, int] = {}  # plain calls made per shape key
+        self.family = None
+        self.device: Optional[int] = device
+        self.dyn: Optional[List[int]] = None  # indices of the inputs that are not parameters or buffers
+        self.next_index = 0
+        self.captures = 0  # members captured, re-captures included
+        self.family_builds = 0
+        self.plain_calls = 0  # calls that ran inductor's code without a graph
+        self.replays = 0
+        self.warned: set = set()
+        self._views: Dict[Hashable, Optional[Callable[[], List[Any]]]] = {}
+        self._last: Optional[List[Any]] = None
+        self.placeholder_bytes = 0
+        with _lock:
+            _order[0] += 1
+            self.order = _order[0]
+        _runners.add(self)
+        if reason is not None:
+            self._warn(reason, reason)
+
+    # The call.
+    def __call__(self, args: list) -> Any:
+        inputs = list(args)
+        args.clear()
+        if self.reason is not None:
+            return self._plain(inputs)
+        shape = self._shape_key(inputs)
+        if shape is None:
+            return self._plain(inputs)
+        key = self.by_shape.get(shape)
+        m = self.members.get(key) if key is not None else None
+        if m is not None and self.static and not self.ops.ptrs_equal(inputs, m.ptrs, self.static):
+            m = None  # parameters or buffers elsewhere: another member
+        if m is None:
+            key = (shape, tuple(self.ops.data_ptr(inputs[i]) for i in self.static))
+            m = self.members.get(key)
+            if m is None:
+                n = self.seen.get(shape, 0)
+                if n < self.opts.warmup:
+                    self.seen[shape] = n + 1
+                    return self._plain(inputs)
+                m = self._add(key, inputs)
+                if m is None:
+                    return self._plain(inputs)
+            self.by_shape[shape] = key
+        return self._replay(m, inputs)
+
+    def _replay(self, m: _Member, inputs: list) -> Any:
+        ops = self.ops
+        for i in m.copy_idxs:
+            dst, src = m.args[i], inputs[i]
+            if ops.data_ptr(dst) != ops.data_ptr(src):
+                ops.copy(dst, src)
+        del inputs
+        if self._last is not None:
+            ops.deny(self._last)
+            self._last = None
+        outs = self.family.replay(m.index)
+        m.calls += 1
+        self.replays += 1
+        make = self._views.get(m.index)
+        if make is None:
+            return list(outs)
+        fresh = make()
+        self._last = fresh
+        return fresh
+
+    def _plain(self, inputs: list) -> Any:
+        self.plain_calls += 1
+        return self.inner(inputs)
+
+    # Shapes and members.
+    def _shape_key(self, inputs: list) -> Optional[Hashable]:
+        """The key of a call's shape: the shape, strides, dtype and offset of
+        every input that is not a parameter or buffer, every other input's
+        value (parameters and buffers are checked by address instead); None
+        (and the graph given up) where the inputs cannot be captured."""
+        dyn = self.dyn
+        ops, key = self.ops, []
+        if dyn is None:
+            static = set(self.static)
+            self.static = [i for i in range(len(inputs)) if i in static and ops.is_tensor(inputs[i])]
+            dyn = self.dyn = [i for i in range(len(inputs)) if i not in self.static]
+        for i in dyn:
+            x = inputs[i]
+            if ops.is_tensor(x):
+                d = ops.device(x)
+                if d[0] != "cuda":
+                    self._give_up(f"an input is on the {d[0]} device")
+                    return None
+                if self.device is None:
+                    self.device = d[1]
+                elif d[1] != self.device:
+                    self._give_up(f"inputs on several devices (cuda:{self.device}, cuda:{d[1]})")
+                    return None
+                key.append(ops.shape_key(x))
+            else:
+                key.append(x if isinstance(x, (int, float, bool, str, type(None))) else repr(x))
+        return tuple(key)
+
+    def _add(self, key: Hashable, inputs: list) -> Optional[_Member]:
+        if len(self.members) >= self.opts.max_shapes:
+            self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes (or parameter addresses); "
+                                "this one and later new ones run without a graph")
+            return None
+        ops, static = self.ops, set(self.static)
+        args, ptrs, copy_idxs, nbytes = [], [None] * len(inputs), [], 0
+        for i, x in enumerate(inputs):
+            if i in static and ops.is_tensor(x):
+                args.append(x)
+                ptrs[i] = ops.data_ptr(x)
+            elif ops.is_tensor(x):
+                p = ops.placeholder(x)
+                ops.copy(p, x)
+                args.append(p)
+                copy_idxs.append(i)
+                nbytes += ops.nbytes(x)
+            else:
+                args.append(x)
+        m = _Member(self.next_index, args, ptrs, copy_idxs, nbytes)
+        self.next_index += 1
+        self.members[key] = m
+        if not self._build():
+            return None
+        self.placeholder_bytes += nbytes
+        return m
+
+    def _build(self) -> bool:
+        """(Re)capture every member into one family arena, the largest
+        (most input bytes) first; on failure give the graph up."""
+        if self.family is not None:
+            self.family.close()
+            self.family = None
+            self._views.clear()
+        if self._last is not None:
+            self.ops.deny(self._last)
+            self._last = None
+        order = sorted(self.members.values(), key=lambda m: -m.nbytes)
+        fns = {m.index: (lambda m=m: self.inner(list(m.args))) for m in order}
+        try:
+            fam = self.ops.capture(fns, f"{self.name}", self.device, self.opts)
+        except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
+            self.members.clear()
+            self._give_up(f"capture failed: {type(e).__name__}: {e}")
+            return False
+        self.family = fam
+        self.family_builds += 1
+        self.captures += len(fns)
+        for m in order:
+            self._views[m.index] = self.ops.views(fam.outputs[m.index])
+        return True
+
+    def _give_up(self, reason: str) -> None:
+        self.reason = reason
+        self._warn(reason, reason)
+
+    def _warn(self, kind: str, reason: str) -> None:
+        if kind in self.warned:
+            return
+        self.warned.add(kind)
+        warnings.warn(f"arenaplan.compile: {self.name}: {reason}: inductor's code runs without a CUDA graph",
+                      RuntimeWarning, stacklevel=3)
+
+    # Reports.
+    def report(self) -> Dict[str, Any]:
+        r: Dict[str, Any] = {"graph": self.name, "captured": self.family is not None, "reason": self.reason,
+                             "members": len(self.members), "captures": self.captures,
+                             "family_builds": self.family_builds, "replays": self.replays,
+                             "plain_calls": self.plain_calls, "placeholder_bytes": self.placeholder_bytes,
+                             "static_inputs": len(self.static), "other_inputs": len(self.dyn or ())}
+        if self.family is not None:
+            f = self.family.report()
+            for k in ("arena", "lower_bound", "ratio", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
+                if k in f:
+                    r[k] = f[k]
+            r["capture_ms"] = sum(f.get("capture_ms", {}).values())
+        return r
+
+    def close(self) -> None:
+        if self._last is not None:
+            self.ops.deny(self._last)
+            self._last = None
+        if self.family is not None:
+            self.family.close()
+            self.family = None
+        self.members.clear()
+        self._views.clear()
+
+
+def report() -> List[Dict[str, Any]]:
+    """Per compiled graph, in compile order: whether it is captured (else the
+    reason), members (shapes), arena and lower bound (bytes, of the
+    family's largest member), graph bytes (arena mapped + spill held),
+    placeholder bytes (the copies of non-static inputs), captures, plain
+    calls (run without a graph) and replays. Costs one library call per
+    captured graph."""
+    return [r.report() for r in sorted(_runners, key=lambda r: r.order)]
+
+
+def reset() -> None:
+    """Destroy every graph the backend captured and give the arenas back
+    (compiled code stays; its next calls capture again). Call outside any
+    capture, with no output of those graphs in use."""
+    for r in list(_runners):
+        r.close()
+        r.seen.clear()
+        r.by_shape.clear()
+        if r.reason is None:
+            r.warned.clear()
+
+
+# Why a graph cannot be captured, read from the FX graph before inductor lowers it.
+def _graph_device(gm) -> Optional[int]:
+    """The CUDA device of the graph's first tensor."""
+    for n in gm.graph.nodes:
+        v = n.meta.get("val", None)
+        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+            return v.device.index if v.device.index is not None else torch.cuda.current_device()
+    return None
+
+
+def _graph_reason(gm, static_idxs: Sequence[int]) -> Optional[str]:
+    devices, placeholders = {}, []
+    for n in gm.graph.nodes:
+        v = n.meta.get("val", None)
+        if isinstance(v, torch.Tensor):
+            d = v.device
+            if d.type != "cuda":
+                return f"tensors on the {d.type} device ({n.name})"
+            devices.setdefault(d.index, n.name)
+        if n.op == "placeholder":
+            placeholders.append(n)
+    if len(devices) > 1:
+        return "tensors on several devices (" + ", ".join(f"cuda:{i}" for i in sorted(devices)) + ")"
+    mutated = _mutated_inputs(gm, placeholders) - set(static_idxs)
+    if mutated:
+        names = ", ".join(placeholders[i].name for i in sorted(mutated) if i < len(placeholders))
+        return f"inputs other than parameters and buffers are written in place ({names})"
+    try:
+        from torch._inductor.utils import get_first_incompatible_cudagraph_node
+        node = get_first_incompatible_cudagraph_node(gm)
+    except Exception:  # noqa: BLE001 - a torch without it: nothing more to check
+        node = None
+    if node is not None:
+        return f"an operation CUDA graphs cannot hold ({node.name}: {node.target})"
+    return None
+
+
+def _mutated_inputs(gm, placeholders) -> set:
+    """Indices of inputs an operation writes in place (schema alias info),
+    through views of them too."""
+    base = {}
+    for i, n in enumerate(placeholders):
+        base[n] = i
+    out = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if schema is None:
+            continue
+        for j, a in enumerate(schema.arguments):
+            arg = n.args[j] if j < len(n.args) else n.kwargs.get(a.name)
+            if arg is None or not hasattr(arg, "op"):
+                continue
+            if a.alias_info is not None and a.alias_info.is_write and arg in base:
+                out.add(base[arg])
+        # A view of an input is that input for what follows.
+        if schema.returns and getattr(schema.returns[0], "alias_info", None) is not None and n.args:
+            src = n.args[0]
+            if hasattr(src, "op") and src in base:
+                base[n] = base[src]
+    return out
+
+
+_ops: Optional[_Ops] = None
+
+
+def _get_ops() -> _Ops:
+    global _ops
+    if _ops is None:
+        _ops = _Ops()
+    return _ops
+
+
+def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None):
+    """The dynamo backend: ``torch.compile(model, backend="arenaplan")``.
+
+    Compiles with inductor (its own CUDA graphs off) and wraps every graph
+    it compiles (see the module's documentation). Costs an inductor
+    compile; the capture comes at a graph's ``warmup + 1``-th call. Call
+    :func:`arenaplan.torch.install` before CUDA starts, or every graph runs
+    without a CUDA graph (one warning says so).
+    """
+    opts = CompileOptions(mode, options)
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    ops = _get_ops()
+    counter = [0]
+
+    def inner_compile(gm_, example_inputs_, **kw):
+        static = list(kw.get("static_input_idxs") or ())
+        training = bool(kw.get("is_backward")) or not kw.get("is_inference", False)
+        calls = sum(1 for n in gm_.graph.nodes if n.op == "call_function")
+        reason = None
+        if not opts.capture:
+            reason = "capture=False"
+        elif not ops.installed():
+            reason = "arenaplan is not PyTorch's allocator (call arenaplan.torch.install() before CUDA starts)"
+        elif training:
+            reason = "training graphs (forward and backward) are not captured yet: run under torch.no_grad()"
+        else:
+            reason = _graph_reason(gm_, static)
+        device = _graph_device(gm_)
+        compiled = compile_fx_inner(gm_, example_inputs_, **kw)
+        if calls == 0:
+            return compiled
+        gid = kw.get("graph_id")
+        if gid is None:
+            counter[0] += 1
+            gid = f"_{counter[0]}"
+        name = f"graph{gid}{'-bw' if kw.get('is_backward') else ''}"
+        r = _Runner(compiled, name, static, None if reason == "capture=False" else reason, opts, ops, device)
+        if reason == "capture=False":
+            r.reason = reason  # asked for: no warning
+        return r
+
+    patches = opts.inductor_patches(list_mode_options)
+    # AOTAutograd's cache would hand back inductor's code without the
+    # wrapper on a hit (its key does not see inner_compile): off here.
+    import torch._functorch.config as fconfig
+    ctx = fconfig.patch(enable_autograd_cache=False) if hasattr(fconfig, "enable_autograd_cache") else _null()
+    with ctx:
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _register() -> None:
+    try:
+        from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    except ImportError:  # a torch without dynamo: nothing to register with
+        return
+    if NAME not in _BACKENDS:
+        register_backend(compiler_fn=backend, name=NAME)
+
+
+_register()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# torch.compile(backend="arenaplan") against torch.compile(mode="reduce-overhead")
+# on a GPU: every model of bench/torch_compile.py in both modes, one process
+# each (the allocator is process-wide), reduce-overhead first. Builds no Go:
+# first, on a machine with Go and gcc,
+#
+#   scripts/build-torch-bridge.sh          # writes .dev/torch/libarenaplan.so
+#
+# carry .dev/torch to the GPU machine and run scripts/gpu-compile.sh.
+# MODELS= (default: tiny tiny-dyn vit bert), MODES= (reduce-overhead ours),
+# TIMEOUT= seconds a process (default 240), DEADLINE= seconds after which no
+# process starts and none runs on (default 480), so that the table comes. Logs and JSON go to $OUT
+# (default /tmp/gpu-compile); the table last.
+set -u
+OUT=${OUT:-/tmp/gpu-compile}
+mkdir -p "$OUT"
+export ARENAPLAN_LIB=${ARENAPLAN_LIB:-$PWD/.dev/torch/libarenaplan.so}
+export PYTHONUNBUFFERED=1
+# One inductor cache for both modes: the second compiles the same kernels.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inductor-cache}
+SAVE=/tmp/arenaplan-compile-outputs
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/gpu.txt"
+for m in ${MODELS:-tiny tiny-dyn vit bert}; do
+	for mode in ${MODES:-reduce-overhead ours}; do
+		left=$((${DEADLINE:-480} - SECONDS))
+		if [ $left -lt 20 ]; then echo "SKIPPED $mode $m (deadline)" | tee -a "$OUT/log.txt"; continue; fi
+		t=${TIMEOUT:-240}; [ $t -gt $left ] && t=$left
+		echo "== $mode $m $(date +%T) (timeout $t s)" | tee -a "$OUT/log.txt"
+		timeout $t python3 bench/torch_compile.py --mode $mode --model $m --save $SAVE \
+			>>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $m ($?)" | tee -a "$OUT/log.txt"
+		tail -c 600 "$OUT/results.jsonl" | tail -1 | cut -c1-400
+	done
+done
+python3 bench/torch_compile.py --summary "$OUT/results.jsonl" --save $SAVE | tee "$OUT/summary.txt"
+exit 0
