@@ -112,6 +112,7 @@ type Bridge struct {
 	captures int // CapturesUnderway's count; -1 until it is called
 
 	regionsOpen atomic.Int32 // threads inside a region, on any device
+	onPause     func()       // OnPauseChange's hook
 
 	// opened holds the devices of ordinals below len(open), read
 	// without b.mu: every allocation looks its device up.

@@ -708,6 +708,11 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 		s.run.alloc(p, size)
 		return p, nil
 	}
+	if d.graphs != nil {
+		// Serve and Pause refuse each other; this keeps an unmapped
+		// address from ever being handed out should that change.
+		return 0, s.errorf("allocating %d bytes: the graphs' memory is paused: Resume it first", size)
+	}
 	n := len(s.run.sizes)
 	if k, ok := s.match(size); ok {
 		p := s.addrs[k]
