@@ -3,10 +3,12 @@ package bridge
 import (
 	"bytes"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/arenaplan/arenaplan/cuda"
 )
@@ -232,5 +234,45 @@ func TestPausedArenaServesNothing(t *testing.T) {
 	d.mu.Unlock()
 	if err == nil || !strings.Contains(err.Error(), "paused") {
 		t.Fatalf("a planned allocation from a paused arena: %v", err)
+	}
+}
+
+// TestBudgetSeconds: budgets the C ABI and Python pass in seconds.
+func TestBudgetSeconds(t *testing.T) {
+	for _, c := range []struct {
+		s    float64
+		want time.Duration
+		err  string
+	}{
+		{0, 0, ""},
+		{1.5, 1500 * time.Millisecond, ""},
+		{math.NaN(), 0, "finite"},
+		{math.Inf(1), 0, "finite"},
+		{math.Inf(-1), 0, "finite"},
+		{-1, 0, "negative"},
+		{1e12, 0, "more than"},
+	} {
+		got, err := BudgetSeconds(c.s)
+		switch {
+		case c.err == "" && (err != nil || got != c.want):
+			t.Errorf("BudgetSeconds(%v) = %v, %v; want %v", c.s, got, err, c.want)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("BudgetSeconds(%v) = %v, %v; want an error saying %q", c.s, got, err, c.err)
+		}
+	}
+	b := newTestBridge(t)
+	p := &program{t: t, b: b, stream: 0x77, layers: 4}
+	s, err := b.NewStep(0, "budget")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordRun(t, s, p)
+	for _, d := range []time.Duration{-time.Second, MaxBudget + 1} {
+		if err := s.Plan(d); err == nil || !strings.Contains(err.Error(), "planning budget") {
+			t.Errorf("Plan(%v): %v", d, err)
+		}
+	}
+	if err := s.Plan(0); err != nil {
+		t.Fatalf("Plan(0) after refused budgets: %v", err)
 	}
 }

@@ -40,7 +40,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/arenaplan/arenaplan/bridge"
@@ -254,7 +253,11 @@ func arenaplan_step_end(id C.int, failed C.int) *C.char {
 //export arenaplan_step_plan
 func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
 	return step(id, func(s *bridge.Step) error {
-		return s.Plan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
+		if err != nil {
+			return err
+		}
+		return s.Plan(budget)
 	})
 }
 
@@ -265,7 +268,11 @@ func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
 //export arenaplan_step_replan
 func arenaplan_step_replan(id C.int, budgetSeconds C.double) *C.char {
 	return step(id, func(s *bridge.Step) error {
-		return s.Replan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
+		if err != nil {
+			return err
+		}
+		return s.Replan(budget)
 	})
 }
 
@@ -406,7 +413,11 @@ func arenaplan_family_member(id C.int, name *C.char, sid *C.int) *C.char {
 //export arenaplan_family_plan
 func arenaplan_family_plan(id C.int, budgetSeconds C.double) *C.char {
 	return family(id, func(f *bridge.Family) error {
-		return f.Plan(time.Duration(float64(budgetSeconds) * float64(time.Second)))
+		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
+		if err != nil {
+			return err
+		}
+		return f.Plan(budget)
 	})
 }
 
