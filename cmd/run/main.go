@@ -307,7 +307,7 @@ func workloadFor(c *config, f *plans.File) (*graph.Graph, *plans.File, error) {
 			return nil, nil, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
 		}
 		name = f.Workload.Name
-		ps, err := workloads.ShapeOf(f.Workload.Shape)
+		ps, err := workloads.PlanShape(f.Workload.Name, f.Workload.Shape)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", c.planPath, err)
 		}
