@@ -115,6 +115,9 @@ type SpillStats struct {
 	// released (not in Mapped); Backup the host bytes kept for them.
 	Paused uint64
 	Backup uint64
+	// FreeLists counts the per-pool, per-stream lists of free blocks: at
+	// most one per segment, whatever the number of streams seen.
+	FreeLists int
 }
 
 type spillConfig struct {
@@ -243,6 +246,7 @@ type segment struct {
 	pinned bool // host is page-locked (kept from one pause to the next)
 	pool   *Pool
 	stream cuda.Stream
+	handle uintptr // stream.Handle(): what the pool's free lists are keyed by
 	first  *block
 }
 
@@ -258,14 +262,19 @@ type Pool struct {
 	private   bool
 	refs      int      // the owner's reference plus one per graph
 	capturing *Capture // the capture routing to it now, if any
-	free      map[cuda.Stream]*btree.BTreeG[*block]
-	region    string // a region pool's name (NewRegionPool)
-	backup    bool   // a region pool's contents survive PausePools
-	paused    bool
-	// lastSt and lastT cache the latest lookup in free (trees are never
-	// removed): a map keyed by an interface costs more than the best fit.
-	lastSt cuda.Stream
-	lastT  *btree.BTreeG[*block]
+	// free holds the free blocks by the handle of their segment's stream
+	// (a Stream the host hands in again for one handle may be a new
+	// value). A list exists only while it holds a block or a segment of
+	// its stream is mapped: per-stream state is bounded by the segments,
+	// whatever the number of streams seen.
+	free   map[uintptr]*btree.BTreeG[*block]
+	region string // a region pool's name (NewRegionPool)
+	backup bool   // a region pool's contents survive PausePools
+	paused bool
+	// lastH and lastT cache the latest lookup in free (lastT nil: none);
+	// dropTree clears them.
+	lastH uintptr
+	lastT *btree.BTreeG[*block]
 }
 
 func lessBlock(a, b *block) bool {
@@ -326,22 +335,49 @@ func roundUp(n, a uint64) uint64 { return (n + a - 1) / a * a }
 
 func (s *Spill) newPool(private bool) *Pool {
 	s.nextPool++
-	p := &Pool{s: s, id: s.nextPool, private: private, free: map[cuda.Stream]*btree.BTreeG[*block]{}}
+	p := &Pool{s: s, id: s.nextPool, private: private, free: map[uintptr]*btree.BTreeG[*block]{}}
 	s.pools[p] = true
 	return p
 }
 
-func (p *Pool) tree(st cuda.Stream) *btree.BTreeG[*block] {
-	if p.lastT != nil && p.lastSt == st {
+// tree returns the free list of stream handle h, made if need be (to
+// insert a block).
+func (p *Pool) tree(h uintptr) *btree.BTreeG[*block] {
+	if p.lastT != nil && p.lastH == h {
 		return p.lastT
 	}
-	t := p.free[st]
+	t := p.free[h]
 	if t == nil {
 		t = btree.NewG[*block](16, lessBlock)
-		p.free[st] = t
+		p.free[h] = t
 	}
-	p.lastSt, p.lastT = st, t
+	p.lastH, p.lastT = h, t
 	return t
+}
+
+// lookTree returns the free list of h, or nil: a lookup makes none, so
+// that a stream that never gets a segment leaves nothing behind.
+func (p *Pool) lookTree(h uintptr) *btree.BTreeG[*block] {
+	if p.lastT != nil && p.lastH == h {
+		return p.lastT
+	}
+	t := p.free[h]
+	if t != nil {
+		p.lastH, p.lastT = h, t
+	}
+	return t
+}
+
+// dropTree forgets h's free list once it is empty.
+func (p *Pool) dropTree(h uintptr) {
+	t := p.free[h]
+	if t == nil || t.Len() > 0 {
+		return
+	}
+	delete(p.free, h)
+	if p.lastT == t {
+		p.lastT = nil
+	}
 }
 
 // maxSpare bounds the recycled block structs a Spill keeps.
@@ -503,7 +539,10 @@ func (p *Pool) String() string {
 // bestFit removes and returns the smallest free block of (pool, st) that
 // holds rsize bytes.
 func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64) *block {
-	t := pool.tree(st)
+	t := pool.lookTree(st.Handle())
+	if t == nil {
+		return nil
+	}
 	var found *block
 	s.key = block{size: rsize}
 	t.AscendGreaterOrEqual(&s.key, func(b *block) bool {
@@ -528,12 +567,12 @@ func (s *Spill) split(b *block, rsize uint64) {
 	}
 	b.next = rest
 	b.size = rsize
-	b.seg.pool.tree(b.seg.stream).ReplaceOrInsert(rest)
+	b.seg.pool.tree(b.seg.handle).ReplaceOrInsert(rest)
 }
 
 // release makes b free: coalesce with free neighbours, put in its tree.
 func (s *Spill) release(b *block) {
-	t := b.seg.pool.tree(b.seg.stream)
+	t := b.seg.pool.tree(b.seg.handle)
 	b.state, b.req, b.uses, b.markers, b.events = stFree, 0, nil, nil, nil
 	if p := b.prev; p != nil && p.state == stFree {
 		t.Delete(p)
@@ -585,7 +624,7 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, err
 			}
 			return nil, fmt.Errorf("allocating a %s segment: %w", fmtBytes(size), err)
 		}
-		return s.addSegment(&segment{addr: addr, size: size, plain: true, pool: pool, stream: st}), nil
+		return s.addSegment(&segment{addr: addr, size: size, plain: true, pool: pool, stream: st, handle: st.Handle()}), nil
 	}
 	off, ok := s.takeVA(size)
 	if !ok {
@@ -612,7 +651,7 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, err
 		s.dev.MemRelease(h)
 		return fail(err)
 	}
-	return s.addSegment(&segment{addr: addr, size: size, h: h, pool: pool, stream: st}), nil
+	return s.addSegment(&segment{addr: addr, size: size, h: h, pool: pool, stream: st, handle: st.Handle()}), nil
 }
 
 // plainNow says whether a new segment may come from cuMemAlloc: plain
@@ -709,11 +748,11 @@ func (s *Spill) RecordStream(p cuda.DevicePtr, st cuda.Stream) error {
 	if b == nil {
 		return fmt.Errorf("arena: Spill.RecordStream(%#x): %w allocation", p, ErrUnknown)
 	}
-	if st == nil || st == b.seg.stream {
+	if st == nil || st.Handle() == b.seg.handle {
 		return nil
 	}
 	for _, u := range b.uses {
-		if u == st {
+		if u.Handle() == st.Handle() {
 			return nil
 		}
 	}
@@ -825,7 +864,8 @@ func (s *Spill) trim(all bool) uint64 {
 			continue
 		}
 		if whole {
-			seg.pool.tree(seg.stream).Delete(b)
+			seg.pool.tree(seg.handle).Delete(b)
+			seg.pool.dropTree(seg.handle)
 		}
 		if seg.host != nil {
 			s.dropHost(seg)
@@ -875,6 +915,9 @@ func (s *Spill) Stats() SpillStats {
 	defer s.mu.Unlock()
 	st := s.st
 	st.Cached = st.Mapped - st.InUse
+	for p := range s.pools {
+		st.FreeLists += len(p.free)
+	}
 	return st
 }
 

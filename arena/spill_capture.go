@@ -40,8 +40,10 @@ type Capture struct {
 	released bool
 	joined   bool // begun by its owner (JoinCapture): ended by Ended
 	auto     bool // joined by the allocator itself (WithForeignCaptures)
-	visited  map[cuda.Stream]map[cuda.GraphNode]struct{}
-	deferred map[cuda.Stream][]*block
+	// By stream handle: the host may hand the allocator a new Stream
+	// for the same handle (cuda.Device.Foreign's answers are not kept).
+	visited  map[uintptr]map[cuda.GraphNode]struct{}
+	deferred map[uintptr][]*block
 	stack    []cuda.GraphNode
 }
 
@@ -130,8 +132,8 @@ func (s *Spill) register(st cuda.Stream, id uint64, pool *Pool) *Capture {
 	}
 	pool.refs++
 	c := &Capture{s: s, id: id, origin: st, pool: pool,
-		visited:  map[cuda.Stream]map[cuda.GraphNode]struct{}{},
-		deferred: map[cuda.Stream][]*block{}}
+		visited:  map[uintptr]map[cuda.GraphNode]struct{}{},
+		deferred: map[uintptr][]*block{}}
 	pool.capturing = c
 	s.captures[c.id] = c
 	return c
@@ -324,7 +326,7 @@ func (s *Spill) deferFree(b *block) error {
 			if !s.cfg.noReuse {
 				b.markers = dedupNodes(markers)
 			}
-			c.deferred[b.seg.stream] = append(c.deferred[b.seg.stream], b)
+			c.deferred[b.seg.handle] = append(c.deferred[b.seg.handle], b)
 			return nil
 		}
 	}
@@ -350,14 +352,15 @@ func dedupNodes(ns []cuda.GraphNode) []cuda.GraphNode {
 // reclaim extends the visited set of (c, st) backwards from st's current
 // terminals and frees the deferred blocks of st whose markers it holds.
 func (s *Spill) reclaim(c *Capture, st cuda.Stream, info cuda.CaptureInfo) error {
-	list := c.deferred[st]
+	h := st.Handle()
+	list := c.deferred[h]
 	if len(list) == 0 {
 		return nil // nothing to prove; the walk can wait
 	}
-	vis := c.visited[st]
+	vis := c.visited[h]
 	if vis == nil || s.cfg.freshWalk {
 		vis = map[cuda.GraphNode]struct{}{}
-		c.visited[st] = vis
+		c.visited[h] = vis
 	}
 	stack := c.stack[:0]
 	for _, n := range info.Terminals {
@@ -394,7 +397,7 @@ func (s *Spill) reclaim(c *Capture, st cuda.Stream, info cuda.CaptureInfo) error
 		s.release(b)
 	}
 	clear(list[len(keep):])
-	c.deferred[st] = keep
+	c.deferred[h] = keep
 	return nil
 }
 

@@ -45,7 +45,7 @@ func (s *Spill) validate() error {
 				if prev != nil && prev.state == stFree {
 					return fmt.Errorf("blocks %#x and %#x are free neighbours, not coalesced", prev.addr, b.addr)
 				}
-				if !seg.pool.tree(seg.stream).Has(b) {
+				if t := seg.pool.free[seg.handle]; t == nil || !t.Has(b) {
 					return fmt.Errorf("free block %#x is not in its tree", b.addr)
 				}
 			case stAllocated:
@@ -66,11 +66,14 @@ func (s *Spill) validate() error {
 	}
 	inTrees := 0
 	for p := range s.pools {
-		for st, t := range p.free {
+		for h, t := range p.free {
+			if t.Len() == 0 && !hasSegment(s, p, h) {
+				return fmt.Errorf("%s keeps an empty free list for stream %#x, which has no segment", p, h)
+			}
 			var err error
 			t.Ascend(func(b *block) bool {
 				inTrees++
-				if b.state != stFree || b.seg.pool != p || b.seg.stream != st || !s.segments[b.seg] {
+				if b.state != stFree || b.seg.pool != p || b.seg.handle != h || !s.segments[b.seg] {
 					err = fmt.Errorf("tree of %s holds block %#x (state %d) of another pool, stream or a dead segment", p, b.addr, b.state)
 				}
 				return err == nil
@@ -490,4 +493,13 @@ func TestSpillLargerThanAddressSpace(t *testing.T) {
 	}
 	mustAlloc(t, s, 8*MiB, st)
 	mustValid(t, s)
+}
+
+func hasSegment(s *Spill, p *Pool, h uintptr) bool {
+	for seg := range s.segments {
+		if seg.pool == p && seg.handle == h {
+			return true
+		}
+	}
+	return false
 }

@@ -114,6 +114,7 @@ type Bridge struct {
 	captures int // CapturesUnderway's count; -1 until it is called
 
 	regionsOpen atomic.Int32 // threads inside a region, on any device
+	onPause     func()       // OnPauseChange's hook
 
 	hist history // allocation history for snapshots (snapshot.go)
 
@@ -671,6 +672,11 @@ func (d *Device) recordStream(p cuda.DevicePtr, stream uintptr) error {
 	return d.spill.RecordStream(p, st)
 }
 
+// maxStreams bounds the device's cache of Streams: a program may use a
+// stream per request, and the spill allocator keys its state by handle,
+// so a Stream made again for a handle is as good as the one forgotten.
+const maxStreams = 1024
+
 // stream returns the Stream for a handle; d.mu is held.
 func (d *Device) stream(h uintptr) (cuda.Stream, error) {
 	if st, ok := d.streams[h]; ok {
@@ -679,6 +685,9 @@ func (d *Device) stream(h uintptr) (cuda.Stream, error) {
 	st, err := d.dev.Foreign(h)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: device %d: stream %#x: %w", d.ordinal, h, err)
+	}
+	if len(d.streams) >= maxStreams {
+		clear(d.streams)
 	}
 	d.streams[h] = st
 	return st, nil

@@ -104,6 +104,9 @@ func (f *Family) Members() []*Step {
 // budget for each member; 0 means planner.DefaultBudget), checks the
 // family plan (planner.CheckFamily) and maps the arena.
 func (f *Family) Plan(budget time.Duration) error {
+	if err := checkBudget(fmt.Sprintf("family %d (%s): Plan", f.id, f.name), budget); err != nil {
+		return err
+	}
 	members, err := f.recorded()
 	if err != nil {
 		return err

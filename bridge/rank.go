@@ -8,7 +8,7 @@ import (
 )
 
 // workloadName names a PyTorch step in plan files.
-const workloadName = "torch-step"
+const workloadName = plans.TorchStep
 
 // rank returns the process's rank and world size (Config.Rank and
 // WorldSize; a single process is rank 0 of 1).

@@ -160,13 +160,16 @@ func (d *Device) stateError(op, tag string, pausing bool) error {
 // valid and are usable again after Resume. It waits for the device, backs
 // up the regions made with backup, and also gives back the spill
 // allocator's cached free memory. Nothing may run on the memory while it
-// is paused: replaying a paused graph is the caller's error (the Python
-// package refuses it).
+// is paused: a step refuses to serve, and replaying a paused graph is the
+// caller's error (the Python package asks Paused and refuses it).
 //
 // Errors, with nothing changed: an unknown tag, a tag paused already, a
-// step recording or serving. Freeing a paused tensor is allowed
-// (bookkeeping; nothing is released twice); allocating in a paused region
-// fails.
+// step recording or serving. A device failure half way is undone: what
+// this call paused is resumed, and the error says that nothing is paused;
+// where undoing fails too, the error names exactly what stays paused (as
+// Paused reports it; Resume takes it back). Freeing a paused tensor is
+// allowed (bookkeeping; nothing is released twice); allocating in a
+// paused region fails.
 func (b *Bridge) Pause(ordinal int, tags ...string) error {
 	d, err := b.device(ordinal)
 	if err != nil {
@@ -187,6 +190,7 @@ func (b *Bridge) Pause(ordinal int, tags ...string) error {
 		return err
 	}
 	defer restore()
+	defer b.pauseChanged()
 	var pools []*arena.Pool
 	for _, r := range regs {
 		pools = append(pools, r.pool)
@@ -196,27 +200,126 @@ func (b *Bridge) Pause(ordinal int, tags ...string) error {
 		gp.pools = d.spill.GraphPools()
 		pools = append(pools, gp.pools...)
 	}
+	var failed error
 	if err := d.spill.PausePools(pools...); err != nil {
-		return fmt.Errorf("bridge: %s: %w", op, err)
+		failed = fmt.Errorf("bridge: %s: %w", op, err)
+	}
+	if failed == nil && graphs {
+		for _, a := range d.arenasLocked() {
+			if err := a.Pause(); err != nil {
+				failed = fmt.Errorf("bridge: %s: graph arena: %w", op, err)
+				if arenaPaused(a) {
+					gp.arenas = append(gp.arenas, a) // unmapped in part
+				}
+				break
+			}
+			gp.arenas = append(gp.arenas, a)
+		}
+	}
+	if failed != nil {
+		return d.undoPause(failed, regs, graphs, &gp)
 	}
 	for _, r := range regs {
 		r.paused = true
 	}
-	var errs []error
 	if graphs {
-		for _, a := range d.arenasLocked() {
-			if err := a.Pause(); err != nil {
-				errs = append(errs, fmt.Errorf("bridge: %s: graph arena: %w", op, err))
-				continue
-			}
-			gp.arenas = append(gp.arenas, a)
-		}
 		d.graphs = &gp
 	}
 	if err := d.spill.EmptyCache(); err != nil {
-		errs = append(errs, fmt.Errorf("bridge: %s: giving back cached memory: %w", op, err))
+		return fmt.Errorf("bridge: %s: paused, but giving back cached memory failed: %w", op, err)
 	}
-	return errors.Join(errs...)
+	return nil
+}
+
+// undoPause resumes what a Pause that failed with cause had paused
+// (regs' pools, and gp's arenas and pools when graphs), and records what
+// stays paused where that fails too, so that Paused tells the truth; d.mu
+// is held.
+func (d *Device) undoPause(cause error, regs []*region, graphs bool, gp *graphsPause) error {
+	var errs []error
+	for _, a := range gp.arenas {
+		if err := a.Resume(); err != nil && !errors.Is(err, arena.ErrNotPaused) {
+			errs = append(errs, fmt.Errorf("graph arena: %w", err))
+		}
+	}
+	var pools []*arena.Pool
+	for _, r := range regs {
+		pools = append(pools, r.pool)
+	}
+	pools = append(pools, gp.pools...)
+	for _, p := range pools {
+		if !p.Paused() {
+			continue
+		}
+		if err := d.spill.ResumePools(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// What stays paused, asked of the memory itself.
+	var still []string
+	for _, r := range regs {
+		r.paused = r.pool.Paused()
+		if r.paused {
+			still = append(still, r.tag)
+		}
+	}
+	if graphs {
+		var left graphsPause
+		for _, a := range gp.arenas {
+			if arenaPaused(a) {
+				left.arenas = append(left.arenas, a)
+			}
+		}
+		for _, p := range gp.pools {
+			if p.Paused() {
+				left.pools = append(left.pools, p)
+			}
+		}
+		if len(left.arenas) > 0 || len(left.pools) > 0 {
+			d.graphs = &left
+			still = append(still, GraphsTag)
+		}
+	}
+	if len(still) == 0 {
+		if len(errs) > 0 {
+			return fmt.Errorf("%w (undone: nothing is paused, though undoing reported: %w)", cause, errors.Join(errs...))
+		}
+		return fmt.Errorf("%w (undone: nothing is paused)", cause)
+	}
+	sort.Strings(still)
+	if len(errs) == 0 {
+		return fmt.Errorf("%w; paused now: %s (Resume them)", cause, strings.Join(still, ", "))
+	}
+	return fmt.Errorf("%w; undoing it failed (%w): paused now: %s (Resume them)", cause, errors.Join(errs...), strings.Join(still, ", "))
+}
+
+// arenaPaused says whether any region of a is paused.
+func arenaPaused(a *arena.Arena) bool {
+	for _, r := range a.Regions() {
+		if r.Paused {
+			return true
+		}
+	}
+	return false
+}
+
+// OnPauseChange installs f, which every Pause and Resume call that may
+// have changed what is paused calls before it returns (with a device's
+// lock held: f must not call the Bridge). A caller that keeps what Paused
+// answered can drop it then. nil removes it.
+func (b *Bridge) OnPauseChange(f func()) {
+	b.mu.Lock()
+	b.onPause = f
+	b.mu.Unlock()
+}
+
+func (b *Bridge) pauseChanged() {
+	b.mu.Lock()
+	f := b.onPause
+	b.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // Resume maps memory back, at the same addresses, for the regions named
@@ -241,6 +344,7 @@ func (b *Bridge) Resume(ordinal int, tags ...string) error {
 		return err
 	}
 	defer restore()
+	defer b.pauseChanged()
 	for _, r := range regs {
 		if err := d.spill.ResumePools(r.pool); err != nil {
 			return fmt.Errorf("bridge: %s: region %q: %w", op, r.tag, err)

@@ -406,6 +406,9 @@ func sameSteps(plan, run *lifetime.Trace) error {
 // Plan plans the recorded run at the lower bound ("auto" within budget;
 // 0 means planner.DefaultBudget), checks the plan and maps its arena.
 func (s *Step) Plan(budget time.Duration) error {
+	if err := checkBudget(fmt.Sprintf("step %d (%s): Plan", s.id, s.name), budget); err != nil {
+		return err
+	}
 	s.d.mu.Lock()
 	t := s.trace
 	ok := s.state == stepIdle && s.plan == nil && !s.closing
@@ -436,6 +439,9 @@ func (s *Step) Plan(budget time.Duration) error {
 // not fit, Replan fails and the step keeps its plan. Not for steps whose
 // plan came from a file (their plan is what the file says).
 func (s *Step) Replan(budget time.Duration) error {
+	if err := checkBudget(fmt.Sprintf("step %d (%s): Replan", s.id, s.name), budget); err != nil {
+		return err
+	}
 	d := s.d
 	d.mu.Lock()
 	t, err := s.replanReady()
@@ -707,6 +713,11 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 		}
 		s.run.alloc(p, size)
 		return p, nil
+	}
+	if d.graphs != nil {
+		// Serve and Pause refuse each other; this keeps an unmapped
+		// address from ever being handed out should that change.
+		return 0, s.errorf("allocating %d bytes: the graphs' memory is paused: Resume it first", size)
 	}
 	n := len(s.run.sizes)
 	if k, ok := s.match(size); ok {

@@ -8,8 +8,10 @@ import "fmt"
 
 // Foreign returns the Stream for handle h, a CUstream that another part of
 // the process made (cudaStream_t and CUstream are the same handle). The
-// same h always gives the same Stream, so it can key maps. The Stream is
-// not owned: Close on it fails with ErrorNotPermitted.
+// Streams it returns for one h are interchangeable but not always the same
+// value (it keeps at most maxForeign of them, whatever the number of
+// handles a program uses): key maps by Handle. The Stream is not owned:
+// Close on it fails with ErrorNotPermitted.
 //
 // Handle 0 is the legacy default stream. It is never captured, and
 // CaptureInfo answers CaptureNone for it without asking the driver:
@@ -24,7 +26,8 @@ func (d *Driver) Foreign(h uintptr) (Stream, error) {
 	if s, ok := d.foreign[h]; ok {
 		return s, nil
 	}
-	if d.foreign == nil {
+	if d.foreign == nil || len(d.foreign) >= maxForeign {
+		// A driverStream is its handle: forgetting them loses nothing.
 		d.foreign = map[uintptr]*driverStream{}
 	}
 	s := &driverStream{d: d, h: h, foreign: true}
@@ -82,7 +85,9 @@ func (d *Driver) MakeCurrent() (restore func(), err error) {
 // made with that Handle, the legacy default stream for 0 (never captured;
 // work on it runs at once), or else a new stream registered under h, as
 // if another part of the process had made it. Close on it fails with
-// ErrorNotPermitted.
+// ErrorNotPermitted. As the driver's, it keeps a bounded number of them:
+// past maxForeign, those not capturing are forgotten (a later call makes
+// a new one; the old value keeps working).
 func (s *Sim) Foreign(h uintptr) (Stream, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -96,12 +101,39 @@ func (s *Sim) Foreign(h uintptr) (Stream, error) {
 	if s.byHandle == nil {
 		s.byHandle = map[uintptr]*simStream{}
 	}
+	if len(s.byHandle) >= max(maxForeign, s.foreignSweep) {
+		for k, o := range s.byHandle {
+			if o.foreign && o.capture == nil {
+				delete(s.byHandle, k)
+			}
+		}
+		// Streams that stay (owned, or capturing) do not make every
+		// later call sweep.
+		s.foreignSweep = 2 * len(s.byHandle)
+	}
 	s.byHandle[h] = st
 	return st, nil
 }
+
+// maxForeign bounds the foreign streams a device keeps.
+const maxForeign = 4096
 
 // Handle returns the stream's simulated CUstream value (0 for the legacy
 // default stream).
 func (st *simStream) Handle() uintptr { return st.handle }
 
 func (st *simStream) String() string { return fmt.Sprintf("sim stream %#x", st.handle) }
+
+// ForeignStreams counts the foreign streams the simulation keeps now
+// (Foreign keeps a bounded number).
+func (s *Sim) ForeignStreams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, st := range s.byHandle {
+		if st.foreign {
+			n++
+		}
+	}
+	return n
+}

@@ -84,8 +84,11 @@ type Sim struct {
 	host        uint64           // host bytes held (HostBytes)
 	pinnedBytes uint64           // PinnedAlloc bytes not yet freed
 
-	byHandle   map[uintptr]*simStream // streams by Handle
-	nextStream uintptr
+	byHandle map[uintptr]*simStream // streams by Handle
+	// foreignSweep is the size of byHandle at which Foreign next
+	// forgets idle foreign streams.
+	foreignSweep int
+	nextStream   uintptr
 
 	captures  map[*simCapture]bool // underway
 	nextCapID uint64

@@ -75,8 +75,25 @@ func ReadJSON(r io.Reader, name string) (*Trace, error) {
 	return t, nil
 }
 
+// checkJSONHead refuses an input whose first bytes, past white space (and
+// a UTF-8 byte order mark), do not open a JSON object.
+func checkJSONHead(head []byte) error {
+	rest := bytes.TrimLeft(bytes.TrimPrefix(head, []byte("\xef\xbb\xbf")), " \t\r\n")
+	switch {
+	case len(head) == 0:
+		return errors.New("empty input: want a JSON object")
+	case len(rest) == 0 && len(head) >= headBytes:
+		return fmt.Errorf("no JSON object in the first %d bytes (only white space)", headBytes)
+	case len(rest) == 0:
+		return errors.New("no JSON object (only white space)")
+	case rest[0] != '{':
+		return fmt.Errorf("not a JSON trace: it starts with %q where a JSON object starts with '{'", rest[:min(len(rest), 8)])
+	}
+	return nil
+}
+
 func readJSON(r io.Reader, name string) (*Trace, error) {
-	data, err := readAllLimited(r, MaxFileSize)
+	data, err := readAllChecked(r, MaxFileSize, checkJSONHead)
 	if err != nil {
 		return nil, err
 	}

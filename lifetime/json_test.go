@@ -70,8 +70,11 @@ func TestReadJSONErrors(t *testing.T) {
 	for _, c := range []struct {
 		name, in, want string
 	}{
-		{"empty", ``, "json: unexpected end of JSON input"},
-		{"not json", `id,lower`, "json: invalid character"},
+		{"empty", ``, "json: empty input"},
+		{"white space", "  \n\t", "json: no JSON object (only white space)"},
+		{"array", ` [1]`, "json: not a JSON trace: it starts with \"[1]\""},
+		{"not json", `id,lower`, "json: not a JSON trace"},
+		{"bad json after the brace", `{id,lower`, "json: invalid character"},
 		{"no format", `{"version":1,"buffers":[]}`, `json: format is "", want "arenaplan-trace"`},
 		{"other format", `{"format":"x","version":1,"buffers":[]}`, `json: format is "x"`},
 		{"version 2", `{"format":"arenaplan-trace","version":2,"buffers":[],"new":1}`, "json: unsupported version 2 (this reader knows version 1)"},

@@ -102,8 +102,8 @@ func TestLoad(t *testing.T) {
 		{dirPath, "csv", "lifetime: " + dirPath + ": not a regular file: is a directory"},
 		{big, "", "lifetime: " + big + ": file too large: 1073741825 bytes exceeds the limit of 1073741824"},
 		{"/dev/zero", "csv", "lifetime: /dev/zero: not a regular file: Dc"},
-		{csvPath, "json", "lifetime: " + csvPath + ": json: invalid character"},
-		{csvPath, "torch", "lifetime: " + csvPath + ": torch: pickle: not a pickle"},
+		{csvPath, "json", "lifetime: " + csvPath + ": json: not a JSON trace"},
+		{csvPath, "torch", "lifetime: " + csvPath + ": torch: not a pickled memory snapshot"},
 		{jsonPath, "csv", "lifetime: " + jsonPath + ": csv: line 1: unknown column"},
 	} {
 		_, err := Load(c.path, c.format)

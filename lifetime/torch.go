@@ -102,7 +102,7 @@ type torchBlock struct {
 // order. Each trace's Torch field says what the caching allocator reserved.
 // With several devices the names are name + "[cuda:N]".
 func ReadTorchSnapshot(r io.Reader, name string) ([]*Trace, error) {
-	data, err := readAllLimited(r, MaxFileSize)
+	data, err := readAllChecked(r, MaxFileSize, checkPickleHead)
 	if err != nil {
 		return nil, fmt.Errorf("torch: %w", err)
 	}
@@ -115,6 +115,18 @@ func ReadTorchSnapshot(r io.Reader, name string) ([]*Trace, error) {
 		return nil, fmt.Errorf("torch: %w", err)
 	}
 	return traces, nil
+}
+
+// checkPickleHead refuses an input that does not start as a pickle of
+// protocol 2 to 5 does (what torch.cuda.memory._snapshot() is saved as).
+func checkPickleHead(head []byte) error {
+	switch {
+	case len(head) == 0:
+		return errors.New("empty input: want a pickled memory snapshot")
+	case len(head) < 2 || head[0] != 0x80 || head[1] < 2 || head[1] > 5:
+		return fmt.Errorf("not a pickled memory snapshot: a pickle of protocol 2 to 5 starts with 0x80 and the protocol, this input with % x", head[:min(len(head), 8)])
+	}
+	return nil
 }
 
 // torchBudget counts the list items the converter walks (events, segments,

@@ -113,7 +113,9 @@ func TestReadTorchSnapshotErrors(t *testing.T) {
 		in   []byte
 		want string
 	}{
-		{"not pickle", []byte("id,lower\n"), "torch: pickle: not a pickle"},
+		{"not pickle", []byte("id,lower\n"), "torch: not a pickled memory snapshot"},
+		{"empty", nil, "torch: empty input"},
+		{"protocol 1", []byte{0x80, 1, 0x7d}, "torch: not a pickled memory snapshot"},
 		{"global", []byte("\x80\x02cos\nsystem\n."), "torch: pickle: offset 2: opcode GLOBAL (0x63) would import or call Python code; refused"},
 		{"list", pk([]any{}), "torch: snapshot is a list, not a dict"},
 		{"no traces", pk([]kv{{"segments", []any{}}}), "torch: snapshot has no device_traces"},

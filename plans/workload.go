@@ -22,6 +22,12 @@ type Workload struct {
 	Fingerprint graph.Fingerprint
 }
 
+// TorchStep is the Workload name of the plans the PyTorch bridge saves for
+// a PyTorch step or family (arenaplan.torch's save): their Shape holds
+// only the "rank" and "world_size" of the process that made them, and
+// they are loaded by the bridge, not built from a workload.
+const TorchStep = "torch-step"
+
 // WorkloadOf describes g as a plan file records it.
 func WorkloadOf(g *graph.Graph) *Workload {
 	return &Workload{Name: g.Name, Shape: slices.Clone(g.Shape), Fingerprint: g.Fingerprint()}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/plans"
 	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/launch"
 	"github.com/spf13/pflag"
@@ -148,6 +149,33 @@ func (w *Workload) Resolve(s Shape) Shape {
 		s.Seed = 1
 	}
 	return s
+}
+
+// PlanShape reads back the shape of the built-in workload a plan file
+// records (plans.Workload's Name and Shape), refusing a plan of anything
+// else with what it is: a plan the PyTorch bridge saved, or a workload
+// this build does not have.
+func PlanShape(name string, dims []graph.Dim) (Shape, error) {
+	if name == plans.TorchStep {
+		return Shape{}, fmt.Errorf("workloads: the plan was saved by arenaplan.torch for a PyTorch step (workload %q, %s), "+
+			"not made for a built-in workload: load it with arenaplan.torch.graph(fn, plan=...) or graphs(..., plan=...); "+
+			"plans for run --plan come from plan --workload NAME --output FILE", name, fmtDims(dims))
+	}
+	if _, err := Lookup(name); err != nil {
+		return Shape{}, err
+	}
+	return ShapeOf(dims)
+}
+
+func fmtDims(dims []graph.Dim) string {
+	if len(dims) == 0 {
+		return "no dimensions"
+	}
+	s := make([]string, len(dims))
+	for i, d := range dims {
+		s[i] = fmt.Sprintf("%s=%d", d.Name, d.Value)
+	}
+	return strings.Join(s, " ")
 }
 
 // ShapeOf reads a shape back from a graph's (or a plan file's) dimensions.

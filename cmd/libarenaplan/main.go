@@ -44,11 +44,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"strings"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/arenaplan/arenaplan/arena"
@@ -72,6 +70,7 @@ func get() (*bridge.Bridge, error) {
 			return
 		}
 		lib = bridge.New(cfg)
+		watchPauses(lib)
 		noFast = cgetenv("ARENAPLAN_FASTPATH") == "0"
 	})
 	return lib, libErr
@@ -305,24 +304,14 @@ func arenaplan_step_end(id C.int, failed C.int) *C.char {
 	return step("arenaplan_step_end", id, func(s *bridge.Step) error { return s.End(failed != 0) })
 }
 
-// budget turns a planning budget in seconds into a duration: a finite
-// number from 0 to a day.
-func budget(export string, seconds C.double) (time.Duration, error) {
-	v := float64(seconds)
-	if math.IsNaN(v) || v < 0 || v > 86400 {
-		return 0, fmt.Errorf("arenaplan: %s: planning budget %v s: want a number of seconds from 0 to 86400", export, v)
-	}
-	return time.Duration(v * float64(time.Second)), nil
-}
-
 //export arenaplan_step_plan
 func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
 	return step("arenaplan_step_plan", id, func(s *bridge.Step) error {
-		d, err := budget("arenaplan_step_plan", budgetSeconds)
+		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
 		if err != nil {
 			return err
 		}
-		return s.Plan(d)
+		return s.Plan(budget)
 	})
 }
 
@@ -333,11 +322,11 @@ func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
 //export arenaplan_step_replan
 func arenaplan_step_replan(id C.int, budgetSeconds C.double) *C.char {
 	return step("arenaplan_step_replan", id, func(s *bridge.Step) error {
-		d, err := budget("arenaplan_step_replan", budgetSeconds)
+		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
 		if err != nil {
 			return err
 		}
-		return s.Replan(d)
+		return s.Replan(budget)
 	})
 }
 
@@ -498,11 +487,11 @@ func arenaplan_family_member(id C.int, name *C.char, sid *C.int) *C.char {
 //export arenaplan_family_plan
 func arenaplan_family_plan(id C.int, budgetSeconds C.double) *C.char {
 	return family("arenaplan_family_plan", id, func(f *bridge.Family) error {
-		d, err := budget("arenaplan_family_plan", budgetSeconds)
+		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
 		if err != nil {
 			return err
 		}
-		return f.Plan(d)
+		return f.Plan(budget)
 	})
 }
 

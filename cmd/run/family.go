@@ -65,7 +65,7 @@ func familyGraphs(c *config, fam *plans.Family) ([]*graph.Graph, error) {
 		if w == nil {
 			return nil, fmt.Errorf("%s: member %q records no workload", c.planPath, m.Name)
 		}
-		s, err := workloads.ShapeOf(w.Shape)
+		s, err := workloads.PlanShape(w.Name, w.Shape)
 		if err != nil {
 			return nil, fmt.Errorf("%s: member %q: %w", c.planPath, m.Name, err)
 		}

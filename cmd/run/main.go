@@ -365,7 +365,7 @@ func shapeFor(c *config, f *plans.File) (string, workloads.Shape, error) {
 			return "", shape, fmt.Errorf("%s: the plan records no workload (made from a trace, not by plan --workload)", c.planPath)
 		}
 		name = f.Workload.Name
-		ps, err := workloads.ShapeOf(f.Workload.Shape)
+		ps, err := workloads.PlanShape(f.Workload.Name, f.Workload.Shape)
 		if err != nil {
 			return "", shape, fmt.Errorf("%s: %w", c.planPath, err)
 		}

@@ -73,10 +73,15 @@ class Library:
             "arenaplan_region_end": (err, [ci, ctypes.c_long]),
             "arenaplan_pause": (err, [ci, ctypes.c_char_p]),
             "arenaplan_resume": (err, [ci, ctypes.c_char_p]),
+            "arenaplan_paused": (err, [ci, ctypes.POINTER(cp)]),
         }
         for name, (res, args) in sig.items():
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
+        # Moves on every pause and resume: what paused() answered holds
+        # while it stays (read without a call, for replays).
+        self._pause_gen = ctypes.c_uint64.in_dll(lib, "arenaplan_pause_generation")
+        self._paused_cache: dict = {}  # device -> (generation, frozenset of tags)
 
     def address(self, name: str) -> int:
         """The C address of an exported function (for PyTorch's hooks)."""
@@ -198,3 +203,22 @@ class Library:
 
     def resume(self, device: int, tags) -> None:
         self.check(self._lib.arenaplan_resume(device, ",".join(tags).encode()))
+
+    def paused(self, device: int) -> frozenset:
+        """The tags paused on device, as the library holds them ("graphs":
+        the captured graphs' memory). Costs one call into the library."""
+        out = ctypes.c_void_p()
+        self.check(self._lib.arenaplan_paused(device, ctypes.byref(out)))
+        s = self._take(out)
+        return frozenset(s.split(",")) if s else frozenset()
+
+    def graphs_paused(self, device: int) -> bool:
+        """Whether the graphs' memory of device is paused: a read of the
+        pause generation, and a call into the library only after a pause
+        or resume (cheap enough for every replay)."""
+        gen = self._pause_gen.value
+        c = self._paused_cache.get(device)
+        if c is None or c[0] != gen:
+            c = (gen, self.paused(device))
+            self._paused_cache[device] = c
+        return "graphs" in c[1]

@@ -69,6 +69,9 @@ def install(lib, torch) -> Stats:
         answers[name] = lambda device=None: stats.reset_peak(_index(torch, device))
     for name in _RESET_ACC:
         answers[name] = lambda device=None: stats.reset_accumulated(_index(torch, device))
+    # torch.accelerator.memory_stats answers {} until the allocator says it
+    # is initialised, which a plugged one never does: it is once CUDA is.
+    answers["_accelerator_isAllocatorInitialized"] = lambda: bool(torch.cuda.is_initialized())
     for name, fn in answers.items():
         if hasattr(torch._C, name):
             setattr(torch._C, name, fn)

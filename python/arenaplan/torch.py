@@ -32,16 +32,31 @@ capture's allocations can differ from an eager run's (code that tests
 whether it is being captured): then that capture is planned and the step
 captured once more.
 
-What a plugged allocator switches off in PyTorch (PyTorch's rule, not
-ours): ``torch.cuda.memory_allocated``/``memory_stats``/``max_memory_*``,
-memory snapshots, ``torch.cuda.MemPool``, ``torch.compile(mode=
-"reduce-overhead")`` (CUDA graph trees), ``cudnn.benchmark``'s cache query,
-CUDA IPC (``share_memory_``); out of memory is a plain ``RuntimeError``.
-Use :func:`stats` and :meth:`Graph.report` instead.
+A plugged allocator switches PyTorch's memory tooling off; :func:`install`
+answers it from arenaplan's own counts, in PyTorch's schemas:
+``torch.cuda.memory_stats``, ``memory_allocated``, ``max_memory_*``,
+``memory_reserved``, ``memory_summary``, ``reset_*`` (and
+``torch.accelerator``'s), ``torch.cuda.memory._snapshot``,
+``_record_memory_history``, ``memory_snapshot`` (memory_viz reads them),
+and ``torch.cuda.MemPool`` / ``use_mem_pool`` (see ``_mempool``).
+``torch.compile(mode="reduce-overhead")`` (CUDAGraph Trees) cannot run on a
+plugged allocator: it is refused when asked for, and
+``torch.compile(model, backend="arenaplan")`` gives the same graphs on a
+planned arena (``arenaplan.compile``). Out of memory reaches Python as a
+``RuntimeError`` worded as PyTorch's ("CUDA out of memory. Tried to
+allocate ..."): code that looks for that text (accelerate's
+``find_executable_batch_size``) works; ``except torch.OutOfMemoryError``
+catches it only inside arenaplan's own calls (PyTorch decides the
+exception's type from the C++ class thrown, and its class cannot be built
+outside libtorch without depending on one torch version's layout).
+Still off: ``cudnn.benchmark``'s cache query and CUDA IPC
+(``share_memory_``).
 """
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import threading
 import time
 import warnings
@@ -52,7 +67,7 @@ import torch
 from ._lib import ArenaplanError, Library, PlanMismatchError
 
 __all__ = ["install", "installed", "graph", "graphs", "eager", "Graph", "GraphFamily", "EagerStep", "stats",
-           "region", "pause", "resume", "paused", "ArenaplanError", "PlanMismatchError"]
+           "region", "pause", "resume", "paused", "paused_tags", "ArenaplanError", "PlanMismatchError"]
 
 _lib: Optional[Library] = None
 
@@ -62,10 +77,16 @@ def install(library: Optional[str] = None) -> None:
 
     Call once, before anything initialises CUDA (PyTorch refuses to swap
     an initialised allocator). Also installs the ``record_stream`` and
-    ``empty_cache`` hooks. Costs one dlopen.
+    ``empty_cache`` hooks. Costs one dlopen. Calling it again is a no-op
+    when ``library`` is None or the library installed; another library
+    raises (a process has one allocator, and a second Go shared library
+    in one process is fatal).
     """
     global _lib
     if _lib is not None:
+        if library is not None and os.path.realpath(library) != _lib.path:
+            raise ArenaplanError(f"arenaplan.torch.install({library!r}): {_lib.path} is installed already "
+                                 "(one allocator per process; restart the process to use another library)")
         return
     if torch.cuda.is_initialized():
         raise ArenaplanError("arenaplan.torch.install() must run before CUDA is initialised "
@@ -132,9 +153,15 @@ def _need() -> Library:
 
 
 def _raise_oom(e: RuntimeError):
-    why = _lib.last_error() if _lib is not None else None
-    if why:
-        raise ArenaplanError(f"{e}; arenaplan: {why}") from e
+    """Re-raise e, a failure inside a step: an allocation the library could
+    not serve reaches Python as a RuntimeError holding the library's own
+    message (arenaplan_torch_alloc throws it), and one that ran out of
+    memory becomes ``torch.OutOfMemoryError``; anything else (a user's
+    shape error) is raised as it is."""
+    msg = str(e)
+    oom = getattr(torch, "OutOfMemoryError", None)
+    if oom is not None and not isinstance(e, oom) and "CUDA out of memory." in msg and "arenaplan:" in msg:
+        raise oom(msg) from e
     raise e
 
 
@@ -157,8 +184,10 @@ class Graph:
     """
 
     def __init__(self, lib: Library, sid: int, cuda_graph: "torch.cuda.CUDAGraph", outputs: Any,
-                 stream: "torch.cuda.Stream", capture_ms: float, record_ms: float, plan_ms: float):
+                 stream: "torch.cuda.Stream", capture_ms: float, record_ms: float, plan_ms: float,
+                 device: int = 0):
         self._lib, self._sid, self._graph = lib, sid, cuda_graph
+        self._device = device
         self.outputs = outputs
         self.stream = stream
         self.capture_ms, self.record_ms, self.plan_ms = capture_ms, record_ms, plan_ms
@@ -167,9 +196,15 @@ class Graph:
 
     def replay(self) -> Any:
         """Replay the captured step on the current stream; returns its
-        outputs (the same tensors every time). Costs one graph launch."""
-        if _graphs_paused:
-            raise ArenaplanError("the graphs' memory is paused: arenaplan.torch.resume() first")
+        outputs (the same tensors every time). Costs one graph launch, and
+        a read of the library's pause generation (a call into it after a
+        pause or resume). Raises :class:`ArenaplanError` after
+        :meth:`close` and while the graphs' memory of its device is paused."""
+        if self._graph is None:
+            raise ArenaplanError(f"arenaplan: replay of a closed graph (step {self._sid})")
+        if self._lib.graphs_paused(self._device):
+            raise ArenaplanError(f"arenaplan: the graphs' memory of device {self._device} is paused: "
+                                 "arenaplan.torch.resume() first")
         self._graph.replay()
         return self.outputs
 
@@ -352,6 +387,7 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
     large models).
     """
     lib = _need()
+    _check_budget(budget)
     dev = torch.cuda.current_device() if device is None else device
     eager_rec = plan is None and _check_record(record, warmup)
     stream = torch.cuda.Stream(device=dev) if stream is None else stream
@@ -384,7 +420,7 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
             pass
         raise
     gr = Graph(lib, sid, g, out, stream, capture_ms=(t3 - t0) * 1e3, record_ms=(t1 - t0) * 1e3,
-               plan_ms=(t2 - t1) * 1e3)
+               plan_ms=(t2 - t1) * 1e3, device=dev)
     gr.captures = n + (0 if eager_rec or plan is not None else 1)
     gr.served_capture_ms = (t3 - t2) * 1e3
     return gr
@@ -438,6 +474,7 @@ def eager(fn: Callable[..., Any], *, warmup: int = 1, strict: bool = False, budg
     the first step), the next is recorded and planned, and every later call
     is served from the plan on the current stream."""
     lib = _need()
+    _check_budget(budget)
     dev = torch.cuda.current_device() if device is None else device
     return EagerStep(lib, fn, warmup, strict, budget, name or getattr(fn, "__name__", "step"), dev)
 
@@ -474,9 +511,14 @@ class GraphFamily:
         return list(self._graphs)
 
     def replay(self, key) -> Any:
-        """Replay member ``key`` on the current stream; returns its outputs."""
-        if _graphs_paused:
-            raise ArenaplanError("the graphs' memory is paused: arenaplan.torch.resume() first")
+        """Replay member ``key`` on the current stream; returns its outputs.
+        Raises as :meth:`Graph.replay` does (closed, paused) and
+        ``KeyError`` for an unknown key."""
+        if self._graphs is None:
+            raise ArenaplanError(f"arenaplan: replay of a closed graph family (family {self._fid})")
+        if self._lib.graphs_paused(self._device):
+            raise ArenaplanError(f"arenaplan: the graphs' memory of device {self._device} is paused: "
+                                 "arenaplan.torch.resume() first")
         g = self._graphs.get(key)
         if g is None:
             raise KeyError(f"arenaplan: no member {key!r} (members: {self.keys})")
@@ -527,9 +569,11 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
     eager run (it is planned again from its capture, inside the family
     arena). ``stream``: the capture stream, as for :func:`graph`."""
     lib = _need()
+    _check_budget(budget)
     dev = torch.cuda.current_device() if device is None else device
     if not fns:
         raise ArenaplanError("arenaplan.torch.graphs: no members")
+    _check_keys(fns)
     eager_rec = plan is None and _check_record(record, warmup)
     stream = torch.cuda.Stream(device=dev) if stream is None else stream
     h = stream.cuda_stream
@@ -605,7 +649,6 @@ def _weak(out: Any) -> Any:
     return pytree.tree_map(weak, out)
 
 
-_graphs_paused = False
 
 
 @contextlib.contextmanager
@@ -631,29 +674,62 @@ def pause(*tags: str, device: Optional[int] = None) -> None:
     captured graph's arena and pools; none: everything), keeping every
     address: tensors and graphs are valid again after :func:`resume`.
     Waits for the device. Pausing a paused tag raises; so does replaying a
-    graph while ``"graphs"`` is paused. Freeing a paused tensor is fine.
+    graph while ``"graphs"`` is paused on its device. A pause that fails
+    half way is undone, or its error names what stays paused (as
+    :func:`paused_tags` does). Freeing a paused tensor is fine.
     NCCL: graphs that registered user buffers (``NCCL_GRAPH_REGISTER=1``)
     keep stale registrations after a same-address resume; capture with
     ``NCCL_GRAPH_REGISTER=0``."""
-    global _graphs_paused
     lib = _need()
     dev = torch.cuda.current_device() if device is None else device
     lib.pause(dev, list(tags))
-    if not tags or "graphs" in tags:
-        _graphs_paused = True
 
 
 def resume(*tags: str, device: Optional[int] = None) -> None:
     """Map the memory of the paused regions named (none: everything paused)
     back at the same addresses and restore the backed-up ones."""
-    global _graphs_paused
     lib = _need()
     dev = torch.cuda.current_device() if device is None else device
     lib.resume(dev, list(tags))
-    if not tags or "graphs" in tags:
-        _graphs_paused = False
 
 
-def paused() -> bool:
-    """Whether the graphs' memory is paused now (replays are refused)."""
-    return _graphs_paused
+def paused(tag: str = "graphs", *, device: Optional[int] = None) -> bool:
+    """Whether ``tag`` (default: the graphs' memory, whose replays are then
+    refused) is paused on the device, as the library holds it."""
+    return tag in paused_tags(device=device)
+
+
+def paused_tags(*, device: Optional[int] = None) -> frozenset:
+    """The tags paused on the device (``"graphs"`` among them when the
+    graphs' memory is), as the library holds them."""
+    lib = _need()
+    dev = torch.cuda.current_device() if device is None else device
+    return lib.paused(dev)
+
+
+_MAX_BUDGET_S = 3600.0  # the library's bridge.MaxBudget
+
+
+def _check_budget(budget: Any) -> None:
+    """A planning budget in seconds: a finite number from 0 (the library's
+    default) up to an hour."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        raise TypeError(f"arenaplan: budget={budget!r}: want a number of seconds")
+    if math.isnan(budget) or math.isinf(budget):
+        raise ValueError(f"arenaplan: budget={budget!r}: want a finite number of seconds")
+    if budget < 0:
+        raise ValueError(f"arenaplan: budget={budget!r} is negative (0: the library's default)")
+    if budget > _MAX_BUDGET_S:
+        raise ValueError(f"arenaplan: budget={budget!r} s is more than the most allowed, {_MAX_BUDGET_S:g} s")
+
+
+def _check_keys(fns: Dict[Any, Any]) -> None:
+    """Members are named by str(key) in the library and in plan files: two
+    keys with one name (1 and "1") would collide there."""
+    names: Dict[str, Any] = {}
+    for key in fns:
+        name = str(key)
+        if name in names:
+            raise ValueError(f"arenaplan.torch.graphs: keys {names[name]!r} and {key!r} have one name, "
+                             f"{name!r} (members are named by str(key)): use keys that differ as strings")
+        names[name] = key

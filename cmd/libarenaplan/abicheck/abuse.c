@@ -215,6 +215,7 @@ static void case_null_args(result *r) {
 	NULLCALL(region_begin(0, 1, NULL, 0));
 	NULLCALL(((char *(*)(int, char **))sym("arenaplan_memory_stats"))(0, NULL));
 	NULLCALL(((char *(*)(int, char **))sym("arenaplan_snapshot"))(0, NULL));
+	NULLCALL(((char *(*)(int, char **))sym("arenaplan_paused"))(0, NULL));
 	snprintf(r->note, sizeof r->note, "%d of %d calls returned an error", errors, calls);
 	if (errors != calls) r->bad++;
 }
@@ -347,8 +348,8 @@ static void case_fault(result *r) {
 	                       "arenaplan_family_load", "arenaplan_family_member"};
 	for (int i = 0; i < 5; i++) NULLCALL(((char *(*)(int, const char *, int *))sym(paths[i]))(0, "/x", &id));
 	const char *outs[] = {"arenaplan_step_report", "arenaplan_family_report", "arenaplan_stats",
-	                      "arenaplan_memory_stats", "arenaplan_snapshot"};
-	for (int i = 0; i < 5; i++) NULLCALL(((char *(*)(int, char **))sym(outs[i]))(0, &js));
+	                      "arenaplan_memory_stats", "arenaplan_snapshot", "arenaplan_paused"};
+	for (int i = 0; i < 6; i++) NULLCALL(((char *(*)(int, char **))sym(outs[i]))(0, &js));
 	const char *resets[] = {"arenaplan_reset_peak_stats", "arenaplan_reset_accumulated_stats"};
 	for (int i = 0; i < 2; i++) NULLCALL(((char *(*)(int))sym(resets[i]))(0));
 	NULLCALL(((char *(*)(int, int))sym("arenaplan_record_history"))(1, 0));
