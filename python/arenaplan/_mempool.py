@@ -160,6 +160,8 @@ def install(lib, torch) -> Pools:
     functions of every ``CUDAPluggableAllocator`` made from now on."""
     pools = Pools(lib)
     _wrap_pluggable(torch)
+    if getattr(torch.cuda.MemPool, "__module__", "") == __name__:
+        return pools  # installed already: pools made since keep working
     _segments = _segments_reader(lib)
 
     class MemPool:
