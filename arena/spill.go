@@ -268,8 +268,9 @@ type Pool struct {
 	// its stream is mapped: per-stream state is bounded by the segments,
 	// whatever the number of streams seen.
 	free   map[uintptr]*btree.BTreeG[*block]
-	region string // a region pool's name (NewRegionPool)
-	backup bool   // a region pool's contents survive PausePools
+	region string    // a region pool's name (NewRegionPool)
+	user   *userPool // a user pool's name and source (NewUserPool)
+	backup bool      // a region pool's contents survive PausePools
 	paused bool
 	// lastH and lastT cache the latest lookup in free (lastT nil: none);
 	// dropTree clears them.
@@ -533,6 +534,9 @@ func (p *Pool) String() string {
 	if p.region != "" {
 		return fmt.Sprintf("region pool %q", p.region)
 	}
+	if p.user != nil {
+		return fmt.Sprintf("user pool %q", p.user.name)
+	}
 	return fmt.Sprintf("private pool %d", p.id)
 }
 
@@ -600,6 +604,9 @@ func (s *Spill) release(b *block) {
 // returns its single free block, out of the tree.
 func (s *Spill) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	size := roundUp(rsize, s.cfg.chunk)
+	if pool.user != nil && pool.user.src != nil {
+		size = userSegmentSize(rsize)
+	}
 	b, err := s.mapSegment(pool, st, size)
 	if err != nil && len(s.captures) == 0 && s.trim(false) > 0 {
 		b, err = s.mapSegment(pool, st, size)
@@ -615,6 +622,9 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, err
 	}
 	if s.st.Mapped+size > s.cfg.limit {
 		return nil, fmt.Errorf("%w: a new %s segment would pass the limit: %s", ErrOutOfMemory, fmtBytes(size), state())
+	}
+	if pool.user != nil && pool.user.src != nil {
+		return s.externalSegment(pool, st, size)
 	}
 	if s.plainNow() && pool.region == "" {
 		addr, err := s.dev.Alloc(size)
@@ -727,7 +737,11 @@ func (s *Spill) Free(p cuda.DevicePtr) error {
 	switch {
 	case len(b.uses) == 0:
 		// Later work on its own stream is ordered after every use.
+		seg := b.seg
 		s.release(b)
+		if seg.pool.refs <= 0 && seg.pool.user != nil {
+			s.dropReleased(seg) // a released user pool's segment goes back once free
+		}
 	case len(s.captures) > 0:
 		return s.deferFree(b)
 	default:
@@ -878,6 +892,8 @@ func (s *Spill) trim(all bool) uint64 {
 			s.st.Paused -= seg.size
 			s.st.Segments--
 			continue
+		case seg.external():
+			s.freeExternal(seg)
 		case seg.plain:
 			s.dev.Free(seg.addr)
 		default:

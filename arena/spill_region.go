@@ -100,8 +100,8 @@ func (s *Spill) PausePools(pools ...*Pool) error {
 			return fmt.Errorf("arena: PausePools: %s: %w", p, ErrCapturing)
 		}
 		for _, seg := range s.poolSegments(p) {
-			if seg.plain {
-				return fmt.Errorf("arena: PausePools: %s holds a cuMemAlloc segment, which cannot be paused", p)
+			if seg.plain || seg.external() {
+				return fmt.Errorf("arena: PausePools: %s holds a cuMemAlloc or user allocator's segment, which cannot be paused", p)
 			}
 		}
 	}
@@ -286,7 +286,7 @@ func (s *Spill) GraphPools() []*Pool {
 	defer s.mu.Unlock()
 	var out []*Pool
 	for p := range s.pools {
-		if p.private && p.region == "" && p.refs > 0 && s.poolHasSegments(p) {
+		if p.private && p.region == "" && p.user == nil && p.refs > 0 && s.poolHasSegments(p) {
 			out = append(out, p)
 		}
 	}

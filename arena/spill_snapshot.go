@@ -56,6 +56,9 @@ func (s *Spill) Segments() []SegmentInfo {
 		}
 		if p := seg.pool; p != nil {
 			si.Pool, si.Private, si.Region = p.id, p.private, p.region
+			if p.user != nil {
+				si.Region = p.user.name // shown as a region: a pool its owner routes to
+			}
 		}
 		for b := seg.first; b != nil; b = b.next {
 			bi := BlockInfo{Addr: b.addr, Size: b.size}

@@ -116,6 +116,8 @@ type Bridge struct {
 	regionsOpen atomic.Int32 // threads inside a region, on any device
 	onPause     func()       // OnPauseChange's hook
 
+	mempools memPools // NewMemPool's pools; their routings count in regionsOpen (mempool.go)
+
 	hist history // allocation history for snapshots (snapshot.go)
 
 	// opened holds the devices of ordinals below len(open), read
@@ -211,6 +213,7 @@ type Device struct {
 
 	regions      map[string]*region // by tag (BeginRegion)
 	threadRegion map[int]*region    // the region each thread is in
+	poolStack    map[int][]*region  // per thread, what each memory pool routing replaced (mempool.go)
 	graphs       *graphsPause       // non-nil while the graphs are paused
 
 	deferred     []*arena.Arena // to close once no capture is underway

@@ -21,6 +21,7 @@ type region struct {
 	pool   *arena.Pool
 	backup bool
 	paused bool
+	mem    *memPool // the memory pool this region serves (mempool.go), if any
 }
 
 // graphsPause is what Pause(GraphsTag) released, for Resume.
@@ -77,6 +78,9 @@ func (b *Bridge) EndRegion(ordinal, thread int) error {
 	defer d.mu.Unlock()
 	if d.threadRegion[thread] == nil {
 		return fmt.Errorf("bridge: EndRegion: thread %d is in no region", thread)
+	}
+	if r := d.threadRegion[thread]; r.mem != nil {
+		return fmt.Errorf("bridge: EndRegion: thread %d routes to %s (end that first)", thread, r.tag)
 	}
 	delete(d.threadRegion, thread)
 	b.regionsOpen.Add(-1)

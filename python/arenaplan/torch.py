@@ -100,9 +100,10 @@ def install(library: Optional[str] = None) -> None:
         hooks.set_reset_fn(lib.address("arenaplan_torch_empty_cache"))
     torch.cuda.memory.change_current_allocator(alloc)
     _count_captures(lib)
-    from . import _compat, _snapshot, _stats
+    from . import _compat, _mempool, _snapshot, _stats
     _stats.install(lib, torch)
     _snapshot.install(lib, torch)
+    _mempool.install(lib, torch)
     _compat.install(torch)
     _lib = lib
 

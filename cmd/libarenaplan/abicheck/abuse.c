@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -216,6 +218,10 @@ static void case_null_args(result *r) {
 	NULLCALL(((char *(*)(int, char **))sym("arenaplan_memory_stats"))(0, NULL));
 	NULLCALL(((char *(*)(int, char **))sym("arenaplan_snapshot"))(0, NULL));
 	NULLCALL(((char *(*)(int, char **))sym("arenaplan_paused"))(0, NULL));
+	NULLCALL(((char *(*)(uintptr_t, uintptr_t, int *))sym("arenaplan_mempool_new"))(0, 0, NULL));
+	e = ((char *(*)(uintptr_t, uintptr_t, int *))sym("arenaplan_mempool_new"))(0, 0, &id);
+	if (e) free_string(e);
+	NULLCALL(((char *(*)(int, char **))sym("arenaplan_mempool_stats"))(id, NULL));
 	snprintf(r->note, sizeof r->note, "%d of %d calls returned an error", errors, calls);
 	if (errors != calls) r->bad++;
 }
@@ -357,6 +363,11 @@ static void case_fault(result *r) {
 	NULLCALL(((char *(*)(int, long))sym("arenaplan_region_end"))(0, 1));
 	const char *tags[] = {"arenaplan_pause", "arenaplan_resume"};
 	for (int i = 0; i < 2; i++) NULLCALL(((char *(*)(int, const char *))sym(tags[i]))(0, ""));
+	NULLCALL(((char *(*)(uintptr_t, uintptr_t, int *))sym("arenaplan_mempool_new"))(0, 0, &id));
+	const char *routes[] = {"arenaplan_mempool_begin", "arenaplan_mempool_end"};
+	for (int i = 0; i < 2; i++) NULLCALL(((char *(*)(int, long, int))sym(routes[i]))(0, 1, 1));
+	NULLCALL(((char *(*)(int))sym("arenaplan_mempool_release"))(1));
+	NULLCALL(((char *(*)(int, char **))sym("arenaplan_mempool_stats"))(1, &js));
 	// The hooks without a result: they must return, and say why.
 	const char *quiet[] = {"arenaplan_torch_empty_cache"};
 	for (int i = 0; i < 1; i++) {
@@ -371,6 +382,115 @@ static void case_fault(result *r) {
 	if (e) errors++, free_string(e);
 	snprintf(r->note, sizeof r->note, "%d of %d exports reported the panic", errors, calls);
 	if (errors != calls) r->bad++;
+}
+
+// mempool: a C allocator plugged as a memory pool's allocator (PyTorch's
+// MemPool(allocator=CUDAPluggableAllocator(...)), as torch_memory_saver
+// and vLLM's sleep mode make it). Its memory is addresses reserved with
+// mmap (the simulated device never touches a pool's memory). The routed
+// thread's allocations must land in its segments (2 MiB and 20 MiB for
+// these sizes), other threads' and later ones must not, release must give
+// every segment back with the size it was made with, and an allocator
+// that returns NULL must make the allocation fail with a reason.
+#define POOL_SPACE (256 * MiB)
+static char *pool_base;
+static size_t pool_used;
+static struct { uintptr_t p; size_t size; } pool_segs[64];
+static int pool_nsegs, pool_allocs, pool_frees, pool_badfree, pool_refuse;
+
+static void *pool_alloc(size_t size, int device, void *stream) {
+	(void)device, (void)stream;
+	if (pool_refuse || pool_used + size > POOL_SPACE || pool_nsegs == 64) return NULL;
+	void *p = pool_base + pool_used;
+	pool_used += (size + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+	pool_segs[pool_nsegs].p = (uintptr_t)p, pool_segs[pool_nsegs].size = size;
+	pool_nsegs++, pool_allocs++;
+	return p;
+}
+
+static void pool_free(void *ptr, size_t size, int device, void *stream) {
+	(void)device, (void)stream;
+	for (int i = 0; i < pool_nsegs; i++)
+		if (pool_segs[i].p == (uintptr_t)ptr && pool_segs[i].size == size) {
+			pool_segs[i] = pool_segs[--pool_nsegs];
+			pool_frees++;
+			return;
+		}
+	pool_badfree++;
+}
+
+static int in_pool(void *p, size_t n) {
+	for (int i = 0; i < pool_nsegs; i++)
+		if ((uintptr_t)p >= pool_segs[i].p && (uintptr_t)p + n <= pool_segs[i].p + pool_segs[i].size) return 1;
+	return 0;
+}
+
+static void *outside_alloc(void *arg) { return ap_alloc(64 << 10, 0, arg); }
+
+static void case_mempool(result *r) {
+	char *(*mp_new)(uintptr_t, uintptr_t, int *) = sym("arenaplan_mempool_new");
+	char *(*mp_begin)(int, long, int) = sym("arenaplan_mempool_begin");
+	char *(*mp_end)(int, long, int) = sym("arenaplan_mempool_end");
+	char *(*mp_release)(int) = sym("arenaplan_mempool_release");
+	int id = -1, bad_id = -1, errors = 0, calls = 0;
+	char *e;
+	pool_base = mmap(NULL, POOL_SPACE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (pool_base == MAP_FAILED) {
+		snprintf(r->note, sizeof r->note, "mmap failed");
+		r->bad++;
+		return;
+	}
+	pool_base = (char *)(((uintptr_t)pool_base + 2 * MiB - 1) & ~(uintptr_t)(2 * MiB - 1));
+	NULLCALL(mp_new((uintptr_t)pool_alloc, 0, &id)); // free missing
+	e = mp_new((uintptr_t)pool_alloc, (uintptr_t)pool_free, &id);
+	if (e) snprintf(r->err, sizeof r->err, "%s", e), free_string(e), r->bad++;
+	long tid = syscall(SYS_gettid);
+	void *st = (void *)(uintptr_t)0x33;
+	e = mp_begin(0, tid, id);
+	if (e) snprintf(r->err, sizeof r->err, "%s", e), free_string(e), r->bad++;
+	void *small[16], *mid, *outside = NULL, *after;
+	for (int i = 0; i < 16; i++) small[i] = alloc_counted(r, 64 << 10, 0, st);
+	mid = alloc_counted(r, 5 * MiB, 0, st);
+	pthread_t th;
+	if (pthread_create(&th, NULL, outside_alloc, st) == 0) pthread_join(th, &outside);
+	NULLCALL(mp_release(id)); // still routed
+	NULLCALL(mp_end(0, tid, id + 1)); // not the pool routed to
+	e = mp_end(0, tid, id);
+	if (e) snprintf(r->err, sizeof r->err, "%s", e), free_string(e), r->bad++;
+	after = alloc_counted(r, 64 << 10, 0, st);
+	int wrong = 0;
+	for (int i = 0; i < 16; i++) wrong += !small[i] || !in_pool(small[i], 64 << 10);
+	wrong += !mid || !in_pool(mid, 5 * MiB);
+	wrong += !outside || in_pool(outside, 1);
+	wrong += !after || in_pool(after, 1);
+	int segs = pool_allocs;
+	e = mp_release(id);
+	if (e) snprintf(r->err, sizeof r->err, "%s", e), free_string(e), r->bad++;
+	int freed_at_release = pool_frees; // every segment is busy
+	for (int i = 0; i < 16; i++) ap_free(small[i], 64 << 10, 0, st);
+	ap_free(mid, 5 * MiB, 0, st);
+	ap_free(outside, 64 << 10, 0, st);
+	ap_free(after, 64 << 10, 0, st);
+	// An allocator that returns NULL: the allocation fails with a reason.
+	e = mp_new((uintptr_t)pool_alloc, (uintptr_t)pool_free, &bad_id);
+	if (e) free_string(e), r->bad++;
+	pool_refuse = 1;
+	e = mp_begin(0, tid, bad_id);
+	if (e) free_string(e), r->bad++;
+	void *refused = alloc_counted(r, 4096, 0, st);
+	char *why = last_error();
+	e = mp_end(0, tid, bad_id);
+	if (e) free_string(e), r->bad++;
+	int reasoned = !refused && why && strstr(why, "returned NULL") && strstr(why, "out of memory");
+	if (why) snprintf(r->err, sizeof r->err, "%s", why), free_string(why);
+	if (refused) ap_free(refused, 4096, 0, st);
+	snprintf(r->note, sizeof r->note,
+	         "%d segments asked, %d at release, %d in all given back (%d bad), %d misplaced, %d of %d misuses refused%s",
+	         segs, freed_at_release, pool_frees, pool_badfree, wrong, errors, calls, reasoned ? "" : ", NULL not reported");
+	if (segs != 2 || freed_at_release != 0 || pool_frees != 2 || pool_nsegs != 0 || pool_badfree || wrong ||
+	    errors != calls || !reasoned)
+		r->bad++;
+	r->failed--; // the refused allocation is meant to fail
 }
 
 struct kase {
@@ -390,6 +510,7 @@ static struct kase cases[] = {
     {"step-order", case_step_order, "step calls out of order, closed, unknown"},
     {"threads", case_threads, "8 threads, variable sizes up to 3/4 of the device"},
     {"streams", case_streams, "200000 distinct streams"},
+    {"mempool", case_mempool, "a C allocator as a memory pool's: routed memory, release, NULL"},
     {"fault", case_fault, "every export panics (fault build)"},
 };
 

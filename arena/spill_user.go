@@ -1,0 +1,206 @@
+package arena
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// User pools: pools a program makes and routes allocations to by itself
+// (PyTorch's MemPool). A user pool's segments come from the allocator's
+// own device memory, or, when it has a SegmentSource, from that source:
+// another allocator that hands out whole segments, which this one
+// sub-allocates (as PyTorch's caching allocator does with a MemPool's
+// allocator). AllocIn serves a user pool; Alloc never picks one. Its
+// cached segments stay while the pool is held and go back once the owner
+// releases it (ReleaseUserPool) and no block in them is allocated.
+
+// SegmentSource hands out and takes back whole segments for a user pool.
+// Its calls are made under the allocator's lock, on the thread that
+// allocates or frees: they must not call back into this allocator.
+type SegmentSource interface {
+	// AllocSegment returns size bytes of device memory for blocks used on
+	// st, aligned to at least 256 bytes, or an error.
+	AllocSegment(size uint64, st cuda.Stream) (cuda.DevicePtr, error)
+	// FreeSegment takes back a segment AllocSegment returned, with the
+	// size and stream it was made with.
+	FreeSegment(p cuda.DevicePtr, size uint64, st cuda.Stream) error
+}
+
+// userPool is what a user pool adds to a Pool.
+type userPool struct {
+	name string
+	src  SegmentSource // nil: the allocator's own memory
+	// freeErr is the last failure of src.FreeSegment (the segment is
+	// dropped from the allocator all the same).
+	freeErr error
+}
+
+// The segment sizes asked of a SegmentSource, as PyTorch's caching
+// allocator asks a MemPool's allocator: 2 MiB for requests of up to
+// 1 MiB, 20 MiB for requests of up to 10 MiB, larger ones rounded up to
+// 2 MiB.
+const (
+	userSmallSegment = 2 << 20
+	userLargeSegment = 20 << 20
+	userRound        = 2 << 20
+)
+
+// userSegmentSize is the segment a SegmentSource is asked for to serve
+// rsize bytes.
+func userSegmentSize(rsize uint64) uint64 {
+	switch {
+	case rsize <= 1<<20:
+		return userSmallSegment
+	case rsize <= 10<<20:
+		return userLargeSegment
+	}
+	return roundUp(rsize, userRound)
+}
+
+// NewUserPool returns a pool that only AllocIn serves, named name in
+// errors and snapshots. src, when not nil, supplies its segments (see
+// SegmentSource); otherwise they are the allocator's own. Release it with
+// ReleaseUserPool.
+func (s *Spill) NewUserPool(name string, src SegmentSource) (*Pool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("arena: Spill.NewUserPool(%q): %w", name, ErrClosed)
+	}
+	if name == "" {
+		return nil, errors.New("arena: Spill.NewUserPool: empty name")
+	}
+	p := s.newPool(true)
+	p.user, p.refs = &userPool{name: name, src: src}, 1
+	return p, nil
+}
+
+// ReleaseUserPool drops the owner's hold on a user pool: nothing more is
+// allocated in it, and each of its segments goes back (to its
+// SegmentSource, or unmapped) as soon as no block in it is allocated: now
+// for those wholly free, at the free of their last block for the others
+// (or, for blocks whose free waited on other streams, at the next
+// EmptyCache). It returns the last failure of the source's FreeSegment.
+func (s *Spill) ReleaseUserPool(p *Pool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p == nil || p.user == nil || p.s != s {
+		return fmt.Errorf("arena: Spill.ReleaseUserPool: %v is not a user pool of this allocator", p)
+	}
+	if s.closed {
+		return fmt.Errorf("arena: Spill.ReleaseUserPool(%s): %w", p, ErrClosed)
+	}
+	if p.refs <= 0 {
+		return fmt.Errorf("arena: Spill.ReleaseUserPool(%s): %w (released already)", p, ErrUnknown)
+	}
+	p.refs--
+	for _, seg := range s.poolSegments(p) {
+		s.dropReleased(seg)
+	}
+	if !s.poolHasSegments(p) {
+		delete(s.pools, p)
+	}
+	if err := p.user.freeErr; err != nil {
+		return fmt.Errorf("arena: Spill.ReleaseUserPool(%s): %w", p, err)
+	}
+	return nil
+}
+
+// external says whether seg came from a user pool's SegmentSource.
+func (seg *segment) external() bool {
+	return seg.pool != nil && seg.pool.user != nil && seg.pool.user.src != nil
+}
+
+// externalSegment asks pool's source for a segment of size bytes; s.mu is
+// held.
+func (s *Spill) externalSegment(pool *Pool, st cuda.Stream, size uint64) (*block, error) {
+	if s.st.Mapped+size > s.cfg.limit {
+		return nil, fmt.Errorf("%w: a new %s segment of %s would pass the limit of %s", ErrOutOfMemory, fmtBytes(size), pool, fmtBytes(s.cfg.limit))
+	}
+	addr, err := pool.user.src.AllocSegment(size, st)
+	if err != nil {
+		return nil, fmt.Errorf("%s's allocator, asked for a %s segment: %w", pool, fmtBytes(size), err)
+	}
+	if addr == 0 || uint64(addr)%256 != 0 {
+		if addr != 0 {
+			if ferr := pool.user.src.FreeSegment(addr, size, st); ferr != nil {
+				pool.user.freeErr = ferr
+			}
+		}
+		return nil, fmt.Errorf("%s's allocator, asked for a %s segment, returned %#x (want a non-zero address aligned to 256 bytes)",
+			pool, fmtBytes(size), uint64(addr))
+	}
+	return s.addSegment(&segment{addr: addr, size: size, pool: pool, stream: st, handle: st.Handle()}), nil
+}
+
+// freeExternal gives seg back to its source; the caller drops it from the
+// allocator's books.
+func (s *Spill) freeExternal(seg *segment) {
+	if err := seg.pool.user.src.FreeSegment(seg.addr, seg.size, seg.stream); err != nil {
+		seg.pool.user.freeErr = fmt.Errorf("giving back %s at %#x: %w", fmtBytes(seg.size), uint64(seg.addr), err)
+	}
+}
+
+// dropReleased gives back seg, a segment of a released user pool, if no
+// block in it is allocated or waiting; s.mu is held.
+func (s *Spill) dropReleased(seg *segment) {
+	b := seg.first
+	if seg.paused || b.next != nil || b.state != stFree || seg.pool.refs > 0 {
+		return
+	}
+	seg.pool.tree(seg.handle).Delete(b)
+	seg.pool.dropTree(seg.handle)
+	if seg.host != nil {
+		s.dropHost(seg)
+	}
+	switch {
+	case seg.external():
+		s.freeExternal(seg)
+	case seg.plain:
+		s.dev.Free(seg.addr)
+	default:
+		s.dev.MemUnmap(seg.addr, seg.size)
+		s.dev.MemRelease(seg.h)
+		s.putVA(uint64(seg.addr-s.base), seg.size)
+	}
+	delete(s.segments, seg)
+	s.st.Mapped -= seg.size
+	s.st.Segments--
+	s.st.Unmaps++
+	s.st.UnmappedBytes += seg.size
+	if !s.poolHasSegments(seg.pool) {
+		delete(s.pools, seg.pool)
+	}
+}
+
+// UserPoolStats are a user pool's bytes and blocks now.
+type UserPoolStats struct {
+	Segments  int    // segments held
+	Bytes     uint64 // their bytes
+	Live      int    // allocated blocks
+	LiveBytes uint64 // their (rounded) bytes
+	Released  bool   // ReleaseUserPool was called
+}
+
+// UserPoolStats returns what pool holds now.
+func (s *Spill) UserPoolStats(p *Pool) (UserPoolStats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p == nil || p.user == nil || p.s != s {
+		return UserPoolStats{}, fmt.Errorf("arena: Spill.UserPoolStats: %v is not a user pool of this allocator", p)
+	}
+	st := UserPoolStats{Released: p.refs <= 0}
+	for _, seg := range s.poolSegments(p) {
+		st.Segments++
+		st.Bytes += seg.size
+		for b := seg.first; b != nil; b = b.next {
+			if b.state == stAllocated {
+				st.Live++
+				st.LiveBytes += b.size
+			}
+		}
+	}
+	return st, nil
+}
