@@ -611,6 +611,9 @@ func (s *Spill) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	if err != nil && len(s.captures) == 0 && s.trim(false) > 0 {
 		b, err = s.mapSegment(pool, st, size)
 	}
+	if err == nil && pool.backup {
+		s.pinBackup(b.seg)
+	}
 	return b, err
 }
 

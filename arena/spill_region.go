@@ -293,3 +293,19 @@ func (s *Spill) GraphPools() []*Pool {
 	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
 	return out
 }
+
+// pinBackup makes the page-locked host copy of seg, a segment of a pool
+// whose contents survive a pause, when the segment is mapped: the first
+// pause then only copies (page-locking at the first pause made it back up
+// at 2.4-2.7 GiB/s, where later pauses ran at 25 GiB/s and more). It costs
+// host memory, no device memory. If page-locking fails, the first pause
+// tries again.
+func (s *Spill) pinBackup(seg *segment) {
+	if seg.host != nil {
+		return
+	}
+	if b, err := s.dev.PinnedAlloc(seg.size); err == nil {
+		seg.host, seg.pinned = b, true
+		s.st.Backup += seg.size
+	}
+}

@@ -222,3 +222,43 @@ func TestPausedPoolReleased(t *testing.T) {
 		t.Fatalf("after free and EmptyCache: mapped %d paused %d", st.Mapped, st.Paused)
 	}
 }
+
+// TestRegionBackupPinnedBeforePause: a backed-up region's segments get
+// their page-locked host copy when they are mapped, so the first pause
+// only copies; regions that drop their contents get none, and no device
+// memory is spent on it.
+func TestRegionBackupPinnedBeforePause(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	st := e.stream(t)
+	weights, err := s.NewRegionPool("weights", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := s.NewRegionPool("kv", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free0, _, _ := e.dev.MemGetInfo()
+	if _, err := s.AllocIn(weights, 3*MiB, st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AllocIn(kv, 1*MiB, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, seg := range s.poolSegments(weights) {
+		if seg.host == nil || !seg.pinned || uint64(len(seg.host)) != seg.size {
+			t.Fatalf("weights segment at %#x: host copy %d bytes, pinned %v, before any pause", uint64(seg.addr), len(seg.host), seg.pinned)
+		}
+	}
+	for _, seg := range s.poolSegments(kv) {
+		if seg.host != nil {
+			t.Fatalf("kv segment at %#x has a host copy; its region drops its contents", uint64(seg.addr))
+		}
+	}
+	free1, _, _ := e.dev.MemGetInfo()
+	if st := s.Stats(); free0-free1 != st.Mapped || st.Backup != 4*MiB {
+		t.Fatalf("device memory spent %d, mapped %d; backup %d, want %d", free0-free1, st.Mapped, st.Backup, 4*MiB)
+	}
+	mustValid(t, s)
+}

@@ -207,7 +207,9 @@ func TestUserPoolFailuresAndOwnMemory(t *testing.T) {
 // badSource returns a misaligned address.
 type badSource struct{ freed int }
 
-func (b *badSource) AllocSegment(uint64, cuda.Stream) (cuda.DevicePtr, error) { return 0x1000_0001, nil }
+func (b *badSource) AllocSegment(uint64, cuda.Stream) (cuda.DevicePtr, error) {
+	return 0x1000_0001, nil
+}
 func (b *badSource) FreeSegment(cuda.DevicePtr, uint64, cuda.Stream) error {
 	b.freed++
 	return nil

@@ -161,13 +161,19 @@ def checks(torch, mode, out):
 
         loader = torch.utils.data.DataLoader(torch.randn(64, 256), batch_size=16)
         with tempfile.TemporaryDirectory() as d:
+            log = CSVLogger(d)
             tr = pl.Trainer(max_steps=4, accelerator="gpu", devices=1, callbacks=[DeviceStatsMonitor()],
-                            logger=CSVLogger(d), enable_checkpointing=False, enable_progress_bar=False,
+                            logger=log, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, log_every_n_steps=1)
             tr.fit(M(), loader)
-            logged = tr.logged_metrics
-        keys = [k for k in logged if "allocated_bytes.all.current" in k]
-        return {"device_stats_keys": len([k for k in logged if "bytes" in k]), "allocated_key": bool(keys)}
+            log.save()
+            import csv
+            with open(os.path.join(log.log_dir, "metrics.csv")) as f:
+                rows = list(csv.DictReader(f))
+        cols = [k for k in (rows[0] if rows else {}) if "allocated_bytes.all.current" in k]
+        vals = [float(r[cols[0]]) for r in rows if cols and r.get(cols[0])]
+        return {"rows": len(rows), "stat_columns": len([k for k in (rows[0] if rows else {}) if "bytes" in k]),
+                "allocated_mib_last": round(vals[-1] / MiB, 2) if vals else None}
 
     @check("torch.compile(mode='reduce-overhead')")
     def _():

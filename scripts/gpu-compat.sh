@@ -3,7 +3,9 @@
 # PyTorch's own allocator in another process: bench/torch_compat.py (memory
 # statistics, snapshots and memory_viz, transformers' Trainer, Lightning's
 # DeviceStatsMonitor, a vLLM-style start-up profile, torch.compile's
-# CUDAGraph Trees refused); bench/torch_oom.py (past the device's capacity,
+# CUDAGraph Trees refused); bench/torch_mempool.py (a MemPool over a
+# pluggable allocator, as torch_memory_saver and vLLM make it);
+# bench/torch_oom.py (past the device's capacity,
 # after frees, accelerate's find_executable_batch_size, variable sizes near
 # the limit, each case in a fresh process); then the C fast path's
 # alloc+free cost, against an earlier library when BEFORE names one
@@ -22,15 +24,18 @@ export ARENAPLAN_LIB=${ARENAPLAN_LIB:-$PWD/.dev/torch/libarenaplan.so}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 SNAPSHOT_OUT=$OUT/snapshot python3 bench/torch_compat.py --json-out "$OUT/compat.jsonl" >"$OUT/compat.txt" 2>&1
-python3 bench/torch_oom.py --json-out "$OUT/oom.jsonl" ${OOM_ARGS:-} >"$OUT/oom.txt" 2>&1
+timeout 300 python3 bench/torch_mempool.py >"$OUT/mempool.txt" 2>>"$OUT/log.txt" || echo "mempool FAILED ($?)" >>"$OUT/mempool.txt"
+[ -n "${SKIP_OOM:-}" ] || python3 bench/torch_oom.py --json-out "$OUT/oom.jsonl" ${OOM_ARGS:-} >"$OUT/oom.txt" 2>&1
 echo "== alloc+free from C" >"$OUT/abi.txt"
-for i in 1 2 3; do
+for i in $(seq "${ABI_REPS:-3}"); do
 	for lib in ${BEFORE:-} "$ARENAPLAN_LIB"; do
 		echo "-- $lib" >>"$OUT/abi.txt"
 		.dev/torch/abi_check "$lib" bench >>"$OUT/abi.txt" 2>&1
 	done
 done
 sed -n '/^| call/,$p' "$OUT/compat.txt"
+echo
+cat "$OUT/mempool.txt"
 echo
 sed -n '/^| case/,$p' "$OUT/oom.txt"
 echo
