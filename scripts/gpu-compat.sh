@@ -4,7 +4,8 @@
 # statistics, snapshots and memory_viz, transformers' Trainer, Lightning's
 # DeviceStatsMonitor, a vLLM-style start-up profile, torch.compile's
 # CUDAGraph Trees refused); bench/torch_mempool.py (a MemPool over a
-# pluggable allocator, as torch_memory_saver and vLLM make it);
+# pluggable allocator, as torch_memory_saver and vLLM make it); every
+# example of python/examples;
 # bench/torch_oom.py (past the device's capacity,
 # after frees, accelerate's find_executable_batch_size, variable sizes near
 # the limit, each case in a fresh process); then the C fast path's
@@ -24,6 +25,11 @@ export ARENAPLAN_LIB=${ARENAPLAN_LIB:-$PWD/.dev/torch/libarenaplan.so}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 SNAPSHOT_OUT=$OUT/snapshot python3 bench/torch_compat.py --json-out "$OUT/compat.jsonl" >"$OUT/compat.txt" 2>&1
+for ex in python/examples/*.py; do # each in a fresh process, as a user runs it
+	echo "== $ex" >>"$OUT/examples.txt"
+	PYTHONPATH=python timeout 240 python3 "$ex" >>"$OUT/examples.txt" 2>&1 && echo "ok   $ex" >>"$OUT/examples-summary.txt" ||
+		echo "FAIL $ex ($?)" >>"$OUT/examples-summary.txt"
+done
 timeout 300 python3 bench/torch_mempool.py >"$OUT/mempool.txt" 2>>"$OUT/log.txt" || echo "mempool FAILED ($?)" >>"$OUT/mempool.txt"
 [ -n "${SKIP_OOM:-}" ] || python3 bench/torch_oom.py --json-out "$OUT/oom.jsonl" ${OOM_ARGS:-} >"$OUT/oom.txt" 2>&1
 echo "== alloc+free from C" >"$OUT/abi.txt"
@@ -36,6 +42,8 @@ done
 sed -n '/^| call/,$p' "$OUT/compat.txt"
 echo
 cat "$OUT/mempool.txt"
+echo
+cat "$OUT/examples-summary.txt"
 echo
 sed -n '/^| case/,$p' "$OUT/oom.txt"
 echo

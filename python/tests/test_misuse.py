@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import test_torch_flow as flow  # noqa: E402  (installs the stand-in for torch)
 
 ap, LIB = flow.ap, flow.LIB
+ap_state = flow.ap_state
 
 
 class MisuseTest(unittest.TestCase):
@@ -28,10 +29,10 @@ class MisuseTest(unittest.TestCase):
     def test_second_install(self):
         ap.install()  # no library named: what is installed stays
         ap.install(LIB.path)  # the same library: a no-op
-        self.assertIs(ap._lib, LIB)
+        self.assertIs(ap_state.lib, LIB)
         with self.assertRaisesRegex(ap.ArenaplanError, "installed already"):
             ap.install(os.path.join(os.path.dirname(LIB.path), "another", "libarenaplan.so"))
-        self.assertIs(ap._lib, LIB)
+        self.assertIs(ap_state.lib, LIB)
 
     def test_family_keys_that_collide_as_names(self):
         runs = []

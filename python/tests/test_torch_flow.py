@@ -87,15 +87,16 @@ sys.modules.setdefault("torch.utils", torch.utils)
 sys.modules.setdefault("torch.utils._pytree", torch.utils._pytree)
 
 import arenaplan.torch as ap  # noqa: E402
+from arenaplan import _family, _state as ap_state  # noqa: E402
 from arenaplan._lib import Library  # noqa: E402
 
 if sys.modules["torch"] is not torch:
     raise unittest.SkipTest("a real torch is importable here: these tests use a stand-in")
 
 LIB = Library()
-ap._lib = LIB
+ap_state.lib = LIB
 LIB.step_join_capture = lambda sid: None  # the stand-in captures nothing
-ap._weak = lambda out: types.SimpleNamespace(ptr=out.ptr)  # a view that does not own the memory
+_family._weak = lambda out: types.SimpleNamespace(ptr=out.ptr)  # a view that does not own the memory
 
 
 class _Out:

@@ -1,0 +1,193 @@
+"""A family of steps captured into one planned arena: :func:`graphs` and
+:class:`GraphFamily` (vLLM's and SGLang's batch-size graphs)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from . import _state
+from ._graph import _capture, _capture_parts, _check_record, _record_eager, _recording_graph, _serve_capture, _warm_up
+from ._lib import ArenaplanError, Library
+
+class GraphFamily:
+    """One step captured at several sizes (a decode step at batch sizes 1,
+    2, 4, ...) into ONE arena planned for all of them: it is as large as the
+    largest member needs, and the smaller members cost nothing more.
+
+    Members never run concurrently: their memory overlaps by design, so a
+    member's outputs are valid until the next replay of any member (clone
+    what must survive), and are tensors that do not own their memory (as
+    vLLM keeps its graphs' outputs): do not use them after :meth:`close`. :meth:`replay` orders a replay after the previous
+    one when the current stream changed, so concurrency cannot happen
+    through it. Tensors the members share (static inputs allocated at the
+    largest size and sliced, weights, a KV cache) are made outside the
+    family and used by every member at the same addresses.
+    """
+
+    def __init__(self, lib: Library, fid: int, graphs: Dict[Any, "torch.cuda.CUDAGraph"], outputs: Dict[Any, Any],
+                 sids: Dict[Any, int], capture_ms: Dict[Any, float], plan_ms: float, device: int):
+        self._lib, self._fid = lib, fid
+        self._graphs, self.outputs, self._sids = graphs, outputs, sids
+        self.capture_ms, self.plan_ms = capture_ms, plan_ms
+        self.record_ms: Dict[Any, float] = {}  # each member's recording run
+        self.captures: Dict[Any, int] = {}  # each member's captures, the recording one included
+        self.capture_parts_ms: Dict[Any, list] = {}  # per served capture: [entry, step, end]
+        self._device = device
+        self._last_stream = None
+
+    @property
+    def keys(self):
+        """The members' keys, in capture order (largest first)."""
+        return list(self._graphs)
+
+    def replay(self, key) -> Any:
+        """Replay member ``key`` on the current stream; returns its outputs.
+        Raises as :meth:`Graph.replay` does (closed, paused) and
+        ``KeyError`` for an unknown key."""
+        if self._graphs is None:
+            raise ArenaplanError(f"arenaplan: replay of a closed graph family (family {self._fid})")
+        if self._lib.graphs_paused(self._device):
+            raise ArenaplanError(f"arenaplan: the graphs' memory of device {self._device} is paused: "
+                                 "arenaplan.torch.resume() first")
+        g = self._graphs.get(key)
+        if g is None:
+            raise KeyError(f"arenaplan: no member {key!r} (members: {self.keys})")
+        cur = torch.cuda.current_stream(self._device)
+        if self._last_stream is not None and self._last_stream != cur:
+            cur.wait_stream(self._last_stream)
+        self._last_stream = cur
+        g.replay()
+        return self.outputs[key]
+
+    def report(self) -> dict:
+        """The family arena against the largest member's lower bound, and
+        each member's report (plan, divergences, spill held)."""
+        r = self._lib.family_report(self._fid)
+        r["capture_ms"] = self.capture_ms
+        r["record_ms"] = self.record_ms
+        r["captures"] = self.captures
+        r["capture_parts_ms"] = self.capture_parts_ms
+        r["plan_build_ms"] = self.plan_ms
+        r["spill_held"] = sum(m.get("spill_held", 0) for m in r["members"])
+        r["graph_bytes"] = r["arena_mapped"] + r["spill_held"]
+        return r
+
+    def save(self, path: str) -> None:
+        """Write the family plan (every member, one arena) to a plan file."""
+        self._lib.family_save(self._fid, path)
+
+    def close(self) -> None:
+        """Destroy the graphs and give the arena back."""
+        if self._graphs is not None:
+            for g in self._graphs.values():
+                g.reset()
+            self._graphs, self.outputs = None, None
+            self._lib.family_close(self._fid)
+
+
+def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, warmup: int = 2, strict: bool = False,
+           budget: float = 1.0, record: str = "auto", name: Optional[str] = None,
+           device: Optional[int] = None, stream: Optional["torch.cuda.Stream"] = None) -> GraphFamily:
+    """Capture a family of steps into one planned arena, like vLLM's and
+    SGLang's batch-size graphs. ``fns`` maps a key (a batch size) to a step
+    taking no arguments; members are captured in the dict's order (give
+    the largest first, as engines do). Each member: ``warmup`` eager runs,
+    the last one recorded (``record`` as in :func:`graph`); then one plan
+    for all (``plan``: a family plan file, refused with
+    :class:`PlanMismatchError` for another family); then one capture per
+    member, two for a member whose capture allocated differently from its
+    eager run (it is planned again from its capture, inside the family
+    arena). ``stream``: the capture stream, as for :func:`graph`."""
+    lib = _state.need()
+    _state.check_budget(budget)
+    dev = torch.cuda.current_device() if device is None else device
+    if not fns:
+        raise ArenaplanError("arenaplan.torch.graphs: no members")
+    _check_keys(fns)
+    eager_rec = plan is None and _check_record(record, warmup)
+    stream = torch.cuda.Stream(device=dev) if stream is None else stream
+    h = stream.cuda_stream
+    fid = lib.family_new(dev, name or "family")
+    sids, cap_ms, rec_ms, gs, outs, ncap = {}, {}, {}, {}, {}, {}
+    try:
+        for key, fn in fns.items():
+            _warm_up(fn, stream, warmup - 1 if eager_rec else warmup)
+            sids[key] = lib.family_member(fid, str(key))
+        if plan is None:
+            for key, fn in fns.items():
+                t = time.perf_counter()
+                if eager_rec:
+                    _record_eager(lib, sids[key], fn, stream)
+                else:
+                    g0 = _recording_graph()
+                    o = _capture(lib, sids[key], fn, stream, g0, lambda: lib.step_record(sids[key], h))
+                    del o
+                    g0.reset()
+                rec_ms[key] = (time.perf_counter() - t) * 1e3
+            t1 = time.perf_counter()
+            lib.family_plan(fid, budget)
+        else:
+            t1 = time.perf_counter()
+            lib.family_load(fid, plan)
+        plan_ms = (time.perf_counter() - t1) * 1e3
+        parts = {}
+        for key, fn in fns.items():
+            t = time.perf_counter()
+            g, out, n = _serve_capture(lib, sids[key], fn, stream, strict, budget if eager_rec else None)
+            # The next member's buffers overlap this one's outputs by design:
+            # keep them as tensors that do not own their memory (vLLM's weak
+            # references), so that no address is ever live twice.
+            outs[key] = _weak(out)
+            del out
+            gs[key] = g
+            torch.cuda.synchronize(dev)
+            cap_ms[key] = (time.perf_counter() - t) * 1e3
+            ncap[key] = n + (0 if eager_rec or plan is not None else 1)
+            parts[key] = list(_capture_parts)
+    except BaseException:
+        for g in gs.values():
+            g.reset()
+        try:
+            lib.family_close(fid)
+        except ArenaplanError:
+            pass
+        raise
+    fam = GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
+    fam.record_ms, fam.captures, fam.capture_parts_ms = rec_ms, ncap, parts
+    return fam
+
+
+class _CudaArray:
+    """Exposes device memory through __cuda_array_interface__ without
+    owning it."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+def _weak(out: Any) -> Any:
+    """``out`` with every CUDA tensor replaced by one over the same memory
+    that does not own it (valid while the memory stays where it is)."""
+    import torch.utils._pytree as pytree
+
+    def weak(t):
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.numel() == 0:
+            return t
+        span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        raw = torch.as_tensor(_CudaArray(t.data_ptr(), span * t.element_size()), device=t.device)
+        return raw.view(t.dtype).as_strided(t.shape, t.stride())
+    return pytree.tree_map(weak, out)
+
+
+def _check_keys(fns: Dict[Any, Any]) -> None:
+    """Members are named by str(key) in the library and in plan files: two
+    keys with one name (1 and "1") would collide there."""
+    names: Dict[str, Any] = {}
+    for key in fns:
+        name = str(key)
+        if name in names:
+            raise ValueError(f"arenaplan.torch.graphs: keys {names[name]!r} and {key!r} have one name, "
+                             f"{name!r} (members are named by str(key)): use keys that differ as strings")
+        names[name] = key
