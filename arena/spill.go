@@ -887,28 +887,15 @@ func (s *Spill) trim(all bool) uint64 {
 		if seg.host != nil {
 			s.dropHost(seg)
 		}
-		switch {
-		case seg.paused:
+		if seg.paused {
 			// Nothing is mapped: only the addresses go back.
 			s.putVA(uint64(seg.addr-s.base), seg.size)
 			delete(s.segments, seg)
 			s.st.Paused -= seg.size
 			s.st.Segments--
 			continue
-		case seg.external():
-			s.freeExternal(seg)
-		case seg.plain:
-			s.dev.Free(seg.addr)
-		default:
-			s.dev.MemUnmap(seg.addr, seg.size)
-			s.dev.MemRelease(seg.h)
-			s.putVA(uint64(seg.addr-s.base), seg.size)
 		}
-		delete(s.segments, seg)
-		s.st.Mapped -= seg.size
-		s.st.Segments--
-		s.st.Unmaps++
-		s.st.UnmappedBytes += seg.size
+		s.unmapSegment(seg)
 		freed += seg.size
 	}
 	for p := range s.pools {
@@ -917,6 +904,27 @@ func (s *Spill) trim(all bool) uint64 {
 		}
 	}
 	return freed
+}
+
+// unmapSegment gives seg's memory back (to the pool's own allocator, the
+// driver, or the reserved addresses) and forgets it; its blocks are out of
+// every free list already; s.mu is held.
+func (s *Spill) unmapSegment(seg *segment) {
+	switch {
+	case seg.external():
+		s.freeExternal(seg)
+	case seg.plain:
+		s.dev.Free(seg.addr)
+	default:
+		s.dev.MemUnmap(seg.addr, seg.size)
+		s.dev.MemRelease(seg.h)
+		s.putVA(uint64(seg.addr-s.base), seg.size)
+	}
+	delete(s.segments, seg)
+	s.st.Mapped -= seg.size
+	s.st.Segments--
+	s.st.Unmaps++
+	s.st.UnmappedBytes += seg.size
 }
 
 func (s *Spill) poolHasSegments(p *Pool) bool {

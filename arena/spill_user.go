@@ -155,21 +155,7 @@ func (s *Spill) dropReleased(seg *segment) {
 	if seg.host != nil {
 		s.dropHost(seg)
 	}
-	switch {
-	case seg.external():
-		s.freeExternal(seg)
-	case seg.plain:
-		s.dev.Free(seg.addr)
-	default:
-		s.dev.MemUnmap(seg.addr, seg.size)
-		s.dev.MemRelease(seg.h)
-		s.putVA(uint64(seg.addr-s.base), seg.size)
-	}
-	delete(s.segments, seg)
-	s.st.Mapped -= seg.size
-	s.st.Segments--
-	s.st.Unmaps++
-	s.st.UnmappedBytes += seg.size
+	s.unmapSegment(seg)
 	if !s.poolHasSegments(seg.pool) {
 		delete(s.pools, seg.pool)
 	}
