@@ -55,7 +55,7 @@ def run_case(case, torch):
         except Exception as e:  # noqa: BLE001 - classify what the allocator raised
             if not is_oom(e):
                 raise
-            steps.append(f"{nbytes / GiB:.0f}G oom")
+            steps.append(f"{nbytes / GiB:.0f}G {type(e).__name__}")
             return None
 
     res = {}

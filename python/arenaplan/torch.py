@@ -42,14 +42,11 @@ and ``torch.cuda.MemPool`` / ``use_mem_pool`` (see ``_mempool``).
 ``torch.compile(mode="reduce-overhead")`` (CUDAGraph Trees) cannot run on a
 plugged allocator: it is refused when asked for, and
 ``torch.compile(model, backend="arenaplan")`` gives the same graphs on a
-planned arena (``arenaplan.compile``). Out of memory reaches Python as a
-``RuntimeError`` worded as PyTorch's ("CUDA out of memory. Tried to
-allocate ..."): code that looks for that text (accelerate's
-``find_executable_batch_size``) works; ``except torch.OutOfMemoryError``
-catches it only inside arenaplan's own calls (PyTorch decides the
-exception's type from the C++ class thrown, and its class cannot be built
-outside libtorch without depending on one torch version's layout).
-Still off: ``cudnn.benchmark``'s cache query and CUDA IPC
+planned arena (``arenaplan.compile``). Out of memory raises
+``torch.OutOfMemoryError`` worded as PyTorch's ("CUDA out of memory. Tried
+to allocate ..."), as PyTorch's allocator does (the library throws
+PyTorch's own c10::OutOfMemoryError), and counts in ``num_ooms``. Still
+off: ``cudnn.benchmark``'s cache query and CUDA IPC
 (``share_memory_``).
 """
 from __future__ import annotations
