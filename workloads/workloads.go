@@ -11,9 +11,9 @@ import (
 	"strings"
 
 	"github.com/arenaplan/arenaplan/graph"
-	"github.com/arenaplan/arenaplan/plans"
 	"github.com/arenaplan/arenaplan/kernels"
 	"github.com/arenaplan/arenaplan/launch"
+	"github.com/arenaplan/arenaplan/plans"
 	"github.com/spf13/pflag"
 )
 
