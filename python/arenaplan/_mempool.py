@@ -59,6 +59,8 @@ import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from ._state import device_index
+
 __all__ = ["Pools", "install"]
 
 
@@ -143,15 +145,6 @@ def _wrap_pluggable(torch) -> None:
     __init__._arenaplan = True  # type: ignore[attr-defined]
     __init__.__doc__ = orig.__doc__
     cls.__init__ = __init__
-
-
-def _device_index(torch, device) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    d = torch.device(device)
-    return d.index if d.index is not None else torch.cuda.current_device()
 
 
 def install(lib, torch) -> Pools:
@@ -250,7 +243,7 @@ def install(lib, torch) -> Pools:
             raise TypeError(f"arenaplan: use_mem_pool wants a torch.cuda.MemPool made after install, not {pool!r}")
         if not pool._finalizer.alive:  # closed
             raise RuntimeError(f"arenaplan: use_mem_pool: MemPool {pool.id} was closed")
-        dev = _device_index(torch, device)
+        dev = device_index(torch, device)
         tid = threading.get_native_id()
         pools.begin(dev, tid, pool._n)
         with pool._lock:

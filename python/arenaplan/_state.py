@@ -32,3 +32,13 @@ def check_budget(budget: Any) -> None:
     if budget > _MAX_BUDGET_S:
         raise ValueError(f"arenaplan: budget={budget!r} s is more than the most allowed, {_MAX_BUDGET_S:g} s")
 
+
+def device_index(torch: Any, device: Any) -> int:
+    """The CUDA device ordinal a torch call names (None: the current one;
+    an int; a torch.device or string such as "cuda:1")."""
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    return d.index if d.index is not None else torch.cuda.current_device()

@@ -18,6 +18,8 @@ import ctypes
 import json
 from typing import Any, Dict
 
+from ._state import device_index
+
 # The bindings replaced: torch._C name -> what answers it.
 _STATS = ("_cuda_memoryStats", "_accelerator_getDeviceStats")
 _RESET_PEAK = ("_cuda_resetPeakMemoryStats", "_accelerator_resetPeakStats")
@@ -50,25 +52,16 @@ class Stats:
         self._lib.check(self._lib._lib.arenaplan_reset_accumulated_stats(device))
 
 
-def _index(torch, device) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    d = torch.device(device)
-    return d.index if d.index is not None else torch.cuda.current_device()
-
-
 def install(lib, torch) -> Stats:
     """Answer PyTorch's statistics bindings with ``lib``'s counts."""
     stats = Stats(lib)
     answers = {}
     for name in _STATS:
-        answers[name] = lambda device=None: stats.memory_stats(_index(torch, device))
+        answers[name] = lambda device=None: stats.memory_stats(device_index(torch, device))
     for name in _RESET_PEAK:
-        answers[name] = lambda device=None: stats.reset_peak(_index(torch, device))
+        answers[name] = lambda device=None: stats.reset_peak(device_index(torch, device))
     for name in _RESET_ACC:
-        answers[name] = lambda device=None: stats.reset_accumulated(_index(torch, device))
+        answers[name] = lambda device=None: stats.reset_accumulated(device_index(torch, device))
     # torch.accelerator.memory_stats answers {} until the allocator says it
     # is initialised, which a plugged one never does: it is once CUDA is.
     answers["_accelerator_isAllocatorInitialized"] = lambda: bool(torch.cuda.is_initialized())
