@@ -2,6 +2,9 @@ package bridge
 
 import (
 	"testing"
+	"time"
+
+	"github.com/arenaplan/arenaplan/cuda"
 )
 
 // BenchmarkAllocFree is the allocator's cost in Go, the cgo call excluded:
@@ -48,5 +51,64 @@ func BenchmarkAllocFree(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkServe is a planned step's cost in Go per allocation, the cgo
+// call excluded: a step of 1024 buffers (each live for the next three
+// allocations, sizes of a decode layer's) recorded once, planned, then
+// served; one op is one allocation and its free, and a run's Serve and
+// End are spread over its allocations.
+func BenchmarkServe(b *testing.B) {
+	const n = 1024
+	br := New(Config{Sim: true, SimMemory: 1 << 30, SpillAddressSpace: 256 << 20})
+	defer br.Close()
+	br.CapturesUnderway(0)
+	s, err := br.NewStep(0, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const stream = 0
+	run := func() {
+		var live [4]uint64
+		for i := range n {
+			size := uint64(4096 + 512*(i%7))
+			p, err := br.Alloc(size, 0, stream)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if old := live[i%4]; old != 0 {
+				if err := br.Free(cuda.DevicePtr(old), 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			live[i%4] = uint64(p)
+		}
+		for _, p := range live {
+			if err := br.Free(cuda.DevicePtr(p), 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := s.Record(stream); err != nil {
+		b.Fatal(err)
+	}
+	run()
+	if err := s.End(false); err != nil {
+		b.Fatal(err)
+	}
+	// Any plan serves; the search's budget is not what is measured.
+	if err := s.Plan(50 * time.Millisecond); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for done := 0; done < b.N; done += n {
+		if err := s.Serve(stream, true); err != nil {
+			b.Fatal(err)
+		}
+		run()
+		if err := s.End(false); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
