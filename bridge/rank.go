@@ -3,7 +3,6 @@ package bridge
 import (
 	"fmt"
 
-	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/plans"
 )
 
@@ -21,7 +20,7 @@ func (b *Bridge) rank() (rank, world int64) {
 // tensors: another rank's plan would fit it by chance only).
 func (b *Bridge) workload() *plans.Workload {
 	r, w := b.rank()
-	return &plans.Workload{Name: workloadName, Shape: []graph.Dim{{Name: "rank", Value: r}, {Name: "world_size", Value: w}}}
+	return &plans.Workload{Name: workloadName, Shape: []plans.Dim{{Name: "rank", Value: r}, {Name: "world_size", Value: w}}}
 }
 
 // checkRank refuses a plan file made by another rank or world size. Files

@@ -4,11 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
+	"slices"
 
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/plans"
 )
 
 // DryRun is the lifetime trace of one step of a graph, and which buffer of
@@ -114,12 +115,14 @@ func PlanWith(ctx context.Context, algo string, t *lifetime.Trace, opt PlanOptio
 // tensors (name, dtype, role, shape), ops (kernel, launch shape, workspace,
 // arguments, scalars included) and the PTX of its modules. Weights' values
 // are not part of it.
-type Fingerprint [32]byte
+// (plans.Fingerprint: plan files record it.)
+type Fingerprint = plans.Fingerprint
 
-func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
-
-// Short is the first 8 bytes in hex.
-func (f Fingerprint) Short() string { return hex.EncodeToString(f[:8]) }
+// Workload describes g as a plan file records it: name, shape and
+// fingerprint.
+func (g *Graph) Workload() *plans.Workload {
+	return &plans.Workload{Name: g.Name, Shape: slices.Clone(g.Shape), Fingerprint: g.Fingerprint()}
+}
 
 // Fingerprint returns the workload's fingerprint.
 func (g *Graph) Fingerprint() Fingerprint {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/launch"
 	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/plans"
 )
 
 // DType is a tensor's element type.
@@ -231,11 +232,9 @@ type Op struct {
 // Index is the op's position in Graph.Ops.
 func (o *Op) Index() int { return o.index }
 
-// Dim is one named dimension of a workload's shape.
-type Dim struct {
-	Name  string
-	Value int64
-}
+// Dim is one named dimension of a workload's shape (plans.Dim: plan
+// files record shapes).
+type Dim = plans.Dim
 
 // Graph is a workload: tensors and the ops over them, in execution order,
 // with the PTX modules their kernels come from. Build one with a Builder;
@@ -324,7 +323,7 @@ func (b *Builder) Dim(name string, value int64) {
 		b.fail("shape dimension without a name")
 		return
 	}
-	b.g.Shape = append(b.g.Shape, Dim{name, value})
+	b.g.Shape = append(b.g.Shape, Dim{Name: name, Value: value})
 }
 
 // RequireAlign raises the alignment the kernels need (a power of two).

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
@@ -26,7 +25,7 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "plans")
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "step.plan")
-	w := &plans.Workload{Name: "toy", Shape: []graph.Dim{{Name: "batch", Value: 1}}}
+	w := &plans.Workload{Name: "toy", Shape: []plans.Dim{{Name: "batch", Value: 1}}}
 	if err := plans.Save(path, &plans.File{Trace: tr, Plan: p, Workload: w}); err != nil {
 		fmt.Println(err)
 		return

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -57,7 +56,7 @@ func smallTrace() *lifetime.Trace {
 }
 
 func smallWorkload() *Workload {
-	w := &Workload{Name: "gpt2-decode", Shape: []graph.Dim{{Name: "batch", Value: 1}, {Name: "seq", Value: 1024}, {Name: "neg", Value: -7}}}
+	w := &Workload{Name: "gpt2-decode", Shape: []Dim{{Name: "batch", Value: 1}, {Name: "seq", Value: 1024}, {Name: "neg", Value: -7}}}
 	for i := range w.Fingerprint {
 		w.Fingerprint[i] = byte(i * 7)
 	}

@@ -6,7 +6,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -501,7 +500,7 @@ func decodeWorkload(s *reader) *Workload {
 	if s.err != nil || n == 0 {
 		return w
 	}
-	w.Shape = make([]graph.Dim, n)
+	w.Shape = make([]Dim, n)
 	for i := range w.Shape {
 		w.Shape[i].Name = s.str()
 		w.Shape[i].Value = s.varint()

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -76,7 +75,7 @@ func TestEncodeRefusesInvalid(t *testing.T) {
 	badTrace := smallFile(t)
 	badTrace.Trace.Buffers[3].End = badTrace.Trace.Buffers[3].Start
 	dupDim := smallFile(t)
-	dupDim.Workload.Shape = append(dupDim.Workload.Shape, graph.Dim{Name: "seq", Value: 1})
+	dupDim.Workload.Shape = append(dupDim.Workload.Shape, Dim{Name: "seq", Value: 1})
 	cases := map[string]*File{
 		"nil":           nil,
 		"no plan":       {Trace: smallTrace()},

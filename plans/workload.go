@@ -1,11 +1,25 @@
 package plans
 
 import (
+	"encoding/hex"
 	"fmt"
-	"slices"
-
-	"github.com/arenaplan/arenaplan/graph"
 )
+
+// Dim is one named dimension of a workload's shape (batch=8).
+type Dim struct {
+	Name  string
+	Value int64
+}
+
+// Fingerprint identifies a workload: the executor computes it over the
+// workload's kernels and shapes (graph.Graph.Fingerprint); a plan stores
+// it and never interprets it.
+type Fingerprint [32]byte
+
+func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
+
+// Short is the first 8 bytes in hex.
+func (f Fingerprint) Short() string { return hex.EncodeToString(f[:8]) }
 
 // Workload describes what a trace was recorded from, so that an executor
 // can tell whether a plan still fits the workload it is about to run: the
@@ -16,10 +30,10 @@ type Workload struct {
 	Name string
 	// Shape holds the workload's dimensions in the order they were given
 	// (graph.Graph.Shape); names are unique and not empty.
-	Shape []graph.Dim
+	Shape []Dim
 	// Fingerprint identifies the workload (graph.Graph.Fingerprint; zero
 	// when unknown); this package stores it and never interprets it.
-	Fingerprint graph.Fingerprint
+	Fingerprint Fingerprint
 }
 
 // TorchStep is the Workload name of the plans the PyTorch bridge saves for
@@ -27,11 +41,6 @@ type Workload struct {
 // only the "rank" and "world_size" of the process that made them, and
 // they are loaded by the bridge, not built from a workload.
 const TorchStep = "torch-step"
-
-// WorkloadOf describes g as a plan file records it.
-func WorkloadOf(g *graph.Graph) *Workload {
-	return &Workload{Name: g.Name, Shape: slices.Clone(g.Shape), Fingerprint: g.Fingerprint()}
-}
 
 // Dim returns the value of the named dimension.
 func (w *Workload) Dim(name string) (int64, bool) {

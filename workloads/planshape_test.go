@@ -16,7 +16,7 @@ func TestPlanShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := plans.WorkloadOf(g)
+	w := g.Workload()
 	s, err := PlanShape(w.Name, w.Shape)
 	if err != nil || s.Layers != 2 {
 		t.Fatalf("PlanShape(%s) = %+v, %v", w.Name, s, err)

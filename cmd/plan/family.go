@@ -67,7 +67,7 @@ func planFamily(ctx context.Context, c config, stdout io.Writer) error {
 	}
 	fam := &plans.Family{Members: members, Plan: fp}
 	for _, g := range gs {
-		w := plans.WorkloadOf(g)
+		w := g.Workload()
 		fam.Workloads = append(fam.Workloads, w)
 	}
 	if c.out != "" {

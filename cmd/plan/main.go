@@ -250,7 +250,7 @@ func planWorkload(ctx context.Context, c config, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	w := plans.WorkloadOf(g)
+	w := g.Workload()
 	if c.out != "" {
 		if err := plans.Save(c.out, &plans.File{Trace: t, Plan: p, Workload: w}); err != nil {
 			return err

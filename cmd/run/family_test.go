@@ -27,7 +27,7 @@ func saveFamily(t *testing.T, batches ...int) string {
 			t.Fatal(err)
 		}
 		gs = append(gs, g)
-		w := plans.WorkloadOf(g)
+		w := g.Workload()
 		fam.Workloads = append(fam.Workloads, w)
 	}
 	fp, members, err := graph.PlanFamily(context.Background(), "bestfit", gs, graph.PlanOptions{})

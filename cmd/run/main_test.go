@@ -60,7 +60,7 @@ func savePlan(t *testing.T, g *graph.Graph, align int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := plans.WorkloadOf(g)
+	w := g.Workload()
 	path := filepath.Join(t.TempDir(), "w.plan")
 	if err := plans.Save(path, &plans.File{Trace: d.Trace, Plan: p, Workload: w}); err != nil {
 		t.Fatal(err)
@@ -112,7 +112,7 @@ func TestRunRefusesLowAlignment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := plans.WorkloadOf(g)
+	w := g.Workload()
 	path := filepath.Join(t.TempDir(), "a.plan")
 	if err := plans.Save(path, &plans.File{Trace: d.Trace, Plan: p, Workload: w}); err != nil {
 		t.Fatal(err)

@@ -64,7 +64,7 @@ func TestRunOtherDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "h100.plan")
-	if err := plans.Save(path, &plans.File{Trace: d.Trace, Plan: p, Workload: plans.WorkloadOf(g)}); err != nil {
+	if err := plans.Save(path, &plans.File{Trace: d.Trace, Plan: p, Workload: g.Workload()}); err != nil {
 		t.Fatal(err)
 	}
 
