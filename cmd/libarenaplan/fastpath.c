@@ -284,6 +284,9 @@ static void double_free(void *ptr) {
 	ap_set_error(msg, 0);
 }
 
+// arenaplan_free gives back an allocation; size, device and stream are
+// what it was allocated with (PyTorch passes them back): the device's
+// statistics count size as freed.
 void arenaplan_free(void *ptr, size_t size, int device, void *stream) {
 	if (ptr == NULL) {
 		return; // PyTorch never frees NULL; C's free(NULL) does nothing
