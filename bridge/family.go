@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/arenaplan/arenaplan/arena"
+	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
@@ -36,6 +37,10 @@ type Family struct {
 	// Guarded by d.mu.
 	members []*Step
 	plan    *planner.FamilyPlan
+
+	chained bool                      // a chain (see NewChain)
+	handed  map[cuda.DevicePtr]handOff // recorded members' outputs, by address
+	frees   []chainFree                // hand-offs freed by later members' recordings
 	ar      *arena.Arena
 	loaded  string
 	closing bool
@@ -107,6 +112,9 @@ func (f *Family) Plan(budget time.Duration) error {
 	if err := checkBudget(fmt.Sprintf("family %d (%s): Plan", f.id, f.name), budget); err != nil {
 		return err
 	}
+	if f.chained {
+		return f.planChain(budget)
+	}
 	members, err := f.recorded()
 	if err != nil {
 		return err
@@ -150,6 +158,9 @@ func (f *Family) Save(path string) error {
 	if fp == nil {
 		return f.errorf("has no plan to save")
 	}
+	if f.chained {
+		return f.errorf("is a chain: chains are not written to plan files")
+	}
 	ws := make([]*plans.Workload, len(ms))
 	for i := range ws {
 		ws[i] = f.b.workload()
@@ -166,6 +177,9 @@ func (f *Family) Save(path string) error {
 // make the allocations its plan was made for, or that member's End
 // refuses the plan.
 func (f *Family) Load(path string) error {
+	if f.chained {
+		return f.errorf("is a chain: chains are not read from plan files")
+	}
 	ff, err := plans.LoadFamily(path)
 	if err != nil {
 		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
@@ -212,8 +226,10 @@ func shares(keys []string) bool {
 // install maps one arena for family plan fp and gives each member its
 // addresses in it.
 func (f *Family) install(ms []planner.Member, fp *planner.FamilyPlan, from string) error {
-	if err := planner.CheckFamily(ms, fp); err != nil {
-		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
+	if !f.chained { // planChain checked the joint trace's plan and each member's
+		if err := planner.CheckFamily(ms, fp); err != nil {
+			return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
+		}
 	}
 	d := f.d
 	restore, err := makeCurrent(d.dev)
@@ -256,6 +272,9 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 	defer d.mu.Unlock()
 	if _, err := s.replanReady(); err != nil {
 		return err
+	}
+	if f.chained {
+		return f.errorf("member %q of a chain keeps its plan", s.name)
 	}
 	if f.plan == nil || f.ar == nil || f.closing {
 		return f.errorf("replan of member %q: the family has no arena", s.name)
@@ -308,6 +327,9 @@ type FamilyReport struct {
 	Ratio      float64  `json:"ratio"`
 	ArenaMap   uint64   `json:"arena_mapped"`
 	PlanFile   string   `json:"plan_file,omitempty"`
+	// Chain: the members run in turn and hand buffers on (NewChain);
+	// LowerBound is then the peak of live bytes of their joint timeline.
+	Chain bool `json:"chain,omitempty"`
 }
 
 // Report returns the family's report.
@@ -323,7 +345,11 @@ func (f *Family) Report() FamilyReport {
 	defer f.d.mu.Unlock()
 	if f.plan != nil {
 		r.Arena = f.plan.Arena
+		if f.chained {
+			r.LowerBound = f.plan.LowerBound // the chain's peak, not a member's
+		}
 	}
+	r.Chain = f.chained
 	if f.ar != nil {
 		r.ArenaMap = f.ar.Mapped()
 	}

@@ -350,6 +350,9 @@ func (s *Step) End(failed bool) error {
 	if state == stepServing && s.loaded != "" && !failed {
 		embedded = s.run.embeds(s.name, s.trace)
 	}
+	if state == stepRecording && !failed && s.fam != nil && s.fam.chained {
+		s.fam.recordedOutputs(s, &s.run)
+	}
 	s.run.reset()
 	switch state {
 	case stepRecording:
@@ -712,6 +715,9 @@ func (s *Step) alloc(size uint64) (cuda.DevicePtr, error) {
 			return 0, err
 		}
 		s.run.alloc(p, size)
+		if s.fam != nil && s.fam.chained {
+			delete(s.fam.handed, p) // its address is reused: an earlier output was freed
+		}
 		return p, nil
 	}
 	if d.graphs != nil {
@@ -832,7 +838,12 @@ func (s *Step) release(k int) {
 }
 
 // freeRecorded logs the free of p if this run allocated it; d.mu is held.
-func (s *Step) freeRecorded(p cuda.DevicePtr) { s.run.free(p) }
+func (s *Step) freeRecorded(p cuda.DevicePtr) {
+	if _, ok := s.run.ids[p]; !ok && s.state == stepRecording && s.fam != nil && s.fam.chained && s.fam.handedFree(s, p) {
+		return
+	}
+	s.run.free(p)
+}
 
 // usedElsewhere: planned buffer k is used on another stream.
 func (s *Step) usedElsewhere(k int) {

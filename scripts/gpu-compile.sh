@@ -7,7 +7,8 @@
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/libarenaplan.so
 #
 # carry .dev/torch to the GPU machine and run scripts/gpu-compile.sh.
-# MODELS= (default: tiny tiny-dyn vit bert), MODES= (reduce-overhead ours),
+# MODELS= (default: tiny tiny-dyn vit bert), TRAIN= the training models of
+# bench/torch_compile_train.py (default: mlp gpt2 vit), MODES= (reduce-overhead ours),
 # TIMEOUT= seconds a process (default 240), DEADLINE= seconds after which no
 # process starts and none runs on (default 480), so that the table comes. Logs and JSON go to $OUT
 # (default /tmp/gpu-compile); the table last.
@@ -32,5 +33,17 @@ for m in ${MODELS:-tiny tiny-dyn vit bert}; do
 		tail -c 600 "$OUT/results.jsonl" | tail -1 | cut -c1-400
 	done
 done
-python3 bench/torch_compile.py --summary "$OUT/results.jsonl" --save $SAVE | tee "$OUT/summary.txt"
+for m in ${TRAIN-mlp gpt2 vit}; do
+	for mode in ${MODES:-reduce-overhead ours}; do
+		left=$((${DEADLINE:-480} - SECONDS))
+		if [ $left -lt 20 ]; then echo "SKIPPED $mode train $m (deadline)" | tee -a "$OUT/log.txt"; continue; fi
+		t=${TIMEOUT:-240}; [ $t -gt $left ] && t=$left
+		echo "== $mode train $m $(date +%T) (timeout $t s)" | tee -a "$OUT/log.txt"
+		timeout $t python3 bench/torch_compile_train.py --mode $mode --model $m --save $SAVE \
+			>>"$OUT/train.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode train $m ($?)" | tee -a "$OUT/log.txt"
+		tail -c 600 "$OUT/train.jsonl" | tail -1 | cut -c1-400
+	done
+done
+[ -s "$OUT/results.jsonl" ] && python3 bench/torch_compile.py --summary "$OUT/results.jsonl" --save $SAVE | tee "$OUT/summary.txt"
+[ -s "$OUT/train.jsonl" ] && python3 bench/torch_compile_train.py --summary "$OUT/train.jsonl" --save $SAVE | tee "$OUT/train-summary.txt"
 exit 0

@@ -468,6 +468,24 @@ func arenaplan_family_new(device C.int, name *C.char, id *C.int) *C.char {
 	})
 }
 
+// arenaplan_chain_new makes a chain: a family whose members run in turn
+// and hand buffers on (a forward and its backward), planned on one
+// timeline into one arena (bridge.NewChain). The family calls serve it.
+//
+//export arenaplan_chain_new
+func arenaplan_chain_new(device C.int, name *C.char, id *C.int) *C.char {
+	return control("arenaplan_chain_new", func(b *bridge.Bridge) error {
+		if id == nil {
+			return errNil("arenaplan_chain_new", "id")
+		}
+		f, err := b.NewChain(int(device), goString(name))
+		if err == nil {
+			*id = C.int(f.ID())
+		}
+		return err
+	})
+}
+
 // arenaplan_family_member adds a member step; *sid is its step id.
 //
 //export arenaplan_family_member

@@ -63,6 +63,7 @@ class Library:
             "arenaplan_step_report": (err, [ci, ctypes.POINTER(cp)]),
             "arenaplan_stats": (err, [ci, ctypes.POINTER(cp)]),
             "arenaplan_family_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
+            "arenaplan_chain_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
             "arenaplan_family_member": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
             "arenaplan_family_plan": (err, [ci, ctypes.c_double]),
             "arenaplan_family_save": (err, [ci, ctypes.c_char_p]),
@@ -167,6 +168,12 @@ class Library:
     def family_new(self, device: int, name: str) -> int:
         i = ctypes.c_int(-1)
         self.check(self._lib.arenaplan_family_new(device, name.encode(), ctypes.byref(i)))
+        return i.value
+
+    def chain_new(self, device: int, name: str) -> int:
+        """A family whose members run in turn and hand buffers on."""
+        i = ctypes.c_int(-1)
+        self.check(self._lib.arenaplan_chain_new(device, name.encode(), ctypes.byref(i)))
         return i.value
 
     def family_member(self, fid: int, name: str) -> int:

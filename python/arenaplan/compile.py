@@ -37,10 +37,21 @@ shape beyond that runs inductor's code without a graph, with one warning.
 A new shape re-captures the family (every member once more): shapes are
 expected to be few and to come early.
 
+Training: AOTAutograd's forward and backward of a graph are captured
+together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
+forward and backward: one arena planned on one timeline, the activations
+the forward saves read in place by the backward and their memory reused
+once it frees them; incoming gradients are copied into placeholders. A
+forward while the previous one's backward is still pending, a call while
+the previous backward's gradients are still held as ``.grad`` (gradient
+accumulation, ``zero_grad(set_to_none=False)``), or another shape runs
+inductor's code without a graph (one warning each); a backward whose saved
+activations a later forward overwrote raises. See :class:`_TrainPair`.
+
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA
-graphs cannot hold, arenaplan not installed, training graphs), inductor's
-code runs without a graph and ONE warning names the reason.
+graphs cannot hold, arenaplan not installed), inductor's code runs without
+a graph and ONE warning names the reason.
 
 Options: ``torch.compile(model, backend="arenaplan", mode=..., options={...})``.
 ``mode``: inductor's ("default", "max-autotune", "max-autotune-no-cudagraphs";
@@ -187,6 +198,34 @@ class _Ops:
         return self.ap().graphs(fns, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
                                 name=name, device=device, stream=self.stream(device))
 
+    def capture_chain(self, stages: List[Callable[[Optional[list]], Any]], name: str, device: int,
+                      opts: CompileOptions):
+        return self.ap().chain(stages, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                               name=name, device=device, stream=self.stream(device))
+
+    @staticmethod
+    def meta(t) -> Hashable:
+        """What identifies a tensor handed from a forward to its backward."""
+        return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+    @staticmethod
+    def storage_ref(t):
+        """A weak reference to t's storage: expired() once nothing holds it."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+        return StorageWeakRef(t.untyped_storage())
+
+    @staticmethod
+    def storage_id(t) -> int:
+        """t's storage, by identity (unique while it lives)."""
+        return t.untyped_storage()._cdata
+
+    @staticmethod
+    def zeros(t):
+        """A zero tensor like t (shape, strides, dtype, device)."""
+        return torch.zeros_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) \
+            if hasattr(torch, "zeros_strided") else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                       device=t.device).zero_()
+
     def views(self, outs: Sequence[Any]) -> Optional[Callable[[], List[Any]]]:
         """A function making, on each call, fresh tensors over the memory of
         ``outs`` (that own nothing, so that the previous call's can be made to
@@ -263,6 +302,7 @@ class _Runner:
         self._views: Dict[Hashable, Optional[Callable[[], List[Any]]]] = {}
         self._last: Optional[List[Any]] = None
         self.placeholder_bytes = 0
+        self.pair: Optional[_TrainPair] = None  # a training graph's forward and backward
         with _lock:
             _order[0] += 1
             self.order = _order[0]
@@ -274,6 +314,8 @@ class _Runner:
     def __call__(self, args: list) -> Any:
         inputs = list(args)
         args.clear()
+        if self.pair is not None:
+            return self.pair.call(self, inputs)
         if self.reason is not None:
             return self._plain(inputs)
         shape = self._shape_key(inputs)
@@ -415,6 +457,8 @@ class _Runner:
 
     # Reports.
     def report(self) -> Dict[str, Any]:
+        if self.pair is not None:
+            return self.pair.report(self)
         r: Dict[str, Any] = {"graph": self.name, "captured": self.family is not None, "reason": self.reason,
                              "members": len(self.members), "captures": self.captures,
                              "family_builds": self.family_builds, "replays": self.replays,
@@ -429,6 +473,8 @@ class _Runner:
         return r
 
     def close(self) -> None:
+        if self.pair is not None:
+            self.pair.close()
         if self._last is not None:
             self.ops.deny(self._last)
             self._last = None
@@ -437,6 +483,277 @@ class _Runner:
             self.family = None
         self.members.clear()
         self._views.clear()
+
+class _TrainPair:
+    """A training graph: AOTAutograd's forward and its backward, captured
+    as ONE chain (:func:`arenaplan.torch.chain`): one arena planned on one
+    timeline, the activations the forward saves read in place by the
+    backward and their memory reused once it frees them.
+
+    Captured after one plain forward and backward (which show which
+    backward inputs are the forward's outputs and which are incoming
+    gradients), for one shape and one set of parameter addresses. A call
+    that cannot replay safely runs inductor's code without a graph, with
+    one warning naming the reason: a forward while the previous forward's
+    saved activations still wait for their backward (its replay would
+    overwrite them), a forward or backward while the previous backward's
+    gradients are still held (AccumulateGrad keeps them as ``.grad``:
+    gradient accumulation, ``zero_grad(set_to_none=False)``), another shape.
+    A backward whose saved activations a later forward replay overwrote
+    (``retain_graph=True``, then another forward) raises.
+    """
+
+    def __init__(self, name: str, opts: CompileOptions, ops: _Ops):
+        self.name, self.opts, self.ops = name, opts, ops
+        self.fw: Optional[_Runner] = None
+        self.bw: Optional[_Runner] = None
+        self.reason: Optional[str] = None
+        self.fw_out_meta: Optional[List[Any]] = None  # the last plain forward's outputs
+        self.fw_in_meta: Optional[List[Any]] = None  # ... and inputs
+        self.bw_map: Optional[List[Tuple[str, Any]]] = None  # per backward input: where it comes from
+        self.chain = None
+        self.shape: Optional[Hashable] = None
+        self.fw_args: list = []
+        self.fw_ptrs: list = []
+        self.bw_ptrs: list = []
+        self.bw_static: List[int] = []
+        self.tangent_idxs: List[int] = []
+        self.tangents: Dict[int, Any] = {}
+        self.saved_idxs: List[int] = []
+        self.saved_set: set = set()
+        self.make_fw = self.make_bw = None
+        self.gen = self.bw_gen = 0
+        self.saved_refs: list = []
+        self.saved_ids: set = set()
+        self.grad_refs: list = []
+        self.user_refs: list = []
+        self.warned: set = set()
+        self.replays = {"forward": 0, "backward": 0}
+        self.plain = {"forward": 0, "backward": 0}
+        self.placeholder_bytes = 0
+
+    # Calls.
+    def call(self, r: _Runner, inputs: list) -> Any:
+        if r is self.fw:
+            return self.forward(inputs)
+        return self.backward(inputs)
+
+    def forward(self, inputs: list) -> Any:
+        fw, bw, ops = self.fw, self.bw, self.ops
+        if self.reason is None and bw is not None and bw.reason is not None:
+            self._give_up(f"its backward cannot be captured ({bw.reason})")
+        if self.reason is not None or self.bw_map is None:
+            return self._plain_fw(inputs)
+        shape = fw._shape_key(inputs)
+        if shape is None:
+            self.reason = fw.reason  # fw warned
+            return self._plain_fw(inputs)
+        if self.chain is None:
+            if not self._build(inputs, shape):
+                return self._plain_fw(inputs)
+        elif shape != self.shape or (fw.static and not ops.ptrs_equal(inputs, self.fw_ptrs, fw.static)):
+            self._warn("shape", "a training graph is captured for one shape and one set of parameter addresses; "
+                                "calls with others run without a graph")
+            return self._plain_fw(inputs)
+        if self.gen > self.bw_gen and self._alive(self.saved_refs):
+            self._warn("pending", "a forward ran while the previous forward's saved activations still wait for "
+                                  "their backward; such forwards (and their backwards) run without a graph")
+            return self._plain_fw(inputs)
+        if self._alive(self.grad_refs):
+            self._grads_held()
+            return self._plain_fw(inputs)
+        for i in fw.dyn or ():
+            dst, src = self.fw_args[i], inputs[i]
+            if ops.is_tensor(src) and ops.data_ptr(dst) != ops.data_ptr(src):
+                ops.copy(dst, src)
+        del inputs
+        prev = [t for t in (w() for w in self.user_refs) if t is not None]
+        if prev:
+            ops.deny(prev)
+        self.chain.replay(0)
+        fresh = self.make_fw()
+        self.gen += 1
+        self.replays["forward"] += 1
+        saved = [fresh[j] for j in self.saved_idxs]
+        self.saved_refs = [ops.storage_ref(t) for t in saved]
+        self.saved_ids = {ops.storage_id(t) for t in saved}
+        self.user_refs = [weakref.ref(t) for j, t in enumerate(fresh) if ops.is_tensor(t) and j not in self.saved_set]
+        return fresh
+
+    def backward(self, inputs: list) -> Any:
+        ops = self.ops
+        if self.bw_map is None and self.fw_out_meta is not None and self.reason is None:
+            self._learn(inputs)
+        if self.chain is None or self.reason is not None:
+            return self._plain_bw(inputs)
+        if not ops.ptrs_equal(inputs, self.bw_ptrs, self.bw_static):
+            return self._plain_bw(inputs)  # the saved activations of a forward run without a graph
+        for i, (kind, _) in enumerate(self.bw_map):
+            if kind == "fw" and ops.storage_id(inputs[i]) not in self.saved_ids:
+                raise RuntimeError(f"arenaplan.compile: {self.name}: this backward's saved activations were "
+                                   "overwritten by a later replay of its forward (retain_graph=True, then another "
+                                   "forward): run the backward before the next forward")
+        self.bw_gen = self.gen
+        if self._alive(self.grad_refs):
+            self._grads_held()
+            return self._plain_bw(inputs)
+        for i in self.tangent_idxs:
+            dst, src = self.tangents[i], inputs[i]
+            if ops.data_ptr(dst) != ops.data_ptr(src):
+                ops.copy(dst, src)
+        del inputs
+        self.chain.replay(1)
+        fresh = self.make_bw()
+        self.replays["backward"] += 1
+        self.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
+        return fresh
+
+    def _plain_fw(self, inputs: list) -> Any:
+        ops = self.ops
+        self.plain["forward"] += 1
+        self.fw_in_meta = [ops.meta(x) if ops.is_tensor(x) else None for x in inputs]
+        outs = self.fw.inner(inputs)
+        if self.bw_map is None:
+            self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
+        return outs
+
+    def _plain_bw(self, inputs: list) -> Any:
+        self.plain["backward"] += 1
+        return self.bw.inner(inputs)
+
+    @staticmethod
+    def _alive(refs: list) -> bool:
+        return any(not w.expired() for w in refs)
+
+    def _grads_held(self) -> None:
+        self._warn("grads", "the previous backward's gradients are still held (gradient accumulation, or "
+                            "zero_grad(set_to_none=False)): calls run without a graph until they are released")
+
+    # Capture.
+    def _learn(self, inputs: list) -> None:
+        """Which backward inputs are the forward's outputs (saved
+        activations), its inputs, or incoming gradients."""
+        ops, bw = self.ops, self.bw
+        outs = {m: j for j, m in reversed(list(enumerate(self.fw_out_meta or []))) if m is not None}
+        ins = {m: k for k, m in reversed(list(enumerate(self.fw_in_meta or []))) if m is not None}
+        static = set(bw.static)
+        m: List[Tuple[str, Any]] = []
+        for i, x in enumerate(inputs):
+            if not ops.is_tensor(x):
+                m.append(("val", x))
+                continue
+            key = ops.meta(x)
+            if key in outs:
+                m.append(("fw", outs[key]))
+            elif key in ins:
+                m.append(("fwin", ins[key]))
+            elif i in static:
+                m.append(("ext", x))
+            else:
+                m.append(("tan", None))
+                self.tangents[i] = ops.zeros(x)  # a placeholder the incoming gradient is copied into
+            if m[-1][0] != "tan" and ops.device(x)[0] != "cuda":
+                self._give_up(f"a backward input is on the {ops.device(x)[0]} device")
+                return
+        self.bw_map = m
+        self.saved_idxs = sorted({v for k, v in m if k == "fw"})
+        self.saved_set = set(self.saved_idxs)
+
+    def _build(self, inputs: list, shape: Hashable) -> bool:
+        fw, bw, ops = self.fw, self.bw, self.ops
+        if ops.views([]) is None:
+            self._give_up("this torch cannot make tensors over a graph's outputs "
+                          "(torch._C._construct_storage_from_data_pointer)")
+            return False
+        static = set(fw.static)
+        args, ptrs, nbytes = [], [None] * len(inputs), 0
+        for i, x in enumerate(inputs):
+            if i in static:
+                args.append(x)
+                ptrs[i] = ops.data_ptr(x)
+            elif ops.is_tensor(x):
+                p = ops.placeholder(x)
+                ops.copy(p, x)
+                args.append(p)
+                nbytes += ops.nbytes(x)
+            else:
+                args.append(x)
+        tangents = self.tangents
+        nbytes += sum(ops.nbytes(t) for t in tangents.values())
+        bw_map, saved = self.bw_map, self.saved_set
+        inner_fw, inner_bw = fw.inner, bw.inner
+
+        def forward(_box):
+            return inner_fw(list(args))
+
+        def backward(box):
+            outs = box.pop()
+            a = []
+            for i, (kind, v) in enumerate(bw_map):
+                a.append(outs[v] if kind == "fw" else args[v] if kind == "fwin" else
+                         tangents[i] if kind == "tan" else v)
+            keep = [o for j, o in enumerate(outs) if j not in saved]  # the forward's other outputs stay live
+            del outs
+            r = inner_bw(a)
+            del keep
+            return r
+        try:
+            ch = ops.capture_chain([forward, backward], self.name, fw.device, self.opts)
+        except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
+            self._give_up(f"capture failed: {type(e).__name__}: {e}")
+            return False
+        self.chain, self.shape, self.fw_args, self.fw_ptrs = ch, shape, args, ptrs
+        self.tangent_idxs = sorted(tangents)
+        self.make_fw, self.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
+        self.bw_ptrs, self.bw_static = [None] * len(bw_map), []
+        for i, (kind, v) in enumerate(bw_map):
+            if kind == "fw":
+                p = ops.data_ptr(ch.outputs[0][v])
+            elif kind == "fwin" and v in static:
+                p = ptrs[v]
+            elif kind == "ext":
+                p = ops.data_ptr(v)
+            else:
+                continue
+            self.bw_ptrs[i] = p
+            self.bw_static.append(i)
+        self.placeholder_bytes = nbytes
+        return True
+
+    def _give_up(self, reason: str) -> None:
+        self.reason = reason
+        self._warn(reason, reason)
+
+    def _warn(self, kind: str, reason: str) -> None:
+        if kind in self.warned:
+            return
+        self.warned.add(kind)
+        warnings.warn(f"arenaplan.compile: {self.name}: {reason}: inductor's code runs without a CUDA graph",
+                      RuntimeWarning, stacklevel=4)
+
+    def report(self, r: _Runner) -> Dict[str, Any]:
+        part = "forward" if r is self.fw else "backward"
+        out: Dict[str, Any] = {"graph": r.name, "training": part, "captured": self.chain is not None,
+                               "reason": self.reason, "members": 1 if self.chain is not None else 0,
+                               "captures": 1 if self.chain is not None else 0, "replays": self.replays[part],
+                               "plain_calls": self.plain[part], "placeholder_bytes": self.placeholder_bytes}
+        if self.chain is not None and part == "forward":
+            c = self.chain.report()
+            for k in ("arena", "lower_bound", "ratio", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
+                if k in c:
+                    out[k] = c[k]
+            out["capture_ms"] = sum(c.get("capture_ms", []))
+        return out
+
+    def close(self) -> None:
+        prev = [t for t in (w() for w in self.user_refs) if t is not None]
+        if prev:
+            self.ops.deny(prev)
+        if self.chain is not None:
+            self.chain.close()
+            self.chain = None
+        self.fw_args, self.tangents = [], {}
+        self.saved_refs, self.grad_refs, self.user_refs = [], [], []
 
 
 def report() -> List[Dict[str, Any]]:
@@ -550,18 +867,18 @@ def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Di
 
     ops = _get_ops()
     counter = [0]
+    pairs: Dict[Any, _TrainPair] = {}  # training graphs by graph id: the forward compiles first
 
     def inner_compile(gm_, example_inputs_, **kw):
         static = list(kw.get("static_input_idxs") or ())
-        training = bool(kw.get("is_backward")) or not kw.get("is_inference", False)
+        backward = bool(kw.get("is_backward"))
+        training = backward or not kw.get("is_inference", False)
         calls = sum(1 for n in gm_.graph.nodes if n.op == "call_function")
         reason = None
         if not opts.capture:
             reason = "capture=False"
         elif not ops.installed():
             reason = "arenaplan is not PyTorch's allocator (call arenaplan.torch.install() before CUDA starts)"
-        elif training:
-            reason = "training graphs (forward and backward) are not captured yet: run under torch.no_grad()"
         else:
             reason = _graph_reason(gm_, static)
         device = _graph_device(gm_)
@@ -572,7 +889,26 @@ def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Di
         if gid is None:
             counter[0] += 1
             gid = f"_{counter[0]}"
-        name = f"graph{gid}{'-bw' if kw.get('is_backward') else ''}"
+        name = f"graph{gid}{'-bw' if backward else ''}"
+        if training and reason != "capture=False":
+            # A forward and its backward: captured together, as one chain.
+            r = _Runner(compiled, name, static, None, opts, ops, device)
+            if backward:
+                pair = pairs.get(gid) or pairs.get("last")
+                if pair is None or pair.bw is not None:
+                    pair = _TrainPair(name, opts, ops)
+                    pair._give_up("a backward whose forward this backend did not compile")
+            else:
+                pair = pairs[gid] = pairs["last"] = _TrainPair(name, opts, ops)
+            r.pair = pair
+            if backward:
+                pair.bw = r
+            else:
+                pair.fw = r
+            if reason is not None:
+                r.reason = reason
+                pair._give_up(f"{'backward' if backward else 'forward'}: {reason}")
+            return r
         r = _Runner(compiled, name, static, None if reason == "capture=False" else reason, opts, ops, device)
         if reason == "capture=False":
             r.reason = reason  # asked for: no warning

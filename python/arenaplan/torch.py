@@ -57,13 +57,14 @@ from typing import Optional
 import torch
 
 from . import _state
+from ._chain import GraphChain, chain
 from ._eager import EagerStep, eager
 from ._family import GraphFamily, graphs
 from ._graph import Graph, graph
 from ._lib import ArenaplanError, Library, PlanMismatchError
 from ._sleep import pause, paused, paused_tags, region, resume
 
-__all__ = ["install", "installed", "graph", "graphs", "eager", "Graph", "GraphFamily", "EagerStep", "stats",
+__all__ = ["install", "installed", "graph", "graphs", "chain", "eager", "Graph", "GraphFamily", "GraphChain", "EagerStep", "stats",
            "region", "pause", "resume", "paused", "paused_tags", "ArenaplanError", "PlanMismatchError"]
 
 

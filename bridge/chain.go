@@ -1,0 +1,184 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
+)
+
+// A chain is a family whose members run in turn, in the order they were
+// added, and hand memory on: a buffer that one member's run leaves live
+// and a later member's run frees is one buffer, live from its producer's
+// allocation to that free, at one address (a training step's forward and
+// backward: the activations the forward saves are read in place by the
+// backward, which frees them as it goes). The members are planned on one
+// timeline, the first member's window, then the second's, ..., into one
+// arena whose size is the chain's peak of live bytes where the search
+// reaches it, so the backward's buffers reuse the forward's dead ones.
+// Outputs no later member frees stay live to the end of the chain: a
+// member's outputs are valid until that member runs again.
+//
+// Make one with NewChain; record its members in order (Record and End
+// each, on one stream), then Plan; serve and capture them in the same
+// order. A chain's plan is checked (planner.Check) on the joint trace.
+// Chains are not written to plan files, and a member that diverges keeps
+// its plan.
+
+// handOff is a recorded member's output, by the address its recording
+// run gave it.
+type handOff struct {
+	member int
+	buf    lifetime.ID
+}
+
+// chainFree says that member to freed handOff from at tick at of its run.
+type chainFree struct {
+	from handOff
+	to   int
+	at   int64
+}
+
+// NewChain makes an empty chain on device ordinal.
+func (b *Bridge) NewChain(ordinal int, name string) (*Family, error) {
+	f, err := b.NewFamily(ordinal, name)
+	if err != nil {
+		return nil, err
+	}
+	f.d.mu.Lock()
+	f.chained = true
+	f.handed = map[cuda.DevicePtr]handOff{}
+	f.d.mu.Unlock()
+	return f, nil
+}
+
+// Chained says whether the family is a chain.
+func (f *Family) Chained() bool { return f.chained }
+
+// memberIndex is s's index in the family; d.mu is held.
+func (f *Family) memberIndex(s *Step) int {
+	for i, m := range f.members {
+		if m == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// recorded notes, at the end of member s's recording run, the buffers it
+// left live, so that a later member's free of one links them; d.mu is
+// held.
+func (f *Family) recordedOutputs(s *Step, run *runLog) {
+	k := f.memberIndex(s)
+	for p, i := range run.ids {
+		f.handed[p] = handOff{member: k, buf: lifetime.ID(i)}
+	}
+}
+
+// handedFree reports whether p is an earlier member's output freed by the
+// recording run of member s, and notes it; d.mu is held.
+func (f *Family) handedFree(s *Step, p cuda.DevicePtr) bool {
+	h, ok := f.handed[p]
+	if !ok {
+		return false
+	}
+	k := f.memberIndex(s)
+	if k <= h.member {
+		return false
+	}
+	delete(f.handed, p)
+	f.frees = append(f.frees, chainFree{from: h, to: k, at: s.run.now})
+	s.run.now++
+	return true
+}
+
+// jointTrace lays the members' traces on one timeline: each member's
+// window after the previous one's; a buffer a later member freed lives to
+// that free, and an output no member freed to the end of the chain. It
+// returns the trace and, per member, the joint ID of its first buffer.
+func jointTrace(name string, traces []*lifetime.Trace, frees []chainFree) (*lifetime.Trace, []int, error) {
+	horizon := func(t *lifetime.Trace) int64 {
+		var h int64
+		for i := range t.Buffers {
+			h = max(h, t.Buffers[i].End)
+		}
+		return h
+	}
+	offs := make([]int64, len(traces)+1)
+	for k, t := range traces {
+		offs[k+1] = offs[k] + horizon(t)
+	}
+	end := offs[len(traces)] + 1
+	freedAt := map[handOff]int64{}
+	for _, fr := range frees {
+		if fr.from.member >= len(traces) || fr.to >= len(traces) || int(fr.from.buf) >= len(traces[fr.from.member].Buffers) {
+			return nil, nil, fmt.Errorf("chain %s: a hand-off names a buffer no member recorded", name)
+		}
+		freedAt[fr.from] = offs[fr.to] + fr.at + 1
+	}
+	joint := &lifetime.Trace{Name: name}
+	first := make([]int, len(traces))
+	for k, t := range traces {
+		first[k] = len(joint.Buffers)
+		h := horizon(t)
+		for i := range t.Buffers {
+			b := t.Buffers[i]
+			b.ID = lifetime.ID(len(joint.Buffers))
+			b.Name = fmt.Sprintf("%d/%s", k, b.Name)
+			b.Start += offs[k]
+			switch e, ok := freedAt[handOff{member: k, buf: lifetime.ID(i)}]; {
+			case ok:
+				b.End = e
+			case t.Buffers[i].End >= h:
+				b.End = end
+			default:
+				b.End += offs[k]
+			}
+			b.Gaps = nil
+			joint.Buffers = append(joint.Buffers, b)
+		}
+	}
+	return joint, first, nil
+}
+
+// planChain plans the members' recorded runs as one chain.
+func (f *Family) planChain(budget time.Duration) error {
+	members, err := f.recorded()
+	if err != nil {
+		return err
+	}
+	traces := make([]*lifetime.Trace, len(members))
+	for i := range members {
+		traces[i] = members[i].Trace
+	}
+	f.d.mu.Lock()
+	frees := append([]chainFree(nil), f.frees...)
+	f.d.mu.Unlock()
+	joint, first, err := jointTrace(f.name, traces, frees)
+	if err != nil {
+		return f.errorf("%v", err)
+	}
+	t0 := time.Now()
+	p, _, err := planner.RunByTag(context.Background(), planner.Auto, joint, planner.Options{Budget: budget})
+	if err != nil {
+		return fmt.Errorf("bridge: chain %d (%s): planning: %w", f.id, f.name, err)
+	}
+	if err := planner.Check(joint, p); err != nil {
+		return fmt.Errorf("bridge: chain %d (%s): %w", f.id, f.name, err)
+	}
+	fp := &planner.FamilyPlan{Algo: p.Algo, Align: p.Align, Arena: p.Arena, LowerBound: p.LowerBound, Elapsed: time.Since(t0)}
+	for k, t := range traces {
+		offs := p.Offsets[first[k] : first[k]+len(t.Buffers)]
+		mp := &planner.Plan{Algo: p.Algo, Align: p.Align, Arena: planner.ArenaSize(t, offs, p.Align), Offsets: offs}
+		mp.LowerBound, _ = t.LowerBound(p.Align)
+		if err := planner.Check(t, mp); err != nil {
+			return fmt.Errorf("bridge: chain %d (%s): member %q: %w", f.id, f.name, members[k].Name, err)
+		}
+		fp.Members = append(fp.Members, planner.MemberPlan{Name: members[k].Name, Plan: mp, Alone: mp.LowerBound})
+		fp.SeparateArenas += mp.LowerBound
+	}
+	return f.install(members, fp, "")
+}

@@ -1,0 +1,139 @@
+"""Steps that run in turn and hand tensors on, captured into one arena
+planned on one timeline: :func:`chain` and :class:`GraphChain` (a forward
+and its backward)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+
+from . import _state
+from ._family import _weak
+from ._graph import _capture, _run
+from ._lib import ArenaplanError, Library
+
+
+class GraphChain:
+    """Stages captured into ONE arena planned on one timeline: stage i's
+    outputs that stage i+1 frees are read by it in place and their memory
+    is reused after that free; outputs no later stage frees stay valid
+    until that stage replays again. Stages replay in order (0, 1, ..., 0,
+    1, ...): replaying them out of order overwrites memory a later stage
+    still reads. Outputs are tensors that do not own their memory: do not
+    use them after :meth:`close`."""
+
+    def __init__(self, lib: Library, fid: int, graphs: List["torch.cuda.CUDAGraph"], outputs: List[Any],
+                 device: int, capture_ms: List[float], record_ms: float, plan_ms: float):
+        self._lib, self._fid, self._graphs, self.outputs = lib, fid, graphs, outputs
+        self._device = device
+        self.capture_ms, self.record_ms, self.plan_ms = capture_ms, record_ms, plan_ms
+        self._last_stream = None
+
+    def replay(self, i: int) -> Any:
+        """Replay stage ``i`` on the current stream; returns its outputs."""
+        if self._graphs is None:
+            raise ArenaplanError(f"arenaplan: replay of a closed graph chain (chain {self._fid})")
+        if self._lib.graphs_paused(self._device):
+            raise ArenaplanError(f"arenaplan: the graphs' memory of device {self._device} is paused: "
+                                 "arenaplan.torch.resume() first")
+        cur = torch.cuda.current_stream(self._device)
+        if self._last_stream is not None and self._last_stream != cur:
+            cur.wait_stream(self._last_stream)
+        self._last_stream = cur
+        self._graphs[i].replay()
+        return self.outputs[i]
+
+    def report(self) -> dict:
+        """The chain's arena against the lower bound of its joint timeline,
+        and each stage's report."""
+        r = self._lib.family_report(self._fid)
+        r["capture_ms"] = self.capture_ms
+        r["record_ms"] = self.record_ms
+        r["plan_build_ms"] = self.plan_ms
+        r["spill_held"] = sum(m.get("spill_held", 0) for m in r["members"])
+        r["graph_bytes"] = r["arena_mapped"] + r["spill_held"]
+        return r
+
+    def close(self) -> None:
+        """Destroy the graphs and give the arena back."""
+        if self._graphs is not None:
+            for g in self._graphs:
+                g.reset()
+            self._graphs, self.outputs = None, None
+            self._lib.family_close(self._fid)
+
+
+def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2, strict: bool = False,
+          budget: float = 1.0, name: Optional[str] = None, device: Optional[int] = None,
+          stream: Optional["torch.cuda.Stream"] = None) -> GraphChain:
+    """Capture steps that run in turn into one planned arena. Stage 0 is
+    called with None; stage i > 0 with a one-element list holding stage
+    i-1's outputs, which it should pop, so that what it frees is freed
+    inside it (a backward freeing the forward's saved activations as it
+    goes). ``warmup`` passes over all stages, the last one recorded (each
+    stage its own window of one timeline); one plan; one capture per
+    stage, in order. ``stream``: the capture stream (default: a new one)."""
+    lib = _state.need()
+    _state.check_budget(budget)
+    if not stages:
+        raise ArenaplanError("arenaplan.torch.chain: no stages")
+    if warmup < 1:
+        raise ValueError(f"arenaplan.torch.chain: warmup={warmup}: want >= 1 (the last pass is recorded)")
+    dev = torch.cuda.current_device() if device is None else device
+    stream = torch.cuda.Stream(device=dev) if stream is None else stream
+    h = stream.cuda_stream
+    cur = torch.cuda.current_stream(dev)
+
+    def one_pass(sids: Optional[List[int]]) -> None:
+        box: Optional[list] = None
+        for i, fn in enumerate(stages):
+            if sids is None:
+                out = fn(box)
+            else:
+                lib.step_record(sids[i], h)
+                with _run(lib, sids[i]):
+                    out = fn(box)
+            box = [out]
+            del out
+        del box
+
+    fid = lib.chain_new(dev, name or "chain")
+    gs: List["torch.cuda.CUDAGraph"] = []
+    try:
+        sids = [lib.family_member(fid, str(i)) for i in range(len(stages))]
+        stream.wait_stream(cur)
+        with torch.cuda.stream(stream):
+            for _ in range(warmup - 1):
+                one_pass(None)
+            t0 = time.perf_counter()
+            one_pass(sids)
+        cur.wait_stream(stream)
+        torch.cuda.synchronize(dev)
+        t1 = time.perf_counter()
+        lib.family_plan(fid, budget)
+        t2 = time.perf_counter()
+        outs, cap_ms = [], []
+        box: Optional[list] = None
+        for i, fn in enumerate(stages):
+            t = time.perf_counter()
+            g = torch.cuda.CUDAGraph()
+            sid = sids[i]
+            out = _capture(lib, sid, lambda fn=fn: fn(box), stream, g,
+                           lambda sid=sid: lib.step_serve(sid, h, strict))
+            gs.append(g)
+            outs.append(_weak(out))
+            box = [out]
+            del out
+            torch.cuda.synchronize(dev)
+            cap_ms.append((time.perf_counter() - t) * 1e3)
+        del box
+    except BaseException:
+        for g in gs:
+            g.reset()
+        try:
+            lib.family_close(fid)
+        except ArenaplanError:
+            pass
+        raise
+    return GraphChain(lib, fid, gs, outs, dev, cap_ms, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
