@@ -38,7 +38,7 @@ type Family struct {
 	members []*Step
 	plan    *planner.FamilyPlan
 
-	chained bool                      // a chain (see NewChain)
+	chained bool                       // a chain (see NewChain)
 	handed  map[cuda.DevicePtr]handOff // recorded members' outputs, by address
 	frees   []chainFree                // hand-offs freed by later members' recordings
 	ar      *arena.Arena
