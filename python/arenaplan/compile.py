@@ -311,9 +311,15 @@ class _Runner:
             self._warn(reason, reason)
 
     # The call.
-    def __call__(self, args: list) -> Any:
-        inputs = list(args)
-        args.clear()
+    def __call__(self, *args) -> Any:
+        # Boxed (one list, emptied so that inputs can be freed early), or
+        # unpacked where a wrapper drops _boxed_call (dynamo's disable()
+        # around AOTAutograd's backward).
+        if len(args) == 1 and type(args[0]) is list:
+            inputs = list(args[0])
+            args[0].clear()
+        else:
+            inputs = list(args)
         if self.pair is not None:
             return self.pair.call(self, inputs)
         if self.reason is not None:
