@@ -22,7 +22,7 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inducto
 SAVE=/tmp/arenaplan-compile-outputs
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/gpu.txt"
-for m in ${MODELS:-tiny tiny-dyn vit bert}; do
+for m in ${MODELS-tiny tiny-dyn vit bert}; do
 	for mode in ${MODES:-reduce-overhead ours}; do
 		left=$((${DEADLINE:-480} - SECONDS))
 		if [ $left -lt 20 ]; then echo "SKIPPED $mode $m (deadline)" | tee -a "$OUT/log.txt"; continue; fi
