@@ -339,7 +339,7 @@ type leafSearch struct {
 	done bool // at the lower bound, or proven optimal
 	idle bool // nothing left to try
 
-	greedy, coreTried, rest bool // stages done
+	greedy, coreTried, rest, rolled bool // stages done
 	repairs                 uint64
 	ex                      *exactSearch
 }
@@ -390,9 +390,26 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		}
 		ls.rest = time.Now().Before(until)
 	}
+	if !ls.big && ls.rest && !ls.rolled && ls.best > target {
+		// The rolling search (rolling.go), at the lower bound: cheap, and
+		// where it fails the exact search gets the time.
+		var stop atomic.Bool
+		timer := time.AfterFunc(time.Until(until), func() { stop.Store(true) })
+		stopCtx := context.AfterFunc(r.ctx, func() { stop.Store(true) })
+		offs, complete := d.roll(target, r.p.times[ls.l.lo:], &stop)
+		timer.Stop()
+		stopCtx()
+		if offs != nil {
+			better(height(d, offs), offs)
+		}
+		// Cut off by the clock: it runs again, from the start, next turn.
+		ls.rolled = complete
+	}
 	switch {
 	case ls.best <= target:
 		ls.done = true
+	case !ls.big && !ls.rolled:
+		// Out of time in the rolling search: it comes first next turn.
 	case ls.core && (!ls.coreTried || !ls.rest):
 		// Out of time before the core or the last greedy passes: they
 		// come first next turn.
