@@ -340,8 +340,8 @@ type leafSearch struct {
 	idle bool // nothing left to try
 
 	greedy, coreTried, rest, rolled bool // stages done
-	repairs                 uint64
-	ex                      *exactSearch
+	repairs                         uint64
+	ex                              *exactSearch
 }
 
 func (r *anytimeRun) newLeafSearch(p *problem, l *leaf) *leafSearch {
