@@ -390,9 +390,13 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		}
 		ls.rest = time.Now().Before(until)
 	}
-	if !ls.big && ls.rest && !ls.rolled && ls.best > target {
-		// The rolling search (rolling.go), at the lower bound: cheap, and
-		// where it fails the exact search gets the time.
+	if !ls.rolled && (ls.big || ls.best <= target || !d.thin()) {
+		ls.rolled = true // not for this leaf
+	}
+	if !ls.rolled && ls.best > target {
+		// The rolling search (rolling.go), at the lower bound, on long
+		// thin leaves: cheap, and where it fails the exact search gets
+		// the time.
 		var stop atomic.Bool
 		timer := time.AfterFunc(time.Until(until), func() { stop.Store(true) })
 		stopCtx := context.AfterFunc(r.ctx, func() { stop.Store(true) })
@@ -408,7 +412,7 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 	switch {
 	case ls.best <= target:
 		ls.done = true
-	case !ls.big && !ls.rolled:
+	case !ls.rolled:
 		// Out of time in the rolling search: it comes first next turn.
 	case ls.core && (!ls.coreTried || !ls.rest):
 		// Out of time before the core or the last greedy passes: they
