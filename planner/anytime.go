@@ -23,7 +23,10 @@ import (
 //  3. packs each remaining leaf with a portfolio of greedy passes
 //     (skyline and placement rules in several orders, search_greedy.go),
 //     raced on Options.Workers goroutines;
-//  4. where a leaf is still above the lower bound: for leaves up to
+//  4. where a leaf is still above the lower bound: on long thin leaves
+//     (rollThin), the rolling search (rolling.go), the exact search one
+//     window of buffers at a time at the lower bound, under a node
+//     budget; then, for leaves up to
 //     bigLeaf buffers, the exact search (exact.go) at capacity = lower
 //     bound under node limits that double round by round, beside a
 //     descent that asks for capacities below the best plan so far; for
