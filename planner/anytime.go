@@ -678,8 +678,9 @@ func newExactSearch(d *leafData, target, best int64, offs []int64, at time.Durat
 // and it has searched stopBase + stopNodes × buffers nodes, counting only
 // jobs that ran to their end, since that height was found. A gap that
 // small is worth less than the search it would take: on decode-step
-// traces (internal/tracegen.Decode) the best plan comes from the greedy
-// passes and the exact search finds nothing lower in millions of nodes;
+// traces (internal/tracegen.Decode), before the rolling search reached
+// their bound, the exact search found nothing below the greedy passes'
+// plans in millions of nodes;
 // leaves further from their bound (MiniMalloc's challenging set, gaps of
 // 4% and more) search on as before.
 const (
