@@ -23,7 +23,10 @@ import (
 //  3. packs each remaining leaf with a portfolio of greedy passes
 //     (skyline and placement rules in several orders, search_greedy.go),
 //     raced on Options.Workers goroutines;
-//  4. where a leaf is still above the lower bound: for leaves up to
+//  4. where a leaf is still above the lower bound: on long thin leaves
+//     (rollThin), the rolling search (rolling.go), the exact search one
+//     window of buffers at a time at the lower bound, under a node
+//     budget; then, for leaves up to
 //     bigLeaf buffers, the exact search (exact.go) at capacity = lower
 //     bound under node limits that double round by round, beside a
 //     descent that asks for capacities below the best plan so far; for
@@ -339,9 +342,9 @@ type leafSearch struct {
 	done bool // at the lower bound, or proven optimal
 	idle bool // nothing left to try
 
-	greedy, coreTried, rest bool // stages done
-	repairs                 uint64
-	ex                      *exactSearch
+	greedy, coreTried, rest, rolled bool // stages done
+	repairs                         uint64
+	ex                              *exactSearch
 }
 
 func (r *anytimeRun) newLeafSearch(p *problem, l *leaf) *leafSearch {
@@ -390,9 +393,30 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		}
 		ls.rest = time.Now().Before(until)
 	}
+	if !ls.rolled && (ls.big || ls.best <= target || !d.thin()) {
+		ls.rolled = true // not for this leaf
+	}
+	if !ls.rolled && ls.best > target {
+		// The rolling search (rolling.go), at the lower bound, on long
+		// thin leaves: cheap, and where it fails the exact search gets
+		// the time.
+		var stop atomic.Bool
+		timer := time.AfterFunc(time.Until(until), func() { stop.Store(true) })
+		stopCtx := context.AfterFunc(r.ctx, func() { stop.Store(true) })
+		offs, complete := d.roll(target, r.p.times[ls.l.lo:], &stop)
+		timer.Stop()
+		stopCtx()
+		if offs != nil {
+			better(height(d, offs), offs)
+		}
+		// Cut off by the clock: it runs again, from the start, next turn.
+		ls.rolled = complete
+	}
 	switch {
 	case ls.best <= target:
 		ls.done = true
+	case !ls.rolled:
+		// Out of time in the rolling search: it comes first next turn.
 	case ls.core && (!ls.coreTried || !ls.rest):
 		// Out of time before the core or the last greedy passes: they
 		// come first next turn.
@@ -654,8 +678,9 @@ func newExactSearch(d *leafData, target, best int64, offs []int64, at time.Durat
 // and it has searched stopBase + stopNodes × buffers nodes, counting only
 // jobs that ran to their end, since that height was found. A gap that
 // small is worth less than the search it would take: on decode-step
-// traces (internal/tracegen.Decode) the best plan comes from the greedy
-// passes and the exact search finds nothing lower in millions of nodes;
+// traces (internal/tracegen.Decode), before the rolling search reached
+// their bound, the exact search found nothing below the greedy passes'
+// plans in millions of nodes;
 // leaves further from their bound (MiniMalloc's challenging set, gaps of
 // 4% and more) search on as before.
 const (

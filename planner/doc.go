@@ -12,6 +12,15 @@
 //   - BySize ("bysize"): TFLite/XLA greedy by size (a baseline).
 //   - Auto ("auto"): the best plan the package can find within the budget.
 //
+// Auto stops before its budget (Options.Budget, a ceiling) when more
+// search cannot pay, and says why in Plan.Stop: the arena reached the
+// lower bound (StopBound); the search proved no smaller arena exists
+// (StopProof); or the stop rule ended it (StopRule): a leaf's exact
+// search within 1/256 of the bound that has searched 4 nodes per buffer,
+// plus 1024, since its last better plan, or nothing left to try. The
+// rule counts nodes, not time, so with one worker it stops at the same
+// point on every machine; Options.FullBudget turns it off.
+//
 // Options validate: a bad alignment, budget or worker count is an error
 // wrapping ErrOptions, never quietly replaced.
 //

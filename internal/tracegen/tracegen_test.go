@@ -44,3 +44,28 @@ func TestShape(t *testing.T) {
 		t.Errorf("peak %d is more than 1/20 of all bytes %d: lifetimes too long", peak, total)
 	}
 }
+
+func TestWindow(t *testing.T) {
+	tr, err := Window(WindowOptions{Buffers: 100, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range tr.Buffers {
+		if b.End-b.Start != 4 || b.Start != int64(i) || b.Size < 1<<10 || b.Size > 1<<20 || b.Size%256 != 0 {
+			t.Fatalf("buffer %d: %+v", i, b)
+		}
+	}
+	again, _ := Window(WindowOptions{Buffers: 100, Seed: 3})
+	other, _ := Window(WindowOptions{Buffers: 100, Seed: 4})
+	if tr.Fingerprint() != again.Fingerprint() || tr.Fingerprint() == other.Fingerprint() {
+		t.Fatal("the seed does not decide the trace")
+	}
+	for _, bad := range []WindowOptions{{}, {Buffers: 5, MinSize: 10, MaxSize: 5}} {
+		if _, err := Window(bad); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}

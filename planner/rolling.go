@@ -1,0 +1,150 @@
+package planner
+
+import (
+	"cmp"
+	"slices"
+	"sync/atomic"
+)
+
+// The rolling search: the exact search (exact.go) on one window of a
+// leaf at a time. The exact search places buffers from the lowest offset
+// up over the whole leaf, so on a long leaf whose hard times repeat along
+// it (a decode step's layers, a sliding window of buffers), a mistake at
+// the start is found only when the top of the end is packed, and it gets
+// lost in backtracking. The rolling search instead takes the buffers in
+// order of their start, window buffers at a time: it packs the next
+// window under the capacity, with every buffer of earlier windows that
+// conflicts with one of it fixed where it was put, keeps the first half
+// of the window, and moves on by half a window. It never goes back to an
+// earlier window, so it can fail where a packing exists; it is complete
+// only for one window. It is cheap: each window is a small exact search
+// under a node limit.
+//
+// On the decode-step traces (internal/tracegen.Decode) every greedy pass
+// and millions of nodes of the exact search stay 0.08–0.16% above the
+// lower bound; windows of 32 buffers reach it in about 1000 nodes. On a
+// sliding window of 1024 buffers of 0.5–1 MiB (internal/tracegen.Window)
+// the greedy passes end 22% above; windows of 16 reach it in 15k nodes.
+
+// rollThin: the rolling search runs on leaves with at least this many
+// times as many buffers as are ever live at once (decode steps: 37 to 50,
+// the sliding window: 256). On denser leaves its windows hold most of
+// what is live, each costs nearly what the whole leaf does, and it takes
+// the exact search's time for nothing (MiniMalloc's challenging set: 1.2
+// to 18; C took 0.35 s instead of 0.01 s to its bound).
+const rollThin = 24
+
+// thin reports whether a leaf is long and thin enough for the rolling
+// search (see rollThin).
+func (d *leafData) thin() bool {
+	var live int32
+	for s := range d.nsec {
+		live = max(live, d.secAt[s+1]-d.secAt[s])
+	}
+	return int64(d.k) >= rollThin*int64(live)
+}
+
+// rollWindows are the window sizes the rolling search tries, in order.
+var rollWindows = []int{32, 16, 24, 48, 64, 8}
+
+// rollLimit is the node limit of one rolling attempt (all its windows) in
+// the first round; it doubles every round. rollNodes × buffers bounds the
+// nodes of the whole stage (at least rollLimit): where the rolling search
+// fails it leaves the rest of the leaf's time to the exact search.
+const (
+	rollLimit = 4096
+	rollNodes = 256
+)
+
+// roll runs the rolling search at capacity c: rounds of attempts, one per
+// window size, until one packs the leaf. It returns the plan (nil if
+// none), and false when stop cut it short: the outcome then depends on
+// the clock, and the stage must run again from the start. times maps the
+// leaf's sections to trace times (for the preorders).
+func (d *leafData) roll(c int64, times []int64, stop *atomic.Bool) ([]int64, bool) {
+	budget := max(int64(rollLimit), rollNodes*int64(d.k))
+	var used int64
+	for round := 0; used < budget; round++ {
+		for _, w := range rollWindows {
+			limit := min(int64(rollLimit)<<round, budget-used)
+			if limit <= 0 {
+				return nil, true
+			}
+			offs, nodes, res := d.rollOnce(c, w, limit, times, stop)
+			used += nodes
+			switch {
+			case res == found:
+				return offs, true
+			case stop.Load():
+				return nil, false
+			}
+		}
+	}
+	return nil, true
+}
+
+// rollOnce packs the leaf under capacity c with windows of w buffers and
+// at most limit nodes in all. It returns the offsets (local indices) when
+// it found a packing, the nodes it searched and the outcome.
+func (d *leafData) rollOnce(c int64, w int, limit int64, times []int64, stop *atomic.Bool) ([]int64, int64, int) {
+	offs := make([]int64, d.k)
+	var order []int32
+	for j := range d.k {
+		offs[j] = d.fixed[j] // fixed buffers are placed from the start
+		if d.fixed[j] < 0 {
+			order = append(order, int32(j))
+		}
+	}
+	slices.SortFunc(order, func(a, b int32) int {
+		if x := cmp.Compare(d.lo[a], d.lo[b]); x != 0 {
+			return x
+		}
+		if x := cmp.Compare(d.hi[b], d.hi[a]); x != 0 {
+			return x
+		}
+		return cmp.Compare(a, b)
+	})
+	var (
+		nodes int64
+		seen  = make([]bool, d.k)
+		all   []int32
+	)
+	for at := 0; at < len(order); {
+		end := min(at+w, len(order))
+		// The window's buffers, then those placed that conflict with one.
+		all = append(all[:0], order[at:end]...)
+		for _, j := range order[at:end] {
+			for _, o := range d.adj[d.adjAt[j]:d.adjAt[j+1]] {
+				if offs[o] >= 0 && !seen[o] {
+					seen[o] = true
+					all = append(all, o)
+				}
+			}
+		}
+		q := &problem{unit: 1, items: make([]item, len(all))}
+		ids := make([]int32, len(all))
+		lo, hi := int32(d.nsec), int32(0)
+		for x, j := range all {
+			seen[j] = false
+			q.items[x] = item{id: int32(x), lo: d.lo[j], hi: d.hi[j], size: d.size[j], align: d.align[j], fixed: offs[j]}
+			ids[x] = int32(x)
+			lo, hi = min(lo, d.lo[j]), max(hi, d.hi[j])
+		}
+		sub := newLeafData(q, &leaf{items: ids, base: d.base, lo: lo, hi: hi}, times)
+		s := newDFS(sub, c, "TWA", limit-nodes, stop)
+		res := s.solve()
+		nodes += s.nodes
+		if res != found {
+			return nil, nodes, res
+		}
+		keep := end
+		if end < len(order) {
+			keep = at + max(w/2, 1)
+		}
+		for x := range keep - at {
+			offs[all[x]] = s.sol[x]
+		}
+		at = keep
+	}
+	return offs, nodes, found
+}
