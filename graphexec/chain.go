@@ -2,7 +2,6 @@ package graphexec
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
@@ -120,19 +119,6 @@ func (c *Chain) ResetState() error {
 	}
 	c.guard.Reset()
 	return nil
-}
-
-// Capture captures every stage into its own graph.
-func (c *Chain) Capture() (time.Duration, error) {
-	var total time.Duration
-	for _, e := range c.execs {
-		d, err := e.Capture()
-		if err != nil {
-			return 0, err
-		}
-		total += d
-	}
-	return total, nil
 }
 
 // Eager runs step of stage s kernel by kernel, if the guard allows it.

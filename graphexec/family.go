@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"sort"
-	"time"
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
@@ -274,20 +273,6 @@ func (f *Family) initRoles(roles ...graph.Role) error {
 		}
 	}
 	return nil
-}
-
-// Capture captures every member's step into its own graph and returns
-// the total capture and instantiation time.
-func (f *Family) Capture() (time.Duration, error) {
-	var total time.Duration
-	for _, e := range f.execs {
-		d, err := e.Capture()
-		if err != nil {
-			return 0, err
-		}
-		total += d
-	}
-	return total, nil
 }
 
 // Eager runs step of member m kernel by kernel.

@@ -106,8 +106,19 @@ func TestFamilyMixedSequence(t *testing.T) {
 	if err := f.ResetState(); err != nil {
 		t.Fatal(err)
 	}
+	if ok, _ := f.Captured(); ok {
+		t.Fatal("Captured before Capture: true")
+	}
 	if _, err := f.Capture(); err != nil {
 		t.Fatal(err)
+	}
+	want := 0
+	for i := range f.Len() {
+		_, n := f.Member(i).Captured()
+		want += n
+	}
+	if ok, n := f.Captured(); !ok || n != want || n == 0 {
+		t.Fatalf("Captured() = %v, %d nodes; want true, the members' %d", ok, n, want)
 	}
 	for s, m := range seq {
 		if err := f.Replay(m, s); err != nil {

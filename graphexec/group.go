@@ -3,6 +3,7 @@ package graphexec
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
@@ -27,6 +28,31 @@ func (g *group) Synchronize() error {
 		return fmt.Errorf("graphexec: %s: %w", g.what, err)
 	}
 	return nil
+}
+
+// Capture captures every executor's step into its own graph and returns
+// the total capture and instantiation time.
+func (g *group) Capture() (time.Duration, error) {
+	var total time.Duration
+	for _, e := range g.execs {
+		d, err := e.Capture()
+		if err != nil {
+			return 0, err
+		}
+		total += d
+	}
+	return total, nil
+}
+
+// Captured reports whether every executor has a captured graph, and the
+// node count of their graphs in all.
+func (g *group) Captured() (bool, int) {
+	all, nodes := len(g.execs) > 0, 0
+	for _, e := range g.execs {
+		ok, n := e.Captured()
+		all, nodes = all && ok, nodes+n
+	}
+	return all, nodes
 }
 
 // Close releases every executor's graph and staging memory, the modules,

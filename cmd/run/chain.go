@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
@@ -67,14 +66,11 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 	if _, err := workloads.MLPStagesWith(shape, c.kernels, cuts...); err != nil {
 		return nil, usageError{err}
 	}
-	dev, choice, err := openDevice(c.device)
+	dev, choice, err := c.open()
 	if err != nil {
 		return nil, err
 	}
 	defer dev.Close()
-	if err := c.sizeFor(dev); err != nil {
-		return nil, err
-	}
 	gs, err := workloads.MLPStagesWith(shape, c.kernels, cuts...)
 	if err != nil {
 		return nil, err
@@ -97,23 +93,15 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 	}
 	defer ch.Close()
 	cr := &ChainRun{Links: len(links)}
-	rep := &report{
-		Workload: whole.Name, Shape: map[string]int64{}, Fingerprint: whole.Fingerprint().String(),
-		Device: dev.Name(), DeviceChoice: choice, Storage: "fp32",
-		PlanSource: fmt.Sprintf("memory: a chain of %d stages", len(gs)), PlanAlgo: cp.Plan.Algo,
-		ArenaBytes: cp.Plan.Arena, LowerBound: cp.Plan.LowerBound, MappedBytes: ch.Arena().Mapped(),
-		Steps: c.steps, ChainRun: cr,
-	}
-	for _, d := range whole.Shape {
-		rep.Shape[d.Name] = d.Value
-	}
+	rep := newReport(whole, dev, choice, fmt.Sprintf("memory: a chain of %d stages", len(gs)))
+	rep.PlanAlgo, rep.ArenaBytes, rep.LowerBound = cp.Plan.Algo, cp.Plan.Arena, cp.Plan.LowerBound
+	rep.MappedBytes, rep.Steps, rep.ChainRun = ch.Arena().Mapped(), c.steps, cr
 	for _, g := range gs {
 		from, _ := g.Dim("from")
 		to, _ := g.Dim("to")
 		cr.Stages = append(cr.Stages, [2]int64{from, to})
 		rep.Launches += len(g.Ops)
 	}
-	last := len(gs) - 1
 	if err := ch.Init(); err != nil {
 		return nil, err
 	}
@@ -128,63 +116,18 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 			return nil
 		}
 	}
-	timed := func(f func(int) error) (time.Duration, error) {
-		for s := 0; s < c.warmup; s++ {
-			if err := f(s); err != nil {
-				return 0, err
-			}
-		}
-		if err := ch.ResetState(); err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		for s := 0; s < c.steps; s++ {
-			if ctx.Err() != nil {
-				return 0, ctx.Err()
-			}
-			if err := f(s); err != nil {
-				return 0, err
-			}
-		}
-		if err := ch.Stage(last).Synchronize(); err != nil {
-			return 0, err
-		}
-		return time.Since(start), nil
-	}
-	eager, err := timed(step(ch.Eager))
+	last := ch.Stage(len(gs) - 1)
+	l := loop{ctx: ctx, en: ch, fresh: true}
+	m, err := l.eagerThenReplay(c.warmup, c.steps, step(ch.Eager), step(ch.Replay), func() ([][]byte, error) {
+		out, err := outputs(last)
+		return [][]byte{out}, err
+	})
 	if err != nil {
 		return nil, err
 	}
-	eagerOut, err := outputs(ch.Stage(last))
-	if err != nil {
-		return nil, err
-	}
-	if err := ch.ResetState(); err != nil {
-		return nil, err
-	}
-	capture, err := ch.Capture()
-	if err != nil {
-		return nil, err
-	}
-	for s := range gs {
-		_, n := ch.Stage(s).Captured()
-		rep.GraphNodes += n
-	}
-	replay, err := timed(step(ch.Replay))
-	if err != nil {
-		return nil, err
-	}
-	replayOut, err := outputs(ch.Stage(last))
-	if err != nil {
-		return nil, err
-	}
-	rep.OutputsEqual = bytes.Equal(eagerOut, replayOut)
-	rep.CaptureMS = float64(capture.Microseconds()) / 1000
-	rep.EagerUS = float64(eager.Nanoseconds()) / 1000 / float64(c.steps)
-	rep.ReplayUS = float64(replay.Nanoseconds()) / 1000 / float64(c.steps)
-	if rep.ReplayUS > 0 {
-		rep.Speedup = rep.EagerUS / rep.ReplayUS
-	}
+	_, rep.GraphNodes = ch.Captured()
+	rep.OutputsEqual = m.equal()
+	rep.setTimes(m.capture, m.eager, m.replay, c.steps)
 
 	// The whole mlp on an arena of its own: the chain must compute it.
 	e, err := graphexec.New(dev, whole, nil, graphexec.Options{Plan: graph.PlanOptions{Budget: c.budget}, NoPDL: c.noPDL})
@@ -202,6 +145,6 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	cr.MatchesWhole = bytes.Equal(wholeOut, eagerOut)
+	cr.MatchesWhole = bytes.Equal(wholeOut, m.eagerOut[0])
 	return rep, nil
 }

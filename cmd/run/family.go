@@ -134,14 +134,11 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 	if err != nil {
 		return nil, err
 	}
-	dev, choice, err := openDevice(c.device)
+	dev, choice, err := c.open()
 	if err != nil {
 		return nil, err
 	}
 	defer dev.Close()
-	if err := c.sizeFor(dev); err != nil {
-		return nil, err
-	}
 	gs, err := familyGraphs(c, fam)
 	if err != nil {
 		return nil, err
@@ -159,17 +156,10 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 		}
 	}
 	g := gs[big]
-	rep := &report{
-		Workload: g.Name, Shape: map[string]int64{}, Fingerprint: g.Fingerprint().String(),
-		Device: dev.Name(), DeviceChoice: choice, Storage: "fp32", PlanSource: "family file " + c.planPath,
-		PlanAlgo: fp.Algo, ArenaBytes: fp.Arena, LowerBound: fp.LowerBound, MappedBytes: f.Arena().Mapped(),
-		Launches: len(g.Ops), Steps: len(seq),
-	}
-	lm := f.Member(big).LaunchMode()
-	rep.PDL, rep.PDLLaunches, rep.PTXTarget, rep.NoPDL = lm.PDL, lm.PDLLaunches, lm.Target, c.noPDL
-	for _, d := range g.Shape {
-		rep.Shape[d.Name] = d.Value
-	}
+	rep := newReport(g, dev, choice, "family file "+c.planPath)
+	rep.PlanAlgo, rep.ArenaBytes, rep.LowerBound, rep.MappedBytes = fp.Algo, fp.Arena, fp.LowerBound, f.Arena().Mapped()
+	rep.Launches, rep.Steps = len(g.Ops), len(seq)
+	rep.setLaunch(f.Member(big).LaunchMode(), c.noPDL)
 	fr := &FamilyRun{SharedBytes: fp.SharedRegion.Hi, SeparateArenas: fp.SeparateArenas, SequenceSteps: len(seq)}
 	rep.FamilyRun = fr
 	regionBytes(rep, fam, gs)
@@ -188,17 +178,25 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 	}
 	// Correctness: eager sequence, then the same replayed, outputs read
 	// after every step.
-	eager := make([][]byte, len(seq))
-	for i, m := range seq {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+	runSeq := func(step func(m, i int) error) ([][]byte, error) {
+		out := make([][]byte, len(seq))
+		for i, m := range seq {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if err := step(m, i); err != nil {
+				return nil, err
+			}
+			var err error
+			if out[i], err = outputs(f.Member(m)); err != nil {
+				return nil, err
+			}
 		}
-		if err := f.Eager(m, i); err != nil {
-			return nil, err
-		}
-		if eager[i], err = outputs(f.Member(m)); err != nil {
-			return nil, err
-		}
+		return out, nil
+	}
+	eager, err := runSeq(f.Eager)
+	if err != nil {
+		return nil, err
 	}
 	eagerState, err := state(f.Member(big))
 	if err != nil {
@@ -211,30 +209,16 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 	if err != nil {
 		return nil, err
 	}
-	rep.CaptureMS = float64(capture.Microseconds()) / 1000
-	for i := range gs {
-		_, n := f.Member(i).Captured()
-		rep.GraphNodes += n
-	}
-	equal := true
-	for i, m := range seq {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if err := f.Replay(m, i); err != nil {
-			return nil, err
-		}
-		out, err := outputs(f.Member(m))
-		if err != nil {
-			return nil, err
-		}
-		equal = equal && bytes.Equal(out, eager[i])
+	_, rep.GraphNodes = f.Captured()
+	replayed, err := runSeq(f.Replay)
+	if err != nil {
+		return nil, err
 	}
 	st, err := state(f.Member(big))
 	if err != nil {
 		return nil, err
 	}
-	fr.MixedOutputsEqual = equal && bytes.Equal(st, eagerState)
+	fr.MixedOutputsEqual = equalAll(eager, replayed) && bytes.Equal(st, eagerState)
 	rep.OutputsEqual = fr.MixedOutputsEqual
 
 	// Timing: the mixed sequence eagerly and replayed (inputs staged),
@@ -248,49 +232,23 @@ func executeFamily(ctx context.Context, c *config, fam *plans.Family) (*report, 
 	// The state is not reset between timed runs: positions are the same
 	// whatever the cache holds, and rewriting a KV cache sized for the
 	// largest batch would take longer than the runs.
-	timed := func(n int, step func(int) error) (time.Duration, error) {
-		for s := 0; s < min(c.warmup, n); s++ {
-			if err := step(s); err != nil {
-				return 0, err
-			}
-		}
-		if err := f.Synchronize(); err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		for s := 0; s < n; s++ {
-			if ctx.Err() != nil {
-				return 0, ctx.Err()
-			}
-			if err := step(s); err != nil {
-				return 0, err
-			}
-		}
-		if err := f.Synchronize(); err != nil {
-			return 0, err
-		}
-		return time.Since(start), nil
-	}
-	perStep := func(d time.Duration, n int) float64 { return float64(d.Nanoseconds()) / 1000 / float64(n) }
-	el, err := timed(len(seq), func(s int) error { return f.Eager(seq[s], s) })
+	l := loop{ctx: ctx, en: f}
+	warmup := min(c.warmup, len(seq))
+	el, err := l.time(warmup, len(seq), func(s int) error { return f.Eager(seq[s], s) })
 	if err != nil {
 		return nil, err
 	}
-	rep.EagerUS = perStep(el, len(seq))
-	rl, err := timed(len(seq), func(s int) error { return f.Replay(seq[s], s) })
+	rl, err := l.time(warmup, len(seq), func(s int) error { return f.Replay(seq[s], s) })
 	if err != nil {
 		return nil, err
 	}
-	rep.ReplayUS = perStep(rl, len(seq))
-	if rep.ReplayUS > 0 {
-		rep.Speedup = rep.EagerUS / rep.ReplayUS
-	}
+	rep.setTimes(capture, el, rl, len(seq))
 	for m := range gs {
-		d, err := timed(c.steps, func(s int) error { return f.Replay(m, s) })
+		d, err := l.time(min(c.warmup, c.steps), c.steps, func(s int) error { return f.Replay(m, s) })
 		if err != nil {
 			return nil, err
 		}
-		fr.Members[m].ReplayUSPerStep = perStep(d, c.steps)
+		fr.Members[m].ReplayUSPerStep = usPerStep(d, c.steps)
 	}
 	return rep, nil
 }

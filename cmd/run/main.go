@@ -31,7 +31,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -254,6 +253,20 @@ func (c *config) tuneFrom(spec string) error {
 	return nil
 }
 
+// open opens --device and sizes the launch grids for it; the caller
+// closes it.
+func (c *config) open() (cuda.Device, string, error) {
+	dev, choice, err := openDevice(c.device)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := c.sizeFor(dev); err != nil {
+		dev.Close()
+		return nil, "", err
+	}
+	return dev, choice, nil
+}
+
 // sizeFor sizes the launch grids for dev's multiprocessors.
 func (c *config) sizeFor(dev cuda.Device) error {
 	n, err := dev.Multiprocessors()
@@ -447,43 +460,32 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 	if err != nil {
 		return nil, err
 	}
-	dev, choice, err := openDevice(c.device)
+	dev, choice, err := c.open()
 	if err != nil {
 		return nil, err
 	}
 	defer dev.Close()
-	if err := c.sizeFor(dev); err != nil {
-		return nil, err
-	}
 	g, err := workloadFor(c, file, name, shape)
 	if err != nil {
 		return nil, err
 	}
-	f := file
 	opt := graphexec.Options{Plan: graph.PlanOptions{Budget: c.budget}, NoCaptureReuse: c.noReuse, NoPDL: c.noPDL}
 	var plan *planner.Plan
 	source := "memory"
-	if f != nil {
-		plan, source = f.Plan, "file "+c.planPath
+	if file != nil {
+		plan, source = file.Plan, "file "+c.planPath
 	}
 	e, err := graphexec.New(dev, g, plan, opt)
 	if err != nil {
 		return nil, err
 	}
 	defer e.Close()
-	rep := &report{
-		Workload: g.Name, Shape: map[string]int64{}, Fingerprint: g.Fingerprint().String(),
-		Device: dev.Name(), DeviceChoice: choice, Storage: "fp32", PlanSource: source,
-		PlanAlgo: e.Plan().Algo, ArenaBytes: e.Plan().Arena, LowerBound: e.Plan().LowerBound,
-		MappedBytes: e.Arena().Mapped(), WeightBytes: e.RegionBytes("weight"), KVBytes: e.RegionBytes("kv"),
-		InputBytes: e.RegionBytes("input"), OutputBytes: e.RegionBytes("output"),
-		Intermediate: e.RegionBytes("intermediate"), Launches: len(g.Ops), Steps: c.steps,
-	}
-	lm := e.LaunchMode()
-	rep.PDL, rep.PDLLaunches, rep.PTXTarget, rep.NoPDL = lm.PDL, lm.PDLLaunches, lm.Target, c.noPDL
-	for _, d := range g.Shape {
-		rep.Shape[d.Name] = d.Value
-	}
+	rep := newReport(g, dev, choice, source)
+	rep.PlanAlgo, rep.ArenaBytes, rep.LowerBound = e.Plan().Algo, e.Plan().Arena, e.Plan().LowerBound
+	rep.MappedBytes, rep.WeightBytes, rep.KVBytes = e.Arena().Mapped(), e.RegionBytes("weight"), e.RegionBytes("kv")
+	rep.InputBytes, rep.OutputBytes = e.RegionBytes("input"), e.RegionBytes("output")
+	rep.Intermediate, rep.Launches, rep.Steps = e.RegionBytes("intermediate"), len(g.Ops), c.steps
+	rep.setLaunch(e.LaunchMode(), c.noPDL)
 	if err := e.Init(); err != nil {
 		return nil, err
 	}
@@ -497,74 +499,25 @@ func execute(ctx context.Context, c *config, stderr io.Writer) (*report, error) 
 		}
 	}
 
-	// Eager: warm up, start again from the initial state, time.
-	timed := func(step func(int) error) (time.Duration, error) {
-		for s := 0; s < c.warmup; s++ {
-			if err := step(s); err != nil {
-				return 0, err
-			}
-		}
-		if err := e.ResetState(); err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		for s := 0; s < c.steps; s++ {
-			if ctx.Err() != nil {
-				return 0, ctx.Err()
-			}
-			if err := step(s); err != nil {
-				return 0, err
-			}
-		}
-		if err := e.Synchronize(); err != nil {
-			return 0, err
-		}
-		return time.Since(start), nil
-	}
-	eager, err := timed(e.Eager)
-	if err != nil {
-		return nil, err
-	}
-	eagerOut, err := results(e, g)
-	if err != nil {
-		return nil, err
-	}
-	if err := e.ResetState(); err != nil {
-		return nil, err
-	}
-	capture, err := e.Capture()
+	// Eager and replayed, each warmed up and timed from the initial state.
+	l := loop{ctx: ctx, en: e, fresh: true}
+	m, err := l.eagerThenReplay(c.warmup, c.steps, e.Eager, e.Replay, func() ([][]byte, error) { return results(e, g) })
 	if err != nil {
 		return nil, err
 	}
 	_, rep.GraphNodes = e.Captured()
-	replay, err := timed(e.Replay)
-	if err != nil {
-		return nil, err
-	}
-	replayOut, err := results(e, g)
-	if err != nil {
-		return nil, err
-	}
 	sr := e.SpillReport()
 	rep.SpilloverBytes, rep.SpillPeak, rep.SpillReserved = sr.GraphReserved, sr.PeakHeld, sr.PeakReserved
 	rep.SpillCapPeak, rep.SpillCapRes, rep.SpillCapReuses, rep.SpillReuse = sr.CapturePeakHeld, sr.CaptureReserved, sr.CaptureReuses, sr.CaptureReuse
-	rep.OutputsEqual = len(eagerOut) == len(replayOut)
-	for i := range eagerOut {
-		rep.OutputsEqual = rep.OutputsEqual && bytes.Equal(eagerOut[i], replayOut[i])
-	}
-	rep.CaptureMS = float64(capture.Microseconds()) / 1000
-	rep.EagerUS = float64(eager.Nanoseconds()) / 1000 / float64(c.steps)
-	rep.ReplayUS = float64(replay.Nanoseconds()) / 1000 / float64(c.steps)
-	if rep.ReplayUS > 0 {
-		rep.Speedup = rep.EagerUS / rep.ReplayUS
-	}
+	rep.OutputsEqual = m.equal()
+	rep.setTimes(m.capture, m.eager, m.replay, c.steps)
 	if c.pause {
-		if rep.Pause, err = pauseRun(dev, e, g, c.steps, eagerOut); err != nil {
+		if rep.Pause, err = pauseRun(dev, e, g, c.steps, m.eagerOut); err != nil {
 			return nil, fmt.Errorf("--pause: %w", err)
 		}
 	}
 	if c.check {
-		if err := check(c, g, e.Plan(), replayOut, rep); err != nil {
+		if err := check(c, g, e.Plan(), m.replayOut, rep); err != nil {
 			return nil, err
 		}
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"time"
@@ -91,10 +90,7 @@ func pauseRun(dev cuda.Device, e *graphexec.Executor, g *graph.Graph, steps int,
 	if err != nil {
 		return nil, err
 	}
-	pr.OutputsEqual = len(out) == len(eagerOut)
-	for i := range out {
-		pr.OutputsEqual = pr.OutputsEqual && bytes.Equal(out[i], eagerOut[i])
-	}
+	pr.OutputsEqual = equalAll(out, eagerOut)
 	return pr, nil
 }
 

@@ -1,0 +1,117 @@
+package arena
+
+import "github.com/arenaplan/arenaplan/cuda"
+
+// MinBlock is the rounding of every request and the smallest block split
+// off.
+const MinBlock = 512
+
+type blockState uint8
+
+const (
+	stFree      blockState = iota
+	stAllocated            // handed out
+	stDeferred             // freed during a capture, waiting (Capture.deferred or Spill.untilNone)
+	stPending              // waiting for events on other streams
+)
+
+// block is a piece of a segment.
+type block struct {
+	addr, size uint64
+	req        uint64 // requested bytes while allocated
+	seg        *segment
+	prev, next *block // address neighbours within the segment
+	state      blockState
+	uses       []cuda.Stream    // other streams that used it (RecordStream)
+	markers    []cuda.GraphNode // terminals of its streams at its free, during a capture
+	events     []cuda.Event
+}
+
+func lessBlock(a, b *block) bool {
+	if a.size != b.size {
+		return a.size < b.size
+	}
+	return a.addr < b.addr
+}
+
+// maxSpare bounds the recycled block structs a Spill keeps.
+const maxSpare = 4096
+
+// newBlock returns a zeroed block, recycled where one is spare: the
+// allocator's hot path then allocates nothing on the Go heap.
+func (s *Spill) newBlock() *block {
+	if n := len(s.spare); n > 0 {
+		b := s.spare[n-1]
+		s.spare = s.spare[:n-1]
+		return b
+	}
+	return &block{}
+}
+
+// recycle keeps b, which nothing references any more, for newBlock.
+func (s *Spill) recycle(b *block) {
+	if len(s.spare) < maxSpare {
+		*b = block{}
+		s.spare = append(s.spare, b)
+	}
+}
+
+// bestFit removes and returns the smallest free block of (pool, st) that
+// holds rsize bytes.
+func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64) *block {
+	t := pool.lookTree(st.Handle())
+	if t == nil {
+		return nil
+	}
+	var found *block
+	s.key = block{size: rsize}
+	t.AscendGreaterOrEqual(&s.key, func(b *block) bool {
+		found = b
+		return false
+	})
+	if found != nil {
+		t.Delete(found)
+	}
+	return found
+}
+
+// split cuts b (out of the tree) to rsize and frees the remainder.
+func (s *Spill) split(b *block, rsize uint64) {
+	if b.size-rsize < MinBlock {
+		return
+	}
+	rest := s.newBlock()
+	*rest = block{addr: b.addr + rsize, size: b.size - rsize, seg: b.seg, prev: b, next: b.next, state: stFree}
+	if b.next != nil {
+		b.next.prev = rest
+	}
+	b.next = rest
+	b.size = rsize
+	b.seg.pool.tree(b.seg.handle).ReplaceOrInsert(rest)
+}
+
+// release makes b free: coalesce with free neighbours, put in its tree.
+func (s *Spill) release(b *block) {
+	t := b.seg.pool.tree(b.seg.handle)
+	b.state, b.req, b.uses, b.markers, b.events = stFree, 0, nil, nil, nil
+	if p := b.prev; p != nil && p.state == stFree {
+		t.Delete(p)
+		p.size += b.size
+		p.next = b.next
+		if b.next != nil {
+			b.next.prev = p
+		}
+		s.recycle(b)
+		b = p
+	}
+	if n := b.next; n != nil && n.state == stFree {
+		t.Delete(n)
+		b.size += n.size
+		b.next = n.next
+		if n.next != nil {
+			n.next.prev = b
+		}
+		s.recycle(n)
+	}
+	t.ReplaceOrInsert(b)
+}

@@ -1,0 +1,230 @@
+package arena
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// segment is physical memory mapped at one place, owned by one pool and
+// one stream.
+type segment struct {
+	addr   cuda.DevicePtr
+	size   uint64
+	h      cuda.MemHandle
+	plain  bool // from cuMemAlloc (WithPlainSegments), not mapped
+	paused bool // its physical memory is released (PausePools); h is stale
+	host   []byte
+	pinned bool // host is page-locked (kept from one pause to the next)
+	pool   *Pool
+	stream cuda.Stream
+	handle uintptr // stream.Handle(): what the pool's free lists are keyed by
+	first  *block
+}
+
+type vaRange struct{ lo, hi uint64 } // offsets into the reservation
+
+// grow maps a new segment of at least rsize bytes for (pool, st) and
+// returns its single free block, out of the tree.
+func (s *Spill) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
+	size := roundUp(rsize, s.cfg.chunk)
+	if pool.user != nil && pool.user.src != nil {
+		size = userSegmentSize(rsize)
+	}
+	b, err := s.mapSegment(pool, st, size)
+	if err != nil && len(s.captures) == 0 && s.trim(false) > 0 {
+		b, err = s.mapSegment(pool, st, size)
+	}
+	if err == nil && pool.backup {
+		s.pinBackup(b.seg)
+	}
+	return b, err
+}
+
+func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, error) {
+	state := func() string {
+		return fmt.Sprintf("%s mapped (limit %s), %s in use, %s cached, of %s reserved addresses",
+			fmtBytes(s.st.Mapped), fmtBytes(s.cfg.limit), fmtBytes(s.st.InUse),
+			fmtBytes(s.st.Mapped-s.st.InUse), fmtBytes(s.cfg.addressSpace))
+	}
+	if s.st.Mapped+size > s.cfg.limit {
+		return nil, fmt.Errorf("%w: a new %s segment would pass the limit: %s", ErrOutOfMemory, fmtBytes(size), state())
+	}
+	if pool.user != nil && pool.user.src != nil {
+		return s.externalSegment(pool, st, size)
+	}
+	// deviceErr words a device call's failure; out of memory is the
+	// allocator's ErrOutOfMemory with its state.
+	deviceErr := func(doing string, err error) error {
+		if errors.Is(err, cuda.ErrorOutOfMemory) {
+			return fmt.Errorf("%w: device has no %s for a new segment: %s: %w", ErrOutOfMemory, fmtBytes(size), state(), err)
+		}
+		return fmt.Errorf("%s a %s segment: %w", doing, fmtBytes(size), err)
+	}
+	if s.plainNow() && pool.region == "" {
+		addr, err := s.dev.Alloc(size)
+		if err != nil {
+			return nil, deviceErr("allocating", err)
+		}
+		return s.addSegment(&segment{addr: addr, size: size, plain: true, pool: pool, stream: st, handle: st.Handle()}), nil
+	}
+	off, ok := s.takeVA(size)
+	if !ok {
+		return nil, fmt.Errorf("%w: no %s run of free reserved addresses left: %s", ErrOutOfMemory, fmtBytes(size), state())
+	}
+	addr := s.base.Add(off)
+	fail := func(err error) (*block, error) {
+		s.putVA(off, size)
+		return nil, deviceErr("mapping", err)
+	}
+	h, err := s.dev.MemCreate(size)
+	if err != nil {
+		return fail(err)
+	}
+	if err := s.dev.MemMap(addr, size, h); err != nil {
+		s.dev.MemRelease(h)
+		return fail(err)
+	}
+	if err := s.dev.MemSetAccess(addr, size); err != nil {
+		s.dev.MemUnmap(addr, size)
+		s.dev.MemRelease(h)
+		return fail(err)
+	}
+	return s.addSegment(&segment{addr: addr, size: size, h: h, pool: pool, stream: st, handle: st.Handle()}), nil
+}
+
+// plainNow says whether a new segment may come from cuMemAlloc: plain
+// segments are asked for, and no capture can be underway (cuMemAlloc
+// invalidates a global-mode capture).
+func (s *Spill) plainNow() bool {
+	return s.cfg.plain && len(s.captures) == 0 && (!s.cfg.foreign || (s.hinted && s.foreignN == 0))
+}
+
+func (s *Spill) addSegment(seg *segment) *block {
+	size := seg.size
+	seg.first = &block{addr: uint64(seg.addr), size: size, seg: seg, state: stFree}
+	s.segments[seg] = true
+	s.st.Mapped += size
+	s.st.Segments++
+	s.st.Grows++
+	s.st.GrownBytes += size
+	s.st.PeakMapped = max(s.st.PeakMapped, s.st.Mapped)
+	return seg.first
+}
+
+// takeVA takes the lowest free run of size bytes of the reservation.
+func (s *Spill) takeVA(size uint64) (uint64, bool) {
+	for i, r := range s.vaFree {
+		if r.hi-r.lo >= size {
+			off := r.lo
+			if r.hi-r.lo == size {
+				s.vaFree = append(s.vaFree[:i], s.vaFree[i+1:]...)
+			} else {
+				s.vaFree[i].lo += size
+			}
+			return off, true
+		}
+	}
+	return 0, false
+}
+
+// putVA returns [off, off+size) to the free runs, merging neighbours.
+func (s *Spill) putVA(off, size uint64) {
+	i := sort.Search(len(s.vaFree), func(i int) bool { return s.vaFree[i].lo > off })
+	s.vaFree = append(s.vaFree, vaRange{})
+	copy(s.vaFree[i+1:], s.vaFree[i:])
+	s.vaFree[i] = vaRange{off, off + size}
+	if i+1 < len(s.vaFree) && s.vaFree[i].hi == s.vaFree[i+1].lo {
+		s.vaFree[i].hi = s.vaFree[i+1].hi
+		s.vaFree = append(s.vaFree[:i+1], s.vaFree[i+2:]...)
+	}
+	if i > 0 && s.vaFree[i-1].hi == s.vaFree[i].lo {
+		s.vaFree[i-1].hi = s.vaFree[i].hi
+		s.vaFree = append(s.vaFree[:i], s.vaFree[i+1:]...)
+	}
+}
+
+// EmptyCache unmaps every segment that is wholly free and that no graph
+// needs (the default pool's, and those of private pools whose graphs and
+// owner released them), giving the memory back to the driver. It refuses
+// during a capture (ErrCapturing).
+func (s *Spill) EmptyCache() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("arena: Spill.EmptyCache: %w", ErrClosed)
+	}
+	if len(s.captures) > 0 {
+		return fmt.Errorf("arena: Spill.EmptyCache: %w", ErrCapturing)
+	}
+	if err := s.processPending(); err != nil {
+		return fmt.Errorf("arena: Spill.EmptyCache: %w", err)
+	}
+	s.trim(false)
+	return nil
+}
+
+// trim unmaps free segments of pools no graph holds (all when closing)
+// and returns the bytes unmapped.
+func (s *Spill) trim(all bool) uint64 {
+	var freed uint64
+	var segs []*segment
+	for seg := range s.segments {
+		segs = append(segs, seg)
+	}
+	sort.Slice(segs, func(i, j int) bool { return segs[i].addr < segs[j].addr })
+	for _, seg := range segs {
+		b := seg.first
+		whole := b.next == nil && b.state == stFree
+		kept := seg.pool.private && seg.pool.refs > 0 && seg.pool.region == ""
+		if !all && (!whole || kept || seg.paused) {
+			continue
+		}
+		if whole {
+			seg.pool.tree(seg.handle).Delete(b)
+			seg.pool.dropTree(seg.handle)
+		}
+		if seg.host != nil {
+			s.dropHost(seg)
+		}
+		if seg.paused {
+			// Nothing is mapped: only the addresses go back.
+			s.putVA(uint64(seg.addr-s.base), seg.size)
+			delete(s.segments, seg)
+			s.st.Paused -= seg.size
+			s.st.Segments--
+			continue
+		}
+		s.unmapSegment(seg)
+		freed += seg.size
+	}
+	for p := range s.pools {
+		if p.private && p.region == "" && p.refs == 0 && p.capturing == nil && !s.poolHasSegments(p) {
+			delete(s.pools, p)
+		}
+	}
+	return freed
+}
+
+// unmapSegment gives seg's memory back (to the pool's own allocator, the
+// driver, or the reserved addresses) and forgets it; its blocks are out of
+// every free list already; s.mu is held.
+func (s *Spill) unmapSegment(seg *segment) {
+	switch {
+	case seg.external():
+		s.freeExternal(seg)
+	case seg.plain:
+		s.dev.Free(seg.addr)
+	default:
+		s.dev.MemUnmap(seg.addr, seg.size)
+		s.dev.MemRelease(seg.h)
+		s.putVA(uint64(seg.addr-s.base), seg.size)
+	}
+	delete(s.segments, seg)
+	s.st.Mapped -= seg.size
+	s.st.Segments--
+	s.st.Unmaps++
+	s.st.UnmappedBytes += seg.size
+}

@@ -1,0 +1,53 @@
+package arena
+
+// SpillStats are the allocator's counters. Mapped = InUse + Cached, and
+// Waiting is the part of Cached not yet reusable.
+type SpillStats struct {
+	AddressSpace  uint64 // virtual addresses reserved up front
+	Mapped        uint64 // physical bytes mapped in segments
+	InUse         uint64 // bytes of allocated blocks (rounded sizes)
+	Requested     uint64 // bytes the live allocations asked for
+	Cached        uint64 // Mapped - InUse: free blocks and blocks waiting
+	Waiting       uint64 // freed blocks not reusable yet (other streams)
+	PeakInUse     uint64
+	PeakMapped    uint64
+	Segments      int
+	Live          int    // allocated blocks
+	Allocs        uint64 // successful Alloc calls
+	Frees         uint64
+	Grows         uint64 // segments mapped
+	Unmaps        uint64 // segments unmapped
+	GrownBytes    uint64 // bytes of the segments mapped, in all
+	UnmappedBytes uint64 // bytes of the segments unmapped, in all
+	// CaptureReuses counts blocks made reusable during a capture by the
+	// marker walk; NodesVisited what the walk cost in graph nodes.
+	CaptureReuses uint64
+	NodesVisited  uint64
+	// Paused is the bytes of segments whose physical memory PausePools
+	// released (not in Mapped); Backup the host bytes kept for them.
+	Paused uint64
+	Backup uint64
+	// FreeLists counts the per-pool, per-stream lists of free blocks: at
+	// most one per segment, whatever the number of streams seen.
+	FreeLists int
+}
+
+// Stats returns the counters.
+func (s *Spill) Stats() SpillStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	st.Cached = st.Mapped - st.InUse
+	for p := range s.pools {
+		st.FreeLists += len(p.free)
+	}
+	return st
+}
+
+// ResetPeaks sets the peaks of in-use and mapped bytes to their current
+// values (PyTorch's reset_peak_memory_stats).
+func (s *Spill) ResetPeaks() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.PeakInUse, s.st.PeakMapped = s.st.InUse, s.st.Mapped
+}
