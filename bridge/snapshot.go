@@ -87,9 +87,18 @@ type SegmentState struct {
 	// the arenas, (id, 0) for capture pools, (0, id) for regions.
 	Pool [2]uint64 `json:"pool"`
 	// Owner is the step or family whose arena it is, or the region's tag.
-	Owner  string       `json:"owner,omitempty"`
-	Paused bool         `json:"paused"`
+	Owner  string `json:"owner,omitempty"`
+	Paused bool   `json:"paused"`
+	// Blocks tile the segment, as PyTorch's do: in address order, each
+	// starting where the one before it ends, their sizes adding up to
+	// TotalSize, free space as inactive blocks. memory_viz lays a
+	// segment's blocks end to end and ignores their addresses.
 	Blocks []BlockState `json:"blocks"`
+	// Planned is an arena segment's planned buffers, every one of them,
+	// in address order (nil for other kinds): buffers whose lifetimes do
+	// not overlap share addresses, so these overlap; those live now are
+	// active, the rest inactive. Blocks holds the live ones.
+	Planned []BlockState `json:"planned_blocks,omitempty"`
 }
 
 // Block states, as PyTorch names them.
@@ -99,16 +108,41 @@ const (
 	StateFree    = "inactive"
 )
 
-// BlockState is one block of a segment. An arena's blocks are its planned
-// buffers, every one of them: they overlap in address (buffers whose
-// lifetimes do not), and those not live now are inactive.
+// BlockState is one block of a segment: an allocation, free space, or (in
+// an arena) a planned buffer.
 type BlockState struct {
 	Address   uint64 `json:"address"`
 	Size      uint64 `json:"size"`
 	Requested uint64 `json:"requested_size"`
 	State     string `json:"state"`
-	// Name is a planned buffer's step and name ("step/t12").
+	// Name is a planned buffer's step and name ("step/t12"; "step/orphan"
+	// for a live buffer of a plan the step has since replaced).
 	Name string `json:"name,omitempty"`
+}
+
+// tile returns blocks in address order with inactive blocks filling the
+// space before, between and after them, so that together they cover
+// [lo, lo+size) exactly once. A block reaching outside the segment, or
+// overlapping one before it (live outputs of a family's members, which
+// share memory by design), is left out.
+func tile(lo, size uint64, blocks []BlockState) []BlockState {
+	sort.SliceStable(blocks, func(i, j int) bool { return blocks[i].Address < blocks[j].Address })
+	tiled := make([]BlockState, 0, 2*len(blocks)+1)
+	at, hi := lo, lo+size
+	for _, bl := range blocks {
+		if bl.Address < at || bl.Address > hi || bl.Size > hi-bl.Address {
+			continue
+		}
+		if bl.Address > at {
+			tiled = append(tiled, BlockState{Address: at, Size: bl.Address - at, State: StateFree})
+		}
+		tiled = append(tiled, bl)
+		at = bl.Address + bl.Size
+	}
+	if at < hi {
+		tiled = append(tiled, BlockState{Address: at, Size: hi - at, State: StateFree})
+	}
+	return tiled
 }
 
 // history is the Bridge's recording state.
@@ -345,9 +379,11 @@ func (d *Device) segmentEvents(dh *deviceHistory, stream uintptr) {
 }
 
 // Snapshot describes device ordinal's memory now: each planned arena
-// (of steps and families) as segments whose blocks are its planned
-// buffers, each spill segment (default pool, capture pools, regions) with
-// its blocks, and, while history is recorded, the device's history.
+// (of steps and families) as segments whose blocks are the planned
+// buffers live now and the free space between them (Planned lists every
+// planned buffer), each spill segment (default pool, capture pools,
+// regions) with its blocks, and, while history is recorded, the device's
+// history.
 // Buffers of a replaced plan still live in a retired arena are not
 // described (their sizes are no longer known). A device never used is
 // not opened: its snapshot is empty.
@@ -375,7 +411,8 @@ func (b *Bridge) Snapshot(ordinal int) (*Snapshot, error) {
 	h.mu.Unlock()
 
 	for _, sg := range d.spill.Segments() {
-		s := SegmentState{Address: sg.Addr, TotalSize: sg.Size, Stream: sg.Stream, Paused: sg.Paused, Blocks: make([]BlockState, 0, len(sg.Blocks))}
+		s := SegmentState{Address: sg.Addr, TotalSize: sg.Size, Stream: sg.Stream, Paused: sg.Paused}
+		blocks := make([]BlockState, 0, len(sg.Blocks))
 		switch {
 		case sg.Region != "":
 			s.Kind, s.Owner, s.Pool = SegmentRegion, sg.Region, [2]uint64{0, sg.Pool}
@@ -392,8 +429,11 @@ func (b *Bridge) Snapshot(ordinal int) (*Snapshot, error) {
 			case arena.BlockFreeing:
 				st = StatePending
 			}
-			s.Blocks = append(s.Blocks, BlockState{Address: bl.Addr, Size: bl.Size, Requested: bl.Requested, State: st})
+			blocks = append(blocks, BlockState{Address: bl.Addr, Size: bl.Size, Requested: bl.Requested, State: st})
 		}
+		// The spill's blocks tile their segment already; tile keeps that
+		// promise should one ever not.
+		s.Blocks = tile(s.Address, s.TotalSize, blocks)
 		snap.Segments = append(snap.Segments, s)
 	}
 
@@ -406,7 +446,10 @@ func (b *Bridge) Snapshot(ordinal int) (*Snapshot, error) {
 	return snap, nil
 }
 
-// arenaSegments describes the device's planned arenas.
+// arenaSegments describes the device's planned arenas: a segment per
+// region, its blocks the planned buffers live now (and the orphans a
+// Replan left in the arena) tiled with free space, Planned every planned
+// buffer in it.
 func (d *Device) arenaSegments() ([]SegmentState, error) {
 	// Families first, under b.mu alone: d.mu is taken before b.mu
 	// elsewhere, never after.
@@ -422,9 +465,10 @@ func (d *Device) arenaSegments() ([]SegmentState, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	type arenaUse struct {
-		owner  string
-		stream uintptr
-		blocks []BlockState
+		owner   string
+		stream  uintptr
+		planned []BlockState // every planned buffer
+		live    []BlockState // the live ones and orphans
 	}
 	fams := map[*arena.Arena]string{}
 	for _, f := range famList {
@@ -448,31 +492,52 @@ func (d *Device) arenaSegments() ([]SegmentState, error) {
 			uses[s.ar] = u
 			order = append(order, s.ar)
 		}
+		planned := map[uint64]bool{}
 		for k, p := range s.addrs {
 			if k >= len(s.trace.Buffers) || k >= len(s.need) {
 				break
 			}
-			st := StateFree
+			bl := BlockState{Address: uint64(p), Size: s.need[k], Requested: uint64(s.trace.Buffers[k].Size),
+				State: StateFree, Name: s.name + "/t" + strconv.Itoa(k)}
 			if k < len(s.isLive) && s.isLive[k] {
-				st = StateActive
+				bl.State = StateActive
+				u.live = append(u.live, bl)
+				planned[bl.Address] = true
 			}
-			u.blocks = append(u.blocks, BlockState{Address: uint64(p), Size: s.need[k], Requested: uint64(s.trace.Buffers[k].Size),
-				State: st, Name: s.name + "/t" + strconv.Itoa(k)})
+			u.planned = append(u.planned, bl)
+		}
+		// The other live ranges are orphans of a replaced plan kept in
+		// this arena; their requests are no longer known.
+		if s.live != nil {
+			s.live.Ascend(func(sp span) bool {
+				if !planned[sp.lo] {
+					u.live = append(u.live, BlockState{Address: sp.lo, Size: sp.hi - sp.lo, Requested: sp.hi - sp.lo,
+						State: StateActive, Name: s.name + "/orphan"})
+				}
+				return true
+			})
 		}
 	}
 	var out []SegmentState
 	for _, a := range order {
 		u := uses[a]
-		sort.SliceStable(u.blocks, func(i, j int) bool { return u.blocks[i].Address < u.blocks[j].Address })
+		sort.SliceStable(u.planned, func(i, j int) bool { return u.planned[i].Address < u.planned[j].Address })
 		for _, r := range a.Regions() {
 			lo, hi := uint64(r.VA), uint64(r.VA)+uint64(r.Hi-r.Lo)
 			seg := SegmentState{Address: lo, TotalSize: hi - lo, Stream: u.stream, Kind: SegmentArena, Owner: u.owner,
-				Paused: r.Paused, Blocks: []BlockState{}}
-			for _, bl := range u.blocks {
+				Paused: r.Paused, Planned: []BlockState{}}
+			var live []BlockState
+			for _, bl := range u.live {
 				if bl.Address >= lo && bl.Address < hi {
-					seg.Blocks = append(seg.Blocks, bl)
+					live = append(live, bl)
 				}
 			}
+			for _, bl := range u.planned {
+				if bl.Address >= lo && bl.Address < hi {
+					seg.Planned = append(seg.Planned, bl)
+				}
+			}
+			seg.Blocks = tile(lo, hi-lo, live)
 			out = append(out, seg)
 		}
 	}

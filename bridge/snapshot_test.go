@@ -1,10 +1,93 @@
 package bridge
 
 import (
+	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
 )
+
+// checkTiled says how sg's blocks fail to tile it as PyTorch's segments
+// do (memory_viz lays them end to end): in address order, each starting
+// where the one before ends, their sizes adding up to the segment's.
+func checkTiled(sg SegmentState) error {
+	at := sg.Address
+	for i, bl := range sg.Blocks {
+		if bl.Address != at {
+			return fmt.Errorf("%s segment %#x: block %d (%s) at %#x, want %#x (the end of the one before)", sg.Kind, sg.Address, i, bl.Name, bl.Address, at)
+		}
+		if bl.Size == 0 {
+			return fmt.Errorf("%s segment %#x: block %d is empty", sg.Kind, sg.Address, i)
+		}
+		at += bl.Size
+	}
+	if at != sg.Address+sg.TotalSize {
+		return fmt.Errorf("%s segment %#x: blocks add up to %d bytes, the segment has %d", sg.Kind, sg.Address, at-sg.Address, sg.TotalSize)
+	}
+	return nil
+}
+
+// checkSnapshotTiled runs checkTiled on every segment of snap, and checks
+// that each arena segment's active blocks are its live planned buffers
+// (or orphans of a replaced plan).
+func checkSnapshotTiled(t *testing.T, snap *Snapshot) {
+	t.Helper()
+	for _, sg := range snap.Segments {
+		if err := checkTiled(sg); err != nil {
+			t.Error(err)
+		}
+		if sg.Kind != SegmentArena {
+			continue
+		}
+		live := map[BlockState]bool{}
+		for _, bl := range sg.Planned {
+			if bl.State == StateActive {
+				live[bl] = true
+			}
+		}
+		for _, bl := range sg.Blocks {
+			if bl.State == StateActive && !live[bl] && !strings.HasSuffix(bl.Name, "/orphan") {
+				t.Errorf("arena segment %#x: active block %+v is no live planned buffer", sg.Address, bl)
+			}
+			if bl.State != StateActive && (bl.State != StateFree || bl.Name != "" || bl.Requested != 0) {
+				t.Errorf("arena segment %#x: block %+v, want free space: inactive, unnamed, nothing requested", sg.Address, bl)
+			}
+		}
+	}
+}
+
+// TestTile: blocks in any order become the segment's blocks in address
+// order with the free space between them; a block that overlaps an
+// earlier one or leaves the segment is left out.
+func TestTile(t *testing.T) {
+	a := func(addr, size uint64) BlockState {
+		return BlockState{Address: addr, Size: size, Requested: size, State: StateActive}
+	}
+	free := func(addr, size uint64) BlockState { return BlockState{Address: addr, Size: size, State: StateFree} }
+	for _, c := range []struct {
+		name   string
+		blocks []BlockState
+		want   []BlockState
+	}{
+		{"empty", nil, []BlockState{free(100, 1000)}},
+		{"whole", []BlockState{a(100, 1000)}, []BlockState{a(100, 1000)}},
+		{"gaps", []BlockState{a(600, 100), a(200, 100)},
+			[]BlockState{free(100, 100), a(200, 100), free(300, 300), a(600, 100), free(700, 400)}},
+		{"adjacent", []BlockState{a(100, 100), a(200, 900)}, []BlockState{a(100, 100), a(200, 900)}},
+		{"overlap", []BlockState{a(200, 300), a(400, 200)}, []BlockState{free(100, 100), a(200, 300), free(500, 600)}},
+		{"outside", []BlockState{a(0, 50), a(1000, 200), a(1200, 10)}, []BlockState{free(100, 1000)}},
+	} {
+		got := tile(100, 1000, c.blocks)
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: tile = %+v, want %+v", c.name, got, c.want)
+		}
+		if err := checkTiled(SegmentState{Address: 100, TotalSize: 1000, Blocks: got}); err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+}
 
 // snapStep runs a model-like step on stream: activations freed two layers
 // later, a workspace per layer, one output kept (returned).
@@ -150,11 +233,21 @@ func TestSnapshot(t *testing.T) {
 		t.Errorf("arena segment %d bytes, owner %q, stream %#x; want %d, \"step decode\", %#x",
 			arenaSeg.TotalSize, arenaSeg.Owner, arenaSeg.Stream, rep.Arena, stream)
 	}
-	if len(arenaSeg.Blocks) != rep.Buffers {
-		t.Fatalf("arena segment has %d blocks, the plan %d buffers", len(arenaSeg.Blocks), rep.Buffers)
+	checkSnapshotTiled(t, snap)
+	if len(arenaSeg.Planned) != rep.Buffers {
+		t.Fatalf("arena segment lists %d planned buffers, the plan has %d", len(arenaSeg.Planned), rep.Buffers)
+	}
+	var liveBlocks []BlockState
+	for _, bl := range arenaSeg.Blocks {
+		if bl.State == StateActive {
+			liveBlocks = append(liveBlocks, bl)
+		}
+	}
+	if len(liveBlocks) != 1 || liveBlocks[0].Address != uint64(out) || liveBlocks[0].Requested != 8192 || liveBlocks[0].Name == "" {
+		t.Errorf("arena segment's active blocks %+v; want the kept output at %#x, 8192 bytes, named", liveBlocks, uint64(out))
 	}
 	active := 0
-	for _, bl := range arenaSeg.Blocks {
+	for _, bl := range arenaSeg.Planned {
 		if bl.Address < arenaSeg.Address || bl.Address+bl.Size > arenaSeg.Address+arenaSeg.TotalSize {
 			t.Errorf("block %s [%#x, +%d) outside its segment", bl.Name, bl.Address, bl.Size)
 		}
@@ -260,6 +353,108 @@ func TestSnapshot(t *testing.T) {
 	}
 	if snap.Recording || len(snap.Trace) != 0 {
 		t.Errorf("history off: recording %v, %d entries", snap.Recording, len(snap.Trace))
+	}
+
+	// No planned buffer live: the arena segment is one free block, and
+	// still lists every planned buffer.
+	if err := b.Free(out, 0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err = b.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSnapshotTiled(t, snap)
+	arenaSeg = nil
+	for i := range snap.Segments {
+		if snap.Segments[i].Kind == SegmentArena {
+			arenaSeg = &snap.Segments[i]
+		}
+	}
+	if arenaSeg == nil {
+		t.Fatal("no arena segment once the output was freed")
+	}
+	if want := []BlockState{{Address: arenaSeg.Address, Size: arenaSeg.TotalSize, State: StateFree}}; !reflect.DeepEqual(arenaSeg.Blocks, want) {
+		t.Errorf("arena segment with nothing live: blocks %+v, want %+v", arenaSeg.Blocks, want)
+	}
+	if len(arenaSeg.Planned) != rep.Buffers {
+		t.Errorf("arena segment lists %d planned buffers with nothing live, the plan has %d", len(arenaSeg.Planned), rep.Buffers)
+	}
+	for _, bl := range arenaSeg.Planned {
+		if bl.State != StateFree {
+			t.Errorf("planned buffer %+v active with nothing live", bl)
+		}
+	}
+}
+
+// TestSnapshotTiledFamilyAndOrphan: the segments tile their memory when
+// a family's members keep outputs (which share memory by design) and
+// when a Replan leaves an orphan live in the arena, shown where it is.
+func TestSnapshotTiledFamilyAndOrphan(t *testing.T) {
+	b := newTestBridge(t)
+	f, ps := recordFamily(t, b, []uint64{8, 4, 2, 1})
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range f.Members() {
+		if err := s.Serve(ps[i].stream, true); err != nil {
+			t.Fatal(err)
+		}
+		ps[i].run() // its output kept
+		if err := s.End(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := b.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSnapshotTiled(t, snap)
+	for _, sg := range snap.Segments {
+		if sg.Kind != SegmentArena {
+			continue
+		}
+		planned, shown := 0, 0
+		for _, bl := range sg.Planned {
+			if bl.State == StateActive {
+				planned++
+			}
+		}
+		for _, bl := range sg.Blocks {
+			if bl.State == StateActive {
+				shown++
+			}
+		}
+		if planned != 4 || shown == 0 {
+			t.Errorf("family arena: %d planned buffers live, %d shown; want the 4 members' outputs, at least one shown", planned, shown)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	p := &program{t: t, b: b, stream: 0x78, layers: 10, extra: 4096}
+	s := recordAndPlan(t, b, p)
+	p.extra = 0
+	_, out := serveRun(t, s, p)
+	if err := s.Replan(0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err = b.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSnapshotTiled(t, snap)
+	var orphan *BlockState
+	for _, sg := range snap.Segments {
+		for i, bl := range sg.Blocks {
+			if sg.Kind == SegmentArena && bl.Address == uint64(out) {
+				orphan = &sg.Blocks[i]
+			}
+		}
+	}
+	if orphan == nil || orphan.State != StateActive || orphan.Size < 8192 || orphan.Name != "test/orphan" {
+		t.Errorf("the orphan at %#x: %+v; want an active block of at least 8192 bytes named test/orphan", uint64(out), orphan)
 	}
 }
 

@@ -8,10 +8,14 @@ allocator, so that ``torch.cuda._memory_viz`` draws it and arenaplan's
 ``plan`` reads it back:
 
 - each planned arena (a step's or a family's) is a segment whose blocks
-  are its planned buffers, every one of them: buffers whose lifetimes do
-  not overlap share addresses, so these blocks overlap; those live now are
-  ``active_allocated``, the rest ``inactive``. Their frames name the step
-  and the buffer (``arenaplan step <name>``, line = the buffer's index).
+  tile it as PyTorch's do (in address order, end to end, adding up to
+  ``total_size``: memory_viz lays them so): the planned buffers live now,
+  ``active_allocated``, and the free space between them, ``inactive``.
+  Their frames name the step and the buffer (``arenaplan step <name>``,
+  line = the buffer's index). Every planned buffer of the segment, live
+  or not, is in the segment's extra key ``arenaplan_planned_blocks``
+  (blocks of the same shape; buffers whose lifetimes do not overlap share
+  addresses, so these overlap). PyTorch's tools ignore the key.
 - each spill segment (the default pool, graph captures' pools, tagged
   regions) is a segment with its blocks; a region's segment has the pool
   id ``(0, id)`` and a frame naming its tag.
@@ -35,6 +39,9 @@ MAX_HISTORY_ENTRIES = 1 << 24
 
 _ARENA_FILE = "arenaplan step"
 _REGION_FILE = "arenaplan region"
+
+# The key of an arena segment that lists every planned buffer in it.
+PLANNED_BLOCKS = "arenaplan_planned_blocks"
 
 
 def bind(lib) -> None:
@@ -75,13 +82,20 @@ def _frames_of_block(b: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"filename": f"{_ARENA_FILE} {step}", "line": line, "name": buf}]
 
 
+def _torch_block(b: Dict[str, Any]) -> Dict[str, Any]:
+    return {"address": int(b["address"]), "size": int(b["size"]), "requested_size": int(b.get("requested_size", 0)),
+            "state": b["state"], "frames": _frames_of_block(b)}
+
+
 def torch_segments(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The segments of one device's raw snapshot as PyTorch's snapshot
-    segments (keys and value types of torch.cuda.memory._snapshot)."""
+    segments (keys and value types of torch.cuda.memory._snapshot; an
+    arena's also ``arenaplan_planned_blocks``). ``allocated_size``,
+    ``active_size`` and ``requested_size`` count the segment's blocks."""
     device = int(raw["device"])
     out = []
     for s in raw.get("segments") or []:
-        blocks = []
+        blocks = []  # they tile the segment
         allocated = active = requested = 0
         for b in s.get("blocks") or []:
             state = b["state"]
@@ -92,8 +106,7 @@ def torch_segments(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
                 requested += req
             elif state == "active_pending_free":
                 active += size
-            blocks.append({"address": int(b["address"]), "size": size, "requested_size": req,
-                           "state": state, "frames": _frames_of_block(b)})
+            blocks.append(_torch_block(b))
         frames = []
         kind, owner = s.get("kind"), s.get("owner")
         if kind == "arena" and owner:
@@ -101,7 +114,7 @@ def torch_segments(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
         elif kind == "region" and owner:
             frames = [{"filename": _REGION_FILE, "line": 0, "name": owner}]
         pool = s.get("pool") or [0, 0]
-        out.append({
+        seg = {
             "device": device,
             "address": int(s["address"]),
             "total_size": int(s["total_size"]),
@@ -114,7 +127,10 @@ def torch_segments(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
             "is_expandable": False,
             "frames": frames,
             "blocks": blocks,
-        })
+        }
+        if kind == "arena":
+            seg[PLANNED_BLOCKS] = [_torch_block(b) for b in s.get("planned_blocks") or []]
+        out.append(seg)
     return out
 
 

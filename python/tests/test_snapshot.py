@@ -59,6 +59,19 @@ def fake_torch(device_count=1):
     return types.SimpleNamespace(_C=c, cuda=types.SimpleNamespace(device_count=lambda: device_count))
 
 
+def plan_lower_bound(data):
+    """The lower bound `plan` reads from a pickled snapshot."""
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "snap.pickle")
+        with open(p, "wb") as f:
+            f.write(data)
+        r = subprocess.run(["go", "run", "./cmd/plan", "--json", "--align", "256", p], cwd=REPO,
+                           capture_output=True, text=True, env=dict(os.environ, CGO_ENABLED="0"))
+        if r.returncode != 0:
+            raise AssertionError(f"plan failed: {r.stderr}")
+        return json.loads(r.stdout.strip().splitlines()[0])["lower_bound"]
+
+
 def real_snapshots():
     return sorted(glob.glob(os.path.join(DATA, "*.pickle")))
 
@@ -79,11 +92,13 @@ class SnapshotSchemaTest(unittest.TestCase):
         LIB.step_serve(sid, STREAM, True)
         cls.out = run_step(STREAM)  # kept: an active planned block
         LIB.step_end(sid)
+        cls.served = C._cuda_memorySnapshot(None)  # the step's two runs
         cls.spilled = LIB.alloc(123456, 0, 0x3302)
         cls.snapshot = C._cuda_memorySnapshot(None)
         cls.report = LIB.step_report(sid)
         C._cuda_record_memory_history(None)
         LIB.free(cls.out)
+        cls.idle = C._cuda_memorySnapshot(None)  # no planned buffer live
         LIB.free(cls.spilled)
         LIB.step_close(sid)
 
@@ -112,7 +127,7 @@ class SnapshotSchemaTest(unittest.TestCase):
         r_trace = [e for r in real for d in r["device_traces"] for e in d]
         r_frames = [f for e in r_trace for f in e.get("frames", [])]
         o_segs = ours["segments"]
-        o_blocks = [b for s in o_segs for b in s["blocks"]]
+        o_blocks = [b for s in o_segs for b in s["blocks"] + s.get(snap.PLANNED_BLOCKS, [])]
         o_trace = [e for d in ours["device_traces"] for e in d]
         o_frames = [f for x in o_trace + o_blocks + o_segs for f in x["frames"]]
         self.assertTrue(o_segs and o_blocks and o_trace and o_frames, "our snapshot is missing a part")
@@ -123,10 +138,11 @@ class SnapshotSchemaTest(unittest.TestCase):
             for x in mine:
                 missing = required - set(x)
                 self.assertFalse(missing, f"{what} {x} lacks {missing}")
-                extra = set(x) - set(want)
+                extra = set(x) - set(want) - ({snap.PLANNED_BLOCKS} if what == "segment" else set())
                 self.assertFalse(extra, f"{what} has keys PyTorch's has not: {extra}")
             for k, ts in got.items():
-                self.assertTrue(ts <= want[k], f"{what} key {k!r}: {ts} where PyTorch has {want[k]}")
+                if k in want:
+                    self.assertTrue(ts <= want[k], f"{what} key {k!r}: {ts} where PyTorch has {want[k]}")
         self.assertEqual(types_of([ours["allocator_settings"]]).keys(),
                          types_of([r["allocator_settings"] for r in real]).keys())
         for s in o_segs:
@@ -142,18 +158,56 @@ class SnapshotSchemaTest(unittest.TestCase):
         self.assertEqual(len(arenas), 1, segs)
         a = arenas[0]
         self.assertEqual(a["total_size"], self.report["arena"])
-        self.assertEqual(len(a["blocks"]), self.report["buffers"])
+        planned = a[snap.PLANNED_BLOCKS]
+        self.assertEqual(len(planned), self.report["buffers"])
         live = [b for b in a["blocks"] if b["state"] == "active_allocated"]
         self.assertEqual([(b["address"], b["requested_size"]) for b in live], [(self.out, 8192)])
-        self.assertEqual((a["allocated_size"], a["requested_size"]), (live[0]["size"], 8192))
-        for b in a["blocks"]:
+        self.assertEqual([b for b in planned if b["state"] == "active_allocated"], live)
+        self.assertEqual((a["allocated_size"], a["active_size"], a["requested_size"]),
+                         (live[0]["size"], live[0]["size"], 8192))
+        for b in planned:
             self.assertTrue(a["address"] <= b["address"] < a["address"] + a["total_size"])
             self.assertEqual(b["frames"][0]["filename"], "arenaplan step schema")
+        self.assertEqual(live[0]["frames"][0]["filename"], "arenaplan step schema")
         spill = [b for s in segs for b in s["blocks"] if b["address"] == self.spilled]
         self.assertEqual([(b["state"], b["requested_size"]) for b in spill], [("active_allocated", 123456)])
         # memory_snapshot's form: (pool, pool, include_traces)
         C = self.torch._C
         self.assertEqual(C._cuda_memorySnapshot((0, 0, False))["device_traces"], [[]])
+
+    def assert_tiled(self, snapshot):
+        """Every segment's blocks in address order, end to end, adding up
+        to its total_size (memory_viz lays them so), its counters theirs."""
+        for s in snapshot["segments"]:
+            at = s["address"]
+            for b in s["blocks"]:
+                self.assertEqual(b["address"], at, f"segment {s['address']:#x}: {s['blocks']}")
+                self.assertGreater(b["size"], 0)
+                at += b["size"]
+            self.assertEqual(at, s["address"] + s["total_size"], f"segment {s['address']:#x}: {s['blocks']}")
+            live = [b for b in s["blocks"] if b["state"] == "active_allocated"]
+            self.assertEqual(s["allocated_size"], sum(b["size"] for b in live))
+            self.assertEqual(s["requested_size"], sum(b["requested_size"] for b in live))
+
+    def test_segments_tile(self):
+        self.assert_tiled(self.served)  # the step's output live
+        self.assert_tiled(self.snapshot)  # and a spilled allocation
+        self.assert_tiled(self.idle)
+        arenas = [s for s in self.idle["segments"] if s["frames"] and s["frames"][0]["name"] == "step schema"]
+        self.assertEqual(len(arenas), 1)
+        a = arenas[0]
+        self.assertEqual([(b["address"], b["size"], b["state"]) for b in a["blocks"]],
+                         [(a["address"], a["total_size"], "inactive")])
+        self.assertEqual((a["allocated_size"], a["active_size"]), (0, 0))
+        self.assertEqual(len(a[snap.PLANNED_BLOCKS]), self.report["buffers"])
+        self.assertFalse([b for b in a[snap.PLANNED_BLOCKS] if b["state"] != "inactive"])
+
+    def test_plan_reads_served_snapshot(self):
+        """`plan` reads a snapshot with a served arena (its tiled blocks and
+        planned-buffer list) back at the step's lower bound."""
+        if shutil.which("go") is None or os.environ.get("ARENAPLAN_TEST_GO") == "0":
+            self.skipTest("go is not on PATH: `plan` not run")
+        self.assertEqual(plan_lower_bound(pickle.dumps(self.served)), self.report["lower_bound"])
 
     def test_history_controls(self):
         C = self.torch._C
@@ -205,14 +259,7 @@ class PlanReadsItBackTest(unittest.TestCase):
                 f.write("\n")
         if shutil.which("go") is None or os.environ.get("ARENAPLAN_TEST_GO") == "0":
             self.skipTest("go is not on PATH: `plan` not run (lifetime's Go test reads the committed fixture)")
-        with tempfile.TemporaryDirectory() as d:
-            p = os.path.join(d, "snap.pickle")
-            with open(p, "wb") as f:
-                f.write(data)
-            r = subprocess.run(["go", "run", "./cmd/plan", "--json", "--align", "256", p], cwd=REPO,
-                               capture_output=True, text=True, env=dict(os.environ, CGO_ENABLED="0"))
-            self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertEqual(json.loads(r.stdout.strip().splitlines()[0])["lower_bound"], lower, r.stdout)
+        self.assertEqual(plan_lower_bound(data), lower)
 
 
 if __name__ == "__main__":
