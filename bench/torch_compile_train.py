@@ -27,19 +27,19 @@ import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-MODELS = ["gpt2", "vit", "mlp"]
+MODELS = ["gpt2", "vit", "mlp", "gpt2-eff"]
 
 
 def build(name, torch, dev):
     """(module returning a scalar loss, its inputs)."""
     torch.manual_seed(0)
-    if name == "gpt2":
+    if name in ("gpt2", "gpt2-eff"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         class LM(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                cfg = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
+                cfg = GPT2Config(use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
                 self.m = GPT2LMHeadModel(cfg)
 
             def forward(self, ids):
@@ -87,10 +87,18 @@ def run(args):
     torch.cuda.synchronize()
     res = {"model": args.model, "mode": args.mode, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
+    # PyTorch's math attention: deterministic, so the two modes' weights
+    # can be compared bit for bit after the steps ("-eff": PyTorch's choice,
+    # the efficient kernel, whose backward is not deterministic).
+    import contextlib
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    attention = contextlib.nullcontext if args.model.endswith("-eff") else lambda: sdpa_kernel(SDPBackend.MATH)
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = fast(*inputs)
-        loss.backward()
+        with attention():
+            loss = fast(*inputs)
+            loss.backward()
         opt.step()
         return loss
 

@@ -33,7 +33,7 @@ for m in ${MODELS-tiny tiny-dyn vit bert}; do
 		tail -c 600 "$OUT/results.jsonl" | tail -1 | cut -c1-400
 	done
 done
-for m in ${TRAIN-mlp gpt2 vit}; do
+for m in ${TRAIN-mlp gpt2 vit gpt2-eff}; do
 	for mode in ${MODES:-reduce-overhead ours}; do
 		left=$((${DEADLINE:-480} - SECONDS))
 		if [ $left -lt 20 ]; then echo "SKIPPED $mode train $m (deadline)" | tee -a "$OUT/log.txt"; continue; fi

@@ -209,6 +209,10 @@ class _Ops:
         return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
     @staticmethod
+    def is_scalar(t) -> bool:
+        return t.dim() == 0
+
+    @staticmethod
     def storage_ref(t):
         """A weak reference to t's storage: expired() once nothing holds it."""
         from torch.multiprocessing.reductions import StorageWeakRef
@@ -527,6 +531,7 @@ class _TrainPair:
         self.tangents: Dict[int, Any] = {}
         self.saved_idxs: List[int] = []
         self.saved_set: set = set()
+        self.saved_cuda: List[int] = []
         self.make_fw = self.make_bw = None
         self.gen = self.bw_gen = 0
         self.saved_refs: list = []
@@ -580,7 +585,7 @@ class _TrainPair:
         fresh = self.make_fw()
         self.gen += 1
         self.replays["forward"] += 1
-        saved = [fresh[j] for j in self.saved_idxs]
+        saved = [fresh[j] for j in self.saved_idxs if ops.device(fresh[j])[0] == "cuda"]
         self.saved_refs = [ops.storage_ref(t) for t in saved]
         self.saved_ids = {ops.storage_id(t) for t in saved}
         self.user_refs = [weakref.ref(t) for j, t in enumerate(fresh) if ops.is_tensor(t) and j not in self.saved_set]
@@ -594,8 +599,8 @@ class _TrainPair:
             return self._plain_bw(inputs)
         if not ops.ptrs_equal(inputs, self.bw_ptrs, self.bw_static):
             return self._plain_bw(inputs)  # the saved activations of a forward run without a graph
-        for i, (kind, _) in enumerate(self.bw_map):
-            if kind == "fw" and ops.storage_id(inputs[i]) not in self.saved_ids:
+        for i in self.saved_cuda:
+            if ops.storage_id(inputs[i]) not in self.saved_ids:
                 raise RuntimeError(f"arenaplan.compile: {self.name}: this backward's saved activations were "
                                    "overwritten by a later replay of its forward (retain_graph=True, then another "
                                    "forward): run the backward before the next forward")
@@ -658,8 +663,13 @@ class _TrainPair:
             else:
                 m.append(("tan", None))
                 self.tangents[i] = ops.zeros(x)  # a placeholder the incoming gradient is copied into
-            if m[-1][0] != "tan" and ops.device(x)[0] != "cuda":
-                self._give_up(f"a backward input is on the {ops.device(x)[0]} device")
+            d = ops.device(x)[0]
+            if d != "cuda" and not (m[-1][0] == "fw" and ops.is_scalar(x)):
+                # A forward's 0-dim output on the host (the random seed and
+                # offset of SDPA's efficient attention outside a capture;
+                # inside it they are device tensors) goes with the chain;
+                # any other host tensor cannot.
+                self._give_up(f"a backward input is on the {d} device")
                 return
         self.bw_map = m
         self.saved_idxs = sorted({v for k, v in m if k == "fw"})
@@ -711,6 +721,10 @@ class _TrainPair:
         self.chain, self.shape, self.fw_args, self.fw_ptrs = ch, shape, args, ptrs
         self.tangent_idxs = sorted(tangents)
         self.make_fw, self.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
+        # The backward inputs that are the forward's device outputs: each
+        # call checks they are the last forward replay's.
+        self.saved_cuda = [i for i, (kind, v) in enumerate(bw_map)
+                           if kind == "fw" and ops.device(ch.outputs[0][v])[0] == "cuda"]
         self.bw_ptrs, self.bw_static = [None] * len(bw_map), []
         for i, (kind, v) in enumerate(bw_map):
             if kind == "fw":
