@@ -350,3 +350,167 @@ class MutationTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class _Storage:
+    pass
+
+
+class _TrainOps(_FakeOps):
+    """Stand-ins for a training pair: tensors own a storage whose weak
+    reference expires when the last tensor over it goes."""
+
+    def __init__(self):
+        super().__init__()
+        self.chains = []
+
+    @staticmethod
+    def meta(t):
+        return (t.ptr, t.shape)
+
+    @staticmethod
+    def is_scalar(t):
+        return t.shape == ()
+
+    @staticmethod
+    def storage_ref(t):
+        import weakref
+        ref = weakref.ref(t.storage)
+        return types.SimpleNamespace(expired=lambda: ref() is None)
+
+    @staticmethod
+    def storage_id(t):
+        return id(t.storage)
+
+    @staticmethod
+    def zeros(t):
+        return _Tensor(t.shape, t.device)
+
+    def capture_chain(self, stages, name, device, opts):
+        ch = types.SimpleNamespace(outputs=[], replays=[], closed=False)
+        box = None
+        for fn in stages:
+            out = fn(box)
+            ch.outputs.append(out)
+            box = [out]
+        ch.replay = lambda i: ch.replays.append(i)
+        ch.report = lambda: {"arena": 10, "lower_bound": 10, "capture_ms": [1.0, 1.0]}
+        ch.close = lambda: setattr(ch, "closed", True)
+        self.chains.append(ch)
+        return ch
+
+    def views(self, outs):
+        def make():
+            res = []
+            for o in outs:
+                t = _Tensor(o.shape, o.device, o.ptr)
+                t.storage = _Storage()
+                res.append(t)
+            return res
+        return make
+
+
+def _tensor(shape, ptr=None):
+    t = _Tensor(shape, ptr=ptr)
+    t.storage = _Storage()
+    return t
+
+
+class _Fw:
+    """A training forward: (loss, a saved activation), new each call."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, args):
+        args.clear()
+        self.calls += 1
+        return [_tensor(()), _tensor((64,))]
+
+
+class _Bw:
+    """Its backward: (saved activation, incoming gradient) -> a gradient."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, args):
+        args.clear()
+        self.calls += 1
+        return [_tensor((16,))]
+
+
+class TrainPairTest(unittest.TestCase):
+    def setUp(self):
+        self.ops = _TrainOps()
+        opts = apc.CompileOptions(None, {})
+        self.fw_inner, self.bw_inner = _Fw(), _Bw()
+        self.pair = apc._TrainPair("graph0", opts, self.ops)
+        self.fw = apc._Runner(self.fw_inner, "graph0", [0], None, opts, self.ops, 0)
+        self.bw = apc._Runner(self.bw_inner, "graph0-bw", [0], None, opts, self.ops, 0)
+        self.fw.pair = self.bw.pair = self.pair
+        self.pair.fw, self.pair.bw = self.fw, self.bw
+        self.weight, self.x = _tensor((16,)), _tensor((4,))
+
+    def forward(self):
+        return self.fw([self.weight, self.x])
+
+    def backward(self, outs):
+        return self.bw([outs[1], _tensor(())])
+
+    def step(self):
+        outs = self.forward()
+        grads = self.backward(outs)
+        return outs, grads
+
+    def test_captured_after_one_plain_step_then_replayed(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            self.step()  # plain: shows which backward input is the saved activation
+            self.assertIsNone(self.ops.chains[0] if self.ops.chains else None)
+            for _ in range(3):
+                self.step()
+        ch = self.ops.chains[0]
+        self.assertEqual(ch.replays, [0, 1] * 3)
+        # Inductor's code ran for the plain step and once per stage in the capture.
+        self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (2, 2))
+        self.assertEqual(self.pair.bw_map[0], ("fw", 1))
+        self.assertEqual(self.pair.bw_map[1][0], "tan")
+        r = self.fw.report()
+        self.assertTrue(r["captured"])
+        self.assertEqual((r["replays"], r["plain_calls"]), (3, 1))
+
+    def test_forward_before_the_pending_backward_runs_plain(self):
+        self.step()
+        self.step()  # captured
+        held = self.forward()  # its backward has not run: its saved activation is in use
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            other = self.forward()
+        self.assertEqual(self.ops.chains[0].replays, [0, 1, 0])
+        self.assertEqual(self.fw_inner.calls, 3)
+        self.assertTrue(any("wait for their backward" in str(m.message) for m in w))
+        self.backward(other)  # the plain forward's backward: not the arena's activation, plain too
+        self.assertEqual(self.bw_inner.calls, 3)
+        self.backward(held)  # the pending one replays
+        self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
+
+    def test_held_gradients_mean_plain_calls(self):
+        self.step()
+        _, grads = self.step()  # captured; its gradients kept (as .grad after accumulation)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            self.step()
+        self.assertEqual(self.ops.chains[0].replays, [0, 1])
+        self.assertTrue(any("gradients are still held" in str(m.message) for m in w))
+        del grads
+        self.step()
+        self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
+
+    def test_backward_of_an_overwritten_forward_raises(self):
+        self.step()
+        outs, grads = self.step()  # captured; outs kept, as retain_graph=True keeps the saved activations
+        del grads
+        self.forward()  # its backward ran, so this replay may overwrite them
+        with self.assertRaisesRegex(RuntimeError, "overwritten by a later replay"):
+            self.backward(outs)
