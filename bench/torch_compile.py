@@ -27,7 +27,7 @@ import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-MODELS = ["tiny", "tiny-dyn", "vit", "bert"]
+MODELS = ["tiny", "tiny-dyn", "vit", "bert", "resnet50", "vit-dyn"]
 
 
 def build(name, torch, dev):
@@ -38,10 +38,15 @@ def build(name, torch, dev):
                                 torch.nn.LayerNorm(1024)).to(dev, torch.float16).eval()
         batches = (64, 16, 4) if name == "tiny-dyn" else (64,)
         return m, [torch.randn(b, 1024, device=dev, dtype=torch.float16) for b in batches]
-    if name == "vit":
+    if name in ("vit", "vit-dyn"):
         import torchvision
         m = torchvision.models.vit_b_16().to(dev, torch.float16).eval()
-        return m, [torch.randn(32, 3, 224, 224, device=dev, dtype=torch.float16)]
+        batches = (32, 8, 1) if name == "vit-dyn" else (32,)
+        return m, [torch.randn(b, 3, 224, 224, device=dev, dtype=torch.float16) for b in batches]
+    if name == "resnet50":
+        import torchvision
+        m = torchvision.models.resnet50().to(dev, torch.float16).eval()
+        return m, [torch.randn(64, 3, 224, 224, device=dev, dtype=torch.float16)]
     if name == "bert":
         from transformers import BertConfig, BertModel
 

@@ -273,6 +273,11 @@ class _Member:
 
 
 _runners: "weakref.WeakSet[_Runner]" = weakref.WeakSet()
+# Addresses of the outputs of the training graphs captured so far, by the
+# pair that owns them: a later graph whose input is one of them (the
+# logits a loss graph takes from the model's graph) reads it in place, as
+# CUDAGraph Trees read a parent graph's outputs, instead of copying it.
+_fixed_outputs: Dict[int, int] = {}
 _order = [0]
 _lock = threading.Lock()
 
@@ -532,6 +537,8 @@ class _TrainPair:
         self.saved_idxs: List[int] = []
         self.saved_set: set = set()
         self.saved_cuda: List[int] = []
+        self.fw_check: List[int] = []  # forward inputs read in place: parameters, other graphs' outputs
+        self.fw_inplace: set = set()
         self.make_fw = self.make_bw = None
         self.gen = self.bw_gen = 0
         self.saved_refs: list = []
@@ -562,7 +569,7 @@ class _TrainPair:
         if self.chain is None:
             if not self._build(inputs, shape):
                 return self._plain_fw(inputs)
-        elif shape != self.shape or (fw.static and not ops.ptrs_equal(inputs, self.fw_ptrs, fw.static)):
+        elif shape != self.shape or (self.fw_check and not ops.ptrs_equal(inputs, self.fw_ptrs, self.fw_check)):
             self._warn("shape", "a training graph is captured for one shape and one set of parameter addresses; "
                                 "calls with others run without a graph")
             return self._plain_fw(inputs)
@@ -575,7 +582,7 @@ class _TrainPair:
             return self._plain_fw(inputs)
         for i in fw.dyn or ():
             dst, src = self.fw_args[i], inputs[i]
-            if ops.is_tensor(src) and ops.data_ptr(dst) != ops.data_ptr(src):
+            if i not in self.fw_inplace and ops.is_tensor(src) and ops.data_ptr(dst) != ops.data_ptr(src):
                 ops.copy(dst, src)
         del inputs
         prev = [t for t in (w() for w in self.user_refs) if t is not None]
@@ -682,11 +689,17 @@ class _TrainPair:
                           "(torch._C._construct_storage_from_data_pointer)")
             return False
         static = set(fw.static)
-        args, ptrs, nbytes = [], [None] * len(inputs), 0
+        args, ptrs, nbytes, inplace = [], [None] * len(inputs), 0, []
+        with _lock:
+            fixed = {p for p, owner in _fixed_outputs.items() if owner != id(self)}
         for i, x in enumerate(inputs):
             if i in static:
                 args.append(x)
                 ptrs[i] = ops.data_ptr(x)
+            elif ops.is_tensor(x) and ops.data_ptr(x) in fixed:
+                args.append(x)  # another captured graph's output: read in place
+                ptrs[i] = ops.data_ptr(x)
+                inplace.append(i)
             elif ops.is_tensor(x):
                 p = ops.placeholder(x)
                 ops.copy(p, x)
@@ -719,6 +732,12 @@ class _TrainPair:
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
             return False
         self.chain, self.shape, self.fw_args, self.fw_ptrs = ch, shape, args, ptrs
+        self.fw_check, self.fw_inplace = sorted(static | set(inplace)), set(inplace)
+        with _lock:
+            for out in ch.outputs:
+                for o in out:
+                    if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
+                        _fixed_outputs[ops.data_ptr(o)] = id(self)
         self.tangent_idxs = sorted(tangents)
         self.make_fw, self.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
         # The backward inputs that are the forward's device outputs: each
@@ -772,6 +791,9 @@ class _TrainPair:
         if self.chain is not None:
             self.chain.close()
             self.chain = None
+        with _lock:
+            for p in [p for p, owner in _fixed_outputs.items() if owner == id(self)]:
+                del _fixed_outputs[p]
         self.fw_args, self.tangents = [], {}
         self.saved_refs, self.grad_refs, self.user_refs = [], [], []
 

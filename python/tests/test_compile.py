@@ -514,3 +514,26 @@ class TrainPairTest(unittest.TestCase):
         self.forward()  # its backward ran, so this replay may overwrite them
         with self.assertRaisesRegex(RuntimeError, "overwritten by a later replay"):
             self.backward(outs)
+
+    def test_input_from_another_captured_graph_is_read_in_place(self):
+        self.step()
+        outs, _ = self.step()  # this pair captured: its outputs are at fixed addresses
+        opts = apc.CompileOptions(None, {})
+        fw2 = apc._Runner(_Fw(), "graph1", [], None, opts, self.ops, 0)
+        bw2 = apc._Runner(_Bw(), "graph1-bw", [], None, opts, self.ops, 0)
+        pair2 = apc._TrainPair("graph1", opts, self.ops)
+        fw2.pair = bw2.pair = pair2
+        pair2.fw, pair2.bw = fw2, bw2
+        copies = []
+        self.ops.copy = lambda dst, src: copies.append(src.ptr)
+        for _ in range(3):
+            outs, _ = self.step()
+            o2 = fw2([outs[0]])  # the first graph's output, as a loss graph takes the logits
+            bw2([o2[1], _tensor(())])
+        self.assertEqual(len(self.ops.chains), 2)
+        self.assertIn(outs[0].ptr, [a.ptr for a in pair2.fw_args])
+        self.assertNotIn(outs[0].ptr, copies)  # never copied into a placeholder
+        self.assertEqual(self.ops.chains[1].replays, [0, 1, 0, 1])  # plain once, then captured
+        self.pair.close()
+        self.assertNotIn(outs[0].ptr, apc._fixed_outputs)
+        pair2.close()
