@@ -102,6 +102,10 @@ def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2,
     gs: List["torch.cuda.CUDAGraph"] = []
     try:
         sids = [lib.family_member(fid, str(i)) for i in range(len(stages))]
+        # What earlier steps on other streams left cached goes back first:
+        # the passes below run on the capture stream, which cannot reuse it.
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
         stream.wait_stream(cur)
         with torch.cuda.stream(stream):
             for _ in range(warmup - 1):
