@@ -71,6 +71,9 @@ def build(name, torch, dev):
 
 
 def run(args):
+    # cuBLAS's deterministic workspace: the same kernels and sums on every
+    # stream (the captures run on their own).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     ours = args.mode == "ours"
     if ours:
