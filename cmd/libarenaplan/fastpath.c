@@ -33,8 +33,14 @@
 
 // Kept blocks are small and frequent; big ones are rare enough that Go
 // can serve them, and holding them here hides memory from Go.
+// Both can be set when building (CGO_CFLAGS=-DKEEP_MAX_BYTES=...) to
+// measure what the caps cost in reserved memory.
+#ifndef KEEP_MAX_BLOCK
 #define KEEP_MAX_BLOCK ((size_t)64 << 20)
+#endif
+#ifndef KEEP_MAX_BYTES
 #define KEEP_MAX_BYTES ((uint64_t)512 << 20)
+#endif
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int on;
