@@ -27,7 +27,7 @@ import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-MODELS = ["tiny", "tiny-dyn", "vit", "bert", "resnet50", "vit-dyn"]
+MODELS = ["tiny", "tiny-dyn", "vit", "bert", "resnet50", "vit-dyn", "llama-decode"]
 
 
 def build(name, torch, dev):
@@ -59,6 +59,30 @@ def build(name, torch, dev):
                 return self.m(input_ids=ids).last_hidden_state
         m = Bert().to(dev, torch.float16).eval()
         return m, [torch.randint(0, 30522, (32, 128), device=dev)]
+    if name == "llama-decode":
+        # Llama-3.2-1B's shapes, 4 of its 16 layers, bf16; a decode step
+        # (batch 8, one token) on HF's static KV cache of 1024 positions,
+        # written in place at a fixed position (so every call is the same).
+        from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+        cfg = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                          num_hidden_layers=4, vocab_size=128256, max_position_embeddings=2048,
+                          attn_implementation="sdpa")
+        lm = LlamaForCausalLM(cfg).to(dev, torch.bfloat16).eval()
+        try:
+            cache = StaticCache(config=cfg, max_batch_size=8, max_cache_len=1024, device=dev, dtype=torch.bfloat16)
+        except TypeError:
+            cache = StaticCache(config=cfg, max_cache_len=1024)
+
+        class Decode(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lm, self.cache = lm, cache
+                self.register_buffer("pos", torch.tensor([700], device=dev))
+
+            def forward(self, ids):
+                return self.lm(input_ids=ids, past_key_values=self.cache, cache_position=self.pos,
+                               position_ids=self.pos.view(1, 1).expand(ids.shape[0], 1), use_cache=True).logits
+        return Decode(), [torch.randint(0, 128256, (8, 1), device=dev)]
     raise SystemExit(f"unknown model {name}")
 
 
