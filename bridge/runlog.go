@@ -10,6 +10,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
 )
 
 // runLog is what one run of the step did, in the order it did it: every
@@ -110,22 +111,5 @@ func (r *runLog) embeds(name string, plan *lifetime.Trace) error {
 		keep[j] = true
 		j++
 	}
-	return sameSteps(plan, r.subTrace(name, keep))
-}
-
-// sameSteps says how run differs from the plan's trace, or nil.
-func sameSteps(plan, run *lifetime.Trace) error {
-	for i := range min(len(plan.Buffers), len(run.Buffers)) {
-		p, r := &plan.Buffers[i], &run.Buffers[i]
-		switch {
-		case p.Size != r.Size:
-			return fmt.Errorf("allocation %d is %d bytes in the plan, %d in this step", i, p.Size, r.Size)
-		case p.Start != r.Start || p.End != r.End:
-			return fmt.Errorf("allocation %d lives [%d, %d) in the plan, [%d, %d) in this step", i, p.Start, p.End, r.Start, r.End)
-		}
-	}
-	if len(plan.Buffers) != len(run.Buffers) {
-		return fmt.Errorf("the plan has %d allocations, this step made %d", len(plan.Buffers), len(run.Buffers))
-	}
-	return nil
+	return planner.SameRun(plan, r.subTrace(name, keep), true)
 }

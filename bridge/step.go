@@ -268,7 +268,7 @@ func (s *Step) End(failed bool) error {
 			// capture, say) spills and counts as a divergence without
 			// refusing the plan; a plan the run does not contain is
 			// refused.
-			why := sameSteps(s.trace, run)
+			why := planner.SameRun(s.trace, run, true)
 			if why == nil {
 				why = embedded
 			}

@@ -629,7 +629,9 @@ func (e *Executor) Rebind(g *graph.Graph) (Rebound, error) {
 	case g.Topology() != e.g.Topology():
 		reason = "kernels or their order changed"
 	default:
-		reason = fitsPlan(e.dry.Trace, d.Trace, e.plan)
+		if err := planner.Fits(e.dry.Trace, d.Trace, e.plan); err != nil {
+			reason = err.Error()
+		}
 	}
 	if reason == "" && g.Align <= e.plan.Align {
 		start := time.Now()
@@ -685,27 +687,6 @@ func (e *Executor) Rebind(g *graph.Graph) (Rebound, error) {
 		return Rebound{}, err
 	}
 	return Rebound{Decision: Recaptured, Reason: reason, Elapsed: el}, nil
-}
-
-// fitsPlan says why plan p, made for trace old, cannot hold trace t, or ""
-// when every buffer of t fits in its old place.
-func fitsPlan(old, t *lifetime.Trace, p *planner.Plan) string {
-	if len(old.Buffers) != len(t.Buffers) {
-		return fmt.Sprintf("buffer count changed (%d to %d)", len(old.Buffers), len(t.Buffers))
-	}
-	for i := range t.Buffers {
-		a, b := &old.Buffers[i], &t.Buffers[i]
-		switch {
-		case a.Tag != b.Tag || a.Start != b.Start || a.End != b.End:
-			return fmt.Sprintf("buffer %s changed role or lifetime", b.Name)
-		case b.Size > a.Size:
-			return fmt.Sprintf("buffer %s grew from %d to %d bytes: the plan no longer fits", b.Name, a.Size, b.Size)
-		}
-	}
-	if err := planner.Check(t, p); err != nil {
-		return fmt.Sprintf("plan check failed: %v", err)
-	}
-	return ""
 }
 
 // Close releases the captured graph, the stream, the staging memory, the
