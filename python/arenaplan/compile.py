@@ -282,7 +282,26 @@ _order = [0]
 _lock = threading.Lock()
 
 
-class _Runner:
+class _Warns:
+    """One warning per kind for a compiled graph, and giving it up."""
+
+    name: str
+    reason: Optional[str]
+    warned: set
+
+    def _give_up(self, reason: str) -> None:
+        self.reason = reason
+        self._warn(reason, reason)
+
+    def _warn(self, kind: str, reason: str) -> None:
+        if kind in self.warned:
+            return
+        self.warned.add(kind)
+        warnings.warn(f"arenaplan.compile: {self.name}: {reason}: inductor's code runs without a CUDA graph",
+                      RuntimeWarning, stacklevel=4)
+
+
+class _Runner(_Warns):
     """A compiled graph (inductor's boxed callable) run on arenaplan's graphs.
 
     Called with a list of inputs, which it empties (AOTAutograd's boxed
@@ -459,17 +478,6 @@ class _Runner:
             self._views[m.index] = self.ops.views(fam.outputs[m.index])
         return True
 
-    def _give_up(self, reason: str) -> None:
-        self.reason = reason
-        self._warn(reason, reason)
-
-    def _warn(self, kind: str, reason: str) -> None:
-        if kind in self.warned:
-            return
-        self.warned.add(kind)
-        warnings.warn(f"arenaplan.compile: {self.name}: {reason}: inductor's code runs without a CUDA graph",
-                      RuntimeWarning, stacklevel=3)
-
     # Reports.
     def report(self) -> Dict[str, Any]:
         if self.pair is not None:
@@ -499,7 +507,7 @@ class _Runner:
         self.members.clear()
         self._views.clear()
 
-class _TrainPair:
+class _TrainPair(_Warns):
     """A training graph: AOTAutograd's forward and its backward, captured
     as ONE chain (:func:`arenaplan.torch.chain`): one arena planned on one
     timeline, the activations the forward saves read in place by the
@@ -758,17 +766,6 @@ class _TrainPair:
             self.bw_static.append(i)
         self.placeholder_bytes = nbytes
         return True
-
-    def _give_up(self, reason: str) -> None:
-        self.reason = reason
-        self._warn(reason, reason)
-
-    def _warn(self, kind: str, reason: str) -> None:
-        if kind in self.warned:
-            return
-        self.warned.add(kind)
-        warnings.warn(f"arenaplan.compile: {self.name}: {reason}: inductor's code runs without a CUDA graph",
-                      RuntimeWarning, stacklevel=4)
 
     def report(self, r: _Runner) -> Dict[str, Any]:
         part = "forward" if r is self.fw else "backward"
