@@ -192,6 +192,7 @@ static void case_null_args(result *r) {
 	char *(*step_report)(int, char **) = sym("arenaplan_step_report");
 	char *(*step_save)(int, const char *) = sym("arenaplan_step_save");
 	char *(*family_new)(int, const char *, int *) = sym("arenaplan_family_new");
+	char *(*chain_new)(int, const char *, int *) = sym("arenaplan_chain_new");
 	char *(*family_member)(int, const char *, int *) = sym("arenaplan_family_member");
 	char *(*family_report)(int, char **) = sym("arenaplan_family_report");
 	char *(*region_begin)(int, long, const char *, int) = sym("arenaplan_region_begin");
@@ -210,6 +211,7 @@ static void case_null_args(result *r) {
 	NULLCALL(step_report(id, NULL));
 	NULLCALL(step_save(id, NULL));
 	NULLCALL(family_new(0, "f", NULL));
+	NULLCALL(chain_new(0, "c", NULL));
 	e = family_new(0, "f", &fid);
 	if (e) free_string(e);
 	NULLCALL(family_member(fid, "m", NULL));
@@ -344,8 +346,8 @@ static void case_fault(result *r) {
 	e = last_error();
 	if (e && strstr(e, "internal error")) errors++;
 	if (e) free_string(e);
-	const char *ctl[] = {"arenaplan_step_new", "arenaplan_family_new"};
-	for (int i = 0; i < 2; i++) NULLCALL(((char *(*)(int, const char *, int *))sym(ctl[i]))(0, "x", &id));
+	const char *ctl[] = {"arenaplan_step_new", "arenaplan_family_new", "arenaplan_chain_new"};
+	for (int i = 0; i < 3; i++) NULLCALL(((char *(*)(int, const char *, int *))sym(ctl[i]))(0, "x", &id));
 	const char *withid[] = {"arenaplan_step_record", "arenaplan_step_join_capture", "arenaplan_step_close",
 	                        "arenaplan_family_close"};
 	for (int i = 0; i < 4; i++) NULLCALL(((char *(*)(int, void *))sym(withid[i]))(0, NULL));
