@@ -188,9 +188,11 @@ func shiftGaps(gaps []lifetime.Gap, shift func(int64) int64) []lifetime.Gap {
 
 // Offsets projects joint offsets onto window w: an offset for every
 // buffer of its trace.
-func (j *Joint) Offsets(w int, joint []int64) []int64 {
-	out := make([]int64, len(j.Spans[w].Joint))
-	for i, id := range j.Spans[w].Joint {
+func (j *Joint) Offsets(w int, joint []int64) []int64 { return project(j.Spans[w].Joint, joint) }
+
+func project(ids []lifetime.ID, joint []int64) []int64 {
+	out := make([]int64, len(ids))
+	for i, id := range ids {
 		out[i] = joint[id]
 	}
 	return out
