@@ -319,6 +319,11 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 	if fp.Arena < 0 || fp.Arena > lifetime.MaxSize {
 		return fmt.Errorf("check family: arena size %d is out of range", fp.Arena)
 	}
+	// The members themselves: names, keys, traces (see familyJoint).
+	j, _, err := familyJoint(members)
+	if err != nil {
+		return fmt.Errorf("check family: %w", err)
+	}
 	// Shared buffers: sorted by offset, aligned, disjoint, inside the arena.
 	byKey := make(map[string]SharedBuffer, len(fp.Shared))
 	var top int64
@@ -348,16 +353,11 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 	}
 	used := make(map[string]bool, len(fp.Shared))
 	arena, lb, sep := top, int64(0), int64(0)
-	names := map[string]bool{}
 	for mi, m := range members {
 		mp := &fp.Members[mi]
 		if m.Name != mp.Name {
 			return fmt.Errorf("check family: member %d is %q in the family, %q in the plan", mi, m.Name, mp.Name)
 		}
-		if names[m.Name] {
-			return fmt.Errorf("check family: member name %q appears twice", m.Name)
-		}
-		names[m.Name] = true
 		if err := checkMember(m, mp, fp, byKey, used); err != nil {
 			return fmt.Errorf("check family: member %q: %w", m.Name, err)
 		}
@@ -375,10 +375,6 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 	// On the family's joint timeline every shared key is one buffer live
 	// over all of it: one Check proves that no buffer of any member ever
 	// touches a shared one, whose contents outlive every replay.
-	j, _, err := familyJoint(members)
-	if err != nil {
-		return fmt.Errorf("check family: %w", err)
-	}
 	offs := make([][]int64, len(members))
 	for mi := range members {
 		offs[mi] = fp.Members[mi].Plan.Offsets
