@@ -95,53 +95,29 @@ func (f *Family) handedFree(s *Step, p cuda.DevicePtr) bool {
 	return true
 }
 
-// jointTrace lays the members' traces on one timeline: each member's
-// window after the previous one's; a buffer a later member freed lives to
-// that free, and an output no member freed to the end of the chain. It
-// returns the trace and, per member, the joint ID of its first buffer.
-func jointTrace(name string, traces []*lifetime.Trace, frees []chainFree) (*lifetime.Trace, []int, error) {
-	horizon := func(t *lifetime.Trace) int64 {
-		var h int64
-		for i := range t.Buffers {
-			h = max(h, t.Buffers[i].End)
-		}
-		return h
-	}
-	offs := make([]int64, len(traces)+1)
+// jointTrace lays the members' traces on one timeline (planner.Join):
+// each member's window after the previous one's; a buffer a later member
+// freed lives to that free, and an output no member freed to the end of
+// the chain. Joint buffers are named member/name.
+func jointTrace(name string, traces []*lifetime.Trace, frees []chainFree) (*planner.Joint, error) {
+	windows := make([]planner.Window, len(traces))
 	for k, t := range traces {
-		offs[k+1] = offs[k] + horizon(t)
+		windows[k] = planner.Window{Name: fmt.Sprint(k), Trace: t}
 	}
-	end := offs[len(traces)] + 1
-	freedAt := map[handOff]int64{}
+	until := make(map[planner.BufferRef]planner.WindowTime, len(frees))
 	for _, fr := range frees {
-		if fr.from.member >= len(traces) || fr.to >= len(traces) || int(fr.from.buf) >= len(traces[fr.from.member].Buffers) {
-			return nil, nil, fmt.Errorf("chain %s: a hand-off names a buffer no member recorded", name)
-		}
-		freedAt[fr.from] = offs[fr.to] + fr.at + 1
+		until[planner.BufferRef{Stage: fr.from.member, Buffer: fr.from.buf}] = planner.WindowTime{Window: fr.to, Time: fr.at}
 	}
-	joint := &lifetime.Trace{Name: name}
-	first := make([]int, len(traces))
-	for k, t := range traces {
-		first[k] = len(joint.Buffers)
-		h := horizon(t)
-		for i := range t.Buffers {
-			b := t.Buffers[i]
-			b.ID = lifetime.ID(len(joint.Buffers))
-			b.Name = fmt.Sprintf("%d/%s", k, b.Name)
-			b.Start += offs[k]
-			switch e, ok := freedAt[handOff{member: k, buf: lifetime.ID(i)}]; {
-			case ok:
-				b.End = e
-			case t.Buffers[i].End >= h:
-				b.End = end
-			default:
-				b.End += offs[k]
-			}
-			b.Gaps = nil
-			joint.Buffers = append(joint.Buffers, b)
+	j, err := planner.Join(name, windows, planner.Crossings{Until: until, OutputsToEnd: true})
+	if err != nil {
+		return nil, fmt.Errorf("chain %s: %w", name, err)
+	}
+	for k, sp := range j.Spans {
+		for i, id := range sp.Joint {
+			j.Trace.Buffers[id].Name = fmt.Sprintf("%d/%s", k, traces[k].Buffers[i].Name)
 		}
 	}
-	return joint, first, nil
+	return j, nil
 }
 
 // planChain plans the members' recorded runs as one chain.
@@ -157,21 +133,21 @@ func (f *Family) planChain(budget time.Duration) error {
 	f.d.mu.Lock()
 	frees := append([]chainFree(nil), f.frees...)
 	f.d.mu.Unlock()
-	joint, first, err := jointTrace(f.name, traces, frees)
+	j, err := jointTrace(f.name, traces, frees)
 	if err != nil {
 		return f.errorf("%v", err)
 	}
 	t0 := time.Now()
-	p, _, err := planner.RunByTag(context.Background(), planner.Auto, joint, planner.Options{Budget: budget})
+	p, _, err := planner.RunByTag(context.Background(), planner.Auto, j.Trace, planner.Options{Budget: budget})
 	if err != nil {
 		return fmt.Errorf("bridge: chain %d (%s): planning: %w", f.id, f.name, err)
 	}
-	if err := planner.Check(joint, p); err != nil {
+	if err := planner.Check(j.Trace, p); err != nil {
 		return fmt.Errorf("bridge: chain %d (%s): %w", f.id, f.name, err)
 	}
 	fp := &planner.FamilyPlan{Algo: p.Algo, Align: p.Align, Arena: p.Arena, LowerBound: p.LowerBound, Elapsed: time.Since(t0)}
 	for k, t := range traces {
-		offs := p.Offsets[first[k] : first[k]+len(t.Buffers)]
+		offs := j.Offsets(k, p.Offsets)
 		mp := &planner.Plan{Algo: p.Algo, Align: p.Align, Arena: planner.ArenaSize(t, offs, p.Align), Offsets: offs}
 		mp.LowerBound, _ = t.LowerBound(p.Align)
 		if err := planner.Check(t, mp); err != nil {

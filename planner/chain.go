@@ -150,8 +150,10 @@ func CheckChain(stages []Stage, links []Link, cp *ChainPlan) error {
 }
 
 // buildChain validates stages and links and returns a ChainPlan with the
-// joint trace, the stages' windows and joint IDs, and the values (without
-// offsets: place fills those in once the joint trace is planned).
+// joint trace (Join: the stages as windows, each link's buffers one
+// buffer, persistent buffers live over the whole timeline), the stages'
+// windows and joint IDs, and the values (without offsets: place fills
+// those in once the joint trace is planned).
 func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
 	if len(stages) == 0 {
 		return nil, fmt.Errorf("no stages")
@@ -220,75 +222,45 @@ func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
 		consumers[root] = append(consumers[root], l.To.Stage)
 	}
 	// Merging sets may have re-rooted consumers' own consumers: collect
-	// consumer stages per final root.
+	// consumer stages and members per final root.
 	final := map[int][]int{}
 	for r, cs := range consumers {
 		final[find(r)] = append(final[find(r)], cs...)
 	}
-
-	cp := &ChainPlan{Joint: &lifetime.Trace{Name: "chain"}, Stages: make([]StagePlan, len(stages))}
-	var base int64
+	windows := make([]Window, len(stages))
+	group := map[int]int{} // root → index in same
+	var same [][]BufferRef
 	for s, st := range stages {
-		lo, hi := st.Trace.Span()
-		w := max(hi-lo, 1)
-		cp.Stages[s] = StagePlan{Name: st.Name, Start: base, End: base + w, Joint: make([]lifetime.ID, len(st.Trace.Buffers))}
-		if base > lifetime.MaxSize-w {
-			return nil, fmt.Errorf("stage %d (%s): the joint timeline overflows", s, st.Name)
-		}
-		base += w
-		cp.Order = append(cp.Order, s)
-	}
-	total := base
-	jointOf := map[int]lifetime.ID{} // root → joint ID
-	shift := func(s int, t int64) int64 {
-		lo, _ := stages[s].Trace.Span()
-		return t - lo + cp.Stages[s].Start
-	}
-	for s, st := range stages {
+		windows[s] = Window{Name: st.Name, Trace: st.Trace}
 		for i := range st.Trace.Buffers {
 			r := BufferRef{s, lifetime.ID(i)}
-			b := st.Trace.Buffers[i]
 			root := find(flat(r))
-			if _, linked := final[root]; linked {
-				start, end := shift(s, b.Start), shift(s, b.End)
-				if j, ok := jointOf[root]; ok {
-					jb := &cp.Joint.Buffers[j]
-					jb.Start, jb.End = min(jb.Start, start), max(jb.End, end)
-					cp.Stages[s].Joint[i] = j
-					continue
-				}
-				j := lifetime.ID(len(cp.Joint.Buffers))
-				jointOf[root] = j
-				b.ID, b.Start, b.End, b.Gaps, b.Hint, b.HasHint = j, start, end, nil, 0, false
-				cp.Joint.Buffers = append(cp.Joint.Buffers, b)
-				cp.Stages[s].Joint[i] = j
-				cs := append([]int(nil), final[root]...)
-				sort.Ints(cs)
-				cs = dedup(cs)
-				cp.Values = append(cp.Values, ChainValue{Name: b.Name, Joint: j, Producer: r, Consumers: cs})
+			if _, linked := final[root]; !linked {
 				continue
 			}
-			j := lifetime.ID(len(cp.Joint.Buffers))
-			b.ID = j
-			if persistent(r) {
-				b.Start, b.End, b.Gaps = 0, total, nil
-			} else {
-				gaps := make([]lifetime.Gap, len(b.Gaps))
-				for k, g := range b.Gaps {
-					g.Start, g.End = shift(s, g.Start), shift(s, g.End)
-					gaps[k] = g
-				}
-				if len(gaps) == 0 {
-					gaps = nil
-				}
-				b.Start, b.End, b.Gaps = shift(s, b.Start), shift(s, b.End), gaps
+			g, ok := group[root]
+			if !ok {
+				g, group[root] = len(same), len(same)
+				same = append(same, nil)
 			}
-			cp.Joint.Buffers = append(cp.Joint.Buffers, b)
-			cp.Stages[s].Joint[i] = j
+			same[g] = append(same[g], r)
 		}
 	}
-	if err := cp.Joint.Validate(); err != nil {
+	j, err := Join("chain", windows, Crossings{Same: same, Whole: persistent})
+	if err != nil {
 		return nil, err
+	}
+	cp := &ChainPlan{Joint: j.Trace, Stages: make([]StagePlan, len(stages))}
+	for s, sp := range j.Spans {
+		cp.Stages[s] = StagePlan{Name: stages[s].Name, Start: sp.Start, End: sp.End, Joint: sp.Joint}
+		cp.Order = append(cp.Order, s)
+	}
+	// A value per group, in the order of its producers (every other
+	// buffer of a group is in a later stage).
+	for _, refs := range same {
+		cs := append([]int(nil), final[find(flat(refs[0]))]...)
+		sort.Ints(cs)
+		cp.Values = append(cp.Values, ChainValue{Name: buf(refs[0]).Name, Joint: cp.Stages[refs[0].Stage].Joint[refs[0].Buffer], Producer: refs[0], Consumers: dedup(cs)})
 	}
 	return cp, nil
 }
@@ -316,11 +288,7 @@ func (cp *ChainPlan) place(stages []Stage) {
 		val.Overwriters = nil
 	}
 	for s := range cp.Stages {
-		sp := &cp.Stages[s]
-		sp.Offsets = make([]int64, len(sp.Joint))
-		for i, j := range sp.Joint {
-			sp.Offsets[i] = p.Offsets[j]
-		}
+		cp.Stages[s].Offsets = project(cp.Stages[s].Joint, p.Offsets)
 	}
 	isValue := map[lifetime.ID]int{}
 	for v := range cp.Values {

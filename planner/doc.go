@@ -27,12 +27,20 @@
 // Beyond one trace: RunGrouped plans groups of buffers into separate
 // address regions, and RunByTag, the one way to plan a tagged trace for an
 // arena (plan -o, graphexec and the PyTorch bridge all use it), groups them
-// by tag, so that an arena never merges tags of different pause policies; PlanFamily plans several members replayed one at a time
-// into one arena, shared buffers at one address in all of them; PlanChain
-// lays stages on one timeline so one stage's outputs feed the next without
-// copies, and its ChainGuard refuses a replay order that would overwrite
-// memory a later stage still needs. CheckFamily and CheckChain verify
-// those plans as Check verifies one.
+// by tag, so that an arena never merges tags of different pause policies.
+//
+// Several traces replayed in turn from one arena are windows of one joint
+// timeline (Join): window after window, with the buffers that cross
+// windows merged into one buffer at one offset, live over the whole
+// timeline, or handed on to a later window's free; a plan of the joint
+// trace, projected back (Joint.Offsets), places every window. Two plans
+// sit on it. PlanFamily plans members replayed one at a time, each shared
+// key one buffer over the whole timeline, window by window above the
+// stacked shared buffers; PlanChain plans stages whose outputs feed later
+// stages without copies with one search of the joint trace, and its
+// ChainGuard refuses a replay order that would overwrite memory a later
+// stage still needs. CheckFamily and CheckChain verify those plans as
+// Check verifies one.
 //
 // It knows nothing about files or devices.
 package planner

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"sort"
-	"sync"
 	"time"
 
 	"github.com/arenaplan/arenaplan/lifetime"
@@ -122,11 +119,10 @@ func (fp *FamilyPlan) SharedKey(key string) (SharedBuffer, bool) {
 // (as opposed to an algorithm's failure), so callers can tell them apart.
 var ErrFamily = errors.New("invalid family")
 
-// sharedLayout collects the shared keys of members, checks that every use
-// of a key agrees on size and alignment, and packs them from offset 0
-// (largest alignment first, then by first appearance, to waste little
-// padding). It returns the keys by offset and the top of the region.
-func sharedLayout(members []Member, align int64) ([]SharedBuffer, int64, error) {
+// familyJoint validates members and lays them on one timeline, each
+// shared key one buffer live over all of it; keys[id] is joint buffer
+// id's key ("" for a private buffer).
+func familyJoint(members []Member) (*Joint, []string, error) {
 	type use struct {
 		member string
 		buf    int
@@ -134,25 +130,28 @@ func sharedLayout(members []Member, align int64) ([]SharedBuffer, int64, error) 
 		align  int64 // the buffer's own
 	}
 	first := map[string]use{}
-	var order []string
+	group := map[string]int{}
+	var same [][]BufferRef
 	names := map[string]bool{}
+	windows := make([]Window, len(members))
 	for mi, m := range members {
 		if m.Name == "" {
-			return nil, 0, fmt.Errorf("%w: member %d has no name", ErrFamily, mi)
+			return nil, nil, fmt.Errorf("%w: member %d has no name", ErrFamily, mi)
 		}
 		if names[m.Name] {
-			return nil, 0, fmt.Errorf("%w: member name %q appears twice", ErrFamily, m.Name)
+			return nil, nil, fmt.Errorf("%w: member name %q appears twice", ErrFamily, m.Name)
 		}
 		names[m.Name] = true
 		if m.Trace == nil {
-			return nil, 0, fmt.Errorf("%w: member %q has no trace", ErrFamily, m.Name)
+			return nil, nil, fmt.Errorf("%w: member %q has no trace", ErrFamily, m.Name)
 		}
 		if m.Keys != nil && len(m.Keys) != len(m.Trace.Buffers) {
-			return nil, 0, fmt.Errorf("%w: member %q has %d keys for %d buffers", ErrFamily, m.Name, len(m.Keys), len(m.Trace.Buffers))
+			return nil, nil, fmt.Errorf("%w: member %q has %d keys for %d buffers", ErrFamily, m.Name, len(m.Keys), len(m.Trace.Buffers))
 		}
 		if err := m.Trace.Validate(); err != nil {
-			return nil, 0, fmt.Errorf("%w: member %q: %w", ErrFamily, m.Name, err)
+			return nil, nil, fmt.Errorf("%w: member %q: %w", ErrFamily, m.Name, err)
 		}
+		windows[mi] = Window{Name: m.Name, Trace: m.Trace}
 		mine := map[string]int{}
 		for i, k := range m.Keys {
 			if k == "" {
@@ -160,47 +159,43 @@ func sharedLayout(members []Member, align int64) ([]SharedBuffer, int64, error) 
 			}
 			b := &m.Trace.Buffers[i]
 			if j, ok := mine[k]; ok {
-				return nil, 0, fmt.Errorf("%w: member %q: buffers %d (%s) and %d (%s) both have shared key %q",
+				return nil, nil, fmt.Errorf("%w: member %q: buffers %d (%s) and %d (%s) both have shared key %q",
 					ErrFamily, m.Name, j, m.Trace.Buffers[j].Name, i, b.Name, k)
 			}
 			mine[k] = i
 			u := use{m.Name, i, b.Size, max(b.Align, 1)}
 			f, ok := first[k]
 			if !ok {
-				first[k] = u
-				order = append(order, k)
-				continue
-			}
-			if f.size != u.size || f.align != u.align {
-				return nil, 0, fmt.Errorf("%w: shared key %q is %d bytes aligned to %d in member %q (buffer %d) but %d bytes aligned to %d in member %q (buffer %d)",
+				first[k], group[k] = u, len(same)
+				same = append(same, nil)
+			} else if f.size != u.size || f.align != u.align {
+				return nil, nil, fmt.Errorf("%w: shared key %q is %d bytes aligned to %d in member %q (buffer %d) but %d bytes aligned to %d in member %q (buffer %d)",
 					ErrFamily, k, f.size, f.align, f.member, f.buf, u.size, u.align, u.member, u.buf)
 			}
+			same[group[k]] = append(same[group[k]], BufferRef{mi, lifetime.ID(i)})
 		}
 	}
-	shared := make([]SharedBuffer, len(order))
-	for i, k := range order {
-		u := first[k]
-		b := lifetime.Buffer{Size: u.size, Align: u.align}
-		size, a := Need(&b, align)
-		shared[i] = SharedBuffer{Key: k, Size: size, Align: a}
+	j, err := Join("family", windows, Crossings{Same: same, Whole: func(r BufferRef) bool { return isShared(members[r.Stage], int(r.Buffer)) }})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrFamily, err)
 	}
-	sort.SliceStable(shared, func(i, j int) bool { return shared[i].Align > shared[j].Align })
-	var top int64
-	for i := range shared {
-		shared[i].Offset = lifetime.RoundUp(top, shared[i].Align)
-		top = shared[i].Offset + shared[i].Size
-		if top > lifetime.MaxSize {
-			return nil, 0, fmt.Errorf("%w: shared buffers need more than %d bytes", ErrFamily, lifetime.MaxSize)
+	keys := make([]string, len(j.Trace.Buffers))
+	for w, sp := range j.Spans {
+		for i, id := range sp.Joint {
+			keys[id] = keyOf(members[w], i)
 		}
 	}
-	return shared, top, nil
+	return j, keys, nil
 }
 
 // PlanFamily plans members into one arena with the named algorithm (see
-// FamilyPlan for the layout). Each member's private buffers are planned
-// with Run on a sub-trace of that member; each member is also planned
-// alone, for SeparateArenas. Fixed offsets are not supported in members.
-// The result passes CheckFamily.
+// FamilyPlan for the layout). The members are windows of one timeline on
+// which every shared key is one buffer live over all of it, planned by
+// window (Joint.planWindows): the shared buffers stacked from 0, each
+// member's private buffers planned with Run on a sub-trace of that member
+// and moved above them; each member is also planned alone, for
+// SeparateArenas. Fixed offsets are not supported in members. The result
+// passes CheckFamily.
 //
 // Stacking the shared buffers below the private ones is optimal when the
 // shared buffers live through each member's whole step (weights, caches):
@@ -219,71 +214,68 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 		return nil, fmt.Errorf("planner: family: %w", err)
 	}
 	start := time.Now()
-	shared, top, err := sharedLayout(members, opt.Align)
+	j, keys, err := familyJoint(members)
 	if err != nil {
 		return nil, fmt.Errorf("planner: family: %w", err)
 	}
-	at := make(map[string]int64, len(shared))
-	for _, s := range shared {
-		at[s.Key] = s.Offset
-	}
-	// Private offsets move up by base, which must keep every private
-	// buffer's alignment: a multiple of all of them.
-	baseAlign := opt.Align
 	for _, m := range members {
 		for i := range m.Trace.Buffers {
-			b := &m.Trace.Buffers[i]
-			if b.HasFixed {
+			if b := &m.Trace.Buffers[i]; b.HasFixed {
 				return nil, fmt.Errorf("planner: family: %w: member %q: buffer %d (%s) has a fixed offset, which family plans do not support",
 					ErrFamily, m.Name, i, b.Name)
 			}
-			if !isShared(m, i) {
-				_, a := Need(b, opt.Align)
-				baseAlign = lcm(baseAlign, a)
-				if baseAlign > lifetime.MaxSize {
-					return nil, fmt.Errorf("planner: family: %w: the private buffers' alignments have no common multiple below %d", ErrFamily, lifetime.MaxSize)
-				}
-			}
 		}
 	}
-	base := lifetime.RoundUp(top, baseAlign)
-	fp := &FamilyPlan{
-		Align:        opt.Align,
-		SharedRegion: Region{Group: "shared", Lo: 0, Hi: top},
-		Shared:       shared,
-		Arena:        top,
+	windows := make([]Window, len(members))
+	for i, m := range members {
+		windows[i] = Window{Name: m.Name, Trace: m.Trace}
 	}
-	// Members are independent problems: plan them side by side.
+	wp, err := j.planWindows(ctx, algo, windows, opt)
+	if err != nil {
+		return nil, fmt.Errorf("planner: family: %w", err)
+	}
+	fp := &FamilyPlan{Align: opt.Align, Arena: wp.Top, SharedRegion: Region{Group: "shared", Lo: 0, Hi: wp.Top}}
+	for _, id := range wp.Stacked {
+		size, a := Need(&j.Trace.Buffers[id], opt.Align)
+		fp.Shared = append(fp.Shared, SharedBuffer{Key: keys[id], Offset: wp.Offsets[id], Size: size, Align: a})
+	}
+	// Each member's plan is the joint plan's projection; what it would
+	// cost alone needs a plan of its own, members side by side.
 	mps := make([]MemberPlan, len(members))
-	errs := make([]error, len(members))
-	var wg sync.WaitGroup
-	par := max(1, min(runtime.NumCPU(), len(members)))
-	sem := make(chan struct{}, par)
-	// Members side by side share the workers: more goroutines than
-	// cores only slice the cores between the searches.
-	mopt := opt
-	mopt.Workers = max(1, opt.Workers/par)
-	for i, m := range members {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			mps[i], errs[i] = planMember(ctx, algo, m, at, base, mopt)
-		}()
-	}
-	wg.Wait()
-	for i, m := range members {
-		if errs[i] != nil {
-			return nil, fmt.Errorf("planner: family: member %q: %w", m.Name, errs[i])
+	err = sideBySide(len(members), opt, func(w int, mopt Options) error {
+		m := members[w]
+		t := m.Trace
+		p := &Plan{Algo: algo, Align: opt.Align, Offsets: j.Offsets(w, wp.Offsets)}
+		if own := wp.Own[w]; own != nil {
+			p.Algo, p.Elapsed, p.ToBest, p.Stop = own.Algo, own.Elapsed, own.ToBest, own.Stop
 		}
-		mp := mps[i]
+		p.Arena = ArenaSize(t, p.Offsets, opt.Align)
+		p.LowerBound, _ = t.LowerBound(opt.Align)
+		p.Optimal = p.Arena == p.LowerBound
+		if err := Check(t, p); err != nil {
+			return fmt.Errorf("member %q: %w", m.Name, err)
+		}
+		mps[w] = MemberPlan{Name: m.Name, Plan: p, Alone: p.Arena}
+		// Planned alone already when nothing is shared or below.
+		if (countShared(m) > 0 || wp.Top > 0) && len(t.Buffers) > 0 {
+			ap, err := Run(ctx, algo, t, mopt)
+			if err != nil {
+				return fmt.Errorf("member %q: planned alone: %w", m.Name, err)
+			}
+			mps[w].Alone = ap.Arena
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("planner: family: %w", err)
+	}
+	for _, mp := range mps {
 		fp.Algo = mp.Plan.Algo
 		fp.Arena = max(fp.Arena, mp.Plan.Arena)
 		fp.LowerBound = max(fp.LowerBound, mp.Plan.LowerBound)
 		fp.SeparateArenas += mp.Alone
-		fp.Members = append(fp.Members, mp)
 	}
+	fp.Members = mps
 	if len(members) > 1 {
 		fp.Algo = algo
 	}
@@ -296,54 +288,14 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 
 func isShared(m Member, i int) bool { return m.Keys != nil && m.Keys[i] != "" }
 
-// planMember places m's shared buffers at their family offsets and plans
-// its private buffers, shifted up by base; it also plans m alone.
-func planMember(ctx context.Context, algo string, m Member, at map[string]int64, base int64, opt Options) (MemberPlan, error) {
-	t := m.Trace
-	sub := &lifetime.Trace{Name: t.Name + "/private"}
-	var private []int
-	for i := range t.Buffers {
-		if !isShared(m, i) {
-			b := t.Buffers[i]
-			b.ID = lifetime.ID(len(private))
-			sub.Buffers = append(sub.Buffers, b)
-			private = append(private, i)
+func countShared(m Member) int {
+	n := 0
+	for i := range m.Keys {
+		if isShared(m, i) {
+			n++
 		}
 	}
-	p := &Plan{Algo: algo, Align: opt.Align, Offsets: make([]int64, len(t.Buffers))}
-	if len(private) > 0 {
-		sp, err := Run(ctx, algo, sub, opt)
-		if err != nil {
-			return MemberPlan{}, fmt.Errorf("private buffers: %w", err)
-		}
-		for j, i := range private {
-			p.Offsets[i] = base + sp.Offsets[j]
-		}
-		p.Algo, p.Elapsed, p.ToBest, p.Stop = sp.Algo, sp.Elapsed, sp.ToBest, sp.Stop
-	}
-	for i, k := range m.Keys {
-		if k != "" {
-			p.Offsets[i] = at[k]
-		}
-	}
-	p.Arena = ArenaSize(t, p.Offsets, opt.Align)
-	p.LowerBound, _ = t.LowerBound(opt.Align)
-	p.Optimal = p.Arena == p.LowerBound
-	if err := Check(t, p); err != nil {
-		return MemberPlan{}, err
-	}
-	alone := int64(0)
-	switch {
-	case len(private) == len(t.Buffers) && base == 0:
-		alone = p.Arena // planned alone already: nothing shared, nothing below
-	case len(t.Buffers) > 0:
-		ap, err := Run(ctx, algo, t, opt)
-		if err != nil {
-			return MemberPlan{}, fmt.Errorf("planned alone: %w", err)
-		}
-		alone = ap.Arena
-	}
-	return MemberPlan{Name: m.Name, Plan: p, Alone: alone}, nil
+	return n
 }
 
 // CheckFamily verifies a family plan against its members, independently
@@ -366,6 +318,11 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 	}
 	if fp.Arena < 0 || fp.Arena > lifetime.MaxSize {
 		return fmt.Errorf("check family: arena size %d is out of range", fp.Arena)
+	}
+	// The members themselves: names, keys, traces (see familyJoint).
+	j, _, err := familyJoint(members)
+	if err != nil {
+		return fmt.Errorf("check family: %w", err)
 	}
 	// Shared buffers: sorted by offset, aligned, disjoint, inside the arena.
 	byKey := make(map[string]SharedBuffer, len(fp.Shared))
@@ -396,16 +353,11 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 	}
 	used := make(map[string]bool, len(fp.Shared))
 	arena, lb, sep := top, int64(0), int64(0)
-	names := map[string]bool{}
 	for mi, m := range members {
 		mp := &fp.Members[mi]
 		if m.Name != mp.Name {
 			return fmt.Errorf("check family: member %d is %q in the family, %q in the plan", mi, m.Name, mp.Name)
 		}
-		if names[m.Name] {
-			return fmt.Errorf("check family: member name %q appears twice", m.Name)
-		}
-		names[m.Name] = true
 		if err := checkMember(m, mp, fp, byKey, used); err != nil {
 			return fmt.Errorf("check family: member %q: %w", m.Name, err)
 		}
@@ -419,6 +371,20 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 		if !used[s.Key] {
 			return fmt.Errorf("check family: shared key %q is used by no member", s.Key)
 		}
+	}
+	// On the family's joint timeline every shared key is one buffer live
+	// over all of it: one Check proves that no buffer of any member ever
+	// touches a shared one, whose contents outlive every replay.
+	offs := make([][]int64, len(members))
+	for mi := range members {
+		offs[mi] = fp.Members[mi].Plan.Offsets
+	}
+	lifted, err := j.Lift(offs)
+	if err != nil {
+		return fmt.Errorf("check family: %w", err)
+	}
+	if err := Check(j.Trace, &Plan{Align: fp.Align, Offsets: lifted, Arena: fp.Arena}); err != nil {
+		return fmt.Errorf("check family: on the joint timeline: %w", err)
 	}
 	switch {
 	case arena != fp.Arena:
@@ -457,15 +423,12 @@ func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]Shar
 	if m.Keys != nil && len(m.Keys) != len(t.Buffers) {
 		return fmt.Errorf("%d keys for %d buffers", len(m.Keys), len(t.Buffers))
 	}
-	// Shared ranges in offset order, for the disjointness search below.
-	shared := make([]SharedBuffer, 0, len(byKey))
-	shared = append(shared, fp.Shared...)
 	mine := map[string]bool{}
 	for i := range t.Buffers {
 		b := &t.Buffers[i]
-		size, a := Need(b, p.Align)
-		off := p.Offsets[i]
 		if k := keyOf(m, i); k != "" {
+			size, a := Need(b, p.Align)
+			off := p.Offsets[i]
 			s, ok := byKey[k]
 			switch {
 			case !ok:
@@ -479,14 +442,6 @@ func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]Shar
 					i, b.Name, k, size, a, s.Size, s.Align)
 			}
 			mine[k], used[k] = true, true
-			continue
-		}
-		// A private buffer may not touch any shared range, at any time:
-		// shared contents outlive every member's replay.
-		j := sort.Search(len(shared), func(j int) bool { return shared[j].Offset+shared[j].Size > off })
-		if j < len(shared) && shared[j].Offset < off+size {
-			return fmt.Errorf("buffer %d (%s) %s overlaps shared key %q %s",
-				i, b.Name, byteRange(off, size), shared[j].Key, byteRange(shared[j].Offset, shared[j].Size))
 		}
 	}
 	return nil
