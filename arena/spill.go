@@ -67,6 +67,9 @@ type Spill struct {
 	events    []cuda.Event
 
 	st SpillStats
+	// intervalPeak is the most bytes mapped at once since MappedPeak last
+	// restarted its interval.
+	intervalPeak uint64
 
 	hinted   bool // ForeignCaptures was called: trust its count
 	foreignN int

@@ -111,6 +111,7 @@ func (s *Spill) addSegment(seg *segment) *block {
 	s.st.Grows++
 	s.st.GrownBytes += size
 	s.st.PeakMapped = max(s.st.PeakMapped, s.st.Mapped)
+	s.intervalPeak = max(s.intervalPeak, s.st.Mapped)
 	return seg.first
 }
 

@@ -50,4 +50,21 @@ func (s *Spill) ResetPeaks() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.PeakInUse, s.st.PeakMapped = s.st.InUse, s.st.Mapped
+	s.intervalPeak = s.st.Mapped
+}
+
+// MappedPeak returns the most bytes mapped at once since the last call
+// that restarted the interval (or since ResetPeaks); restart starts a new
+// interval at the bytes mapped now. A host that maps other memory on the
+// device (planned arenas) adds what it held during each interval, so
+// that its peak is what the device held at once, not the sum of peaks
+// reached at different times.
+func (s *Spill) MappedPeak(restart bool) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := max(s.intervalPeak, s.st.Mapped)
+	if restart {
+		s.intervalPeak = s.st.Mapped
+	}
+	return p
 }

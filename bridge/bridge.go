@@ -82,6 +82,7 @@ func (b *Bridge) Stats(ordinal int) (DeviceStats, error) {
 	st := d.st
 	st.PlannedLive = len(d.planned)
 	st.ArenaBytes, st.ArenaMapped, st.Arenas = d.arenas()
+	st.ReservedPeak = max(d.reservedPeak, d.spill.MappedPeak(false)+st.ArenaMapped)
 	if d.lastCloseErr != nil {
 		st.CloseError = d.lastCloseErr.Error()
 	}

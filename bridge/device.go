@@ -23,6 +23,7 @@ func (d *Device) capturing() bool {
 // is underway (closing synchronizes the device, which would end the
 // capture in error), once none is (closeDeferred); d.mu is held.
 func (d *Device) closeArena(a *arena.Arena) error {
+	d.notePeak()
 	if d.capturing() {
 		d.deferred = append(d.deferred, a)
 		return nil
@@ -70,6 +71,10 @@ type Device struct {
 
 	deferred     []*arena.Arena // to close once no capture is underway
 	lastCloseErr error          // the last failure closing one of them
+
+	// reservedPeak is the most device memory held at once (spill and
+	// arenas) up to the last change of the arenas (notePeak).
+	reservedPeak uint64
 }
 
 // slot is a live planned buffer: buffer k of the step's plan, or an
@@ -96,7 +101,10 @@ type DeviceStats struct {
 	Arenas      int    // planned arenas held
 	ArenaBytes  uint64 // planned arenas, sum of sizes
 	ArenaMapped uint64 // physical bytes the arenas map now
-	Spill       arena.SpillStats
+	// ReservedPeak is the most device memory held at once, spill and
+	// arenas together, since the last reset.
+	ReservedPeak uint64
+	Spill        arena.SpillStats
 }
 
 // device returns the state of ordinal, opening it on first use.
@@ -214,6 +222,14 @@ func (b *Bridge) stepsOf(d *Device) []*Step {
 		}
 	}
 	return steps
+}
+
+// notePeak folds into the device's reserved peak the spill allocator's
+// peak since the arenas last changed, with the arenas mapped meanwhile:
+// call it just before the arenas' mapped bytes change; d.mu is held.
+func (d *Device) notePeak() {
+	_, mapped, _ := d.arenas()
+	d.reservedPeak = max(d.reservedPeak, d.spill.MappedPeak(true)+mapped)
 }
 
 // arenas returns the planned bytes and the mapped bytes of the device's

@@ -241,6 +241,9 @@ func (f *Family) install(ms []planner.Member, fp *planner.FamilyPlan, from strin
 	cover := &lifetime.Trace{Name: f.name, Buffers: []lifetime.Buffer{{Name: "family", Size: max(fp.Arena, 1), Start: 0, End: 1,
 		Tag: "graphs"}}}
 	cp := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: max(fp.Arena, 1), Offsets: []int64{0}}
+	d.mu.Lock()
+	d.notePeak()
+	d.mu.Unlock()
 	a, err := arena.New(d.dev, cover, cp)
 	if err != nil {
 		return fmt.Errorf("bridge: family %d (%s): arena of %s: %w", f.id, f.name, fmtBytes(uint64(fp.Arena)), err)

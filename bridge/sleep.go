@@ -209,6 +209,7 @@ func (b *Bridge) Pause(ordinal int, tags ...string) error {
 		failed = fmt.Errorf("bridge: %s: %w", op, err)
 	}
 	if failed == nil && graphs {
+		d.notePeak()
 		for _, a := range d.arenasLocked() {
 			if err := a.Pause(); err != nil {
 				failed = fmt.Errorf("bridge: %s: graph arena: %w", op, err)
@@ -356,6 +357,7 @@ func (b *Bridge) Resume(ordinal int, tags ...string) error {
 		r.paused = false
 	}
 	if graphs {
+		d.notePeak()
 		gp := d.graphs
 		for len(gp.arenas) > 0 {
 			// An arena closed while paused (its step closed) has nothing

@@ -102,6 +102,7 @@ func (s *Step) Replan(budget time.Duration) error {
 			s.replace(t, p, s.ar, offsetAddrs(p0-cuda.DevicePtr(off), p), nil)
 			return nil
 		}
+		d.notePeak()
 		a, err := arena.New(d.dev, t, p)
 		if err != nil {
 			return fmt.Errorf("bridge: step %d (%s): replan: arena of %s (%d of its buffers still live in the old one of %s): %w",
@@ -265,6 +266,9 @@ func (s *Step) install(t *lifetime.Trace, p *planner.Plan, from string) error {
 		return err
 	}
 	defer restore()
+	d.mu.Lock()
+	d.notePeak()
+	d.mu.Unlock()
 	a, err := arena.New(d.dev, t, p)
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): arena of %s for %d buffers: %w", s.id, s.name, fmtBytes(uint64(p.Arena)), len(t.Buffers), err)

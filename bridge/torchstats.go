@@ -26,8 +26,8 @@ type AllocatorCounts struct {
 //   - allocation, allocated_bytes, requested_bytes: live tensors, planned
 //     and spilled, rounded to 512 bytes as the spill allocator rounds;
 //   - reserved_bytes: device memory held (planned arenas mapped and the
-//     spill allocator's segments, regions included); its peak is the spill
-//     allocator's peak plus the arenas mapped now;
+//     spill allocator's segments, regions included); its peak is the most
+//     of both held at once;
 //   - segment: the spill allocator's segments plus the planned arenas;
 //   - active and active_bytes: as allocation and allocated_bytes (a block
 //     freed while other streams still use it counts as freed);
@@ -43,7 +43,7 @@ func TorchMemoryStats(c AllocatorCounts, st DeviceStats) map[string]any {
 	arenas := int64(st.Arenas)
 	reserved := Stat{
 		Current:   int64(sp.Mapped + st.ArenaMapped),
-		Peak:      int64(sp.PeakMapped + st.ArenaMapped),
+		Peak:      int64(st.ReservedPeak),
 		Allocated: int64(sp.GrownBytes),
 		Freed:     int64(sp.UnmappedBytes),
 	}
@@ -83,6 +83,9 @@ func (b *Bridge) ResetPeaks(ordinal int) error {
 	if err != nil {
 		return err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.spill.ResetPeaks()
+	d.reservedPeak = 0
 	return nil
 }

@@ -1,0 +1,49 @@
+package bridge
+
+import "testing"
+
+// TestReservedPeakIsHeldAtOnce: the reserved peak is the most memory held
+// at once, not the spill's peak added to the arenas mapped later: eager
+// memory given back before a step's arena is mapped does not count twice.
+func TestReservedPeakIsHeldAtOnce(t *testing.T) {
+	b := newTestBridge(t)
+	const big = 96 << 20
+	p, err := b.Alloc(big, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.NewStep(0, "step")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog := &program{t: t, b: b, stream: 0x99, layers: 6, scale: 64}
+	recordRun(t, s, prog)
+	if err := s.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Stats(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ArenaMapped == 0 || st.Spill.PeakMapped < big {
+		t.Fatalf("arena mapped %d, spill peak %d: want an arena and a spill peak of at least %d", st.ArenaMapped, st.Spill.PeakMapped, big)
+	}
+	now := st.Spill.Mapped + st.ArenaMapped
+	want := max(st.Spill.PeakMapped, now)
+	if st.ReservedPeak != want {
+		t.Fatalf("reserved peak %d, want %d (the spill's peak %d before the arena, %d held now); the sum would be %d",
+			st.ReservedPeak, want, st.Spill.PeakMapped, now, st.Spill.PeakMapped+st.ArenaMapped)
+	}
+	if err := b.ResetPeaks(0); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ = b.Stats(0); st.ReservedPeak != st.Spill.Mapped+st.ArenaMapped {
+		t.Fatalf("after ResetPeaks: reserved peak %d, want what is held now, %d", st.ReservedPeak, st.Spill.Mapped+st.ArenaMapped)
+	}
+}
