@@ -39,7 +39,8 @@ def build(name, torch, dev):
         class LM(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                cfg = GPT2Config(use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
+                cfg = GPT2Config(use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                 attn_implementation="sdpa")
                 self.m = GPT2LMHeadModel(cfg)
 
             def forward(self, ids):

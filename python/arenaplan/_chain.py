@@ -118,20 +118,20 @@ def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2,
         lib.family_plan(fid, budget)
         t2 = time.perf_counter()
         outs, cap_ms = [], []
-        box: Optional[list] = None
+        handed: List[Optional[list]] = [None]  # the box the next stage is called with
         for i, fn in enumerate(stages):
             t = time.perf_counter()
             g = torch.cuda.CUDAGraph()
             sid = sids[i]
-            out = _capture(lib, sid, lambda fn=fn: fn(box), stream, g,
+            out = _capture(lib, sid, lambda fn=fn: fn(handed[0]), stream, g,
                            lambda sid=sid: lib.step_serve(sid, h, strict))
             gs.append(g)
             outs.append(_weak(out))
-            box = [out]
+            handed[0] = [out]
             del out
             torch.cuda.synchronize(dev)
             cap_ms.append((time.perf_counter() - t) * 1e3)
-        del box
+        handed[0] = None
     except BaseException:
         for g in gs:
             g.reset()

@@ -64,8 +64,9 @@ from ._graph import Graph, graph
 from ._lib import ArenaplanError, Library, PlanMismatchError
 from ._sleep import pause, paused, paused_tags, region, resume
 
-__all__ = ["install", "installed", "graph", "graphs", "chain", "eager", "Graph", "GraphFamily", "GraphChain", "EagerStep", "stats",
-           "region", "pause", "resume", "paused", "paused_tags", "ArenaplanError", "PlanMismatchError"]
+__all__ = ["install", "installed", "graph", "graphs", "chain", "eager", "Graph", "GraphFamily", "GraphChain",
+           "EagerStep", "stats", "region", "pause", "resume", "paused", "paused_tags", "ArenaplanError",
+           "PlanMismatchError"]
 
 
 def install(library: Optional[str] = None) -> None:
