@@ -17,6 +17,9 @@ replayed forever.
     fam = ap.graphs({b: step_for(b) for b in (8, 4, 2, 1)})   # a batch-size family in one arena
     fam.replay(4)
 
+    ch = ap.chain([fwd, bwd])                     # steps in turn handing tensors on (a forward and its
+    ch.replay(0); ch.replay(1)                    # backward), one arena planned on one timeline
+
     with ap.region("weights", backup=True):       # torch_memory_saver-style sleep/wake
         model = build().cuda()
     ap.pause(); ap.resume()                       # memory given back, addresses kept
