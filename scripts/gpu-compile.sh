@@ -22,28 +22,27 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inducto
 SAVE=/tmp/arenaplan-compile-outputs
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/gpu.txt"
-for m in ${MODELS-tiny tiny-dyn vit bert}; do
-	for mode in ${MODES:-reduce-overhead ours}; do
-		left=$((${DEADLINE:-480} - SECONDS))
-		if [ $left -lt 20 ]; then echo "SKIPPED $mode $m (deadline)" | tee -a "$OUT/log.txt"; continue; fi
-		t=${TIMEOUT:-240}; [ $t -gt $left ] && t=$left
-		echo "== $mode $m $(date +%T) (timeout $t s)" | tee -a "$OUT/log.txt"
-		timeout $t python3 bench/torch_compile.py --mode $mode --model $m --save $SAVE \
-			>>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $m ($?)" | tee -a "$OUT/log.txt"
-		tail -c 600 "$OUT/results.jsonl" | tail -1 | cut -c1-400
+# each SCRIPT JSONL LABEL MODEL...: every model in every mode, one process
+# each, until the deadline.
+each() {
+	local script=$1 jsonl=$2 label=$3 m mode left t
+	shift 3
+	for m in "$@"; do
+		for mode in ${MODES:-reduce-overhead ours}; do
+			left=$((${DEADLINE:-480} - SECONDS))
+			if [ $left -lt 20 ]; then echo "SKIPPED $mode $label$m (deadline)" | tee -a "$OUT/log.txt"; continue; fi
+			t=${TIMEOUT:-240}; [ $t -gt $left ] && t=$left
+			echo "== $mode $label$m $(date +%T) (timeout $t s)" | tee -a "$OUT/log.txt"
+			timeout $t python3 "$script" --mode $mode --model $m --save $SAVE \
+				>>"$OUT/$jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $label$m ($?)" | tee -a "$OUT/log.txt"
+			tail -c 600 "$OUT/$jsonl" | tail -1 | cut -c1-400
+		done
 	done
-done
-for m in ${TRAIN-mlp gpt2 vit gpt2-eff}; do
-	for mode in ${MODES:-reduce-overhead ours}; do
-		left=$((${DEADLINE:-480} - SECONDS))
-		if [ $left -lt 20 ]; then echo "SKIPPED $mode train $m (deadline)" | tee -a "$OUT/log.txt"; continue; fi
-		t=${TIMEOUT:-240}; [ $t -gt $left ] && t=$left
-		echo "== $mode train $m $(date +%T) (timeout $t s)" | tee -a "$OUT/log.txt"
-		timeout $t python3 bench/torch_compile_train.py --mode $mode --model $m --save $SAVE \
-			>>"$OUT/train.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode train $m ($?)" | tee -a "$OUT/log.txt"
-		tail -c 600 "$OUT/train.jsonl" | tail -1 | cut -c1-400
-	done
-done
+}
+# shellcheck disable=SC2086 # the model lists split on spaces
+each bench/torch_compile.py results.jsonl "" ${MODELS-tiny tiny-dyn vit bert}
+# shellcheck disable=SC2086
+each bench/torch_compile_train.py train.jsonl "train " ${TRAIN-mlp gpt2 vit gpt2-eff}
 [ -s "$OUT/results.jsonl" ] && python3 bench/torch_compile.py --summary "$OUT/results.jsonl" --save $SAVE | tee "$OUT/summary.txt"
 [ -s "$OUT/train.jsonl" ] && python3 bench/torch_compile_train.py --summary "$OUT/train.jsonl" --save $SAVE | tee "$OUT/train-summary.txt"
 exit 0
