@@ -82,7 +82,11 @@ func (f *Family) setup(graphs []*graph.Graph, members []planner.Member, opt Opti
 		f.keys = append(f.keys, keys)
 	}
 	cover, coverPlan, where := familyCover(members, fp)
-	a, err := arena.New(f.dev, cover, coverPlan)
+	// Pausing the family arena keeps what the members share (weights, KV
+	// caches, inputs: backed up) and drops the members' private memory,
+	// as the PyTorch bridge's family arena, which holds private memory
+	// only, drops it all.
+	a, err := arena.New(f.dev, cover, coverPlan, arena.WithPolicy("shared", arena.Backup))
 	if err != nil {
 		return fmt.Errorf("graphexec: family: %w", err)
 	}

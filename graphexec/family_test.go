@@ -341,3 +341,52 @@ func tensor(t testing.TB, g *graph.Graph, name string) *graph.Tensor {
 	t.Fatalf("%s has no tensor %s", g.Label(), name)
 	return nil
 }
+
+// TestFamilyPauseKeepsShared: pausing the family arena drops the members'
+// private memory and backs up what they share; after resuming, replays
+// give the bytes they gave before the pause (the weights and the KV cache
+// survived).
+func TestFamilyPauseKeepsShared(t *testing.T) {
+	gs := familyGraphs(t, familyShape, 1, 4)
+	f, _ := newFamily(t, gs)
+	if err := f.Init(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Capture(); err != nil {
+		t.Fatal(err)
+	}
+	seq := []int{1, 0, 1, 0}
+	run := func(from int) [][]byte {
+		var outs [][]byte
+		for s, m := range seq {
+			if err := f.Replay(m, from+s); err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, output(t, f.Member(m)))
+		}
+		return outs
+	}
+	if err := f.ResetState(); err != nil {
+		t.Fatal(err)
+	}
+	before := run(0)
+	if err := f.ResetState(); err != nil {
+		t.Fatal(err)
+	}
+	mapped := f.Arena().Mapped()
+	if err := f.Arena().Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if f.Arena().Mapped() >= mapped {
+		t.Fatalf("paused family arena maps %d bytes, %d before: the private memory was not given back", f.Arena().Mapped(), mapped)
+	}
+	if err := f.Arena().Resume(); err != nil {
+		t.Fatal(err)
+	}
+	after := run(0)
+	for s := range before {
+		if !bytes.Equal(before[s], after[s]) {
+			t.Fatalf("step %d after pause and resume differs: the shared memory (weights, KV cache) was lost", s)
+		}
+	}
+}
