@@ -10,24 +10,6 @@ import (
 	"github.com/arenaplan/arenaplan/planner"
 )
 
-// A chain is a family whose members run in turn, in the order they were
-// added, and hand memory on: a buffer that one member's run leaves live
-// and a later member's run frees is one buffer, live from its producer's
-// allocation to that free, at one address (a training step's forward and
-// backward: the activations the forward saves are read in place by the
-// backward, which frees them as it goes). The members are planned on one
-// timeline, the first member's window, then the second's, ..., into one
-// arena whose size is the chain's peak of live bytes where the search
-// reaches it, so the backward's buffers reuse the forward's dead ones.
-// Outputs no later member frees stay live to the end of the chain: a
-// member's outputs are valid until that member runs again.
-//
-// Make one with NewChain; record its members in order (Record and End
-// each, on one stream), then Plan; serve and capture them in the same
-// order. A chain's plan is checked (planner.Check) on the joint trace.
-// Chains are not written to plan files, and a member that diverges keeps
-// its plan.
-
 // handOff is a recorded member's output, by the address its recording
 // run gave it.
 type handOff struct {
@@ -42,7 +24,22 @@ type chainFree struct {
 	at   int64
 }
 
-// NewChain makes an empty chain on device ordinal.
+// NewChain makes an empty chain on device ordinal: a family whose members
+// run in turn, in the order they were added, and hand memory on: a buffer
+// that one member's run leaves live and a later member's run frees is one
+// buffer, live from its producer's allocation to that free, at one address
+// (a training step's forward and backward: the activations the forward
+// saves are read in place by the backward, which frees them as it goes).
+// The members are planned on one timeline, the first member's window, then
+// the second's, ..., into one arena whose size is the chain's peak of live
+// bytes where the search reaches it, so the backward's buffers reuse the
+// forward's dead ones. Outputs no later member frees stay live to the end
+// of the chain: a member's outputs are valid until that member runs again.
+//
+// Record its members in order (Record and End each, on one stream), then
+// Plan; serve and capture them in the same order. A chain's plan is
+// checked (planner.Check) on the joint trace. Chains are not written to
+// plan files, and a member that diverges keeps its plan.
 func (b *Bridge) NewChain(ordinal int, name string) (*Family, error) {
 	f, err := b.NewFamily(ordinal, name)
 	if err != nil {
@@ -68,8 +65,8 @@ func (f *Family) memberIndex(s *Step) int {
 	return -1
 }
 
-// recorded notes, at the end of member s's recording run, the buffers it
-// left live, so that a later member's free of one links them; d.mu is
+// recordedOutputs notes, at the end of member s's recording run, the
+// buffers it left live, so that a later member's free of one links them; d.mu is
 // held.
 func (f *Family) recordedOutputs(s *Step, run *runLog) {
 	k := f.memberIndex(s)
