@@ -20,6 +20,9 @@
 //   - A Family is several steps (one model's step at several batch sizes)
 //     planned jointly into one arena as large as its largest member needs;
 //     members run one at a time and overlap by design.
+//   - A chain (NewChain) is a family whose members run in turn and hand
+//     buffers on (a forward and its backward): planned on one timeline, a
+//     buffer a later member frees lives to that free at one address.
 //   - Regions (BeginRegion, per thread) set memory apart by tag; Pause
 //     releases the physical memory of tags and of the graphs (GraphsTag:
 //     every arena and graph pool) keeping every address, backing up the
