@@ -39,12 +39,13 @@ expected to be few and to come early.
 
 Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
-forward and backward: one arena planned on one timeline, the activations
-the forward saves read in place by the backward and their memory reused
-once it frees them; incoming gradients are copied into placeholders. A
-forward while the previous one's backward is still pending, a call while
-the previous backward's gradients are still held as ``.grad`` (gradient
-accumulation, ``zero_grad(set_to_none=False)``), or another shape runs
+forward and backward at a shape: one arena planned on one timeline, the
+activations the forward saves read in place by the backward and their
+memory reused once it frees them; incoming gradients are copied into
+placeholders. Each shape (the last, partial batch of an epoch) gets its own
+chain, up to ``max_shapes``. A forward while that shape's previous backward
+is still pending, or a call while its previous gradients are still held as
+``.grad`` (gradient accumulation, ``zero_grad(set_to_none=False)``), runs
 inductor's code without a graph (one warning each); a backward whose saved
 activations a later forward overwrote raises. See :class:`_TrainPair`.
 
@@ -507,23 +508,51 @@ class _Runner(_Warns):
         self.members.clear()
         self._views.clear()
 
+class _TrainMember:
+    """One shape of a training graph: its forward and backward captured as
+    one chain, and what its replays left live."""
+
+    def __init__(self, shape: Hashable):
+        self.shape = shape
+        self.chain = None
+        self.fw_args: list = []
+        self.fw_ptrs: list = []
+        self.fw_check: List[int] = []  # forward inputs read in place: parameters, other graphs' outputs
+        self.fw_inplace: set = set()
+        self.bw_ptrs: list = []
+        self.bw_static: List[int] = []
+        self.tangents: Dict[int, Any] = {}
+        self.tangent_idxs: List[int] = []
+        self.saved_cuda: List[int] = []
+        self.make_fw = self.make_bw = None
+        self.gen = self.bw_gen = 0
+        self.saved_refs: list = []
+        self.saved_ids: set = set()
+        self.grad_refs: list = []
+        self.user_refs: list = []
+        self.placeholder_bytes = 0
+
+
 class _TrainPair(_Warns):
     """A training graph: AOTAutograd's forward and its backward, captured
     as ONE chain (:func:`arenaplan.torch.chain`): one arena planned on one
     timeline, the activations the forward saves read in place by the
     backward and their memory reused once it frees them.
 
-    Captured after one plain forward and backward (which show which
-    backward inputs are the forward's outputs and which are incoming
-    gradients), for one shape and one set of parameter addresses. A call
-    that cannot replay safely runs inductor's code without a graph, with
-    one warning naming the reason: a forward while the previous forward's
-    saved activations still wait for their backward (its replay would
-    overwrite them), a forward or backward while the previous backward's
-    gradients are still held (AccumulateGrad keeps them as ``.grad``:
-    gradient accumulation, ``zero_grad(set_to_none=False)``), another shape.
-    A backward whose saved activations a later forward replay overwrote
-    (``retain_graph=True``, then another forward) raises.
+    A shape is captured after one plain forward and backward at that shape
+    (which show which backward inputs are the forward's outputs and which
+    are incoming gradients, and the gradients' shapes); up to
+    ``max_shapes`` shapes (the last, partial batch of an epoch is one), each
+    its own chain and arena. A call that cannot replay safely runs
+    inductor's code without a graph, with one warning naming the reason: a
+    forward while the same shape's previous forward's saved activations
+    still wait for their backward (its replay would overwrite them), a
+    forward or backward while that shape's previous gradients are still held
+    (AccumulateGrad keeps them as ``.grad``: gradient accumulation,
+    ``zero_grad(set_to_none=False)``), other parameter addresses, more
+    shapes than ``max_shapes``. A backward whose saved activations a later
+    forward replay overwrote (``retain_graph=True``, then another forward)
+    raises.
     """
 
     def __init__(self, name: str, opts: CompileOptions, ops: _Ops):
@@ -533,30 +562,15 @@ class _TrainPair(_Warns):
         self.reason: Optional[str] = None
         self.fw_out_meta: Optional[List[Any]] = None  # the last plain forward's outputs
         self.fw_in_meta: Optional[List[Any]] = None  # ... and inputs
+        self.plain_shape: Optional[Hashable] = None  # ... and its shape
         self.bw_map: Optional[List[Tuple[str, Any]]] = None  # per backward input: where it comes from
-        self.chain = None
-        self.shape: Optional[Hashable] = None
-        self.fw_args: list = []
-        self.fw_ptrs: list = []
-        self.bw_ptrs: list = []
-        self.bw_static: List[int] = []
-        self.tangent_idxs: List[int] = []
-        self.tangents: Dict[int, Any] = {}
         self.saved_idxs: List[int] = []
         self.saved_set: set = set()
-        self.saved_cuda: List[int] = []
-        self.fw_check: List[int] = []  # forward inputs read in place: parameters, other graphs' outputs
-        self.fw_inplace: set = set()
-        self.make_fw = self.make_bw = None
-        self.gen = self.bw_gen = 0
-        self.saved_refs: list = []
-        self.saved_ids: set = set()
-        self.grad_refs: list = []
-        self.user_refs: list = []
+        self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: placeholders for incoming gradients
+        self.members: Dict[Hashable, _TrainMember] = {}
         self.warned: set = set()
         self.replays = {"forward": 0, "backward": 0}
         self.plain = {"forward": 0, "backward": 0}
-        self.placeholder_bytes = 0
 
     # Calls.
     def call(self, r: _Runner, inputs: list) -> Any:
@@ -568,78 +582,90 @@ class _TrainPair(_Warns):
         fw, bw, ops = self.fw, self.bw, self.ops
         if self.reason is None and bw is not None and bw.reason is not None:
             self._give_up(f"its backward cannot be captured ({bw.reason})")
-        if self.reason is not None or self.bw_map is None:
-            return self._plain_fw(inputs)
+        if self.reason is not None:
+            return self._plain_fw(inputs, None)
         shape = fw._shape_key(inputs)
         if shape is None:
             self.reason = fw.reason  # fw warned
-            return self._plain_fw(inputs)
-        if self.chain is None:
-            if not self._build(inputs, shape):
-                return self._plain_fw(inputs)
-        elif shape != self.shape or (self.fw_check and not ops.ptrs_equal(inputs, self.fw_ptrs, self.fw_check)):
-            self._warn("shape", "a training graph is captured for one shape and one set of parameter addresses; "
-                                "calls with others run without a graph")
-            return self._plain_fw(inputs)
-        if self.gen > self.bw_gen and self._alive(self.saved_refs):
+            return self._plain_fw(inputs, None)
+        m = self.members.get(shape)
+        if m is None:
+            if shape not in self.learned:
+                return self._plain_fw(inputs, shape)  # its backward shows what to capture
+            if len(self.members) >= self.opts.max_shapes:
+                self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes; calls with later new "
+                                    "ones run without a graph")
+                return self._plain_fw(inputs, shape)
+            m = self._build(inputs, shape)
+            if m is None:
+                return self._plain_fw(inputs, shape)
+        elif m.fw_check and not ops.ptrs_equal(inputs, m.fw_ptrs, m.fw_check):
+            self._warn("params", "a training graph is captured for one set of parameter addresses; calls with "
+                                 "others run without a graph")
+            return self._plain_fw(inputs, None)
+        if m.gen > m.bw_gen and self._alive(m.saved_refs):
             self._warn("pending", "a forward ran while the previous forward's saved activations still wait for "
                                   "their backward; such forwards (and their backwards) run without a graph")
-            return self._plain_fw(inputs)
-        if self._alive(self.grad_refs):
+            return self._plain_fw(inputs, None)
+        if self._alive(m.grad_refs):
             self._grads_held()
-            return self._plain_fw(inputs)
+            return self._plain_fw(inputs, None)
         for i in fw.dyn or ():
-            dst, src = self.fw_args[i], inputs[i]
-            if i not in self.fw_inplace and ops.is_tensor(src) and ops.data_ptr(dst) != ops.data_ptr(src):
+            dst, src = m.fw_args[i], inputs[i]
+            if i not in m.fw_inplace and ops.is_tensor(src) and ops.data_ptr(dst) != ops.data_ptr(src):
                 ops.copy(dst, src)
         del inputs
-        prev = [t for t in (w() for w in self.user_refs) if t is not None]
+        prev = [t for t in (w() for w in m.user_refs) if t is not None]
         if prev:
             ops.deny(prev)
-        self.chain.replay(0)
-        fresh = self.make_fw()
-        self.gen += 1
+        m.chain.replay(0)
+        fresh = m.make_fw()
+        m.gen += 1
         self.replays["forward"] += 1
         saved = [fresh[j] for j in self.saved_idxs if ops.device(fresh[j])[0] == "cuda"]
-        self.saved_refs = [ops.storage_ref(t) for t in saved]
-        self.saved_ids = {ops.storage_id(t) for t in saved}
-        self.user_refs = [weakref.ref(t) for j, t in enumerate(fresh) if ops.is_tensor(t) and j not in self.saved_set]
+        m.saved_refs = [ops.storage_ref(t) for t in saved]
+        m.saved_ids = {ops.storage_id(t) for t in saved}
+        m.user_refs = [weakref.ref(t) for j, t in enumerate(fresh) if ops.is_tensor(t) and j not in self.saved_set]
         return fresh
 
     def backward(self, inputs: list) -> Any:
         ops = self.ops
-        if self.bw_map is None and self.fw_out_meta is not None and self.reason is None:
-            self._learn(inputs)
-        if self.chain is None or self.reason is not None:
+        if self.reason is not None:
             return self._plain_bw(inputs)
-        if not ops.ptrs_equal(inputs, self.bw_ptrs, self.bw_static):
-            return self._plain_bw(inputs)  # the saved activations of a forward run without a graph
-        for i in self.saved_cuda:
-            if ops.storage_id(inputs[i]) not in self.saved_ids:
+        m = next((m for m in self.members.values() if ops.ptrs_equal(inputs, m.bw_ptrs, m.bw_static)), None)
+        if m is None:
+            # A plain forward's backward: learn from it.
+            if self.plain_shape is not None and self.plain_shape not in self.learned:
+                self._learn(inputs, self.plain_shape)
+            return self._plain_bw(inputs)
+        for i in m.saved_cuda:
+            if ops.storage_id(inputs[i]) not in m.saved_ids:
                 raise RuntimeError(f"arenaplan.compile: {self.name}: this backward's saved activations were "
                                    "overwritten by a later replay of its forward (retain_graph=True, then another "
                                    "forward): run the backward before the next forward")
-        self.bw_gen = self.gen
-        if self._alive(self.grad_refs):
+        m.bw_gen = m.gen
+        if self._alive(m.grad_refs):
             self._grads_held()
             return self._plain_bw(inputs)
-        for i in self.tangent_idxs:
-            dst, src = self.tangents[i], inputs[i]
+        for i in m.tangent_idxs:
+            dst, src = m.tangents[i], inputs[i]
             if ops.data_ptr(dst) != ops.data_ptr(src):
                 ops.copy(dst, src)
         del inputs
-        self.chain.replay(1)
-        fresh = self.make_bw()
+        m.chain.replay(1)
+        fresh = m.make_bw()
         self.replays["backward"] += 1
-        self.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
+        m.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
         return fresh
 
-    def _plain_fw(self, inputs: list) -> Any:
+    def _plain_fw(self, inputs: list, shape: Optional[Hashable]) -> Any:
         ops = self.ops
         self.plain["forward"] += 1
-        self.fw_in_meta = [ops.meta(x) if ops.is_tensor(x) else None for x in inputs]
+        self.plain_shape = shape
+        if shape is not None and shape not in self.learned:
+            self.fw_in_meta = [ops.meta(x) if ops.is_tensor(x) else None for x in inputs]
         outs = self.fw.inner(inputs)
-        if self.bw_map is None:
+        if shape is not None and shape not in self.learned:
             self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
         return outs
 
@@ -656,14 +682,16 @@ class _TrainPair(_Warns):
                             "zero_grad(set_to_none=False)): calls run without a graph until they are released")
 
     # Capture.
-    def _learn(self, inputs: list) -> None:
+    def _learn(self, inputs: list, shape: Hashable) -> None:
         """Which backward inputs are the forward's outputs (saved
-        activations), its inputs, or incoming gradients."""
+        activations), its inputs, or incoming gradients (placeholders made
+        for those, at this shape)."""
         ops, bw = self.ops, self.bw
         outs = {m: j for j, m in reversed(list(enumerate(self.fw_out_meta or []))) if m is not None}
         ins = {m: k for k, m in reversed(list(enumerate(self.fw_in_meta or []))) if m is not None}
         static = set(bw.static)
         m: List[Tuple[str, Any]] = []
+        tangents: Dict[int, Any] = {}
         for i, x in enumerate(inputs):
             if not ops.is_tensor(x):
                 m.append(("val", x))
@@ -674,10 +702,10 @@ class _TrainPair(_Warns):
             elif key in ins:
                 m.append(("fwin", ins[key]))
             elif i in static:
-                m.append(("ext", x))
+                return  # a saved input the last plain forward did not make: not its backward
             else:
                 m.append(("tan", None))
-                self.tangents[i] = ops.zeros(x)  # a placeholder the incoming gradient is copied into
+                tangents[i] = x
             d = ops.device(x)[0]
             if d != "cuda" and not (m[-1][0] == "fw" and ops.is_scalar(x)):
                 # A forward's 0-dim output on the host (the random seed and
@@ -686,16 +714,25 @@ class _TrainPair(_Warns):
                 # any other host tensor cannot.
                 self._give_up(f"a backward input is on the {d} device")
                 return
-        self.bw_map = m
-        self.saved_idxs = sorted({v for k, v in m if k == "fw"})
-        self.saved_set = set(self.saved_idxs)
+        kinds = [(k, v if k != "val" else None) for k, v in m]
+        if self.bw_map is None:
+            self.bw_map = m
+            self.saved_idxs = sorted({v for k, v in m if k == "fw"})
+            self.saved_set = set(self.saved_idxs)
+        elif kinds != [(k, v if k != "val" else None) for k, v in self.bw_map]:
+            self._warn("structure", "the backward takes its inputs from other places at another shape; that "
+                                    "shape runs without a graph")
+            return
+        # Placeholders the incoming gradients are copied into.
+        self.learned[shape] = {i: ops.zeros(x) for i, x in tangents.items()}
 
-    def _build(self, inputs: list, shape: Hashable) -> bool:
+    def _build(self, inputs: list, shape: Hashable) -> Optional[_TrainMember]:
         fw, bw, ops = self.fw, self.bw, self.ops
         if ops.views([]) is None:
             self._give_up("this torch cannot make tensors over a graph's outputs "
                           "(torch._C._construct_storage_from_data_pointer)")
-            return False
+            return None
+        m = _TrainMember(shape)
         static = set(fw.static)
         args, ptrs, nbytes, inplace = [], [None] * len(inputs), 0, []
         with _lock:
@@ -715,7 +752,7 @@ class _TrainPair(_Warns):
                 nbytes += ops.nbytes(x)
             else:
                 args.append(x)
-        tangents = self.tangents
+        tangents = self.learned[shape]
         nbytes += sum(ops.nbytes(t) for t in tangents.values())
         bw_map, saved = self.bw_map, self.saved_set
         inner_fw, inner_bw = fw.inner, bw.inner
@@ -735,64 +772,68 @@ class _TrainPair(_Warns):
             del keep
             return r
         try:
-            ch = ops.capture_chain([forward, backward], self.name, fw.device, self.opts)
+            ch = ops.capture_chain([forward, backward], f"{self.name}:{len(self.members)}", fw.device, self.opts)
         except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
-            return False
-        self.chain, self.shape, self.fw_args, self.fw_ptrs = ch, shape, args, ptrs
-        self.fw_check, self.fw_inplace = sorted(static | set(inplace)), set(inplace)
+            return None
+        m.chain, m.fw_args, m.fw_ptrs = ch, args, ptrs
+        m.fw_check, m.fw_inplace = sorted(static | set(inplace)), set(inplace)
         with _lock:
             for out in ch.outputs:
                 for o in out:
                     if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
                         _fixed_outputs[ops.data_ptr(o)] = id(self)
-        self.tangent_idxs = sorted(tangents)
-        self.make_fw, self.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
+        m.tangents, m.tangent_idxs = tangents, sorted(tangents)
+        m.make_fw, m.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
         # The backward inputs that are the forward's device outputs: each
         # call checks they are the last forward replay's.
-        self.saved_cuda = [i for i, (kind, v) in enumerate(bw_map)
-                           if kind == "fw" and ops.device(ch.outputs[0][v])[0] == "cuda"]
-        self.bw_ptrs, self.bw_static = [None] * len(bw_map), []
+        m.saved_cuda = [i for i, (kind, v) in enumerate(bw_map)
+                        if kind == "fw" and ops.device(ch.outputs[0][v])[0] == "cuda"]
+        m.bw_ptrs = [None] * len(bw_map)
         for i, (kind, v) in enumerate(bw_map):
             if kind == "fw":
                 p = ops.data_ptr(ch.outputs[0][v])
             elif kind == "fwin" and v in static:
                 p = ptrs[v]
-            elif kind == "ext":
-                p = ops.data_ptr(v)
             else:
                 continue
-            self.bw_ptrs[i] = p
-            self.bw_static.append(i)
-        self.placeholder_bytes = nbytes
-        return True
+            m.bw_ptrs[i] = p
+            m.bw_static.append(i)
+        m.placeholder_bytes = nbytes
+        self.members[shape] = m
+        return m
 
     def report(self, r: _Runner) -> Dict[str, Any]:
+        """Per part (forward or backward); the forward's also carries the
+        chains' figures, summed over the shapes (one arena each)."""
         part = "forward" if r is self.fw else "backward"
-        out: Dict[str, Any] = {"graph": r.name, "training": part, "captured": self.chain is not None,
-                               "reason": self.reason, "members": 1 if self.chain is not None else 0,
-                               "captures": 1 if self.chain is not None else 0, "replays": self.replays[part],
-                               "plain_calls": self.plain[part], "placeholder_bytes": self.placeholder_bytes}
-        if self.chain is not None and part == "forward":
-            c = self.chain.report()
-            for k in ("arena", "lower_bound", "ratio", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
-                if k in c:
-                    out[k] = c[k]
-            out["capture_ms"] = sum(c.get("capture_ms", []))
+        ms = [m for m in self.members.values() if m.chain is not None]
+        out: Dict[str, Any] = {"graph": r.name, "training": part, "captured": bool(ms), "reason": self.reason,
+                               "members": len(ms), "captures": len(ms), "replays": self.replays[part],
+                               "plain_calls": self.plain[part],
+                               "placeholder_bytes": sum(m.placeholder_bytes for m in ms)}
+        if ms and part == "forward":
+            reps = [m.chain.report() for m in ms]
+            for k in ("arena", "lower_bound", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
+                if all(k in c for c in reps):
+                    out[k] = sum(c[k] for c in reps)
+            if out.get("lower_bound"):
+                out["ratio"] = out["arena"] / out["lower_bound"]
+            out["capture_ms"] = sum(sum(c.get("capture_ms", [])) for c in reps)
         return out
 
     def close(self) -> None:
-        prev = [t for t in (w() for w in self.user_refs) if t is not None]
-        if prev:
-            self.ops.deny(prev)
-        if self.chain is not None:
-            self.chain.close()
-            self.chain = None
+        for m in self.members.values():
+            prev = [t for t in (w() for w in m.user_refs) if t is not None]
+            if prev:
+                self.ops.deny(prev)
+            if m.chain is not None:
+                m.chain.close()
+                m.chain = None
+        self.members.clear()
         with _lock:
             for p in [p for p, owner in _fixed_outputs.items() if owner == id(self)]:
                 del _fixed_outputs[p]
-        self.fw_args, self.tangents = [], {}
-        self.saved_refs, self.grad_refs, self.user_refs = [], [], []
 
 
 def report() -> List[Dict[str, Any]]:

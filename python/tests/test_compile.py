@@ -531,9 +531,43 @@ class TrainPairTest(unittest.TestCase):
             o2 = fw2([outs[0]])  # the first graph's output, as a loss graph takes the logits
             bw2([o2[1], _tensor(())])
         self.assertEqual(len(self.ops.chains), 2)
-        self.assertIn(outs[0].ptr, [a.ptr for a in pair2.fw_args])
+        self.assertIn(outs[0].ptr, [a.ptr for a in next(iter(pair2.members.values())).fw_args])
         self.assertNotIn(outs[0].ptr, copies)  # never copied into a placeholder
         self.assertEqual(self.ops.chains[1].replays, [0, 1, 0, 1])  # plain once, then captured
         self.pair.close()
         self.assertNotIn(outs[0].ptr, apc._fixed_outputs)
         pair2.close()
+
+    def test_each_shape_its_own_chain(self):
+        x2 = _tensor((2,))
+        for _ in range(3):
+            self.step()  # shape (4,): plain, then captured
+        for _ in range(3):  # a last, partial batch: plain once, then its own chain
+            outs = self.fw([self.weight, x2])
+            self.bw([outs[1], _tensor(())])
+        self.assertEqual(len(self.ops.chains), 2)
+        self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
+        self.assertEqual(self.ops.chains[1].replays, [0, 1, 0, 1])
+        self.step()  # back to the first shape: its chain
+        self.assertEqual(self.ops.chains[0].replays, [0, 1] * 3)
+        r = self.fw.report()
+        self.assertEqual((r["members"], r["arena"], r["lower_bound"]), (2, 20, 20))
+        # max_shapes bounds the chains: a third shape with max_shapes=2 runs plain.
+        self.pair.opts.max_shapes = 2
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                outs = self.fw([self.weight, _tensor((3,))])
+                self.bw([outs[1], _tensor(())])
+        self.assertEqual(len(self.ops.chains), 2)
+        self.assertTrue(any("max_shapes=2" in str(m.message) for m in w))
+
+    def test_learns_only_from_a_backward_of_the_last_plain_forward(self):
+        first = self.forward()  # plain
+        self.forward()  # plain again, before the first one's backward
+        self.backward(first)  # its saved activation is not the last plain forward's: nothing learned
+        self.assertIsNone(self.pair.bw_map)
+        self.step()  # a forward and its own backward: learned
+        self.assertEqual(self.pair.bw_map[0], ("fw", 1))
+        self.step()
+        self.assertEqual(self.ops.chains[0].replays, [0, 1])
