@@ -523,6 +523,7 @@ class _TrainMember:
         self.bw_static: List[int] = []
         self.tangents: Dict[int, Any] = {}
         self.tangent_idxs: List[int] = []
+        self.tangent_keys: Dict[int, Hashable] = {}
         self.saved_cuda: List[int] = []
         self.make_fw = self.make_bw = None
         self.gen = self.bw_gen = 0
@@ -632,7 +633,7 @@ class _TrainPair(_Warns):
         ops = self.ops
         if self.reason is not None:
             return self._plain_bw(inputs)
-        m = next((m for m in self.members.values() if ops.ptrs_equal(inputs, m.bw_ptrs, m.bw_static)), None)
+        m = next((m for m in self.members.values() if self._takes(m, inputs)), None)
         if m is None:
             # A plain forward's backward: learn from it.
             if self.plain_shape is not None and self.plain_shape not in self.learned:
@@ -657,6 +658,13 @@ class _TrainPair(_Warns):
         self.replays["backward"] += 1
         m.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
         return fresh
+
+    def _takes(self, m: _TrainMember, inputs: list) -> bool:
+        """Whether inputs are for member m's backward: its saved activations
+        at their addresses, incoming gradients of its shapes."""
+        ops = self.ops
+        return ops.ptrs_equal(inputs, m.bw_ptrs, m.bw_static) and all(
+            ops.is_tensor(inputs[i]) and ops.shape_key(inputs[i]) == k for i, k in m.tangent_keys.items())
 
     def _plain_fw(self, inputs: list, shape: Optional[Hashable]) -> Any:
         ops = self.ops
@@ -784,6 +792,7 @@ class _TrainPair(_Warns):
                     if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
                         _fixed_outputs[ops.data_ptr(o)] = id(self)
         m.tangents, m.tangent_idxs = tangents, sorted(tangents)
+        m.tangent_keys = {i: ops.shape_key(t) for i, t in tangents.items()}
         m.make_fw, m.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
         # The backward inputs that are the forward's device outputs: each
         # call checks they are the last forward replay's.

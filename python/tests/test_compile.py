@@ -571,3 +571,31 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual(self.pair.bw_map[0], ("fw", 1))
         self.step()
         self.assertEqual(self.ops.chains[0].replays, [0, 1])
+
+    def test_backward_without_saved_activations_picks_its_shape(self):
+        opts = apc.CompileOptions(None, {})
+
+        def fw_inner(args):
+            x = args[1]
+            args.clear()
+            return [_tensor(x.shape)]
+
+        def bw_inner(args):
+            g = args[0]
+            args.clear()
+            return [_tensor(g.shape)]
+        fw = apc._Runner(fw_inner, "graph2", [0], None, opts, self.ops, 0)
+        bw = apc._Runner(bw_inner, "graph2-bw", [], None, opts, self.ops, 0)
+        pair = apc._TrainPair("graph2", opts, self.ops)
+        fw.pair = bw.pair = pair
+        pair.fw, pair.bw = fw, bw
+        for shape in ((4,), (2,)):
+            for _ in range(2):  # plain, then captured
+                out = fw([self.weight, _tensor(shape)])
+                bw([_tensor(out[0].shape)])
+        self.assertEqual(len(self.ops.chains), 2)
+        out = fw([self.weight, _tensor((2,))])
+        bw([_tensor((2,))])  # no saved activation tells the shapes apart: the gradient's shape does
+        self.assertEqual(self.ops.chains[1].replays, [0, 1, 0, 1])
+        self.assertEqual(self.ops.chains[0].replays, [0, 1])
+        pair.close()
