@@ -15,7 +15,8 @@
 // with SpillWorkspace come from arena's spillover allocator, also during
 // capture (capture-time reuse, side streams joined by events). A Family
 // runs several members (batch sizes) on one arena, shared tensors at one
-// address, one member at a time; a Chain runs stages planned on one
+// address, one member at a time (pausing its arena backs the shared
+// tensors up and drops the members' private memory); a Chain runs stages planned on one
 // timeline and refuses, through the plan's guard, a replay order that
 // would overwrite memory a later stage still needs.
 //
