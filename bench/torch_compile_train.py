@@ -27,7 +27,7 @@ import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-MODELS = ["gpt2", "vit", "mlp", "gpt2-eff"]
+MODELS = ["gpt2", "vit", "mlp", "gpt2-eff", "mlp-last"]
 
 
 def build(name, torch, dev):
@@ -58,7 +58,7 @@ def build(name, torch, dev):
                 return torch.nn.functional.cross_entropy(self.m(x), y)
         x = torch.randn(32, 3, 224, 224, device=dev)
         return Cls().to(dev), (x, torch.randint(0, 1000, (32,), device=dev))
-    if name == "mlp":
+    if name in ("mlp", "mlp-last"):
         class MLP(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -86,6 +86,10 @@ def run(args):
     torch.backends.cudnn.allow_tf32 = False
     torch.use_deterministic_algorithms(True, warn_only=True)
     model, inputs = build(args.model, torch, dev)
+    # mlp-last: every fourth step takes the last, partial batch of an epoch
+    # (a second shape: its own chain).
+    partial = tuple(x[:200] for x in inputs) if args.model == "mlp-last" else None
+    count = [0]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     fast = torch.compile(model, backend="arenaplan") if ours else torch.compile(model, mode="reduce-overhead")
     torch.cuda.synchronize()
@@ -99,9 +103,11 @@ def run(args):
     attention = contextlib.nullcontext if args.model.endswith("-eff") else lambda: sdpa_kernel(SDPBackend.MATH)
 
     def step():
+        count[0] += 1
+        batch = partial if partial is not None and count[0] % 4 == 0 else inputs
         opt.zero_grad(set_to_none=True)
         with attention():
-            loss = fast(*inputs)
+            loss = fast(*batch)
             loss.backward()
         opt.step()
         return loss

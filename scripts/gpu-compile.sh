@@ -8,7 +8,7 @@
 #
 # carry .dev/torch to the GPU machine and run scripts/gpu-compile.sh.
 # MODELS= (default: tiny tiny-dyn vit bert), TRAIN= the training models of
-# bench/torch_compile_train.py (default: mlp gpt2 vit), MODES= (reduce-overhead ours),
+# bench/torch_compile_train.py (default: mlp mlp-last gpt2 vit gpt2-eff), MODES= (reduce-overhead ours),
 # TIMEOUT= seconds a process (default 240), DEADLINE= seconds after which no
 # process starts and none runs on (default 480), so that the table comes. Logs and JSON go to $OUT
 # (default /tmp/gpu-compile); the table last.
@@ -42,7 +42,7 @@ each() {
 # shellcheck disable=SC2086 # the model lists split on spaces
 each bench/torch_compile.py results.jsonl "" ${MODELS-tiny tiny-dyn vit bert}
 # shellcheck disable=SC2086
-each bench/torch_compile_train.py train.jsonl "train " ${TRAIN-mlp gpt2 vit gpt2-eff}
+each bench/torch_compile_train.py train.jsonl "train " ${TRAIN-mlp mlp-last gpt2 vit gpt2-eff}
 [ -s "$OUT/results.jsonl" ] && python3 bench/torch_compile.py --summary "$OUT/results.jsonl" --save $SAVE | tee "$OUT/summary.txt"
 [ -s "$OUT/train.jsonl" ] && python3 bench/torch_compile_train.py --summary "$OUT/train.jsonl" --save $SAVE | tee "$OUT/train-summary.txt"
 exit 0
