@@ -8,7 +8,9 @@ captured as one chain in one arena) against mode="reduce-overhead"
     python3 bench/torch_compile_train.py --summary results.jsonl
 
 The loop is the usual one: zero_grad(set_to_none=True), the compiled
-model's loss, backward, AdamW (fused) step, every step the same batch.
+model's loss, backward, AdamW (fused) step, every step the same batch
+(mlp-last: a partial batch every fourth step, a second shape); attention on
+PyTorch's math kernel, deterministic (gpt2-eff: PyTorch's choice).
 Prints one JSON line: the compiled graphs' report (ours: arena, lower bound
 of the forward and backward's joint timeline, captures, calls without a
 graph), the process's reserved memory after the steps (PyTorch's counter;
