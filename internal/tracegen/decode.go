@@ -125,6 +125,14 @@ func (g *decoder) use(ids ...int) {
 	}
 }
 
+// node is the next operator: it makes one tensor from the ones it reads.
+func (g *decoder) node(name string, size int64, reads ...int) int {
+	g.op()
+	id := g.alloc(name, size)
+	g.use(reads...)
+	return id
+}
+
 // Decode draws the trace of one decode step (see DecodeOptions). It is
 // fully determined by its options.
 func Decode(opt DecodeOptions) (*lifetime.Trace, error) {
@@ -154,41 +162,19 @@ func Decode(opt DecodeOptions) (*lifetime.Trace, error) {
 
 	// rmsnorm in float32: cast, square, mean, rsqrt, scale, cast back.
 	rmsnorm := func(name string, x int) int {
-		g.op()
-		f := g.alloc(name+".f32", hid32)
-		g.use(x)
-		g.op()
-		sq := g.alloc(name+".sq", hid32)
-		g.use(f)
-		g.op()
-		mean := g.alloc(name+".mean", b*4)
-		g.use(sq)
-		g.op()
-		rs := g.alloc(name+".rsqrt", b*4)
-		g.use(mean)
-		g.op()
-		n := g.alloc(name+".norm", hid32)
-		g.use(f, rs)
-		g.op()
-		out := g.alloc(name+".out", hid)
-		g.use(n)
-		return out
+		f := g.node(name+".f32", hid32, x)
+		sq := g.node(name+".sq", hid32, f)
+		mean := g.node(name+".mean", b*4, sq)
+		rs := g.node(name+".rsqrt", b*4, mean)
+		n := g.node(name+".norm", hid32, f, rs)
+		return g.node(name+".out", hid, n)
 	}
 	// rotary embedding: x*cos + rotate_half(x)*sin.
 	rotary := func(name string, x int, size int64) int {
-		g.op()
-		c := g.alloc(name+".cos", size)
-		g.use(x)
-		g.op()
-		h := g.alloc(name+".half", size)
-		g.use(x)
-		g.op()
-		s := g.alloc(name+".sin", size)
-		g.use(h)
-		g.op()
-		out := g.alloc(name+".rot", size)
-		g.use(c, s)
-		return out
+		c := g.node(name+".cos", size, x)
+		h := g.node(name+".half", size, x)
+		s := g.node(name+".sin", size, h)
+		return g.node(name+".rot", size, c, s)
 	}
 
 	g.op()
@@ -198,15 +184,9 @@ func Decode(opt DecodeOptions) (*lifetime.Trace, error) {
 	for l := range opt.Layers {
 		p := fmt.Sprintf("l%d.", l)
 		ln := rmsnorm(p+"ln1", h)
-		g.op()
-		q := g.alloc(p+"q", hid)
-		g.use(ln)
-		g.op()
-		k := g.alloc(p+"k", kvd)
-		g.use(ln)
-		g.op()
-		v := g.alloc(p+"v", kvd)
-		g.use(ln)
+		q := g.node(p+"q", hid, ln)
+		k := g.node(p+"k", kvd, ln)
+		v := g.node(p+"v", kvd, ln)
 		q = rotary(p+"q", q, hid)
 		k = rotary(p+"k", k, kvd)
 		// The cache update reads the new key and value; the expansions
@@ -215,12 +195,8 @@ func Decode(opt DecodeOptions) (*lifetime.Trace, error) {
 			g.op()
 			g.use(k, v)
 		} else {
-			g.op()
-			kc := g.alloc(p+"kcache", cache)
-			g.use(k)
-			g.op()
-			vc := g.alloc(p+"vcache", cache)
-			g.use(v)
+			kc := g.node(p+"kcache", cache, k)
+			vc := g.node(p+"vcache", cache, v)
 			caches = append(caches, kc, vc)
 		}
 		expand := func(name string) int {
@@ -238,47 +214,23 @@ func Decode(opt DecodeOptions) (*lifetime.Trace, error) {
 		vx := expand("vx")
 		var kt int
 		if opt.Transposed {
-			g.op()
-			kt = g.alloc(p+"kt", expanded)
-			g.use(kx)
+			kt = g.node(p+"kt", expanded, kx)
 		}
-		g.op()
-		sc := g.alloc(p+"scores", scores)
-		g.use(q, kx)
+		sc := g.node(p+"scores", scores, q, kx)
 		if opt.Transposed {
 			g.use(kt)
 		}
-		g.op()
-		pr := g.alloc(p+"probs", scores)
-		g.use(sc)
-		g.op()
-		at := g.alloc(p+"attn", hid)
-		g.use(pr, vx)
-		g.op()
-		o := g.alloc(p+"o", hid)
-		g.use(at)
-		g.op()
-		h1 := g.alloc(p+"resid1", hid)
-		g.use(h, o)
+		pr := g.node(p+"probs", scores, sc)
+		at := g.node(p+"attn", hid, pr, vx)
+		o := g.node(p+"o", hid, at)
+		h1 := g.node(p+"resid1", hid, h, o)
 		ln2 := rmsnorm(p+"ln2", h1)
-		g.op()
-		gate := g.alloc(p+"gate", mlp)
-		g.use(ln2)
-		g.op()
-		up := g.alloc(p+"up", mlp)
-		g.use(ln2)
-		g.op()
-		act := g.alloc(p+"act", mlp)
-		g.use(gate)
-		g.op()
-		prod := g.alloc(p+"prod", mlp)
-		g.use(act, up)
-		g.op()
-		down := g.alloc(p+"down", hid)
-		g.use(prod)
-		g.op()
-		h = g.alloc(p+"resid2", hid)
-		g.use(h1, down)
+		gate := g.node(p+"gate", mlp, ln2)
+		up := g.node(p+"up", mlp, ln2)
+		act := g.node(p+"act", mlp, gate)
+		prod := g.node(p+"prod", mlp, act, up)
+		down := g.node(p+"down", hid, prod)
+		h = g.node(p+"resid2", hid, h1, down)
 	}
 	// The last expansions are freed with the step's end.
 	g.op()
@@ -290,9 +242,7 @@ func Decode(opt DecodeOptions) (*lifetime.Trace, error) {
 	}
 	ln := rmsnorm("norm", h)
 	if opt.WithLogits {
-		g.op()
-		lg := g.alloc("logits", b*int64(opt.Vocab)*e)
-		g.use(ln)
+		lg := g.node("logits", b*int64(opt.Vocab)*e, ln)
 		g.op()
 		g.use(lg)
 	} else {
