@@ -106,6 +106,14 @@ func (ps *memPools) pool(op string, id int) (*memPool, error) {
 // begin or end a region (BeginRegion, EndRegion).
 func (b *Bridge) BeginMemPool(ordinal, thread, id int) error {
 	op := fmt.Sprintf("BeginMemPool(device %d, pool %d)", ordinal, id)
+	return b.onPoolDevice(op, ordinal, id, func(p *memPool, d *Device) error {
+		return b.beginMemPool(op, p, d, thread, id)
+	})
+}
+
+// onPoolDevice runs f on pool id and device ordinal, with the pools' and
+// the device's locks held.
+func (b *Bridge) onPoolDevice(op string, ordinal, id int, f func(*memPool, *Device) error) error {
 	ps := &b.mempools
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
@@ -119,6 +127,12 @@ func (b *Bridge) BeginMemPool(ordinal, thread, id int) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return f(p, d)
+}
+
+// beginMemPool is BeginMemPool with the locks held.
+func (b *Bridge) beginMemPool(op string, p *memPool, d *Device, thread, id int) error {
+	ordinal := d.ordinal
 	r := p.devices[ordinal]
 	if r == nil {
 		var src arena.SegmentSource
@@ -147,19 +161,13 @@ func (b *Bridge) BeginMemPool(ordinal, thread, id int) error {
 // must be to pool id.
 func (b *Bridge) EndMemPool(ordinal, thread, id int) error {
 	op := fmt.Sprintf("EndMemPool(device %d, pool %d)", ordinal, id)
-	ps := &b.mempools
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	p, err := ps.pool(op, id)
-	if err != nil {
-		return err
-	}
-	d, err := b.device(ordinal)
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	return b.onPoolDevice(op, ordinal, id, func(p *memPool, d *Device) error {
+		return b.endMemPool(op, p, d, thread)
+	})
+}
+
+// endMemPool is EndMemPool with the locks held.
+func (b *Bridge) endMemPool(op string, p *memPool, d *Device, thread int) error {
 	top := d.threadRegion[thread]
 	stack := d.poolStack[thread]
 	if top == nil || top.mem != p || len(stack) == 0 {
