@@ -9,59 +9,22 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 
 from . import _state
-from ._family import _weak
+from ._family import GraphFamily, _weak
 from ._graph import _capture, _run
-from ._lib import ArenaplanError, Library
+from ._lib import ArenaplanError
 
 
-class GraphChain:
+class GraphChain(GraphFamily):
     """Stages captured into ONE arena planned on one timeline: stage i's
     outputs that stage i+1 frees are read by it in place and their memory
     is reused after that free; outputs no later stage frees stay valid
     until that stage replays again. Stages replay in order (0, 1, ..., 0,
     1, ...): replaying them out of order overwrites memory a later stage
-    still reads. Outputs are tensors that do not own their memory: do not
-    use them after :meth:`close`."""
-
-    def __init__(self, lib: Library, fid: int, graphs: List["torch.cuda.CUDAGraph"], outputs: List[Any],
-                 device: int, capture_ms: List[float], record_ms: float, plan_ms: float):
-        self._lib, self._fid, self._graphs, self.outputs = lib, fid, graphs, outputs
-        self._device = device
-        self.capture_ms, self.record_ms, self.plan_ms = capture_ms, record_ms, plan_ms
-        self._last_stream = None
-
-    def replay(self, i: int) -> Any:
-        """Replay stage ``i`` on the current stream; returns its outputs."""
-        if self._graphs is None:
-            raise ArenaplanError(f"arenaplan: replay of a closed graph chain (chain {self._fid})")
-        if self._lib.graphs_paused(self._device):
-            raise ArenaplanError(f"arenaplan: the graphs' memory of device {self._device} is paused: "
-                                 "arenaplan.torch.resume() first")
-        cur = torch.cuda.current_stream(self._device)
-        if self._last_stream is not None and self._last_stream != cur:
-            cur.wait_stream(self._last_stream)
-        self._last_stream = cur
-        self._graphs[i].replay()
-        return self.outputs[i]
-
-    def report(self) -> dict:
-        """The chain's arena against the lower bound of its joint timeline,
-        and each stage's report."""
-        r = self._lib.family_report(self._fid)
-        r["capture_ms"] = self.capture_ms
-        r["record_ms"] = self.record_ms
-        r["plan_build_ms"] = self.plan_ms
-        r["spill_held"] = sum(m.get("spill_held", 0) for m in r["members"])
-        r["graph_bytes"] = r["arena_mapped"] + r["spill_held"]
-        return r
-
-    def close(self) -> None:
-        """Destroy the graphs and give the arena back."""
-        if self._graphs is not None:
-            for g in self._graphs:
-                g.reset()
-            self._graphs, self.outputs = None, None
-            self._lib.family_close(self._fid)
+    still reads. A family whose members are the stages, keyed 0, 1, ...:
+    :meth:`replay`, :meth:`report` and :meth:`close` as a family's, the
+    report's lower bound the peak of the joint timeline; chains are not
+    written to plan files. Outputs are tensors that do not own their
+    memory: do not use them after :meth:`close`."""
 
 
 def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2, strict: bool = False,
@@ -140,4 +103,8 @@ def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2,
         except ArenaplanError:
             pass
         raise
-    return GraphChain(lib, fid, gs, outs, dev, cap_ms, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+    n = range(len(stages))
+    ch = GraphChain(lib, fid, dict(zip(n, gs)), dict(zip(n, outs)), dict(zip(n, sids)), dict(zip(n, cap_ms)),
+                    (t2 - t1) * 1e3, dev)
+    ch.record_ms = {"all": (t1 - t0) * 1e3}  # one recording pass over every stage
+    return ch

@@ -787,7 +787,7 @@ class _TrainPair(_Warns):
         m.chain, m.fw_args, m.fw_ptrs = ch, args, ptrs
         m.fw_check, m.fw_inplace = sorted(static | set(inplace)), set(inplace)
         with _lock:
-            for out in ch.outputs:
+            for out in (ch.outputs[0], ch.outputs[1]):
                 for o in out:
                     if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
                         _fixed_outputs[ops.data_ptr(o)] = id(self)
@@ -828,7 +828,7 @@ class _TrainPair(_Warns):
                     out[k] = sum(c[k] for c in reps)
             if out.get("lower_bound"):
                 out["ratio"] = out["arena"] / out["lower_bound"]
-            out["capture_ms"] = sum(sum(c.get("capture_ms", [])) for c in reps)
+            out["capture_ms"] = sum(sum(c.get("capture_ms", {}).values()) for c in reps)
         return out
 
     def close(self) -> None:

@@ -394,7 +394,7 @@ class _TrainOps(_FakeOps):
             ch.outputs.append(out)
             box = [out]
         ch.replay = lambda i: ch.replays.append(i)
-        ch.report = lambda: {"arena": 10, "lower_bound": 10, "capture_ms": [1.0, 1.0]}
+        ch.report = lambda: {"arena": 10, "lower_bound": 10, "capture_ms": {0: 1.0, 1: 1.0}}
         ch.close = lambda: setattr(ch, "closed", True)
         self.chains.append(ch)
         return ch
