@@ -24,4 +24,8 @@ var (
 	// ErrOutOfMemory: the device (or the reserved address space) cannot
 	// serve the request.
 	ErrOutOfMemory = errors.New("out of memory")
+	// ErrWouldGrow: Spill.AllocDefault was told not to map memory, and no
+	// free block fits. Not a failure: the caller frees what it keeps and
+	// asks again.
+	ErrWouldGrow = errors.New("no free block fits without mapping more memory")
 )

@@ -150,11 +150,14 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 // AllocDefault is Alloc that also says whether the default pool served
 // the block (not a capture's): a block its owner may hand out again for
 // another request of the same size on the same stream without asking
-// (the PyTorch bridge's C-side cache of freed blocks).
-func (s *Spill) AllocDefault(size uint64, st cuda.Stream) (cuda.DevicePtr, bool, error) {
+// (the PyTorch bridge's C-side cache of freed blocks). With grow false it
+// maps no memory: where no free block fits it returns ErrWouldGrow, so
+// that an owner keeping freed blocks gives them back before the
+// allocator grows (what it keeps never adds to what is mapped).
+func (s *Spill) AllocDefault(size uint64, st cuda.Stream, grow bool) (cuda.DevicePtr, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b, err := s.allocBlock(nil, size, st)
+	b, err := s.allocBlock(nil, size, st, grow)
 	if err != nil {
 		return 0, false, err
 	}
@@ -164,15 +167,16 @@ func (s *Spill) AllocDefault(size uint64, st cuda.Stream) (cuda.DevicePtr, bool,
 // alloc serves Alloc (in == nil: the default pool or the capture's) and
 // AllocIn (a region pool); s.mu is held.
 func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
-	b, err := s.allocBlock(in, size, st)
+	b, err := s.allocBlock(in, size, st, true)
 	if err != nil {
 		return 0, err
 	}
 	return cuda.DevicePtr(b.addr), nil
 }
 
-// allocBlock is alloc, returning the block; s.mu is held.
-func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream) (*block, error) {
+// allocBlock is alloc, returning the block; it maps memory only if grow;
+// s.mu is held.
+func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*block, error) {
 	if s.closed {
 		return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, ErrClosed)
 	}
@@ -203,6 +207,9 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream) (*block, error
 	}
 	rsize := roundUp(size, MinBlock)
 	b := s.bestFit(pool, st, rsize)
+	if b == nil && !grow {
+		return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, ErrWouldGrow)
+	}
 	if b == nil {
 		var err error
 		if b, err = s.grow(pool, st, rsize); err != nil {

@@ -191,6 +191,34 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	mustValid(t, s)
 }
 
+// TestSpillAllocDefaultWithoutGrowing: told not to grow, AllocDefault
+// serves what fits in the mapped segments and says ErrWouldGrow, mapping
+// nothing, where nothing fits.
+func TestSpillAllocDefaultWithoutGrowing(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	st := e.stream(t)
+	a := mustAlloc(t, s, 1*MiB, st)
+	if p, def, err := s.AllocDefault(512*KiB, st, false); err != nil || !def || p != a+1*MiB {
+		t.Fatalf("512 KiB in the mapped segment: %#x (default pool %v), %v; want %#x", p, def, err, a+1*MiB)
+	}
+	_, _, err := s.AllocDefault(1*MiB, st, false)
+	if !errors.Is(err, ErrWouldGrow) || errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("1 MiB more without growing: %v, want ErrWouldGrow", err)
+	}
+	if got := s.Stats(); got.Mapped != 2*MiB || got.Allocs != 2 {
+		t.Fatalf("after a refused growth: %+v, want 2 MiB mapped and 2 allocations", got)
+	}
+	mustFree(t, s, a)
+	if p, _, err := s.AllocDefault(1*MiB, st, false); err != nil || p != a {
+		t.Fatalf("1 MiB after the free: %#x, %v; want %#x", p, err, a)
+	}
+	if p, _, err := s.AllocDefault(1*MiB, st, true); err != nil || s.Stats().Mapped != 4*MiB {
+		t.Fatalf("growing: %#x, %v, %d mapped", p, err, s.Stats().Mapped)
+	}
+	mustValid(t, s)
+}
+
 func TestSpillStreamsKeepTheirBlocks(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)

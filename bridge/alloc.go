@@ -15,8 +15,12 @@ import (
 // spill allocator's default pool outside any step, region or capture: a
 // block the caller may keep when it is freed and hand out again for the
 // next request of the same size, device and stream without calling Alloc
-// (the C library's fast path), while FastPathAllowed holds.
-func (b *Bridge) AllocCacheable(size uint64, ordinal int, stream uintptr) (cuda.DevicePtr, bool, error) {
+// (the C library's fast path), while FastPathAllowed holds. With grow
+// false, an allocation the spill allocator could serve only by mapping
+// more memory fails with arena.ErrWouldGrow (counted nowhere): a caller
+// keeping blocks gives them back (Free) and asks again with grow true, so
+// that what it keeps never makes the process hold more memory.
+func (b *Bridge) AllocCacheable(size uint64, ordinal int, stream uintptr, grow bool) (cuda.DevicePtr, bool, error) {
 	d, err := b.device(ordinal)
 	if err != nil {
 		return 0, false, err
@@ -24,7 +28,7 @@ func (b *Bridge) AllocCacheable(size uint64, ordinal int, stream uintptr) (cuda.
 	if b.hist.on.Load() {
 		return d.allocRecorded(size, stream)
 	}
-	return d.alloc(size, stream, true)
+	return d.alloc(size, stream, true, grow)
 }
 
 // FastPathAllowed says whether a caller may serve allocations from blocks
@@ -73,7 +77,7 @@ func (b *Bridge) Alloc(size uint64, ordinal int, stream uintptr) (cuda.DevicePtr
 		p, _, err := d.allocRecorded(size, stream)
 		return p, err
 	}
-	p, _, err := d.alloc(size, stream, false)
+	p, _, err := d.alloc(size, stream, false, true)
 	return p, err
 }
 
@@ -119,7 +123,7 @@ func (b *Bridge) EmptyCache() error {
 	return errors.Join(errs...)
 }
 
-func (d *Device) alloc(size uint64, stream uintptr, cacheable bool) (cuda.DevicePtr, bool, error) {
+func (d *Device) alloc(size uint64, stream uintptr, cacheable, grow bool) (cuda.DevicePtr, bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.st.Allocs++
@@ -148,7 +152,11 @@ func (d *Device) alloc(size uint64, stream uintptr, cacheable bool) (cuda.Device
 	if err != nil {
 		return 0, false, err
 	}
-	p, def, err := d.spill.AllocDefault(size, st)
+	p, def, err := d.spill.AllocDefault(size, st, grow)
+	if errors.Is(err, arena.ErrWouldGrow) {
+		d.st.Allocs--
+		return 0, false, err
+	}
 	if err != nil {
 		return 0, false, d.oom(size, err)
 	}

@@ -1,6 +1,11 @@
 package bridge
 
-import "testing"
+import (
+	"errors"
+	"testing"
+
+	"github.com/arenaplan/arenaplan/arena"
+)
 
 // TestFastPathRules: a caller may keep a freed block and hand it out again
 // (the C library's fast path) only for blocks of the spill allocator's
@@ -12,7 +17,7 @@ func TestFastPathRules(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	mustKeep := func(size uint64, stream uintptr, want bool, what string) {
 		t.Helper()
-		p, keep, err := b.AllocCacheable(size, 0, stream)
+		p, keep, err := b.AllocCacheable(size, 0, stream, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,4 +69,37 @@ func TestFastPathRules(t *testing.T) {
 	allowed(false, "a capture underway")
 	b.CapturesUnderway(0)
 	allowed(true, "after the capture")
+}
+
+// TestAllocCacheableWithoutGrowing: told not to grow, AllocCacheable
+// serves from mapped memory or says arena.ErrWouldGrow, counting no
+// allocation and no out-of-memory.
+func TestAllocCacheableWithoutGrowing(t *testing.T) {
+	b := New(Config{Sim: true, SimMemory: 1 << 30, SpillAddressSpace: 256 << 20})
+	t.Cleanup(func() { b.Close() })
+	p, _, err := b.AllocCacheable(1<<20, 0, 0x10, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := b.Stats(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.AllocCacheable(1<<20, 0, 0x10, false); err != nil {
+		t.Fatalf("1 MiB in the mapped segment's rest: %v", err)
+	}
+	if _, _, err := b.AllocCacheable(1<<20, 0, 0x10, false); !errors.Is(err, arena.ErrWouldGrow) || errors.Is(err, arena.ErrOutOfMemory) {
+		t.Fatalf("a third 1 MiB without growing: %v, want arena.ErrWouldGrow", err)
+	}
+	after, err := b.Stats(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Allocs != before.Allocs+1 || after.Spill.Mapped != before.Spill.Mapped {
+		t.Fatalf("allocations %d -> %d, mapped %d -> %d: want one more allocation and nothing mapped",
+			before.Allocs, after.Allocs, before.Spill.Mapped, after.Spill.Mapped)
+	}
+	if err := b.Free(p, 0); err != nil {
+		t.Fatal(err)
+	}
 }

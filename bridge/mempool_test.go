@@ -321,7 +321,7 @@ func TestMemPoolShutsFastPath(t *testing.T) {
 	if b.FastPathAllowed() {
 		t.Fatal("fast path allowed while a thread routes to a memory pool")
 	}
-	p, keep, err := b.AllocCacheable(4096, 0, 0x72)
+	p, keep, err := b.AllocCacheable(4096, 0, 0x72, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -286,7 +286,7 @@ func (d *Device) allocRecorded(size uint64, stream uintptr) (cuda.DevicePtr, boo
 	h := &d.b.hist
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	p, _, err := d.alloc(size, stream, false)
+	p, _, err := d.alloc(size, stream, false, true)
 	if !h.on.Load() {
 		return p, false, err // turned off meanwhile
 	}

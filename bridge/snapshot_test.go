@@ -175,7 +175,7 @@ func TestSnapshot(t *testing.T) {
 	if b.FastPathAllowed() || !b.Recording() {
 		t.Fatal("recording history: the fast path must stay shut")
 	}
-	if _, keep, err := b.AllocCacheable(1024, 0, 0x41); err != nil || keep {
+	if _, keep, err := b.AllocCacheable(1024, 0, 0x41, true); err != nil || keep {
 		t.Fatalf("AllocCacheable while recording: keepable %v, %v", keep, err)
 	}
 

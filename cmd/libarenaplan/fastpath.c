@@ -12,9 +12,10 @@
 // control call (steps, captures, regions, pause, statistics, empty_cache)
 // Go shuts the fast path and takes the kept blocks back (ap_fp_take).
 //
-// What it keeps can never make an allocation fail: when Go cannot serve
-// one, the kept blocks go back to Go and the allocation is tried once more
-// (arenaplan_go_drain). It keeps at most KEEP_MAX_BYTES in blocks of at
+// What it keeps can never make an allocation fail nor the process hold
+// more memory: when Go cannot serve one without mapping more memory, or
+// at all, the kept blocks go back to Go and the allocation is tried once
+// more (arenaplan_go_drain). It keeps at most KEEP_MAX_BYTES in blocks of at
 // most KEEP_MAX_BLOCK bytes. The blocks it handed out or keeps are in one
 // table (live), with their state, so a second free of a kept block is
 // reported, never kept twice.
@@ -220,23 +221,33 @@ static inline void clear_error(void) {
 // free it with arenaplan_free_string.
 char *arenaplan_last_error(void) { return last_err != NULL ? strdup(last_err) : NULL; }
 
-// go_alloc asks Go; if that fails while blocks are kept here, they go back
-// to Go and Go is asked once more.
+// go_alloc asks Go. While blocks are kept here Go may not map memory for
+// it: where it would have to, or where it fails, the kept blocks go back
+// to Go first and Go is asked once more, so that what the fast path keeps
+// never makes the process hold more memory nor fail an allocation.
 static void *go_alloc(size_t size, int device, void *stream) {
-	int keepable = 0;
-	void *p = arenaplan_go_alloc(size, device, stream, &keepable);
+	pthread_mutex_lock(&mu);
+	int kept = counts.blocks > 0;
+	pthread_mutex_unlock(&mu);
+	int keepable = 0, would_grow = 0;
+	void *p = arenaplan_go_alloc(size, device, stream, !kept, &keepable, &would_grow);
 	if (p == NULL) {
 		pthread_mutex_lock(&mu);
 		uint64_t held = counts.blocks;
-		counts.drains += held > 0;
-		if (held > 0 && (unsigned)device < AP_MAX_DEVICES) {
-			dstats[device].num_alloc_retries++;
+		if (would_grow) {
+			counts.growth_drains++;
+		} else if (held > 0) {
+			counts.drains++;
+			if ((unsigned)device < AP_MAX_DEVICES) {
+				dstats[device].num_alloc_retries++;
+			}
 		}
 		pthread_mutex_unlock(&mu);
-		if (held > 0) {
+		if (would_grow || held > 0) {
 			arenaplan_go_drain();
 			keepable = 0;
-			p = arenaplan_go_alloc(size, device, stream, &keepable);
+			would_grow = 0;
+			p = arenaplan_go_alloc(size, device, stream, 1, &keepable, &would_grow);
 		}
 	}
 	pthread_mutex_lock(&mu);

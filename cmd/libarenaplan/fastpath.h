@@ -15,9 +15,10 @@ typedef struct {
 } ap_fp_entry;
 
 // The fast path's counters since the library loaded; Blocks and Bytes are
-// what it holds now.
+// what it holds now. Drains: kept blocks given back after Go failed an
+// allocation; growth_drains: before Go would have mapped more memory.
 typedef struct {
-	uint64_t hits, kept, misses, drains, double_frees;
+	uint64_t hits, kept, misses, drains, growth_drains, double_frees;
 	uint64_t blocks, bytes;
 } ap_fp_counts;
 

@@ -131,15 +131,21 @@ func allocator(export string, f func(*bridge.Bridge) error) bool {
 
 // arenaplan_go_alloc serves arenaplan_alloc (fastpath.c) when its fast
 // path cannot; keepable says whether the block may be kept there at its
-// free (bridge.Bridge.AllocCacheable).
+// free (bridge.Bridge.AllocCacheable). With grow 0 it maps no memory: it
+// returns NULL and sets *wouldGrow where serving would need more (the fast
+// path then gives back what it keeps and asks again).
 //
 //export arenaplan_go_alloc
-func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, keepable *C.int) unsafe.Pointer {
+func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, grow C.int, keepable, wouldGrow *C.int) unsafe.Pointer {
 	var p cuda.DevicePtr
 	ok := allocator("alloc", func(b *bridge.Bridge) error {
 		var keep bool
 		var err error
-		p, keep, err = b.AllocCacheable(uint64(size), int(device), uintptr(stream))
+		p, keep, err = b.AllocCacheable(uint64(size), int(device), uintptr(stream), grow != 0)
+		if errors.Is(err, arena.ErrWouldGrow) {
+			*wouldGrow = 1
+			return nil
+		}
 		if err != nil {
 			return outOfMemory(uint64(size), int(device), err)
 		}
@@ -148,7 +154,7 @@ func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, keep
 		}
 		return nil
 	})
-	if !ok {
+	if !ok || p == 0 {
 		return nil
 	}
 	// A device address, never dereferenced by Go.
@@ -176,7 +182,8 @@ func fmtBytes(n uint64) string {
 }
 
 // arenaplan_go_drain gives the blocks the C fast path keeps back to Go
-// (fastpath.c calls it before trying a failed allocation again).
+// (fastpath.c calls it before trying a failed allocation again, and before
+// an allocation that would map more memory).
 //
 //export arenaplan_go_drain
 func arenaplan_go_drain() {
@@ -384,15 +391,16 @@ func arenaplan_step_report(id C.int, out **C.char) *C.char {
 
 // FastPath counts, for every device, the allocations the C fast path
 // served (Hits) or passed on to Go while open (Misses), the frees it kept
-// (Kept), the times a failed allocation made it give its blocks back
-// (Drains), the second frees of a kept block it refused (DoubleFrees), and
-// what it holds now (Blocks, Bytes).
-type FastPath struct{ Hits, Kept, Misses, Drains, DoubleFrees, Blocks, Bytes uint64 }
+// (Kept), the times a failed allocation (Drains) or one that would have
+// mapped more memory (GrowthDrains) made it give its blocks back, the
+// second frees of a kept block it refused (DoubleFrees), and what it holds
+// now (Blocks, Bytes).
+type FastPath struct{ Hits, Kept, Misses, Drains, GrowthDrains, DoubleFrees, Blocks, Bytes uint64 }
 
 func fastPathCounts() FastPath {
 	var c C.ap_fp_counts
 	C.ap_fp_read(&c)
-	return FastPath{uint64(c.hits), uint64(c.kept), uint64(c.misses), uint64(c.drains), uint64(c.double_frees),
+	return FastPath{uint64(c.hits), uint64(c.kept), uint64(c.misses), uint64(c.drains), uint64(c.growth_drains), uint64(c.double_frees),
 		uint64(c.blocks), uint64(c.bytes)}
 }
 
