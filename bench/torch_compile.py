@@ -10,7 +10,8 @@ Each run prints one JSON line: graph memory (reduce-overhead: what the
 caching allocator still reserves after the graphs are recorded and its
 cache emptied, less what it reserved before the first call, so its graph
 pool with the inputs' placeholders; ours: every compiled graph's arena
-mapped + spill held + placeholders), the lower bound of the compiled
+mapped + spill held + copies of inputs held outside the arenas, which
+inference graphs plan inside them), the lower bound of the compiled
 graphs' recorded runs (ours), the first call's time (compile and a plain
 run), the capturing call's time, the step time (CUDA events, the fastest
 of 5 blocks of --iters calls), and whether the replayed output equals the
@@ -156,12 +157,12 @@ def run(args):
     if ours:
         rep = apc.report()
         res["graphs"] = rep
-        res["graph_bytes"] = sum(r.get("graph_bytes", 0) + r.get("placeholder_bytes", 0) for r in rep)
+        res["graph_bytes"] = sum(r.get("graph_bytes", 0) + r.get("input_bytes_outside", 0) for r in rep)
         res["lower_bound"] = sum(r.get("lower_bound", 0) for r in rep)
         res["arena"] = sum(r.get("arena", 0) for r in rep)
         res["captured"] = all(r["captured"] for r in rep) and bool(rep)
         # The allocator's counters before the first call and now (spill
-        # growth: placeholders, the capture stream's cuBLAS workspace, ...).
+        # growth: the capture stream's cuBLAS workspace, ...).
         res["stats_before"], res["stats_after"] = stats0, ap.stats()
     else:
         torch.cuda.empty_cache()
@@ -194,7 +195,7 @@ def summary(path, save):
     for m, d in rows.items():
         t, o = d.get("reduce-overhead", {}), d.get("ours", {})
         tp, op, lb = t.get("graph_bytes"), o.get("graph_bytes"), o.get("lower_bound")
-        ph = sum(g.get("placeholder_bytes", 0) for g in o.get("graphs", []))
+        ph = sum(g.get("input_bytes_outside", 0) for g in o.get("graphs", []))
         f = lambda v: f"{v / M:.1f}" if isinstance(v, (int, float)) and v else "-"  # noqa: E731
         rat = lambda a, b: f"{a / b:.3f}" if a and b else "-"  # noqa: E731
         ts, os_ = t.get("step_us"), o.get("step_us")

@@ -149,7 +149,7 @@ def run(args):
         res["graphs"] = rep
         res["arena"] = sum(r.get("arena", 0) for r in rep)
         res["lower_bound"] = sum(r.get("lower_bound", 0) for r in rep)
-        res["graph_bytes"] = sum(r.get("graph_bytes", 0) + r.get("placeholder_bytes", 0) for r in rep
+        res["graph_bytes"] = sum(r.get("graph_bytes", 0) + r.get("input_bytes_outside", 0) for r in rep
                                  if r.get("training") != "backward")
         res["captured"] = bool(rep) and all(r["captured"] for r in rep)
         res["replays"] = sum(r.get("replays", 0) for r in rep)

@@ -46,20 +46,30 @@ class GraphFamily:
         """Replay member ``key`` on the current stream; returns its outputs.
         Raises as :meth:`Graph.replay` does (closed, paused) and
         ``KeyError`` for an unknown key."""
+        self.prepare()
+        g = self._graphs.get(key)
+        if g is None:
+            raise KeyError(f"arenaplan: no member {key!r} (members: {self.keys})")
+        g.replay()
+        return self.outputs[key]
+
+    def prepare(self) -> None:
+        """Raise as :meth:`replay` does (closed, paused), and order the
+        current stream after the previous replay. Call it before writing
+        into the arena outside a replay (inputs that a member allocates
+        inside its step and that are copied to their planned addresses
+        before each replay): the previous replay may still be using that
+        memory, and a paused arena has none. :meth:`replay` calls it; it
+        costs a read of the pause generation and a stream comparison."""
         if self._graphs is None:
             raise ArenaplanError(f"arenaplan: replay of a closed graph family (family {self._fid})")
         if self._lib.graphs_paused(self._device):
             raise ArenaplanError(f"arenaplan: the graphs' memory of device {self._device} is paused: "
                                  "arenaplan.torch.resume() first")
-        g = self._graphs.get(key)
-        if g is None:
-            raise KeyError(f"arenaplan: no member {key!r} (members: {self.keys})")
         cur = torch.cuda.current_stream(self._device)
         if self._last_stream is not None and self._last_stream != cur:
             cur.wait_stream(self._last_stream)
         self._last_stream = cur
-        g.replay()
-        return self.outputs[key]
 
     def report(self) -> dict:
         """The family arena against the largest member's lower bound, and

@@ -20,8 +20,16 @@ off, and wraps every compiled graph: its first ``warmup`` calls run
 inductor's code as it is (autotuning, lazy workspaces); the next call
 captures it with :func:`arenaplan.torch.graphs`: warm-up runs, one recorded,
 a plan at the lower bound of live bytes, one capture; every later call
-copies the inputs that are not parameters or buffers into placeholders and
-replays. Parameters and buffers (inductor's ``static_input_idxs``) are read
+copies the inputs that are not parameters or buffers to their planned
+addresses and replays. Those inputs are buffers of the plan: allocated at
+the step's start, freed by inductor's code after their last use, so that
+an image a vision model reads once shares its memory with later
+activations, and no copy of an input is held outside the arena (a host
+copy of the first one is kept, for the runs before a later re-capture).
+An input already at its planned address (the previous call's output fed
+back) is not copied; one in memory that the copies write (an earlier
+output elsewhere in the arena) is cloned before them.
+Parameters and buffers (inductor's ``static_input_idxs``) are read
 in place; their addresses are checked on every call, and a call with other
 addresses is captured as another member. Outputs live at fixed addresses in
 the arena: the outputs a call returns are overwritten by the graph's next
@@ -51,8 +59,9 @@ activations a later forward overwrote raises. See :class:`_TrainPair`.
 
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA
-graphs cannot hold, arenaplan not installed), inductor's code runs without
-a graph and ONE warning names the reason.
+graphs cannot hold, arenaplan not installed, a torch without
+``torch._C._construct_storage_from_data_pointer``), inductor's code runs
+without a graph and ONE warning names the reason.
 
 Options: ``torch.compile(model, backend="arenaplan", mode=..., options={...})``.
 ``mode``: inductor's ("default", "max-autotune", "max-autotune-no-cudagraphs";
@@ -183,6 +192,53 @@ class _Ops:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
     @staticmethod
+    def layout(t) -> Hashable:
+        """What :meth:`empty` and :meth:`at` make a tensor like: t's shape,
+        strides, dtype and device."""
+        return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+    @staticmethod
+    def empty(layout):
+        """A new tensor of that layout (inside a step: a planned buffer)."""
+        shape, stride, dtype, device = layout
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+    def at(self, ptr: int, layout):
+        """A tensor of that layout at ptr that owns nothing (an input's
+        planned address, written before each replay)."""
+        shape, stride, dtype, device = layout
+        nbytes = _span(shape, stride) * dtype.itemsize
+        return self._tensor({"dtype": dtype, "size": shape, "stride": stride, "storage_offset": 0},
+                            self._storage(ptr, device, nbytes))
+
+    @staticmethod
+    def capturing() -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    @staticmethod
+    def host(t):
+        """A host copy of the memory t spans (elements and the gaps between
+        them), for :meth:`fill`; no autograd history (which would keep t).
+        Waits for the device."""
+        with torch.no_grad():
+            return _flat(t).cpu()
+
+    @staticmethod
+    def fill(dst, src) -> None:
+        """Copy src (a tensor of dst's layout, or its :meth:`host` copy) over
+        dst: one contiguous copy, which allocates no device memory (a step's
+        recorded run allocates what its capture does)."""
+        with torch.no_grad():
+            _flat(dst).copy_(_flat(src))
+
+    @staticmethod
+    def extent(t) -> Tuple[int, int]:
+        """The device addresses [start, end) of t's storage."""
+        st = t.untyped_storage()
+        p = st.data_ptr()
+        return p, p + st.nbytes()
+
+    @staticmethod
     def copy(dst, src) -> None:
         dst.copy_(src)
 
@@ -262,15 +318,39 @@ class _Ops:
                 self._deny(o, _OVERWRITTEN)
 
 
-class _Member:
-    """One shape of a compiled graph: the inputs its capture reads."""
+def _span(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements from a tensor's first to its last, gaps included."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
 
-    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls")
+
+def _flat(t):
+    """t's span as one contiguous 1-D tensor over its memory."""
+    return t.as_strided((_span(t.shape, t.stride()),), (1,), t.storage_offset())
+
+
+class _Member:
+    """One shape of a compiled graph: the inputs its capture reads.
+
+    ``args`` holds the parameters, buffers and values read as they are, and
+    None for each input copied (``copy_idxs``): that input's tensor is
+    allocated inside the member's step, a buffer of the plan, and each
+    replay copies the call's input to its planned address (``dst``).
+    ``host`` keeps a host copy of the input the member was first captured
+    with: the values its tensor takes in the runs before a later capture of
+    the family (indices a graph gathers with must stay in range)."""
+
+    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst")
 
     def __init__(self, index: int, args: list, ptrs: list, copy_idxs: list, nbytes: int):
         self.index = index  # its key in the family (short, for the library)
         self.args, self.ptrs, self.copy_idxs, self.nbytes = args, ptrs, copy_idxs, nbytes
         self.calls = 0
+        self.layouts: Dict[int, Any] = {}
+        self.host: Dict[int, Any] = {}
+        self.addrs: Dict[int, int] = {}  # from the member's last capture: the addresses replays use
+        self.dst: List[Tuple[int, Any, int, int]] = []  # (input, tensor at its address, start, end)
 
 
 _runners: "weakref.WeakSet[_Runner]" = weakref.WeakSet()
@@ -328,9 +408,9 @@ class _Runner(_Warns):
         self.plain_calls = 0  # calls that ran inductor's code without a graph
         self.replays = 0
         self.warned: set = set()
-        self._views: Dict[Hashable, Optional[Callable[[], List[Any]]]] = {}
+        self._views: Dict[Hashable, Callable[[], List[Any]]] = {}
         self._last: Optional[List[Any]] = None
-        self.placeholder_bytes = 0
+        self.input_bytes = 0  # the copied inputs' bytes, every member's, planned in the arena
         self.pair: Optional[_TrainPair] = None  # a training graph's forward and backward
         with _lock:
             _order[0] += 1
@@ -375,24 +455,37 @@ class _Runner(_Warns):
         return self._replay(m, inputs)
 
     def _replay(self, m: _Member, inputs: list) -> Any:
-        ops = self.ops
-        for i in m.copy_idxs:
-            dst, src = m.args[i], inputs[i]
-            if ops.data_ptr(dst) != ops.data_ptr(src):
-                ops.copy(dst, src)
+        ops, fam = self.ops, self.family
+        if m.dst:
+            fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
+            self._copy_in(m, inputs)
         del inputs
         if self._last is not None:
             ops.deny(self._last)
             self._last = None
-        outs = self.family.replay(m.index)
+        fam.replay(m.index)
         m.calls += 1
         self.replays += 1
-        make = self._views.get(m.index)
-        if make is None:
-            return list(outs)
-        fresh = make()
+        fresh = self._views[m.index]()  # _add gave up where torch cannot make them
         self._last = fresh
         return fresh
+
+    def _copy_in(self, m: _Member, inputs: list) -> None:
+        """Copy the call's inputs to their planned addresses. An input
+        already there (the previous call's output at that address, fed
+        back) is not copied; one whose memory a copy writes (an earlier
+        output elsewhere in the arena) is first cloned outside it, since
+        the copies would overwrite it before it is read."""
+        ops = self.ops
+        todo = [(d, inputs[i], lo, hi) for i, d, lo, hi in m.dst if ops.data_ptr(inputs[i]) != lo]
+        for k, (d, src, lo, hi) in enumerate(todo):
+            a, b = ops.extent(src)
+            if any(a < h and l < b for _, _, l, h in todo):
+                tmp = ops.empty(ops.layout(src))
+                ops.copy(tmp, src)
+                todo[k] = (d, tmp, lo, hi)
+        for d, src, _, _ in todo:
+            ops.copy(d, src)
 
     def _plain(self, inputs: list) -> Any:
         self.plain_calls += 1
@@ -433,41 +526,52 @@ class _Runner(_Warns):
                                 "this one and later new ones run without a graph")
             return None
         ops, static = self.ops, set(self.static)
+        if ops.views([]) is None:
+            self._give_up("this torch cannot make tensors at a graph's addresses "
+                          "(torch._C._construct_storage_from_data_pointer)")
+            return None
         args, ptrs, copy_idxs, nbytes = [], [None] * len(inputs), [], 0
+        m = _Member(self.next_index, args, ptrs, copy_idxs, 0)
         for i, x in enumerate(inputs):
             if i in static and ops.is_tensor(x):
                 args.append(x)
                 ptrs[i] = ops.data_ptr(x)
             elif ops.is_tensor(x):
-                p = ops.placeholder(x)
-                ops.copy(p, x)
-                args.append(p)
+                args.append(None)  # allocated inside the step: see _step
                 copy_idxs.append(i)
+                m.layouts[i] = ops.layout(x)
+                m.host[i] = ops.host(x)
                 nbytes += ops.nbytes(x)
             else:
                 args.append(x)
-        m = _Member(self.next_index, args, ptrs, copy_idxs, nbytes)
+        m.nbytes = nbytes
         self.next_index += 1
         self.members[key] = m
-        if not self._build():
+        if not self._build(m, {i: inputs[i] for i in copy_idxs}):
             return None
-        self.placeholder_bytes += nbytes
+        self.input_bytes += nbytes
         return m
 
-    def _build(self) -> bool:
+    def _build(self, new: Optional[_Member] = None, new_inputs: Optional[Dict[int, Any]] = None) -> bool:
         """(Re)capture every member into one family arena, the largest
-        (most input bytes) first; on failure give the graph up."""
+        (most input bytes) first; on failure give the graph up. The runs
+        before each capture take the copied inputs' values from new_inputs
+        for the member new, from the host copies for the others."""
+        ops = self.ops
         if self.family is not None:
             self.family.close()
             self.family = None
             self._views.clear()
         if self._last is not None:
-            self.ops.deny(self._last)
+            ops.deny(self._last)
             self._last = None
         order = sorted(self.members.values(), key=lambda m: -m.nbytes)
-        fns = {m.index: (lambda m=m: self.inner(list(m.args))) for m in order}
+        fns = {}
+        for m in order:
+            m.addrs.clear()
+            fns[m.index] = self._step(m, new_inputs if m is new and new_inputs else m.host)
         try:
-            fam = self.ops.capture(fns, f"{self.name}", self.device, self.opts)
+            fam = ops.capture(fns, f"{self.name}", self.device, self.opts)
         except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
             self.members.clear()
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
@@ -476,8 +580,38 @@ class _Runner(_Warns):
         self.family_builds += 1
         self.captures += len(fns)
         for m in order:
-            self._views[m.index] = self.ops.views(fam.outputs[m.index])
+            self._views[m.index] = ops.views(fam.outputs[m.index])
+            m.dst = []
+            for i in m.copy_idxs:
+                nbytes = ops.nbytes(m.host[i])  # the bytes its tensor spans
+                if nbytes:
+                    p = m.addrs[i]  # every capture ran the step
+                    m.dst.append((i, ops.at(p, m.layouts[i]), p, p + nbytes))
         return True
+
+    def _step(self, m: _Member, src: Dict[int, Any]) -> Callable[[], Any]:
+        """Member m's step, as captured: each copied input is allocated at
+        the step's start (so that the plan places it in the arena, live
+        until inductor's code frees it after its last use: nothing else may
+        hold it), filled from src in the runs before the capture (not in
+        the capture: that would be a graph node reading src), and its
+        address kept from the capture (the last capture's is the one
+        replays use)."""
+        ops, inner, args, layouts = self.ops, self.inner, m.args, m.layouts
+
+        def step():
+            a = list(args)
+            capturing = ops.capturing()
+            for i in m.copy_idxs:
+                p = ops.empty(layouts[i])
+                if capturing:
+                    m.addrs[i] = ops.data_ptr(p)
+                else:
+                    ops.fill(p, src[i])
+                a[i] = p
+                p = None
+            return inner(a)
+        return step
 
     # Reports.
     def report(self) -> Dict[str, Any]:
@@ -486,7 +620,8 @@ class _Runner(_Warns):
         r: Dict[str, Any] = {"graph": self.name, "captured": self.family is not None, "reason": self.reason,
                              "members": len(self.members), "captures": self.captures,
                              "family_builds": self.family_builds, "replays": self.replays,
-                             "plain_calls": self.plain_calls, "placeholder_bytes": self.placeholder_bytes,
+                             "plain_calls": self.plain_calls, "input_bytes_planned": self.input_bytes,
+                             "input_bytes_outside": 0,
                              "static_inputs": len(self.static), "other_inputs": len(self.dyn or ())}
         if self.family is not None:
             f = self.family.report()
@@ -820,7 +955,7 @@ class _TrainPair(_Warns):
         out: Dict[str, Any] = {"graph": r.name, "training": part, "captured": bool(ms), "reason": self.reason,
                                "members": len(ms), "captures": len(ms), "replays": self.replays[part],
                                "plain_calls": self.plain[part],
-                               "placeholder_bytes": sum(m.placeholder_bytes for m in ms)}
+                               "input_bytes_outside": sum(m.placeholder_bytes for m in ms)}
         if ms and part == "forward":
             reps = [m.chain.report() for m in ms]
             for k in ("arena", "lower_bound", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
@@ -849,9 +984,11 @@ def report() -> List[Dict[str, Any]]:
     """Per compiled graph, in compile order: whether it is captured (else the
     reason), members (shapes), arena and lower bound (bytes, of the
     family's largest member), graph bytes (arena mapped + spill held),
-    placeholder bytes (the copies of non-static inputs), captures, plain
-    calls (run without a graph) and replays. Costs one library call per
-    captured graph."""
+    input bytes outside (copies of inputs that are not parameters or
+    buffers held outside the arena: a training graph's placeholders; an
+    inference graph's copies are planned in its arena, ``input_bytes_planned``
+    summed over its members), captures, plain calls (run without a graph)
+    and replays. Costs one library call per captured graph."""
     return [r.report() for r in sorted(_runners, key=lambda r: r.order)]
 
 

@@ -1,30 +1,78 @@
 """arenaplan.compile's logic without torch or a GPU: the backend's options,
 its registration, and what a compiled graph's wrapper does call by call
 (plain warm-up calls, one capture, replays that copy only the inputs that
-are not parameters or buffers, members per shape and parameter address in
-one family, the limit, give-ups with one warning, outputs of an earlier
-call made unreadable), over a stand-in for torch and arenaplan.torch.
+are not parameters or buffers, to addresses planned in the arena, members
+per shape and parameter address in one family, the limit, give-ups with
+one warning, outputs of an earlier call made unreadable), over a stand-in
+for torch and arenaplan.torch whose device memory holds values, so that
+what a replay reads is checked.
 """
+import gc
 import os
 import sys
 import types
 import unittest
 import warnings
+import weakref
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class _Memory:
+    """Stand-in memory, one byte an element: a write over [start, end)
+    replaces every value whose range it overlaps; a read of a range returns
+    the value last written over exactly that range, "garbage" where a later
+    write overlapped it."""
+
+    def __init__(self):
+        self.cells = {}
+
+    @staticmethod
+    def _key(t):
+        return (t.device[0], t.ptr, t.ptr + max(_size(t.shape), 1))
+
+    def read(self, t):
+        return self.cells.get(self._key(t), "garbage")
+
+    def write(self, t, value):
+        space, lo, hi = k = self._key(t)
+        for c in [c for c in self.cells if c[0] == space and c[1] < hi and lo < c[2]]:
+            del self.cells[c]
+        self.cells[k] = value
+
+
+_MEM = _Memory()
+
+
 class _Tensor:
-    """A stand-in tensor: a shape, a device and an address."""
+    """A stand-in tensor: a shape, a device and an address; its value is
+    what _MEM holds there."""
     _next = 0x1000
 
-    def __init__(self, shape, device=("cuda", 0), ptr=None):
+    def __init__(self, shape, device=("cuda", 0), ptr=None, value=None):
         self.shape, self.device = tuple(shape), device
         if ptr is None:
             _Tensor._next += 0x1000
             ptr = _Tensor._next
         self.ptr = ptr
         self.copied_from = []
+        if value is not None:
+            self.value = value
+
+    @property
+    def value(self):
+        return _MEM.read(self)
+
+    @value.setter
+    def value(self, v):
+        _MEM.write(self, v)
 
 
 def _import_compile():
@@ -64,19 +112,43 @@ apc, REGISTRY = _import_compile()
 
 
 class _Family:
-    def __init__(self, fns, log):
+    """arenaplan.torch.graphs: per member ``warmup`` runs (the last one
+    recorded), then ``captures`` captures (two where a capture diverged from
+    the recorded run), each allocating from the arena's start; a replay
+    runs the kernels the member's last capture recorded."""
+
+    def __init__(self, fns, log, ops, warmup, captures=1):
         self.keys = list(fns)
-        self.outputs = {}
+        self.outputs, self.kernels = {}, {}
         self.replays = []
-        self.closed = False
+        self.closed = self.paused = False
+        self.base = ops.new_arena()
         for k, fn in fns.items():
-            out = fn()  # the capture runs the step once
-            self.outputs[k] = out
+            for _ in range(warmup):
+                out = fn()
+                del out
+        for k, fn in fns.items():
+            for c in range(captures):
+                ops.capturing_now, ops.cursor, ops.kernels = True, self.base + c * 0x10000, []
+                try:
+                    out = fn()
+                finally:
+                    ops.capturing_now = False
+                self.outputs[k], self.kernels[k] = out, ops.kernels
+                self.last_base = self.base + c * 0x10000
+                del out
         log.append(self)
 
-    def replay(self, key):
+    def prepare(self):
         assert not self.closed
+        if self.paused:
+            raise RuntimeError("arenaplan: the graphs' memory of device 0 is paused")
+
+    def replay(self, key):
+        self.prepare()
         self.replays.append(key)
+        for k in self.kernels[key]:
+            k()
         return self.outputs[key]
 
     def report(self):
@@ -90,9 +162,51 @@ class _Family:
 class _FakeOps(apc._Ops):
     """arenaplan.compile._Ops over stand-in tensors and families."""
 
-    def __init__(self, fail=None):
+    def __init__(self, fail=None, captures=1):
         self.families, self.denied, self.fail = [], [], fail
         self.view_calls = 0
+        self.captures = captures
+        self.capturing_now, self.cursor, self.kernels = False, 0, []
+        self.arenas = 0
+        self.made = []  # weak references to the tensors empty() made
+        self.copies = []  # (dst address, src address)
+
+    def new_arena(self):
+        self.arenas += 1
+        return 0x40000000 + self.arenas * 0x1000000
+
+    @staticmethod
+    def layout(t):
+        return (t.shape, t.device)
+
+    def empty(self, layout):
+        """Inside a capture, at the arena's cursor (the plan's address)."""
+        ptr = None
+        if self.capturing_now:
+            ptr, self.cursor = self.cursor, self.cursor + _size(layout[0])
+        t = _Tensor(layout[0], layout[1], ptr)
+        self.made.append(weakref.ref(t))
+        return t
+
+    @staticmethod
+    def at(ptr, layout):
+        return _Tensor(layout[0], layout[1], ptr)
+
+    def capturing(self):
+        return self.capturing_now
+
+    @staticmethod
+    def host(t):
+        return _Tensor((_size(t.shape),), ("cpu", None), value=t.value)
+
+    @staticmethod
+    def fill(dst, src):
+        assert src.device[0] == "cpu" or src.shape == dst.shape
+        dst.value = src.value
+
+    @staticmethod
+    def extent(t):
+        return (t.ptr, t.ptr + _size(t.shape))
 
     def installed(self):
         return True
@@ -129,14 +243,17 @@ class _FakeOps(apc._Ops):
     def placeholder(t):
         return _Tensor(t.shape, t.device)
 
-    @staticmethod
-    def copy(dst, src):
+    def copy(self, dst, src):
+        a, b = self.extent(dst), self.extent(src)
+        assert a == b or not (a[0] < b[1] and b[0] < a[1]), "a copy over its own source"
         dst.copied_from.append(src.ptr)
+        self.copies.append((dst.ptr, src.ptr))
+        dst.value = src.value
 
     def capture(self, fns, name, device, opts):
         if self.fail:
             raise RuntimeError(self.fail)
-        return _Family(fns, self.families)
+        return _Family(fns, self.families, self, opts.capture_warmup, self.captures)
 
     def views(self, outs):
         def make():
@@ -201,7 +318,7 @@ class RegistrationTest(unittest.TestCase):
 class RunnerTest(unittest.TestCase):
     def test_warmup_capture_replay(self):
         r, inner, ops = _runner()
-        w0, w1, x = _Tensor((4, 4)), _Tensor((4,)), _Tensor((8, 4))
+        w0, w1, x = _Tensor((4, 4)), _Tensor((4,)), _Tensor((8, 4), value="x")
         args = [w0, w1, x, 3]
         out0 = r(args)
         self.assertEqual(args, [], "the boxed convention: the list of inputs is emptied")
@@ -210,32 +327,39 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(ops.families, [])
         out1 = r([w0, w1, x, 3])
         fam = ops.families[0]
-        self.assertEqual(len(inner.calls), 2, "one capture run")
-        cap = inner.calls[1]
-        self.assertIs(cap[0], w0)
-        self.assertIs(cap[1], w1)
-        self.assertIsNot(cap[2], x, "a non-static input is captured in a placeholder")
-        self.assertEqual(cap[3], 3)
-        self.assertIn(x.ptr, cap[2].copied_from)
+        self.assertEqual(len(inner.calls), 4, "two runs before the capture (the last recorded), one captured")
+        for run in inner.calls[1:]:
+            self.assertIs(run[0], w0)
+            self.assertIs(run[1], w1)
+            self.assertIsNot(run[2], x, "a non-static input is the step's own tensor")
+            self.assertEqual(run[3], 3)
+        self.assertEqual([run[2].value for run in inner.calls[1:3]], ["x", "x"],
+                         "the runs before the capture read the input's values")
+        cap = inner.calls[3][2]
+        self.assertEqual(cap.ptr, fam.base, "captured at its planned address")
+        self.assertEqual(cap.copied_from, [], "no copy inside the capture")
         self.assertEqual(fam.replays, [0])
-        x2 = _Tensor((8, 4))
+        self.assertEqual(ops.copies[-1], (fam.base, x.ptr), "the first replay's input copied to that address")
+        x2 = _Tensor((8, 4), value="x2")
         out2 = r([w0, w1, x2, 3])
-        self.assertEqual(len(inner.calls), 2, "replays run no Python of the step")
-        self.assertEqual(cap[2].copied_from[-1], x2.ptr)
+        self.assertEqual(len(inner.calls), 4, "replays run no Python of the step")
+        self.assertEqual(ops.copies[-1], (fam.base, x2.ptr))
+        self.assertEqual(_Tensor((8, 4), ptr=fam.base).value, "x2")
         self.assertEqual(fam.replays, [0, 0])
         self.assertFalse(getattr(out0[0], "denied", False), "a plain call's outputs are the caller's")
         self.assertTrue(out1[0].denied, "the previous replay's outputs are overwritten")
         self.assertFalse(getattr(out2[0], "denied", False))
         self.assertEqual(out1[0].ptr, out2[0].ptr, "outputs at fixed addresses")
         self.assertIsNot(out1[0], out2[0])
-        # The placeholder itself as input: nothing to copy.
-        n = len(cap[2].copied_from)
-        r([w0, w1, cap[2], 3])
-        self.assertEqual(len(cap[2].copied_from), n)
+        # A tensor at the planned address as input: nothing to copy.
+        n = len(ops.copies)
+        r([w0, w1, _Tensor((8, 4), ptr=fam.base), 3])
+        self.assertEqual(len(ops.copies), n)
         rep = r.report()
         self.assertEqual((rep["captured"], rep["members"], rep["captures"], rep["replays"], rep["plain_calls"]),
                          (True, 1, 1, 3, 1))
-        self.assertEqual((rep["static_inputs"], rep["other_inputs"], rep["placeholder_bytes"]), (2, 2, 32))
+        self.assertEqual((rep["static_inputs"], rep["other_inputs"], rep["input_bytes_planned"],
+                          rep["input_bytes_outside"]), (2, 2, 32, 0))
         self.assertEqual((rep["arena"], rep["lower_bound"], rep["graph_bytes"]), (1000, 1000, 1024))
 
     def test_parameters_elsewhere_make_another_member(self):
@@ -323,6 +447,183 @@ class RunnerTest(unittest.TestCase):
         self.assertFalse(r.report()["captured"])
         r([w0, w1, x, 1])
         self.assertEqual(len(ops.families), 2, "captured again after reset")
+
+
+class _Graph:
+    """Inductor's code for out = f(inputs 1..): reads its inputs' values,
+    frees them (the boxed convention, then no reference of its own), and
+    writes its output; under a capture it records the kernel a replay runs
+    (over the addresses it read and wrote), its output placed at
+    ``out_offset`` from the start of the arena (where the plan may put it
+    once the inputs are dead)."""
+
+    def __init__(self, ops, out_offset=0x100):
+        self.ops, self.out_offset = ops, out_offset
+        self.seen = []  # per run: (capturing, the inputs' values)
+        self.freed = []  # per run: whether every copied input was freed once the list was emptied
+
+    def __call__(self, args):
+        ops = self.ops
+        ins = args[1:]
+        args.clear()
+        vals = tuple(t.value for t in ins)
+        self.seen.append((ops.capturing_now, vals))
+        shape = ins[0].shape
+        reads = [_Tensor(t.shape, t.device, t.ptr) for t in ins]  # the addresses, not the tensors
+        refs = [weakref.ref(t) for t in ins]
+        del ins
+        self.freed.append(all(w() is None for w in refs))
+        if not ops.capturing_now:
+            return (_Tensor(shape, value=("f",) + vals),)
+        out = _Tensor(shape, ptr=ops.cursor - ops.cursor % 0x10000 + self.out_offset, value=("f",) + vals)
+        at = out.ptr
+
+        def kernel():
+            _Tensor(shape, ptr=at).value = ("f",) + tuple(t.value for t in reads)
+        ops.kernels.append(kernel)
+        return (out,)
+
+
+class PlannedInputTest(unittest.TestCase):
+    """Inputs that are not parameters or buffers: allocated inside the
+    member's step (planned in the arena), copied to that address before
+    each replay, never held outside."""
+
+    def runner(self, static=(0,), **kw):
+        ops = _FakeOps(captures=kw.pop("captures", 1))
+        g = _Graph(ops, **kw)
+        r = apc._Runner(g, "graph0", static_idxs=list(static), reason=None,
+                        opts=apc.CompileOptions(None, {"warmup": 0}), ops=ops, device=0)
+        return r, g, ops
+
+    def assertNoneHeld(self, ops):
+        gc.collect()
+        self.assertTrue(ops.made)
+        self.assertEqual([w() for w in ops.made if w() is not None], [],
+                         "no tensor of an input's is held outside the step")
+
+    def test_inputs_reach_the_graph_every_call(self):
+        r, g, ops = self.runner()
+        w = _Tensor((4,))
+        for k in range(4):
+            out = r([w, _Tensor((32,), value=f"x{k}")])
+            self.assertEqual(out[0].value, ("f", f"x{k}"))
+        fam = ops.families[0]
+        self.assertEqual(fam.replays, [0, 0, 0, 0])
+        self.assertEqual([v for cap, v in g.seen], [("x0",), ("x0",), ("garbage",)],
+                         "filled from the input before the capture, not in it")
+        self.assertEqual(g.freed, [True] * 3, "the step holds no reference once inductor's code emptied its list")
+        self.assertNoneHeld(ops)
+        m = next(iter(r.members.values()))
+        self.assertEqual(m.args, [w, None])
+        self.assertEqual(m.dst[0][2:], (fam.base, fam.base + 32))
+        rep = r.report()
+        self.assertEqual((rep["input_bytes_planned"], rep["input_bytes_outside"]), (32, 0))
+
+    def test_last_capture_gives_the_address(self):
+        r, g, ops = self.runner(captures=2)
+        w = _Tensor((4,))
+        out = r([w, _Tensor((32,), value="a")])
+        fam = ops.families[0]
+        self.assertNotEqual(fam.last_base, fam.base)
+        m = next(iter(r.members.values()))
+        self.assertEqual(m.addrs[1], fam.last_base)
+        self.assertEqual(out[0].value, ("f", "a"))
+        self.assertEqual(r([w, _Tensor((32,), value="b")])[0].value, ("f", "b"))
+
+    def test_output_fed_back_at_the_same_address(self):
+        r, g, ops = self.runner(out_offset=0)  # out = f(x) planned where x was
+        w = _Tensor((4,))
+        x = r([w, _Tensor((32,), value="x")])[0]
+        n = len(ops.copies)
+        for _ in range(3):
+            x = r([w, x])[0]
+        self.assertEqual(len(ops.copies), n, "already at its address: no copy")
+        self.assertEqual(x.value, ("f", ("f", ("f", ("f", "x")))))
+
+    def test_output_fed_back_overlapping_the_address(self):
+        r, g, ops = self.runner(out_offset=8)  # out overlaps x's address, shifted
+        w = _Tensor((4,))
+        x = r([w, _Tensor((32,), value="x")])[0]
+        for _ in range(3):
+            x = r([w, x])[0]
+        self.assertEqual(x.value, ("f", ("f", ("f", ("f", "x")))))
+        self.assertNoneHeld(ops)
+
+    def test_output_fed_back_where_another_input_goes(self):
+        # Inputs a at [base, base+32) and b at [base+32, base+64); the output
+        # at a's address: fed back as b, the copy of a would overwrite it
+        # before it is read.
+        r, g, ops = self.runner(out_offset=0)
+        w = _Tensor((4,))
+        out = r([w, _Tensor((32,), value="a0"), _Tensor((32,), value="b0")])[0]
+        self.assertEqual(out.value, ("f", "a0", "b0"))
+        out = r([w, _Tensor((32,), value="a1"), out])[0]
+        self.assertEqual(out.value, ("f", "a1", ("f", "a0", "b0")))
+
+    def test_second_shape_rebuilds_with_each_members_values(self):
+        r, g, ops = self.runner()
+        w = _Tensor((4,))
+        for k in range(3):
+            self.assertEqual(r([w, _Tensor((32,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+        g.seen.clear()
+        self.assertEqual(r([w, _Tensor((16,), value="b0")])[0].value, ("f", "b0"))
+        self.assertEqual(len(ops.families), 2)
+        self.assertTrue(ops.families[0].closed)
+        before = [v for cap, v in g.seen if not cap]
+        self.assertEqual(before, [("a0",), ("a0",), ("b0",), ("b0",)],
+                         "the first member from its host copy, the new one from its input")
+        fam = ops.families[1]
+        for k in range(3):
+            self.assertEqual(r([w, _Tensor((32,), value=f"a{k + 3}")])[0].value, ("f", f"a{k + 3}"))
+            self.assertEqual(r([w, _Tensor((16,), value=f"b{k + 1}")])[0].value, ("f", f"b{k + 1}"))
+        self.assertEqual(fam.replays, [1] + [0, 1] * 3)
+        for m in r.members.values():
+            self.assertEqual(m.dst[0][2], fam.base, "the new family's addresses")
+        self.assertEqual(r.report()["input_bytes_planned"], 48)
+        self.assertNoneHeld(ops)
+
+    def test_parameters_elsewhere(self):
+        r, g, ops = self.runner()
+        w, v = _Tensor((4,)), _Tensor((4,))
+        self.assertEqual(r([w, _Tensor((32,), value="a")])[0].value, ("f", "a"))
+        self.assertEqual(r([v, _Tensor((32,), value="b")])[0].value, ("f", "b"))
+        self.assertEqual(len(ops.families), 2)
+        self.assertEqual(r([w, _Tensor((32,), value="c")])[0].value, ("f", "c"))
+        self.assertEqual(r([v, _Tensor((32,), value="d")])[0].value, ("f", "d"))
+        self.assertEqual(ops.families[1].replays, [1, 0, 1])
+
+    def test_paused_arena_is_not_written(self):
+        r, g, ops = self.runner()
+        w = _Tensor((4,))
+        r([w, _Tensor((32,), value="a")])
+        fam = ops.families[0]
+        fam.paused = True
+        n = len(ops.copies)
+        with self.assertRaisesRegex(RuntimeError, "paused"):
+            r([w, _Tensor((32,), value="b")])
+        self.assertEqual(len(ops.copies), n)
+        fam.paused = False
+        self.assertEqual(r([w, _Tensor((32,), value="c")])[0].value, ("f", "c"))
+
+    def test_torch_without_tensors_at_addresses_gives_up(self):
+        r, g, ops = self.runner()
+        ops.views = lambda outs: None
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                out = r([_Tensor((4,)), _Tensor((32,), value="a")])
+        self.assertEqual(len(w), 1)
+        self.assertIn("_construct_storage_from_data_pointer", str(w[0].message))
+        self.assertEqual((ops.families, out[0].value), ([], ("f", "a")))
+
+    def test_empty_input(self):
+        r, g, ops = self.runner()
+        w = _Tensor((4,))
+        r([w, _Tensor((0,))])
+        r([w, _Tensor((0,))])
+        m = next(iter(r.members.values()))
+        self.assertEqual(m.dst, [])
 
 
 class _Node:
