@@ -20,8 +20,11 @@ import (
 // into the lowest free part of that range. VMM calls are legal inside a
 // global-mode capture, so a capture can grow the allocator.
 //
-// Blocks. Requests are rounded up to 512 bytes. Free blocks live in a
-// github.com/google/btree per (pool, stream) ordered by (size, address);
+// Blocks. Requests are rounded up to 512 bytes; those of at most 1 MiB
+// (SmallBlock) take blocks from segments of one chunk that serve only
+// them, larger ones from segments that serve only larger ones, as in
+// PyTorch's caching allocator. Free blocks live in a
+// github.com/google/btree per (pool, stream, size class) ordered by (size, address);
 // an allocation takes the best fit on its own stream and splits off the
 // rest (when at least 512 bytes); a free block coalesces with free
 // neighbours of its segment. A block is only ever reused on the stream it

@@ -6,6 +6,15 @@ import "github.com/arenaplan/arenaplan/cuda"
 // off.
 const MinBlock = 512
 
+// SmallBlock is the largest request served from small segments: as in
+// PyTorch's caching allocator, requests of at most 1 MiB take their blocks
+// from segments of one chunk that hold only such requests, and larger ones
+// from segments that hold only larger ones, so that small long-lived
+// blocks never split the free space that large requests need (which makes
+// the allocator map more). A user pool's segments (NewUserPool) serve
+// both.
+const SmallBlock = 1 << 20
+
 type blockState uint8
 
 const (
@@ -59,7 +68,7 @@ func (s *Spill) recycle(b *block) {
 // bestFit removes and returns the smallest free block of (pool, st) that
 // holds rsize bytes.
 func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64) *block {
-	t := pool.lookTree(st.Handle())
+	t := pool.lookTree(freeKey(st.Handle(), pool.small(rsize)))
 	if t == nil {
 		return nil
 	}
@@ -87,12 +96,12 @@ func (s *Spill) split(b *block, rsize uint64) {
 	}
 	b.next = rest
 	b.size = rsize
-	b.seg.pool.tree(b.seg.handle).ReplaceOrInsert(rest)
+	b.seg.pool.tree(b.seg.key).ReplaceOrInsert(rest)
 }
 
 // release makes b free: coalesce with free neighbours, put in its tree.
 func (s *Spill) release(b *block) {
-	t := b.seg.pool.tree(b.seg.handle)
+	t := b.seg.pool.tree(b.seg.key)
 	b.state, b.req, b.uses, b.markers, b.events = stFree, 0, nil, nil, nil
 	if p := b.prev; p != nil && p.state == stFree {
 		t.Delete(p)

@@ -18,9 +18,9 @@ type Pool struct {
 	capturing *Capture // the capture routing to it now, if any
 	// free holds the free blocks by the handle of their segment's stream
 	// (a Stream the host hands in again for one handle may be a new
-	// value). A list exists only while it holds a block or a segment of
-	// its stream is mapped: per-stream state is bounded by the segments,
-	// whatever the number of streams seen.
+	// value) and their size class (freeKey). A list exists only while it
+	// holds a block or a segment of its stream is mapped: per-stream state
+	// is bounded by the segments, whatever the number of streams seen.
 	free   map[uintptr]*btree.BTreeG[*block]
 	region string    // a region pool's name (NewRegionPool)
 	user   *userPool // a user pool's name and source (NewUserPool)
@@ -39,7 +39,21 @@ func (s *Spill) newPool(private bool) *Pool {
 	return p
 }
 
-// tree returns the free list of stream handle h, made if need be (to
+// freeKey is the key of the free list of stream handle h and a size
+// class (a handle is an address or a small number: its top bit is free).
+func freeKey(h uintptr, small bool) uintptr {
+	k := h << 1
+	if small {
+		k |= 1
+	}
+	return k
+}
+
+// small says whether a request of rsize bytes takes its block from small
+// segments (SmallBlock).
+func (p *Pool) small(rsize uint64) bool { return rsize <= SmallBlock && p.user == nil }
+
+// tree returns the free list of key h (freeKey), made if need be (to
 // insert a block).
 func (p *Pool) tree(h uintptr) *btree.BTreeG[*block] {
 	if p.lastT != nil && p.lastH == h {

@@ -20,22 +20,26 @@ type segment struct {
 	pinned bool // host is page-locked (kept from one pause to the next)
 	pool   *Pool
 	stream cuda.Stream
-	handle uintptr // stream.Handle(): what the pool's free lists are keyed by
+	handle uintptr // stream.Handle()
+	small  bool    // holds only blocks of at most SmallBlock bytes
+	key    uintptr // its free list in the pool: freeKey(handle, small)
 	first  *block
 }
 
 type vaRange struct{ lo, hi uint64 } // offsets into the reservation
 
 // grow maps a new segment of at least rsize bytes for (pool, st) and
-// returns its single free block, out of the tree.
+// returns its single free block, out of the tree. A small request (see
+// SmallBlock) gets a segment of one chunk that serves small requests only.
 func (s *Spill) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	size := roundUp(rsize, s.cfg.chunk)
 	if pool.user != nil && pool.user.src != nil {
 		size = userSegmentSize(rsize)
 	}
-	b, err := s.mapSegment(pool, st, size)
+	small := pool.small(rsize)
+	b, err := s.mapSegment(pool, st, size, small)
 	if err != nil && len(s.captures) == 0 && s.trim(false) > 0 {
-		b, err = s.mapSegment(pool, st, size)
+		b, err = s.mapSegment(pool, st, size, small)
 	}
 	if err == nil && pool.backup {
 		s.pinBackup(b.seg)
@@ -43,7 +47,7 @@ func (s *Spill) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	return b, err
 }
 
-func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, error) {
+func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bool) (*block, error) {
 	state := func() string {
 		return fmt.Sprintf("%s mapped (limit %s), %s in use, %s cached, of %s reserved addresses",
 			fmtBytes(s.st.Mapped), fmtBytes(s.cfg.limit), fmtBytes(s.st.InUse),
@@ -68,7 +72,7 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, err
 		if err != nil {
 			return nil, deviceErr("allocating", err)
 		}
-		return s.addSegment(&segment{addr: addr, size: size, plain: true, pool: pool, stream: st, handle: st.Handle()}), nil
+		return s.addSegment(&segment{addr: addr, size: size, plain: true, pool: pool, stream: st, handle: st.Handle(), small: small}), nil
 	}
 	off, ok := s.takeVA(size)
 	if !ok {
@@ -92,7 +96,7 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64) (*block, err
 		s.dev.MemRelease(h)
 		return fail(err)
 	}
-	return s.addSegment(&segment{addr: addr, size: size, h: h, pool: pool, stream: st, handle: st.Handle()}), nil
+	return s.addSegment(&segment{addr: addr, size: size, h: h, pool: pool, stream: st, handle: st.Handle(), small: small}), nil
 }
 
 // plainNow says whether a new segment may come from cuMemAlloc: plain
@@ -104,6 +108,7 @@ func (s *Spill) plainNow() bool {
 
 func (s *Spill) addSegment(seg *segment) *block {
 	size := seg.size
+	seg.key = freeKey(seg.handle, seg.small)
 	seg.first = &block{addr: uint64(seg.addr), size: size, seg: seg, state: stFree}
 	s.segments[seg] = true
 	s.st.Mapped += size
@@ -184,8 +189,8 @@ func (s *Spill) trim(all bool) uint64 {
 			continue
 		}
 		if whole {
-			seg.pool.tree(seg.handle).Delete(b)
-			seg.pool.dropTree(seg.handle)
+			seg.pool.tree(seg.key).Delete(b)
+			seg.pool.dropTree(seg.key)
 		}
 		if seg.host != nil {
 			s.dropHost(seg)

@@ -45,7 +45,10 @@ func (s *Spill) validate() error {
 				if prev != nil && prev.state == stFree {
 					return fmt.Errorf("blocks %#x and %#x are free neighbours, not coalesced", prev.addr, b.addr)
 				}
-				if t := seg.pool.free[seg.handle]; t == nil || !t.Has(b) {
+				if seg.key != freeKey(seg.handle, seg.small) {
+					return fmt.Errorf("segment %#x: free-list key %#x", seg.addr, seg.key)
+				}
+				if t := seg.pool.free[seg.key]; t == nil || !t.Has(b) {
 					return fmt.Errorf("free block %#x is not in its tree", b.addr)
 				}
 			case stAllocated:
@@ -73,8 +76,8 @@ func (s *Spill) validate() error {
 			var err error
 			t.Ascend(func(b *block) bool {
 				inTrees++
-				if b.state != stFree || b.seg.pool != p || b.seg.handle != h || !s.segments[b.seg] {
-					err = fmt.Errorf("tree of %s holds block %#x (state %d) of another pool, stream or a dead segment", p, b.addr, b.state)
+				if b.state != stFree || b.seg.pool != p || b.seg.key != h || !s.segments[b.seg] {
+					err = fmt.Errorf("tree of %s holds block %#x (state %d) of another pool, stream, size class or a dead segment", p, b.addr, b.state)
 				}
 				return err == nil
 			})
@@ -169,12 +172,20 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	if st := s.Stats(); st.InUse != 0 || st.Cached != 2*MiB || st.PeakInUse != 2560 {
 		t.Errorf("stats after freeing all %+v", st)
 	}
-	// Everything coalesced: a whole-segment request fits without growing.
-	if p := mustAlloc(t, s, 2*MiB, st); p != a || s.Stats().Segments != 1 {
-		t.Errorf("2 MiB after coalescing at %#x (segments %d), want %#x", p, s.Stats().Segments, a)
+	// Everything coalesced: the largest small request fits without growing.
+	if p := mustAlloc(t, s, SmallBlock, st); p != a || s.Stats().Segments != 1 {
+		t.Errorf("1 MiB after coalescing at %#x (segments %d), want %#x", p, s.Stats().Segments, a)
 	} else {
 		mustFree(t, s, p)
 	}
+	// A large request never takes a small segment's space, nor a small
+	// request a large segment's.
+	big := mustAlloc(t, s, SmallBlock+MinBlock, st)
+	if st := s.Stats(); st.Segments != 2 || st.Mapped != 4*MiB {
+		t.Errorf("1 MiB + 512 B beside a free small segment: %+v, want a second segment", st)
+	}
+	mustFree(t, s, big)
+	mustValid(t, s)
 	if err := s.EmptyCache(); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +194,7 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	}
 	mustValid(t, s)
 	// Large requests take a segment of their own, rounded to the chunk.
-	big := mustAlloc(t, s, 5*MiB+1, st)
+	big = mustAlloc(t, s, 5*MiB+1, st)
 	if st := s.Stats(); st.Mapped != 6*MiB {
 		t.Errorf("5 MiB+1 mapped %d", st.Mapped)
 	}
@@ -525,7 +536,7 @@ func TestSpillLargerThanAddressSpace(t *testing.T) {
 
 func hasSegment(s *Spill, p *Pool, h uintptr) bool {
 	for seg := range s.segments {
-		if seg.pool == p && seg.handle == h {
+		if seg.pool == p && seg.key == h {
 			return true
 		}
 	}

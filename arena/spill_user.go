@@ -150,8 +150,8 @@ func (s *Spill) dropReleased(seg *segment) {
 	if seg.paused || b.next != nil || b.state != stFree || seg.pool.refs > 0 {
 		return
 	}
-	seg.pool.tree(seg.handle).Delete(b)
-	seg.pool.dropTree(seg.handle)
+	seg.pool.tree(seg.key).Delete(b)
+	seg.pool.dropTree(seg.key)
 	if seg.host != nil {
 		s.dropHost(seg)
 	}
