@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"sort"
 	"sync"
@@ -72,7 +73,11 @@ func Join(name string, windows []Window, c Crossings) (*Joint, error) {
 		return nil, fmt.Errorf("no windows")
 	}
 	j := &Joint{Trace: &lifetime.Trace{Name: name}, Spans: make([]Span, len(windows))}
-	var base int64
+	// A window's span covers its buffers and the ticks at which it frees
+	// earlier windows' buffers (a hand-off may come before the window's
+	// first allocation).
+	los := make([]int64, len(windows))
+	his := make([]int64, len(windows))
 	for w, win := range windows {
 		if win.Trace == nil {
 			return nil, fmt.Errorf("window %d (%s) has no trace", w, win.Name)
@@ -80,7 +85,25 @@ func Join(name string, windows []Window, c Crossings) (*Joint, error) {
 		if err := win.Trace.Validate(); err != nil {
 			return nil, fmt.Errorf("window %d (%s): %w", w, win.Name, err)
 		}
-		lo, hi := win.Trace.Span()
+		los[w], his[w] = win.Trace.Span()
+		if len(win.Trace.Buffers) == 0 {
+			los[w], his[w] = math.MaxInt64, math.MinInt64
+		}
+	}
+	for r, at := range c.Until {
+		if at.Window >= 0 && at.Window < len(windows) && at.Time >= 0 && at.Time < lifetime.MaxSize {
+			los[at.Window] = min(los[at.Window], at.Time)
+			his[at.Window] = max(his[at.Window], at.Time+1)
+		} else {
+			return nil, fmt.Errorf("window %d buffer %d: handed to window %d at tick %d, out of range", r.Stage, r.Buffer, at.Window, at.Time)
+		}
+	}
+	var base int64
+	for w, win := range windows {
+		if los[w] > his[w] {
+			los[w], his[w] = 0, 0
+		}
+		lo, hi := los[w], his[w]
 		width := max(hi-lo, 1)
 		if base > lifetime.MaxSize-width {
 			return nil, fmt.Errorf("window %d (%s): the joint timeline overflows", w, win.Name)
@@ -88,10 +111,7 @@ func Join(name string, windows []Window, c Crossings) (*Joint, error) {
 		j.Spans[w] = Span{Start: base, End: base + width, Joint: make([]lifetime.ID, len(win.Trace.Buffers))}
 		base += width
 	}
-	shift := func(w int, t int64) int64 {
-		lo, _ := windows[w].Trace.Span()
-		return t - lo + j.Spans[w].Start
-	}
+	shift := func(w int, t int64) int64 { return t - los[w] + j.Spans[w].Start }
 	exists := func(r BufferRef) bool {
 		return r.Stage >= 0 && r.Stage < len(windows) && r.Buffer >= 0 && int(r.Buffer) < len(windows[r.Stage].Trace.Buffers)
 	}
