@@ -703,6 +703,7 @@ class _TrainPair(_Warns):
         self.saved_idxs: List[int] = []
         self.saved_set: set = set()
         self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: placeholders for incoming gradients
+        self.learned_vals: Dict[Hashable, Dict[int, Any]] = {}  # ... and its backward's other inputs (sizes)
         self.members: Dict[Hashable, _TrainMember] = {}
         self.warned: set = set()
         self.replays = {"forward": 0, "backward": 0}
@@ -866,8 +867,10 @@ class _TrainPair(_Warns):
             self._warn("structure", "the backward takes its inputs from other places at another shape; that "
                                     "shape runs without a graph")
             return
-        # Placeholders the incoming gradients are copied into.
+        # Placeholders the incoming gradients are copied into; the values
+        # that are not tensors (a dynamic graph's sizes) are this shape's.
         self.learned[shape] = {i: ops.zeros(x) for i, x in tangents.items()}
+        self.learned_vals[shape] = {i: v for i, (k, v) in enumerate(m) if k == "val"}
 
     def _build(self, inputs: list, shape: Hashable) -> Optional[_TrainMember]:
         fw, bw, ops = self.fw, self.bw, self.ops
@@ -895,7 +898,7 @@ class _TrainPair(_Warns):
                 nbytes += ops.nbytes(x)
             else:
                 args.append(x)
-        tangents = self.learned[shape]
+        tangents, vals = self.learned[shape], self.learned_vals[shape]
         nbytes += sum(ops.nbytes(t) for t in tangents.values())
         bw_map, saved = self.bw_map, self.saved_set
         inner_fw, inner_bw = fw.inner, bw.inner
@@ -908,7 +911,7 @@ class _TrainPair(_Warns):
             a = []
             for i, (kind, v) in enumerate(bw_map):
                 a.append(outs[v] if kind == "fw" else args[v] if kind == "fwin" else
-                         tangents[i] if kind == "tan" else v)
+                         tangents[i] if kind == "tan" else vals[i])
             keep = [o for j, o in enumerate(outs) if j not in saved]  # the forward's other outputs stay live
             del outs
             r = inner_bw(a)

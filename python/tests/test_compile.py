@@ -863,6 +863,40 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual(len(self.ops.chains), 2)
         self.assertTrue(any("max_shapes=2" in str(m.message) for m in w))
 
+    def test_dynamic_graph_backward_gets_each_shapes_sizes(self):
+        # A graph compiled with a symbolic batch: the batch is an input of
+        # the forward and of the backward; each shape's chain must capture
+        # its backward with that shape's size, not the first learned one's.
+        opts = apc.CompileOptions(None, {})
+        seen = []
+
+        def fw_inner(args):
+            n, x = args[1], args[2]
+            args.clear()
+            assert x.shape == (n,), (x.shape, n)
+            return [_tensor((n,))]
+
+        def bw_inner(args):
+            g, n = args[0], args[1]
+            args.clear()
+            assert g.shape == (n,), ("expected size", g.shape, n)
+            seen.append(n)
+            return [_tensor((n,))]
+        fw = apc._Runner(fw_inner, "graph3", [0], None, opts, self.ops, 0)
+        bw = apc._Runner(bw_inner, "graph3-bw", [], None, opts, self.ops, 0)
+        pair = apc._TrainPair("graph3", opts, self.ops)
+        fw.pair = bw.pair = pair
+        pair.fw, pair.bw = fw, bw
+        for n in (2, 4):  # the partial batch first (plain), then the full one (plain)
+            out = fw([self.weight, n, _tensor((n,))])
+            bw([_tensor(out[0].shape), n])
+        for n in (4, 2):  # each captured with its own sizes
+            out = fw([self.weight, n, _tensor((n,))])
+            bw([_tensor(out[0].shape), n])
+        self.assertIsNone(pair.reason)
+        self.assertEqual(len(self.ops.chains), 2)
+        self.assertEqual(seen, [2, 4, 4, 2])
+
     def test_learns_only_from_a_backward_of_the_last_plain_forward(self):
         first = self.forward()  # plain
         self.forward()  # plain again, before the first one's backward
