@@ -6,7 +6,6 @@ import (
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/graph"
-	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
 
@@ -53,9 +52,13 @@ func (c *Chain) setup(graphs []*graph.Graph, links []graph.ChainLink, opt Option
 			return &graph.AlignError{Workload: g.Label(), Plan: cp.Plan.Align, Need: g.Align}
 		}
 	}
-	if c.arena, err = arena.New(c.dev, cp.Joint, cp.Plan); err != nil {
+	// The stages' weights and state are kept across a Pause, their
+	// activations dropped, as an Executor's.
+	lay, err := arena.NewLayout(c.dev, cp.Joint, cp.Plan, kept(graphs...)...)
+	if err != nil {
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
+	c.arena = lay.Arena()
 	if c.stream, err = c.dev.NewStream(); err != nil {
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
@@ -65,16 +68,11 @@ func (c *Chain) setup(graphs []*graph.Graph, links []graph.ChainLink, opt Option
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
 	for s, g := range graphs {
-		joint := cp.Stages[s].Joint
-		a := c.arena
-		e := &Executor{dev: c.dev, opt: opt, stream: c.stream, mods: mods[s], modPTX: ptxs[s],
-			plan: &planner.Plan{Algo: cp.Plan.Algo, Align: cp.Plan.Align, Offsets: cp.Stages[s].Offsets, Arena: cp.Plan.Arena},
-			at: func(id lifetime.ID) (cuda.DevicePtr, error) {
-				if id < 0 || int(id) >= len(joint) {
-					return 0, fmt.Errorf("graphexec: chain: no buffer %d", id)
-				}
-				return a.Ptr(joint[id])
-			}}
+		sl, err := c.arena.Place(dry[s].Trace, &planner.Plan{Algo: cp.Plan.Algo, Align: cp.Plan.Align, Offsets: cp.Stages[s].Offsets, Arena: cp.Plan.Arena})
+		if err != nil {
+			return fmt.Errorf("graphexec: chain: stage %d: %w", s, err)
+		}
+		e := &Executor{dev: c.dev, opt: opt, lay: sl, group: "chain", stream: c.stream, mods: mods[s], modPTX: ptxs[s]}
 		c.execs = append(c.execs, e)
 		if err := e.bind(g, dry[s], true); err != nil {
 			return fmt.Errorf("graphexec: chain: stage %d: %w", s, err)
