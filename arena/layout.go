@@ -192,9 +192,10 @@ func (l *Layout) Close() error {
 	return l.arena.Close()
 }
 
-// FamilyLayout is one arena for a family plan (planner.FamilyPlan) and
-// each member's layout in it. Members replay one at a time; their
-// private buffers overlap.
+// FamilyLayout is one arena for several plans that share it, and each
+// member's layout in it: a family's members (NewFamilyLayout), which
+// replay one at a time over overlapping private buffers, or a chain's
+// stages (NewChainLayout), which replay in turn and hand buffers on.
 type FamilyLayout struct {
 	Arena   *Arena
 	Members []*Layout // Members[i] is member i's plan placed in Arena (it does not own it)
@@ -234,6 +235,35 @@ func NewFamilyLayout(dev cuda.Device, members []planner.Member, fp *planner.Fami
 			return nil, fmt.Errorf("arena: NewFamilyLayout: member %q: %w", m.Name, err)
 		}
 		f.Members = append(f.Members, l)
+	}
+	return f, nil
+}
+
+// NewChainLayout maps the arena of a chain's joint plan p of trace joint
+// (NewLayout, keep as there) and places each stage's plan in it:
+// stages[s] is stage s's own trace and plans[s] holds its buffers'
+// offsets in the joint plan. Every plan passes planner.Check, the joint
+// one on the joint trace and each stage's on its trace.
+//
+// A chain is not laid out as a family: its stages' buffers are one
+// timeline, planned and checked as one trace (planner.Join), so its arena
+// is that trace's, with a region per tag as for a single step.
+func NewChainLayout(dev cuda.Device, joint *lifetime.Trace, p *planner.Plan, stages []*lifetime.Trace, plans []*planner.Plan, keep ...string) (*FamilyLayout, error) {
+	if len(stages) != len(plans) {
+		return nil, fmt.Errorf("arena: NewChainLayout: %d stages, %d plans", len(stages), len(plans))
+	}
+	l, err := NewLayout(dev, joint, p, keep...)
+	if err != nil {
+		return nil, err
+	}
+	f := &FamilyLayout{Arena: l.Arena()}
+	for s, t := range stages {
+		sl, err := f.Arena.Place(t, plans[s])
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("arena: NewChainLayout: stage %d: %w", s, err)
+		}
+		f.Members = append(f.Members, sl)
 	}
 	return f, nil
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
 
@@ -54,11 +55,17 @@ func (c *Chain) setup(graphs []*graph.Graph, links []graph.ChainLink, opt Option
 	}
 	// The stages' weights and state are kept across a Pause, their
 	// activations dropped, as an Executor's.
-	lay, err := arena.NewLayout(c.dev, cp.Joint, cp.Plan, kept(graphs...)...)
+	traces := make([]*lifetime.Trace, len(graphs))
+	plans := make([]*planner.Plan, len(graphs))
+	for s := range graphs {
+		traces[s] = dry[s].Trace
+		plans[s] = &planner.Plan{Algo: cp.Plan.Algo, Align: cp.Plan.Align, Offsets: cp.Stages[s].Offsets, Arena: cp.Plan.Arena}
+	}
+	lay, err := arena.NewChainLayout(c.dev, cp.Joint, cp.Plan, traces, plans, kept(graphs...)...)
 	if err != nil {
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
-	c.arena = lay.Arena()
+	c.arena = lay.Arena
 	if c.stream, err = c.dev.NewStream(); err != nil {
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
@@ -68,11 +75,7 @@ func (c *Chain) setup(graphs []*graph.Graph, links []graph.ChainLink, opt Option
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
 	for s, g := range graphs {
-		sl, err := c.arena.Place(dry[s].Trace, &planner.Plan{Algo: cp.Plan.Algo, Align: cp.Plan.Align, Offsets: cp.Stages[s].Offsets, Arena: cp.Plan.Arena})
-		if err != nil {
-			return fmt.Errorf("graphexec: chain: stage %d: %w", s, err)
-		}
-		e := &Executor{dev: c.dev, opt: opt, lay: sl, group: "chain", stream: c.stream, mods: mods[s], modPTX: ptxs[s]}
+		e := &Executor{dev: c.dev, opt: opt, lay: lay.Members[s], group: "chain", stream: c.stream, mods: mods[s], modPTX: ptxs[s]}
 		c.execs = append(c.execs, e)
 		if err := e.bind(g, dry[s], true); err != nil {
 			return fmt.Errorf("graphexec: chain: stage %d: %w", s, err)
