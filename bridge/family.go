@@ -48,28 +48,11 @@ type Family struct {
 
 // NewFamily makes an empty family on device ordinal.
 func (b *Bridge) NewFamily(ordinal int, name string) (*Family, error) {
-	d, err := b.device(ordinal)
-	if err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.nextID++
-	f := &Family{b: b, d: d, id: b.nextID, name: name}
-	b.families[f.id] = f
-	return f, nil
+	return newHandle(b, ordinal, b.families, func(d *Device, id int) *Family { return &Family{b: b, d: d, id: id, name: name} })
 }
 
 // Family returns the family with the given ID.
-func (b *Bridge) Family(id int) (*Family, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	f := b.families[id]
-	if f == nil {
-		return nil, fmt.Errorf("bridge: no family %d (never made, or closed)", id)
-	}
-	return f, nil
-}
+func (b *Bridge) Family(id int) (*Family, error) { return lookup(b, b.families, "family", id) }
 
 // ID is the family's handle for the C ABI.
 func (f *Family) ID() int { return f.id }
