@@ -43,6 +43,15 @@ func TestLayout(t *testing.T) {
 			t.Errorf("region %v: policy %v, want %v", r.Tags, r.Policy, want)
 		}
 	}
+	if a.Paused() {
+		t.Error("Paused before Pause")
+	}
+	if err := a.Pause("kv"); err != nil || !a.Paused() {
+		t.Errorf("Pause(kv): %v, Paused %v", err, a.Paused())
+	}
+	if err := a.Resume(); err != nil || a.Paused() {
+		t.Errorf("Resume: %v, Paused %v", err, a.Paused())
+	}
 	if got := l.TagBytes("weight"); got != lifetime.RoundUp(1*MiB+100, p.Align)+700*KiB {
 		t.Errorf("TagBytes(weight) = %d", got)
 	}
