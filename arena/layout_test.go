@@ -155,15 +155,7 @@ func TestFamilyLayout(t *testing.T) {
 		return planner.Member{Name: name, Trace: tr, Keys: planner.SharedByTag(tr, "weight")}
 	}
 	members := []planner.Member{member("b1", 64*KiB), member("b8", 512*KiB)}
-	fp, err := planner.PlanFamily(context.Background(), "bestfit", members, planner.Options{Workers: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := NewFamilyLayout(e.dev, members, fp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f, fp := familyLayout(t, e, members)
 	if len(f.Members) != 2 {
 		t.Fatalf("%d member layouts", len(f.Members))
 	}
@@ -209,6 +201,16 @@ func TestFamilyLayoutPrivate(t *testing.T) {
 		}}})
 	}
 	members[1].Name = "m4"
+	f, fp := familyLayout(t, e, members)
+	regs := f.Arena.Regions()
+	if len(regs) != 1 || regs[0].Lo != 0 || regs[0].Hi != fp.Arena || regs[0].Policy != Drop {
+		t.Fatalf("regions %+v, want one [0, %d) dropped", regs, fp.Arena)
+	}
+}
+
+// familyLayout plans members as a family and maps its layout.
+func familyLayout(t *testing.T, e *env, members []planner.Member) (*FamilyLayout, *planner.FamilyPlan) {
+	t.Helper()
 	fp, err := planner.PlanFamily(context.Background(), "bestfit", members, planner.Options{Workers: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -217,9 +219,6 @@ func TestFamilyLayoutPrivate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	regs := f.Arena.Regions()
-	if len(regs) != 1 || regs[0].Lo != 0 || regs[0].Hi != fp.Arena || regs[0].Policy != Drop {
-		t.Fatalf("regions %+v, want one [0, %d) dropped", regs, fp.Arena)
-	}
+	t.Cleanup(func() { f.Close() })
+	return f, fp
 }
