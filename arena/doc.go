@@ -27,6 +27,23 @@
 // than the copy) until ReleaseHost or Close. NCCL or RDMA registrations of arena
 // memory must not outlive a Pause: they hold the old physical pages.
 //
+// # Layout
+//
+// A Layout is the planned-step core that Go's executor (graphexec) and
+// the PyTorch bridge both build on, so that the path from a plan to the
+// addresses a step runs at is one:
+//
+//	plan ──► NewLayout: planner.Check ─► New (regions; keep: Backup, rest Drop) ─► addresses
+//	            │  Fit(run): planner.Fits, the same addresses for a later run
+//	            │  Arena.Place(t, p): another checked plan inside the arena's regions
+//	family ──► NewFamilyLayout: CheckFamily ─► shared regions (Backup) + one private (Drop)
+//	chain  ──► NewChainLayout: NewLayout of the joint plan, each stage placed in it
+//
+// graphexec resolves its kernels' arguments from a layout's addresses and
+// backs up weights, KV caches and constant inputs; the bridge hands the
+// addresses out to PyTorch's allocations and keeps nothing (a replay
+// rewrites a step's arena).
+//
 // Costs: New and Resume pay one cuMemCreate and cuMemMap per handle (1 GiB
 // by default) plus one cuMemSetAccess per region; Pause one cuMemUnmap and
 // cuMemRelease per handle, after a device synchronisation; Backup regions

@@ -241,6 +241,19 @@ func (a *Arena) Resume(tags ...string) error {
 	return nil
 }
 
+// Paused says whether any region is paused (a Pause that failed half way
+// leaves some).
+func (a *Arena) Paused() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.regions {
+		if r.paused {
+			return true
+		}
+	}
+	return false
+}
+
 // ReleaseHost gives back the page-locked host memory that running Backup
 // regions keep for their next Pause (the bytes of those regions, pinned
 // by New or by an earlier Pause; see Pause). The next Pause pins afresh. Paused regions keep

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
@@ -139,19 +140,18 @@ func (f *Family) planChain(budget time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("bridge: chain %d (%s): planning: %w", f.id, f.name, err)
 	}
-	if err := planner.Check(j.Trace, p); err != nil {
-		return fmt.Errorf("bridge: chain %d (%s): %w", f.id, f.name, err)
-	}
+	// The family plan reports the chain (its arena, its peak of live
+	// bytes, each member's plan); the arena is the joint plan's, and
+	// arena.NewChainLayout checks the joint plan and each member's.
 	fp := &planner.FamilyPlan{Algo: p.Algo, Align: p.Align, Arena: p.Arena, LowerBound: p.LowerBound, Elapsed: time.Since(t0)}
+	mps := make([]*planner.Plan, len(traces))
 	for k, t := range traces {
 		offs := j.Offsets(k, p.Offsets)
 		mp := &planner.Plan{Algo: p.Algo, Align: p.Align, Arena: planner.ArenaSize(t, offs, p.Align), Offsets: offs}
 		mp.LowerBound, _ = t.LowerBound(p.Align)
-		if err := planner.Check(t, mp); err != nil {
-			return fmt.Errorf("bridge: chain %d (%s): member %q: %w", f.id, f.name, members[k].Name, err)
-		}
+		mps[k] = mp
 		fp.Members = append(fp.Members, planner.MemberPlan{Name: members[k].Name, Plan: mp, Alone: mp.LowerBound})
 		fp.SeparateArenas += mp.LowerBound
 	}
-	return f.install(members, fp, "")
+	return f.install(fp, "", func() (*arena.FamilyLayout, error) { return arena.NewChainLayout(f.d.dev, j.Trace, p, traces, mps) })
 }

@@ -16,13 +16,17 @@
 //   - A Step records one step of a model (the allocations made on its stream
 //     between Begin and End: sizes, order, frees, record_stream), plans them
 //     at the lower bound (planner "auto", proved by planner.Check) into one
-//     arena.Arena, and then serves later runs of that step from the plan.
+//     arena.Layout (the checked plan, its arena and every buffer's address:
+//     the core Go's executor builds on too), and then serves later runs of
+//     that step from the plan.
 //   - A Family is several steps (one model's step at several batch sizes)
-//     planned jointly into one arena as large as its largest member needs;
-//     members run one at a time and overlap by design.
+//     planned jointly into one arena as large as its largest member needs
+//     (arena.NewFamilyLayout); members run one at a time and overlap by
+//     design.
 //   - A chain (NewChain) is a family whose members run in turn and hand
 //     buffers on (a forward and its backward): planned on one timeline, a
-//     buffer a later member frees lives to that free at one address.
+//     buffer a later member frees lives to that free at one address
+//     (arena.NewChainLayout of the joint plan).
 //   - Regions (BeginRegion, per thread) set memory apart by tag; Pause
 //     releases the physical memory of tags and of the graphs (GraphsTag:
 //     every arena and graph pool) keeping every address, backing up the

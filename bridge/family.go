@@ -48,28 +48,11 @@ type Family struct {
 
 // NewFamily makes an empty family on device ordinal.
 func (b *Bridge) NewFamily(ordinal int, name string) (*Family, error) {
-	d, err := b.device(ordinal)
-	if err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.nextID++
-	f := &Family{b: b, d: d, id: b.nextID, name: name}
-	b.families[f.id] = f
-	return f, nil
+	return newHandle(b, ordinal, b.families, func(d *Device, id int) *Family { return &Family{b: b, d: d, id: id, name: name} })
 }
 
 // Family returns the family with the given ID.
-func (b *Bridge) Family(id int) (*Family, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	f := b.families[id]
-	if f == nil {
-		return nil, fmt.Errorf("bridge: no family %d (never made, or closed)", id)
-	}
-	return f, nil
-}
+func (b *Bridge) Family(id int) (*Family, error) { return lookup(b, b.families, "family", id) }
 
 // ID is the family's handle for the C ABI.
 func (f *Family) ID() int { return f.id }
@@ -123,7 +106,7 @@ func (f *Family) Plan(budget time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("bridge: family %d (%s): planning: %w", f.id, f.name, err)
 	}
-	return f.install(members, fp, "")
+	return f.installFamily(members, fp, "")
 }
 
 // recorded returns the members as planner members, each with its trace.
@@ -211,7 +194,7 @@ func (f *Family) Load(path string) error {
 			return f.errorf("plan %s was made for another family: member %d is %q there, %q here", path, i, m.Name, names[i])
 		}
 	}
-	return f.install(ff.Members, ff.Plan, path)
+	return f.installFamily(ff.Members, ff.Plan, path)
 }
 
 func shares(keys []string) bool {
@@ -223,47 +206,40 @@ func shares(keys []string) bool {
 	return false
 }
 
-// install maps one arena for family plan fp and gives each member its
-// addresses in it.
-func (f *Family) install(ms []planner.Member, fp *planner.FamilyPlan, from string) error {
-	if !f.chained { // planChain checked the joint trace's plan and each member's
-		if err := planner.CheckFamily(ms, fp); err != nil {
-			return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
-		}
-	}
+// installFamily maps one arena for family plan fp
+// (arena.NewFamilyLayout, which checks it) and gives each member its
+// layout in it.
+func (f *Family) installFamily(ms []planner.Member, fp *planner.FamilyPlan, from string) error {
+	return f.install(fp, from, func() (*arena.FamilyLayout, error) { return arena.NewFamilyLayout(f.d.dev, ms, fp) })
+}
+
+// install maps the arena of fp with build and gives each member its
+// layout in it. Every region is dropped on Pause: a PyTorch family
+// shares nothing between its members, and a replay rewrites the rest.
+func (f *Family) install(fp *planner.FamilyPlan, from string, build func() (*arena.FamilyLayout, error)) error {
 	d := f.d
 	restore, err := makeCurrent(d.dev)
 	if err != nil {
 		return err
 	}
 	defer restore()
-	// One buffer covers the arena: members' offsets are relative to it.
-	cover := &lifetime.Trace{Name: f.name, Buffers: []lifetime.Buffer{{Name: "family", Size: max(fp.Arena, 1), Start: 0, End: 1,
-		Tag: "graphs"}}}
-	cp := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: max(fp.Arena, 1), Offsets: []int64{0}}
 	d.mu.Lock()
 	d.notePeak()
 	d.mu.Unlock()
-	a, err := arena.New(d.dev, cover, cp)
+	lay, err := build()
 	if err != nil {
 		return fmt.Errorf("bridge: family %d (%s): arena of %s: %w", f.id, f.name, fmtBytes(uint64(fp.Arena)), err)
-	}
-	base, err := a.Ptr(0)
-	if err != nil {
-		a.Close()
-		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if f.plan != nil || f.closing {
-		a.Close()
+		lay.Close()
 		return f.errorf("planned twice")
 	}
 	for i, s := range f.members {
-		mp := fp.Members[i].Plan
-		s.setPlan(ms[i].Trace, mp, from, a, offsetAddrs(base, mp))
+		s.setPlan(lay.Members[i], from)
 	}
-	f.plan, f.ar, f.loaded = fp, a, from
+	f.plan, f.ar, f.loaded = fp, lay.Arena, from
 	return nil
 }
 
@@ -287,25 +263,18 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 			s.name, fmtBytes(uint64(p.Arena)), fmtBytes(uint64(f.plan.Arena)))
 	}
 	i := slices.Index(f.members, s)
-	fp := *f.plan
-	fp.Members = slices.Clone(f.plan.Members)
-	fp.Members[i] = planner.MemberPlan{Name: s.name, Plan: p, Alone: p.Arena}
-	fp.Arena, fp.LowerBound, fp.SeparateArenas = fp.SharedRegion.Hi, 0, 0
+	fp := f.plan.WithMember(i, p)
 	ms := make([]planner.Member, len(f.members))
 	for j, m := range f.members {
 		ms[j] = planner.Member{Name: m.name, Trace: m.trace}
-		mp := fp.Members[j].Plan
-		fp.Arena = max(fp.Arena, mp.Arena)
-		fp.LowerBound = max(fp.LowerBound, mp.LowerBound)
-		fp.SeparateArenas += fp.Members[j].Alone
 	}
 	ms[i].Trace = t
-	if err := planner.CheckFamily(ms, &fp); err != nil {
+	if err := planner.CheckFamily(ms, fp); err != nil {
 		return fmt.Errorf("bridge: family %d (%s): member %q replanned: %w", f.id, f.name, s.name, err)
 	}
-	base, err := f.ar.Ptr(0)
+	l, err := f.ar.Place(t, p)
 	if err != nil {
-		return err
+		return fmt.Errorf("bridge: family %d (%s): member %q replanned: %w", f.id, f.name, s.name, err)
 	}
 	restore, err := makeCurrent(d.dev)
 	if err != nil {
@@ -315,8 +284,8 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 	if err := s.dropCaptures(); err != nil {
 		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
 	}
-	s.replace(t, p, f.ar, offsetAddrs(base, p), nil)
-	f.plan = &fp
+	s.replace(l, nil)
+	f.plan = fp
 	return nil
 }
 

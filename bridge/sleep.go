@@ -213,7 +213,7 @@ func (b *Bridge) Pause(ordinal int, tags ...string) error {
 		for _, a := range d.arenasLocked() {
 			if err := a.Pause(); err != nil {
 				failed = fmt.Errorf("bridge: %s: graph arena: %w", op, err)
-				if arenaPaused(a) {
+				if a.Paused() {
 					gp.arenas = append(gp.arenas, a) // unmapped in part
 				}
 				break
@@ -271,7 +271,7 @@ func (d *Device) undoPause(cause error, regs []*region, graphs bool, gp *graphsP
 	if graphs {
 		var left graphsPause
 		for _, a := range gp.arenas {
-			if arenaPaused(a) {
+			if a.Paused() {
 				left.arenas = append(left.arenas, a)
 			}
 		}
@@ -296,16 +296,6 @@ func (d *Device) undoPause(cause error, regs []*region, graphs bool, gp *graphsP
 		return fmt.Errorf("%w; paused now: %s (Resume them)", cause, strings.Join(still, ", "))
 	}
 	return fmt.Errorf("%w; undoing it failed (%w): paused now: %s (Resume them)", cause, errors.Join(errs...), strings.Join(still, ", "))
-}
-
-// arenaPaused says whether any region of a is paused.
-func arenaPaused(a *arena.Arena) bool {
-	for _, r := range a.Regions() {
-		if r.Paused {
-			return true
-		}
-	}
-	return false
 }
 
 // OnPauseChange installs f, which every Pause and Resume call that may

@@ -79,6 +79,15 @@ func (s stepState) String() string {
 
 // NewStep makes an empty step on device ordinal.
 func (b *Bridge) NewStep(ordinal int, name string) (*Step, error) {
+	return newHandle(b, ordinal, b.steps, func(d *Device, id int) *Step { return &Step{b: b, d: d, id: id, name: name} })
+}
+
+// Step returns the step with the given ID.
+func (b *Bridge) Step(id int) (*Step, error) { return lookup(b, b.steps, "step", id) }
+
+// newHandle makes a step or family on device ordinal with build and files
+// it in m under the next handle.
+func newHandle[T any](b *Bridge, ordinal int, m map[int]*T, build func(*Device, int) *T) (*T, error) {
 	d, err := b.device(ordinal)
 	if err != nil {
 		return nil, err
@@ -86,20 +95,20 @@ func (b *Bridge) NewStep(ordinal int, name string) (*Step, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.nextID++
-	s := &Step{b: b, d: d, id: b.nextID, name: name}
-	b.steps[s.id] = s
-	return s, nil
+	x := build(d, b.nextID)
+	m[b.nextID] = x
+	return x, nil
 }
 
-// Step returns the step with the given ID.
-func (b *Bridge) Step(id int) (*Step, error) {
+// lookup returns the step or family with handle id in m.
+func lookup[T any](b *Bridge, m map[int]*T, what string, id int) (*T, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := b.steps[id]
-	if s == nil {
-		return nil, fmt.Errorf("bridge: no step %d (never made, or closed)", id)
+	x := m[id]
+	if x == nil {
+		return nil, fmt.Errorf("bridge: no %s %d (never made, or closed)", what, id)
 	}
-	return s, nil
+	return x, nil
 }
 
 // ID is the step's handle for the C ABI.

@@ -90,32 +90,19 @@ func (s *Step) Replan(budget time.Duration) error {
 		if err := s.dropCaptures(); err != nil {
 			return fmt.Errorf("bridge: step %d (%s): replan: %w", s.id, s.name, err)
 		}
-		if p.Arena <= s.ar.Size() {
-			p0, err := s.ar.Ptr(0)
-			if err != nil {
-				return err
-			}
-			off, err := s.ar.Offset(0)
-			if err != nil {
-				return err
-			}
-			s.replace(t, p, s.ar, offsetAddrs(p0-cuda.DevicePtr(off), p), nil)
+		if l, err := s.ar.Place(t, p); err == nil {
+			s.replace(l, nil)
 			return nil
 		}
 		d.notePeak()
-		a, err := arena.New(d.dev, t, p)
+		l, err := arena.NewLayout(d.dev, t, p)
 		if err != nil {
 			return fmt.Errorf("bridge: step %d (%s): replan: arena of %s (%d of its buffers still live in the old one of %s): %w",
 				s.id, s.name, fmtBytes(uint64(p.Arena)), s.live.Len(), fmtBytes(uint64(s.ar.Size())), err)
 		}
-		addrs, err := arenaAddrs(a, len(t.Buffers))
-		if err != nil {
-			a.Close()
-			return err
-		}
 		old := &retired{ar: s.ar, live: s.live.Len()}
 		s.retired = append(s.retired, old)
-		s.replace(t, p, a, addrs, old)
+		s.replace(l, old)
 		return nil
 	}
 	errs := []error{s.dropCaptures()}
@@ -133,12 +120,12 @@ func (s *Step) Replan(budget time.Duration) error {
 	return s.install(t, p, "")
 }
 
-// replace gives the step plan p of trace t in arena a at addrs; d.mu is
-// held. Buffers of the old plan still live become
+// replace gives the step the layout l of its new plan; d.mu is held.
+// Buffers of the old plan still live become
 // orphans: their frees are bookkeeping. In the same arena (old is nil)
 // their ranges stay taken until they are freed; in a retired arena (old)
 // that arena closes once the last of them is freed.
-func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, addrs []cuda.DevicePtr, old *retired) {
+func (s *Step) replace(l *arena.Layout, old *retired) {
 	d := s.d
 	for k, live := range s.isLive {
 		if live {
@@ -149,7 +136,7 @@ func (s *Step) replace(t *lifetime.Trace, p *planner.Plan, a *arena.Arena, addrs
 	if old != nil {
 		spans = nil // the new arena is clear of them
 	}
-	s.setPlan(t, p, "", a, addrs)
+	s.setPlan(l, "")
 	if spans != nil {
 		s.live = spans
 	}
@@ -258,7 +245,8 @@ func (s *Step) Save(path string) error {
 	return nil
 }
 
-// install maps the arena for plan p of trace t.
+// install maps the arena for plan p of trace t (arena.NewLayout: checked,
+// every region dropped on Pause, since a replay rewrites it all).
 func (s *Step) install(t *lifetime.Trace, p *planner.Plan, from string) error {
 	d := s.d
 	restore, err := makeCurrent(d.dev)
@@ -269,52 +257,21 @@ func (s *Step) install(t *lifetime.Trace, p *planner.Plan, from string) error {
 	d.mu.Lock()
 	d.notePeak()
 	d.mu.Unlock()
-	a, err := arena.New(d.dev, t, p)
+	l, err := arena.NewLayout(d.dev, t, p)
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): arena of %s for %d buffers: %w", s.id, s.name, fmtBytes(uint64(p.Arena)), len(t.Buffers), err)
 	}
-	addrs, err := arenaAddrs(a, len(t.Buffers))
-	if err != nil {
-		a.Close()
-		return err
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s.setPlan(t, p, from, a, addrs)
+	s.setPlan(l, from)
 	return nil
 }
 
-// arenaAddrs returns the addresses of the n buffers of arena a.
-func arenaAddrs(a *arena.Arena, n int) ([]cuda.DevicePtr, error) {
-	addrs := make([]cuda.DevicePtr, n)
-	for i := range addrs {
-		var err error
-		if addrs[i], err = a.Ptr(lifetime.ID(i)); err != nil {
-			return nil, err
-		}
-	}
-	return addrs, nil
-}
-
-// offsetAddrs returns the addresses of p's buffers in an arena whose
-// offset 0 is at base.
-func offsetAddrs(base cuda.DevicePtr, p *planner.Plan) []cuda.DevicePtr {
-	addrs := make([]cuda.DevicePtr, len(p.Offsets))
-	for j, off := range p.Offsets {
-		addrs[j] = base.Add(uint64(off))
-	}
-	return addrs
-}
-
-// setPlan gives the step its plan and addresses; d.mu is held.
-func (s *Step) setPlan(t *lifetime.Trace, p *planner.Plan, from string, a *arena.Arena, addrs []cuda.DevicePtr) {
-	need := make([]uint64, len(t.Buffers))
-	for i := range t.Buffers {
-		n, _ := planner.Need(&t.Buffers[i], p.Align)
-		need[i] = uint64(n)
-	}
-	s.trace, s.plan, s.loaded, s.ar, s.addrs, s.need = t, p, from, a, addrs, need
+// setPlan serves the step from layout l (its arena may be shared: a
+// family's, or the one a Replan kept); d.mu is held.
+func (s *Step) setPlan(l *arena.Layout, from string) {
+	s.trace, s.plan, s.loaded, s.ar, s.addrs, s.need = l.Trace(), l.Plan(), from, l.Arena(), l.Addrs(), l.Needs()
 	s.live = btree.NewG[span](16, lessSpan)
-	s.isLive = make([]bool, len(t.Buffers))
-	s.taken = make([]bool, len(t.Buffers))
+	s.isLive = make([]bool, len(s.addrs))
+	s.taken = make([]bool, len(s.addrs))
 }

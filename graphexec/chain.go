@@ -53,9 +53,19 @@ func (c *Chain) setup(graphs []*graph.Graph, links []graph.ChainLink, opt Option
 			return &graph.AlignError{Workload: g.Label(), Plan: cp.Plan.Align, Need: g.Align}
 		}
 	}
-	if c.arena, err = arena.New(c.dev, cp.Joint, cp.Plan); err != nil {
+	// The stages' weights and state are kept across a Pause, their
+	// activations dropped, as an Executor's.
+	traces := make([]*lifetime.Trace, len(graphs))
+	plans := make([]*planner.Plan, len(graphs))
+	for s := range graphs {
+		traces[s] = dry[s].Trace
+		plans[s] = &planner.Plan{Algo: cp.Plan.Algo, Align: cp.Plan.Align, Offsets: cp.Stages[s].Offsets, Arena: cp.Plan.Arena}
+	}
+	lay, err := arena.NewChainLayout(c.dev, cp.Joint, cp.Plan, traces, plans, kept(graphs...)...)
+	if err != nil {
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
+	c.arena = lay.Arena
 	if c.stream, err = c.dev.NewStream(); err != nil {
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
@@ -65,16 +75,7 @@ func (c *Chain) setup(graphs []*graph.Graph, links []graph.ChainLink, opt Option
 		return fmt.Errorf("graphexec: chain: %w", err)
 	}
 	for s, g := range graphs {
-		joint := cp.Stages[s].Joint
-		a := c.arena
-		e := &Executor{dev: c.dev, opt: opt, stream: c.stream, mods: mods[s], modPTX: ptxs[s],
-			plan: &planner.Plan{Algo: cp.Plan.Algo, Align: cp.Plan.Align, Offsets: cp.Stages[s].Offsets, Arena: cp.Plan.Arena},
-			at: func(id lifetime.ID) (cuda.DevicePtr, error) {
-				if id < 0 || int(id) >= len(joint) {
-					return 0, fmt.Errorf("graphexec: chain: no buffer %d", id)
-				}
-				return a.Ptr(joint[id])
-			}}
+		e := &Executor{dev: c.dev, opt: opt, lay: lay.Members[s], group: "chain", stream: c.stream, mods: mods[s], modPTX: ptxs[s]}
 		c.execs = append(c.execs, e)
 		if err := e.bind(g, dry[s], true); err != nil {
 			return fmt.Errorf("graphexec: chain: stage %d: %w", s, err)

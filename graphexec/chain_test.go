@@ -102,6 +102,21 @@ func testChainOrder(t *testing.T, dev cuda.Device) {
 	if got := output(t, c.Stage(2)); !bytes.Equal(got, want) {
 		t.Fatal("second round: y differs")
 	}
+	// A Pause keeps the stages' weights and constant input, as an
+	// Executor's: after Resume the chain replays to the same y.
+	if err := c.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Arena().Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Arena().Resume(); err != nil {
+		t.Fatal(err)
+	}
+	ok(0, 1, 2)
+	if got := output(t, c.Stage(2)); !bytes.Equal(got, want) {
+		t.Fatal("after Pause and Resume: y differs")
+	}
 	// Eager steps go through the same guard: stage 2 reused h2's bytes,
 	// so stage 1 cannot run again until stage 0 has.
 	err = c.Eager(1, 0)

@@ -40,18 +40,17 @@ type Options struct {
 // An Executor is not safe for concurrent use; on the driver, call it from
 // the goroutine bound to the device (cuda.Device.BindThread).
 type Executor struct {
-	dev  cuda.Device
-	opt  Options
-	g    *graph.Graph
-	fp   graph.Fingerprint
-	dry  *graph.DryRun
-	plan *planner.Plan
-
-	arena *arena.Arena
-	// at, when set, gives buffer addresses instead of arena: the executor
-	// is a member of a family or a stage of a chain, whose arena, stream
-	// and modules belong to the group (family.go, chain.go).
-	at     func(lifetime.ID) (cuda.DevicePtr, error)
+	dev cuda.Device
+	opt Options
+	g   *graph.Graph
+	fp  graph.Fingerprint
+	dry *graph.DryRun
+	// lay is the checked plan, its arena and every buffer's address. In a
+	// family or a chain (group set) the layout is the group's member or
+	// stage, placed in the group's arena; the arena, stream and modules
+	// then belong to the group (family.go, chain.go).
+	lay    *arena.Layout
+	group  string
 	mods   []cuda.Module
 	modPTX [][]byte // the PTX each of mods was loaded from (which kernels may use PDL)
 	fns    []cuda.Function
@@ -99,11 +98,9 @@ func (e *Executor) setup(g *graph.Graph, p *planner.Plan) error {
 	if p.Align < g.Align {
 		return &graph.AlignError{Workload: g.Label(), Plan: p.Align, Need: g.Align}
 	}
-	a, err := arena.New(e.dev, d.Trace, p, pausePolicies(g, d.Trace)...)
-	if err != nil {
+	if e.lay, err = arena.NewLayout(e.dev, d.Trace, p, kept(g)...); err != nil {
 		return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
 	}
-	e.arena, e.plan = a, p
 	if e.stream == nil {
 		if e.stream, err = e.dev.NewStream(); err != nil {
 			return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
@@ -198,12 +195,7 @@ func (e *Executor) bind(g *graph.Graph, d *graph.DryRun, keepModules bool) error
 	return e.bindSpill(g)
 }
 
-func (e *Executor) addr(id lifetime.ID) (cuda.DevicePtr, error) {
-	if e.at != nil {
-		return e.at(id)
-	}
-	return e.arena.Ptr(id)
-}
+func (e *Executor) addr(id lifetime.ID) (cuda.DevicePtr, error) { return e.lay.Addr(id) }
 
 // Graph returns the graph the executor runs.
 func (e *Executor) Graph() *graph.Graph { return e.g }
@@ -212,41 +204,32 @@ func (e *Executor) Graph() *graph.Graph { return e.g }
 func (e *Executor) Fingerprint() graph.Fingerprint { return e.fp }
 
 // Plan returns the plan the arena was built from.
-func (e *Executor) Plan() *planner.Plan { return e.plan }
+func (e *Executor) Plan() *planner.Plan { return e.lay.Plan() }
 
 // Trace returns the dry run's trace.
 func (e *Executor) Trace() *lifetime.Trace { return e.dry.Trace }
 
-// Arena returns the arena.
-func (e *Executor) Arena() *arena.Arena { return e.arena }
+// Arena returns the arena (a family's or chain's for their members).
+func (e *Executor) Arena() *arena.Arena { return e.lay.Arena() }
 
-// pausePolicies are the executor's arena policies for Arena().Pause: the
-// weights and the KV cache (written once, or carried from step to step)
-// are backed up; outputs and intermediates, which every step writes before
-// it reads them, are dropped. Inputs are dropped when every one is fed
-// each step, and backed up when some input is constant (written once by
-// Init, like mlp's x): a step reads it without writing it, so it is state
-// a Resume must bring back. A graph captured before a Pause replays after
-// Resume and goes on from the same state.
-func pausePolicies(g *graph.Graph, t *lifetime.Trace) []arena.Option {
-	has := map[string]bool{}
-	for i := range t.Buffers {
-		has[t.Buffers[i].Tag] = true
-	}
-	backup := []string{"weight", "kv"}
-	for _, x := range g.Tensors {
-		if x.Role == graph.Input && x.FeedFunc() == nil {
-			backup = append(backup, "input")
-			break
+// kept are the tags whose regions Arena().Pause backs up (the layout's
+// keep, arena.NewLayout): the weights and the KV cache (written once, or
+// carried from step to step); outputs and intermediates, which every step
+// writes before it reads them, are dropped. Inputs are dropped when every
+// one is fed each step, and backed up when some input is constant
+// (written once by Init, like mlp's x): a step reads it without writing
+// it, so it is state a Resume must bring back. A graph captured before a
+// Pause replays after Resume and goes on from the same state.
+func kept(gs ...*graph.Graph) []string {
+	keep := []string{"weight", "kv"}
+	for _, g := range gs {
+		for _, x := range g.Tensors {
+			if x.Role == graph.Input && x.FeedFunc() == nil {
+				return append(keep, "input")
+			}
 		}
 	}
-	var opts []arena.Option
-	for _, tag := range backup {
-		if has[tag] {
-			opts = append(opts, arena.WithPolicy(tag, arena.Backup))
-		}
-	}
-	return opts
+	return keep
 }
 
 // Ptr returns t's device address.
@@ -258,23 +241,7 @@ func (e *Executor) StagingBytes() uint64 { return e.stageCap }
 
 // RegionBytes is the plan's address range of the buffers of one tag: from
 // the lowest offset to the highest end (sizes rounded to the alignment).
-func (e *Executor) RegionBytes(tag string) int64 {
-	lo, hi := int64(-1), int64(0)
-	for i, b := range e.dry.Trace.Buffers {
-		if b.Tag != tag {
-			continue
-		}
-		off := e.plan.Offsets[i]
-		if lo < 0 || off < lo {
-			lo = off
-		}
-		hi = max(hi, off+lifetime.RoundUp(b.Size, e.plan.Align))
-	}
-	if lo < 0 {
-		return 0
-	}
-	return hi - lo
-}
+func (e *Executor) RegionBytes(tag string) int64 { return e.lay.TagBytes(tag) }
 
 // Init writes the initial bytes of every tensor that has an init function
 // (weights, state, constant inputs). It waits for the stream first.
@@ -611,8 +578,8 @@ type Rebound struct {
 // instantiated again. Tensors with init functions are written again when
 // g differs. Without an earlier capture, Rebind captures.
 func (e *Executor) Rebind(g *graph.Graph) (Rebound, error) {
-	if e.at != nil {
-		return Rebound{}, fmt.Errorf("graphexec: %s: rebind: a member of a family or chain cannot be rebound alone; plan the group again", e.g.Label())
+	if e.group != "" {
+		return Rebound{}, fmt.Errorf("graphexec: %s: rebind: a member of a %s cannot be rebound alone; plan the group again", e.g.Label(), e.group)
 	}
 	fp := g.Fingerprint()
 	if fp == e.fp && e.exec != nil && e.captured == fp {
@@ -623,21 +590,23 @@ func (e *Executor) Rebind(g *graph.Graph) (Rebound, error) {
 		return Rebound{}, err
 	}
 	reason := ""
+	var fit *arena.Layout
 	switch {
 	case e.exec == nil:
 		reason = "nothing captured yet"
 	case g.Topology() != e.g.Topology():
 		reason = "kernels or their order changed"
 	default:
-		if err := planner.Fits(e.dry.Trace, d.Trace, e.plan); err != nil {
+		if fit, err = e.lay.Fit(d.Trace); err != nil {
 			reason = err.Error()
 		}
 	}
-	if reason == "" && g.Align <= e.plan.Align {
+	if reason == "" && g.Align <= e.lay.Plan().Align {
 		start := time.Now()
 		if err := e.Synchronize(); err != nil {
 			return Rebound{}, err
 		}
+		e.lay = fit // the same arena and addresses, checked against g's run
 		if err := e.bind(g, d, true); err != nil {
 			return Rebound{}, err
 		}
@@ -670,11 +639,12 @@ func (e *Executor) Rebind(g *graph.Graph) (Rebound, error) {
 		return Rebound{}, err
 	}
 	e.dropCapture()
-	if e.arena != nil {
-		if err := e.arena.Close(); err != nil {
+	if e.lay != nil {
+		err := e.lay.Close()
+		e.lay = nil
+		if err != nil {
 			return Rebound{}, fmt.Errorf("graphexec: rebind: %w", err)
 		}
-		e.arena = nil
 	}
 	if err := e.setup(g, nil); err != nil {
 		return Rebound{}, err
@@ -717,9 +687,9 @@ func (e *Executor) Close() error {
 		errs = append(errs, m.Close())
 	}
 	e.mods = nil
-	if e.arena != nil {
-		errs = append(errs, e.arena.Close())
-		e.arena = nil
+	if e.lay != nil {
+		errs = append(errs, e.lay.Close()) // a group's member closes nothing: its arena is the group's
+		e.lay = nil
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("graphexec: close: %w", err)

@@ -3,12 +3,10 @@ package graphexec
 import (
 	"crypto/sha256"
 	"fmt"
-	"sort"
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/graph"
-	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
 
@@ -52,9 +50,14 @@ func (f *Family) setup(graphs []*graph.Graph, members []planner.Member, opt Opti
 	if len(graphs) != len(members) {
 		return fmt.Errorf("graphexec: family: %d graphs for %d members", len(graphs), len(members))
 	}
-	if err := planner.CheckFamily(members, fp); err != nil {
+	// The family arena: the members' shared tensors (weights, KV caches,
+	// inputs) in regions a Pause backs up, their private memory in one it
+	// drops, as the PyTorch bridge's family arena (arena.NewFamilyLayout).
+	lay, err := arena.NewFamilyLayout(f.dev, members, fp)
+	if err != nil {
 		return fmt.Errorf("graphexec: family: %w", err)
 	}
+	f.arena = lay.Arena
 	dry := make([]*graph.DryRun, len(graphs))
 	for i, g := range graphs {
 		m := members[i]
@@ -81,16 +84,6 @@ func (f *Family) setup(graphs []*graph.Graph, members []planner.Member, opt Opti
 		dry[i] = d
 		f.keys = append(f.keys, keys)
 	}
-	cover, coverPlan, where := familyCover(members, fp)
-	// Pausing the family arena keeps what the members share (weights, KV
-	// caches, inputs: backed up) and drops the members' private memory,
-	// as the PyTorch bridge's family arena, which holds private memory
-	// only, drops it all.
-	a, err := arena.New(f.dev, cover, coverPlan, arena.WithPolicy("shared", arena.Backup))
-	if err != nil {
-		return fmt.Errorf("graphexec: family: %w", err)
-	}
-	f.arena = a
 	if f.stream, err = f.dev.NewStream(); err != nil {
 		return fmt.Errorf("graphexec: family: %w", err)
 	}
@@ -100,22 +93,7 @@ func (f *Family) setup(graphs []*graph.Graph, members []planner.Member, opt Opti
 		return fmt.Errorf("graphexec: family: %w", err)
 	}
 	for i, g := range graphs {
-		ptrs := make([]cuda.DevicePtr, len(dry[i].Trace.Buffers))
-		for j := range ptrs {
-			c, delta := where(i, j)
-			p, err := a.Ptr(c)
-			if err != nil {
-				return fmt.Errorf("graphexec: family: member %q: %w", members[i].Name, err)
-			}
-			ptrs[j] = p.Add(uint64(delta))
-		}
-		e := &Executor{dev: f.dev, opt: opt, plan: fp.Members[i].Plan, stream: f.stream, mods: mods[i], modPTX: ptxs[i],
-			at: func(id lifetime.ID) (cuda.DevicePtr, error) {
-				if id < 0 || int(id) >= len(ptrs) {
-					return 0, fmt.Errorf("graphexec: family: no buffer %d", id)
-				}
-				return ptrs[id], nil
-			}}
+		e := &Executor{dev: f.dev, opt: opt, lay: lay.Members[i], group: "family", stream: f.stream, mods: mods[i], modPTX: ptxs[i]}
 		f.execs = append(f.execs, e)
 		if err := e.bind(g, dry[i], true); err != nil {
 			return fmt.Errorf("graphexec: family: member %q: %w", members[i].Name, err)
@@ -163,61 +141,6 @@ func memberKey(m planner.Member, i int) string {
 		return ""
 	}
 	return m.Keys[i]
-}
-
-// familyCover is a trace the arena can be built from: one buffer per
-// shared key and one per maximal range of private bytes (the union over
-// members), all live at once and disjoint, at the family plan's offsets.
-// where(member, buffer) names the cover buffer holding a member's buffer
-// and the buffer's offset inside it.
-func familyCover(members []planner.Member, fp *planner.FamilyPlan) (*lifetime.Trace, *planner.Plan, func(int, int) (lifetime.ID, int64)) {
-	t := &lifetime.Trace{Name: "family"}
-	p := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: fp.Arena}
-	add := func(name, tag string, off, size, align int64) {
-		t.Buffers = append(t.Buffers, lifetime.Buffer{ID: lifetime.ID(len(t.Buffers)), Name: name, Size: size, Align: align,
-			Start: 0, End: 1, Tag: tag})
-		p.Offsets = append(p.Offsets, off)
-	}
-	shared := map[string]lifetime.ID{}
-	for _, s := range fp.Shared {
-		shared[s.Key] = lifetime.ID(len(t.Buffers))
-		add("shared:"+s.Key, "shared", s.Offset, s.Size, s.Align)
-	}
-	type span struct{ lo, hi int64 }
-	var spans []span
-	for i, m := range members {
-		pl := fp.Members[i].Plan
-		for j := range m.Trace.Buffers {
-			if memberKey(m, j) != "" {
-				continue
-			}
-			off := pl.Offsets[j]
-			spans = append(spans, span{off, off + lifetime.RoundUp(m.Trace.Buffers[j].Size, fp.Align)})
-		}
-	}
-	sort.Slice(spans, func(a, b int) bool { return spans[a].lo < spans[b].lo })
-	var merged []span
-	for _, s := range spans {
-		if n := len(merged); n > 0 && s.lo <= merged[n-1].hi {
-			merged[n-1].hi = max(merged[n-1].hi, s.hi)
-			continue
-		}
-		merged = append(merged, s)
-	}
-	first := lifetime.ID(len(t.Buffers))
-	for k, s := range merged {
-		add(fmt.Sprintf("private#%d", k), "private", s.lo, s.hi-s.lo, 0)
-	}
-	where := func(mi, j int) (lifetime.ID, int64) {
-		m := members[mi]
-		if k := memberKey(m, j); k != "" {
-			return shared[k], 0
-		}
-		off := fp.Members[mi].Plan.Offsets[j]
-		k := sort.Search(len(merged), func(k int) bool { return merged[k].hi > off })
-		return first + lifetime.ID(k), off - merged[k].lo
-	}
-	return t, p, where
 }
 
 // Len is the number of members.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/arenaplan/arenaplan/lifetime"
@@ -452,4 +453,21 @@ func keyOf(m Member, i int) string {
 		return ""
 	}
 	return m.Keys[i]
+}
+
+// WithMember returns a copy of fp in which member i's plan is p (a member
+// replanned inside the family arena), with the family's figures made
+// again from the members' plans. Check it with CheckFamily against the
+// members, member i with the trace p was made for.
+func (fp *FamilyPlan) WithMember(i int, p *Plan) *FamilyPlan {
+	n := *fp
+	n.Members = slices.Clone(fp.Members)
+	n.Members[i] = MemberPlan{Name: fp.Members[i].Name, Plan: p, Alone: p.Arena}
+	n.Arena, n.LowerBound, n.SeparateArenas = fp.SharedRegion.Hi, 0, 0
+	for _, mp := range n.Members {
+		n.Arena = max(n.Arena, mp.Plan.Arena)
+		n.LowerBound = max(n.LowerBound, mp.Plan.LowerBound)
+		n.SeparateArenas += mp.Alone
+	}
+	return &n
 }

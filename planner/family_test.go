@@ -342,3 +342,37 @@ func countKeys(t *lifetime.Trace) int {
 	}
 	return n
 }
+
+// TestWithMember replans one member of a family in its arena: the family
+// plan made again from the members' plans passes CheckFamily and keeps
+// the other members as they were.
+func TestWithMember(t *testing.T) {
+	mk := func(name string, sizes ...int64) Member {
+		tr := &lifetime.Trace{Name: name}
+		for i, s := range sizes {
+			tr.Buffers = append(tr.Buffers, lifetime.Buffer{ID: lifetime.ID(i), Name: fmt.Sprint(i), Size: s, Start: int64(i), End: int64(i) + 2})
+		}
+		return Member{Name: name, Trace: tr}
+	}
+	ms := []Member{mk("a", 1000, 2000, 3000), mk("b", 4000, 8000, 4000)}
+	fp, err := PlanFamily(context.Background(), "bestfit", ms, Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := mk("a", 1000, 1000)
+	p, err := Run(context.Background(), "bestfit", run.Trace, Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := fp.WithMember(0, p)
+	ms[0] = run
+	if err := CheckFamily(ms, n); err != nil {
+		t.Fatal(err)
+	}
+	if n.Members[0].Plan != p || n.Members[1] != fp.Members[1] || fp.Members[0].Plan == p {
+		t.Errorf("WithMember changed the wrong member or its receiver")
+	}
+	if n.Arena != fp.Members[1].Plan.Arena || n.SeparateArenas != p.Arena+fp.Members[1].Alone {
+		t.Errorf("arena %d, separate %d", n.Arena, n.SeparateArenas)
+	}
+}

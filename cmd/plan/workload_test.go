@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/plans"
 	"github.com/arenaplan/arenaplan/workloads"
 )
@@ -27,7 +26,7 @@ func TestPlanWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := f.Workload
-	if w == nil || w.Name != "mlp" || graph.Fingerprint(w.Fingerprint) != g.Fingerprint() {
+	if w == nil || w.Name != "mlp" || w.Fingerprint != g.Fingerprint() {
 		t.Fatalf("workload %+v, want mlp with fingerprint %s", w, g.Fingerprint())
 	}
 	if v, _ := w.Dim("layers"); v != 4 {

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
@@ -56,7 +55,7 @@ func familyFile(t testing.TB, batches ...int64) *plans.Family {
 	for i, b := range batches {
 		tr := decodeMember(b, i == 0)
 		ms = append(ms, planner.Member{Name: fmt.Sprintf("batch=%d", b), Trace: tr, Keys: planner.SharedByTag(tr, "weight", "kv")})
-		ws = append(ws, &plans.Workload{Name: "gpt2-decode", Shape: []graph.Dim{{Name: "batch", Value: b}, {Name: "seq", Value: 1024}}})
+		ws = append(ws, &plans.Workload{Name: "gpt2-decode", Shape: []plans.Dim{{Name: "batch", Value: b}, {Name: "seq", Value: 1024}}})
 	}
 	ws[len(ws)-1] = nil // one member without a workload
 	fp, err := planner.PlanFamily(context.Background(), "bestfit", ms, planner.Options{Workers: 1})
