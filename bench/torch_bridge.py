@@ -15,7 +15,6 @@ Models have random weights; nothing is downloaded.
 import argparse
 import hashlib
 import json
-import math
 import os
 import sys
 import time

@@ -42,11 +42,13 @@ class GraphFamily:
         """The members' keys, in capture order (largest first)."""
         return list(self._graphs)
 
-    def replay(self, key) -> Any:
+    def replay(self, key, *, prepared: bool = False) -> Any:
         """Replay member ``key`` on the current stream; returns its outputs.
         Raises as :meth:`Graph.replay` does (closed, paused) and
-        ``KeyError`` for an unknown key."""
-        self.prepare()
+        ``KeyError`` for an unknown key. ``prepared``: the caller called
+        :meth:`prepare` just before (its checks are not made twice)."""
+        if not prepared:
+            self.prepare()
         g = self._graphs.get(key)
         if g is None:
             raise KeyError(f"arenaplan: no member {key!r} (members: {self.keys})")

@@ -456,14 +456,14 @@ class _Runner(_Warns):
 
     def _replay(self, m: _Member, inputs: list) -> Any:
         ops, fam = self.ops, self.family
+        fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
         if m.dst:
-            fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
             self._copy_in(m, inputs)
         del inputs
         if self._last is not None:
             ops.deny(self._last)
             self._last = None
-        fam.replay(m.index)
+        fam.replay(m.index, prepared=True)
         m.calls += 1
         self.replays += 1
         fresh = self._views[m.index]()  # _add gave up where torch cannot make them

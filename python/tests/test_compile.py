@@ -143,9 +143,14 @@ class _Family:
         assert not self.closed
         if self.paused:
             raise RuntimeError("arenaplan: the graphs' memory of device 0 is paused")
+        self.prepared = True
 
-    def replay(self, key):
-        self.prepare()
+    def replay(self, key, prepared=False):
+        # prepared=True only right after prepare(), as GraphFamily.replay asks.
+        assert not prepared or getattr(self, "prepared", False), "replay(prepared=True) without prepare()"
+        if not prepared:
+            self.prepare()
+        self.prepared = False
         self.replays.append(key)
         for k in self.kernels[key]:
             k()
