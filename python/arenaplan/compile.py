@@ -679,11 +679,14 @@ class _TrainPair(_Warns):
     (which show which backward inputs are the forward's outputs and which
     are incoming gradients, and the gradients' shapes); up to
     ``max_shapes`` shapes (the last, partial batch of an epoch is one), each
-    its own chain and arena. A call that cannot replay safely runs
-    inductor's code without a graph, with one warning naming the reason: a
-    forward while the same shape's previous forward's saved activations
-    still wait for their backward (its replay would overwrite them), a
-    forward or backward while that shape's previous gradients are still held
+    its own chain and arena (one family arena would be re-captured at each
+    new shape, moving the outputs that other captured graphs read in place:
+    a loss graph reads the model graph's logits). A call that cannot replay
+    safely runs inductor's code without a graph, with one warning naming
+    the reason: a forward while the same shape's previous forward's saved
+    activations still wait for their backward (its replay would overwrite
+    them), a forward or backward while that shape's previous gradients are
+    still held
     (AccumulateGrad keeps them as ``.grad``: gradient accumulation,
     ``zero_grad(set_to_none=False)``), other parameter addresses, more
     shapes than ``max_shapes``. A backward whose saved activations a later
