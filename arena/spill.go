@@ -42,7 +42,8 @@ import (
 // the device cannot serve fails with an error naming the request and what
 // is reserved, mapped and in use (ErrOutOfMemory); the allocator's state
 // is unchanged. Before failing outside a capture it unmaps cached segments
-// that no graph needs and tries once more.
+// that no graph needs and tries once more; then a free block of the other
+// size class serves, if one holds the request.
 //
 // A Spill is safe for concurrent use; device calls happen under its lock.
 // It has no finalizers: Close it.
@@ -209,14 +210,22 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*b
 		return nil, fmt.Errorf("arena: Spill.Alloc(%d) in %s: %w", size, pool, ErrPaused)
 	}
 	rsize := roundUp(size, MinBlock)
-	b := s.bestFit(pool, st, rsize)
+	small := pool.small(rsize)
+	b := s.bestFit(pool, st, rsize, small)
 	if b == nil && !grow {
 		return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, ErrWouldGrow)
 	}
 	if b == nil {
 		var err error
 		if b, err = s.grow(pool, st, rsize); err != nil {
-			return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, err)
+			// Out of memory: a free block of the other size class serves
+			// rather than fail a request that fits in what is mapped.
+			if !errors.Is(err, ErrOutOfMemory) {
+				return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, err)
+			}
+			if b = s.bestFit(pool, st, rsize, !small); b == nil {
+				return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, err)
+			}
 		}
 	}
 	s.split(b, rsize)

@@ -65,10 +65,10 @@ func (s *Spill) recycle(b *block) {
 	}
 }
 
-// bestFit removes and returns the smallest free block of (pool, st) that
-// holds rsize bytes.
-func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64) *block {
-	t := pool.lookTree(freeKey(st.Handle(), pool.small(rsize)))
+// bestFit removes and returns the smallest free block of (pool, st) and
+// the size class small (SmallBlock) that holds rsize bytes.
+func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64, small bool) *block {
+	t := pool.lookTree(freeKey(st.Handle(), small))
 	if t == nil {
 		return nil
 	}

@@ -230,6 +230,41 @@ func TestSpillAllocDefaultWithoutGrowing(t *testing.T) {
 	mustValid(t, s)
 }
 
+// TestSpillSizeClassesNeverFailWhatFits: small and large requests keep to
+// segments of their own while memory can be mapped; at the limit, a
+// request that fits in a free block of the other class takes it rather
+// than fail.
+func TestSpillSizeClassesNeverFailWhatFits(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e, WithLimit(4*MiB))
+	st := e.stream(t)
+	big := mustAlloc(t, s, 3*MiB, st) // a 4 MiB segment: the limit
+	small := mustAlloc(t, s, 4*KiB, st)
+	if got := s.Stats(); got.Mapped != 4*MiB || small < big || small >= big+4*MiB {
+		t.Fatalf("4 KiB at the limit: at %#x (large block %#x), %d mapped; want it in the large segment's free MiB", small, big, got.Mapped)
+	}
+	mustValid(t, s)
+	mustFree(t, s, small)
+	mustFree(t, s, big)
+	if err := s.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	// The other way round: a large request in a free small segment.
+	s2 := newSpill(t, e, WithLimit(2*MiB))
+	tiny := mustAlloc(t, s2, 4*KiB, st)
+	large := mustAlloc(t, s2, 3*MiB/2, st)
+	if got := s2.Stats(); got.Mapped != 2*MiB || got.Segments != 1 {
+		t.Fatalf("1.5 MiB beside 4 KiB at a 2 MiB limit: %+v", got)
+	}
+	mustValid(t, s2)
+	if _, err := s2.Alloc(1*MiB, st); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("1 MiB more than fits: %v, want ErrOutOfMemory", err)
+	}
+	mustFree(t, s2, tiny)
+	mustFree(t, s2, large)
+	mustValid(t, s2)
+}
+
 func TestSpillStreamsKeepTheirBlocks(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
