@@ -666,6 +666,8 @@ class _TrainMember:
         self.saved_ids: set = set()
         self.grad_refs: list = []
         self.user_refs: list = []
+        self.release: set = set()  # forward outputs dead when the backward starts: it reuses their memory
+        self.release_refs: list = []  # ... their storages, from the last forward replay
         self.placeholder_bytes = 0
 
 
@@ -673,7 +675,11 @@ class _TrainPair(_Warns):
     """A training graph: AOTAutograd's forward and its backward, captured
     as ONE chain (:func:`arenaplan.torch.chain`): one arena planned on one
     timeline, the activations the forward saves read in place by the
-    backward and their memory reused once it frees them.
+    backward and their memory reused once it frees them. Outputs the
+    program let go of before the first backward (the logits a loss graph
+    consumed) are freed as the captured backward begins, their memory
+    reused by it; a replay whose such outputs are still held runs the
+    backward without a graph.
 
     A shape is captured after one plain forward and backward at that shape
     (which show which backward inputs are the forward's outputs and which
@@ -707,6 +713,8 @@ class _TrainPair(_Warns):
         self.saved_set: set = set()
         self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: placeholders for incoming gradients
         self.learned_vals: Dict[Hashable, Dict[int, Any]] = {}  # ... and its backward's other inputs (sizes)
+        self.learned_release: Dict[Hashable, set] = {}  # ... and the forward outputs dead at its backward
+        self.fw_out_refs: List[Tuple[int, Any]] = []  # the last plain forward's device outputs' storages
         self.members: Dict[Hashable, _TrainMember] = {}
         self.warned: set = set()
         self.replays = {"forward": 0, "backward": 0}
@@ -766,6 +774,7 @@ class _TrainPair(_Warns):
         m.saved_refs = [ops.storage_ref(t) for t in saved]
         m.saved_ids = {ops.storage_id(t) for t in saved}
         m.user_refs = [weakref.ref(t) for j, t in enumerate(fresh) if ops.is_tensor(t) and j not in self.saved_set]
+        m.release_refs = [ops.storage_ref(fresh[j]) for j in m.release]
         return fresh
 
     def backward(self, inputs: list) -> Any:
@@ -787,6 +796,12 @@ class _TrainPair(_Warns):
         if self._alive(m.grad_refs):
             self._grads_held()
             return self._plain_bw(inputs)
+        if self._alive(m.release_refs):
+            self._warn("held", "an output of the forward is still held when its backward runs (the captured "
+                               "backward reuses its memory, as the first step let it go): such backwards run "
+                               "without a graph")
+            return self._plain_bw(inputs)
+        m.release_refs = []
         for i in m.tangent_idxs:
             dst, src = m.tangents[i], inputs[i]
             if ops.data_ptr(dst) != ops.data_ptr(src):
@@ -814,6 +829,8 @@ class _TrainPair(_Warns):
         outs = self.fw.inner(inputs)
         if shape is not None and shape not in self.learned:
             self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
+            self.fw_out_refs = [(j, ops.storage_ref(o)) for j, o in enumerate(outs)
+                                if ops.is_tensor(o) and ops.device(o)[0] == "cuda"]
         return outs
 
     def _plain_bw(self, inputs: list) -> Any:
@@ -874,6 +891,10 @@ class _TrainPair(_Warns):
         # that are not tensors (a dynamic graph's sizes) are this shape's.
         self.learned[shape] = {i: ops.zeros(x) for i, x in tangents.items()}
         self.learned_vals[shape] = {i: v for i, (k, v) in enumerate(m) if k == "val"}
+        # The forward's outputs nothing held when this backward began (the
+        # logits a loss graph consumed): the captured backward reuses their
+        # memory, and each replay checks they are dead again.
+        self.learned_release[shape] = {j for j, r in self.fw_out_refs if r.expired()} - self.saved_set
 
     def _build(self, inputs: list, shape: Hashable) -> Optional[_TrainMember]:
         fw, bw, ops = self.fw, self.bw, self.ops
@@ -902,6 +923,7 @@ class _TrainPair(_Warns):
             else:
                 args.append(x)
         tangents, vals = self.learned[shape], self.learned_vals[shape]
+        release = self.learned_release.get(shape, set())
         nbytes += sum(ops.nbytes(t) for t in tangents.values())
         bw_map, saved = self.bw_map, self.saved_set
         inner_fw, inner_bw = fw.inner, bw.inner
@@ -915,7 +937,9 @@ class _TrainPair(_Warns):
             for i, (kind, v) in enumerate(bw_map):
                 a.append(outs[v] if kind == "fw" else args[v] if kind == "fwin" else
                          tangents[i] if kind == "tan" else vals[i])
-            keep = [o for j, o in enumerate(outs) if j not in saved]  # the forward's other outputs stay live
+            # The forward's other outputs stay live, but those the program
+            # let go of before its backward (release): freed here, first.
+            keep = [o for j, o in enumerate(outs) if j not in saved and j not in release]
             del outs
             r = inner_bw(a)
             del keep
@@ -933,6 +957,7 @@ class _TrainPair(_Warns):
                     if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
                         _fixed_outputs[ops.data_ptr(o)] = id(self)
         m.tangents, m.tangent_idxs = tangents, sorted(tangents)
+        m.release = release
         m.tangent_keys = {i: ops.shape_key(t) for i, t in tangents.items()}
         m.make_fw, m.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
         # The backward inputs that are the forward's device outputs: each

@@ -697,8 +697,11 @@ class _TrainOps(_FakeOps):
         box = None
         for fn in stages:
             out = fn(box)
-            ch.outputs.append(out)
+            # As arenaplan.torch.chain: tensors over the outputs' memory that
+            # do not keep it (the next stage frees what it pops).
+            ch.outputs.append([_Tensor(o.shape, o.device, o.ptr) if isinstance(o, _Tensor) else o for o in out])
             box = [out]
+            del out
         ch.replay = lambda i: ch.replays.append(i)
         ch.report = lambda: {"arena": 10, "lower_bound": 10, "capture_ms": {0: 1.0, 1: 1.0}}
         ch.close = lambda: setattr(ch, "closed", True)
@@ -901,6 +904,55 @@ class TrainPairTest(unittest.TestCase):
         self.assertIsNone(pair.reason)
         self.assertEqual(len(self.ops.chains), 2)
         self.assertEqual(seen, [2, 4, 4, 2])
+
+    def test_outputs_let_go_before_the_backward_are_reused_by_it(self):
+        # (loss, logits, saved activation): a loss graph consumes the logits
+        # before this backward runs; the captured backward frees them first
+        # (their memory is reused) and a replay whose logits are still held
+        # runs the backward without a graph.
+        opts = apc.CompileOptions(None, {})
+        refs = {}
+
+        def fw_inner(args):
+            args.clear()
+            logits = _tensor((32,))
+            refs["logits"] = weakref.ref(logits.storage)
+            return [_tensor(()), logits, _tensor((64,))]
+
+        def bw_inner(args):
+            args.clear()
+            refs["dead_at_bw"] = refs["logits"]() is None
+            return [_tensor((16,))]
+        fw = apc._Runner(fw_inner, "graph4", [0], None, opts, self.ops, 0)
+        bw = apc._Runner(bw_inner, "graph4-bw", [], None, opts, self.ops, 0)
+        pair = apc._TrainPair("graph4", opts, self.ops)
+        fw.pair = bw.pair = pair
+        pair.fw, pair.bw = fw, bw
+
+        def step(hold=False):
+            outs = fw([self.weight, self.x])
+            held = outs[1] if hold else None
+            loss, saved = outs[0], outs[2]  # the program holds its loss while the backward runs
+            del outs
+            bw([saved, _tensor(())])
+            del loss
+            return held
+        step()  # plain: the logits are let go before the backward
+        self.assertEqual(pair.learned_release[(self.x.shape,)], {1})
+        step()  # captured: the backward's stage freed them before running
+        self.assertTrue(refs["dead_at_bw"])
+        ch = self.ops.chains[0]
+        self.assertEqual(ch.replays, [0, 1])
+        step()
+        self.assertEqual(ch.replays, [0, 1, 0, 1])
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            held = step(hold=True)  # the logits still held: a plain backward
+        self.assertEqual(ch.replays, [0, 1, 0, 1, 0])
+        self.assertTrue(any("still held when its backward runs" in str(m.message) for m in w))
+        del held
+        step()
+        self.assertEqual(ch.replays, [0, 1, 0, 1, 0, 0, 1])
 
     def test_learns_only_from_a_backward_of_the_last_plain_forward(self):
         first = self.forward()  # plain
