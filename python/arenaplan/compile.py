@@ -49,8 +49,10 @@ Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
 forward and backward at a shape: one arena planned on one timeline, the
 activations the forward saves read in place by the backward and their
-memory reused once it frees them; incoming gradients are copied into
-placeholders. Each shape (the last, partial batch of an epoch) gets its own
+memory reused once it frees them; outputs the program let go of before the
+backward (logits a loss graph consumed) have their memory reused by it;
+incoming gradients are buffers of the plan, copied to their addresses
+before each backward replay. Each shape (the last, partial batch of an epoch) gets its own
 chain, up to ``max_shapes``. A forward while that shape's previous backward
 is still pending, or a call while its previous gradients are still held as
 ``.grad`` (gradient accumulation, ``zero_grad(set_to_none=False)``), runs
@@ -232,6 +234,12 @@ class _Ops:
             _flat(dst).copy_(_flat(src))
 
     @staticmethod
+    def zero(t) -> None:
+        """Set t to zeros (allocates nothing)."""
+        with torch.no_grad():
+            t.zero_()
+
+    @staticmethod
     def extent(t) -> Tuple[int, int]:
         """The device addresses [start, end) of t's storage."""
         st = t.untyped_storage()
@@ -280,13 +288,6 @@ class _Ops:
         """t's storage, by identity (unique while it lives)."""
         return t.untyped_storage()._cdata
 
-    @staticmethod
-    def zeros(t):
-        """A zero tensor like t (shape, strides, dtype, device)."""
-        return torch.zeros_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) \
-            if hasattr(torch, "zeros_strided") else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                                                       device=t.device).zero_()
-
     def views(self, outs: Sequence[Any]) -> Optional[Callable[[], List[Any]]]:
         """A function making, on each call, fresh tensors over the memory of
         ``outs`` (that own nothing, so that the previous call's can be made to
@@ -316,6 +317,23 @@ class _Ops:
         for o in outs:
             if isinstance(o, torch.Tensor):
                 self._deny(o, _OVERWRITTEN)
+
+
+def _copy_in(ops: "_Ops", dst: List[Tuple[int, Any, int, int]], inputs: list) -> None:
+    """Copy inputs[i] to its planned address for each (i, tensor there,
+    start, end) of dst. An input already there (the previous call's output
+    at that address, fed back) is not copied; one whose memory a copy
+    writes (an earlier output elsewhere in the arena) is first cloned
+    outside it, since the copies would overwrite it before it is read."""
+    todo = [(d, inputs[i], lo, hi) for i, d, lo, hi in dst if ops.data_ptr(inputs[i]) != lo]
+    for k, (d, src, lo, hi) in enumerate(todo):
+        a, b = ops.extent(src)
+        if any(a < h and l < b for _, _, l, h in todo):
+            tmp = ops.empty(ops.layout(src))
+            ops.copy(tmp, src)
+            todo[k] = (d, tmp, lo, hi)
+    for d, src, _, _ in todo:
+        ops.copy(d, src)
 
 
 def _span(shape: Sequence[int], stride: Sequence[int]) -> int:
@@ -458,7 +476,7 @@ class _Runner(_Warns):
         ops, fam = self.ops, self.family
         fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
         if m.dst:
-            self._copy_in(m, inputs)
+            _copy_in(ops, m.dst, inputs)
         del inputs
         if self._last is not None:
             ops.deny(self._last)
@@ -469,23 +487,6 @@ class _Runner(_Warns):
         fresh = self._views[m.index]()  # _add gave up where torch cannot make them
         self._last = fresh
         return fresh
-
-    def _copy_in(self, m: _Member, inputs: list) -> None:
-        """Copy the call's inputs to their planned addresses. An input
-        already there (the previous call's output at that address, fed
-        back) is not copied; one whose memory a copy writes (an earlier
-        output elsewhere in the arena) is first cloned outside it, since
-        the copies would overwrite it before it is read."""
-        ops = self.ops
-        todo = [(d, inputs[i], lo, hi) for i, d, lo, hi in m.dst if ops.data_ptr(inputs[i]) != lo]
-        for k, (d, src, lo, hi) in enumerate(todo):
-            a, b = ops.extent(src)
-            if any(a < h and l < b for _, _, l, h in todo):
-                tmp = ops.empty(ops.layout(src))
-                ops.copy(tmp, src)
-                todo[k] = (d, tmp, lo, hi)
-        for d, src, _, _ in todo:
-            ops.copy(d, src)
 
     def _plain(self, inputs: list) -> Any:
         self.plain_calls += 1
@@ -656,8 +657,7 @@ class _TrainMember:
         self.fw_inplace: set = set()
         self.bw_ptrs: list = []
         self.bw_static: List[int] = []
-        self.tangents: Dict[int, Any] = {}
-        self.tangent_idxs: List[int] = []
+        self.tangent_dst: List[Tuple[int, Any, int, int]] = []  # incoming gradients: (input, at its address, start, end)
         self.tangent_keys: Dict[int, Hashable] = {}
         self.saved_cuda: List[int] = []
         self.make_fw = self.make_bw = None
@@ -711,7 +711,7 @@ class _TrainPair(_Warns):
         self.bw_map: Optional[List[Tuple[str, Any]]] = None  # per backward input: where it comes from
         self.saved_idxs: List[int] = []
         self.saved_set: set = set()
-        self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: placeholders for incoming gradients
+        self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: incoming gradients' (layout, shape key)
         self.learned_vals: Dict[Hashable, Dict[int, Any]] = {}  # ... and its backward's other inputs (sizes)
         self.learned_release: Dict[Hashable, set] = {}  # ... and the forward outputs dead at its backward
         self.fw_out_refs: List[Tuple[int, Any]] = []  # the last plain forward's device outputs' storages
@@ -802,12 +802,10 @@ class _TrainPair(_Warns):
                                "without a graph")
             return self._plain_bw(inputs)
         m.release_refs = []
-        for i in m.tangent_idxs:
-            dst, src = m.tangents[i], inputs[i]
-            if ops.data_ptr(dst) != ops.data_ptr(src):
-                ops.copy(dst, src)
+        m.chain.prepare()  # the incoming gradients' planned memory is free once the previous replay is done
+        _copy_in(ops, m.tangent_dst, inputs)
         del inputs
-        m.chain.replay(1)
+        m.chain.replay(1, prepared=True)
         fresh = m.make_bw()
         self.replays["backward"] += 1
         m.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
@@ -848,8 +846,8 @@ class _TrainPair(_Warns):
     # Capture.
     def _learn(self, inputs: list, shape: Hashable) -> None:
         """Which backward inputs are the forward's outputs (saved
-        activations), its inputs, or incoming gradients (placeholders made
-        for those, at this shape)."""
+        activations), its inputs, or incoming gradients (their layouts, at
+        this shape), and which forward outputs were let go of before it."""
         ops, bw = self.ops, self.bw
         outs = {m: j for j, m in reversed(list(enumerate(self.fw_out_meta or []))) if m is not None}
         ins = {m: k for k, m in reversed(list(enumerate(self.fw_in_meta or []))) if m is not None}
@@ -887,9 +885,10 @@ class _TrainPair(_Warns):
             self._warn("structure", "the backward takes its inputs from other places at another shape; that "
                                     "shape runs without a graph")
             return
-        # Placeholders the incoming gradients are copied into; the values
-        # that are not tensors (a dynamic graph's sizes) are this shape's.
-        self.learned[shape] = {i: ops.zeros(x) for i, x in tangents.items()}
+        # The incoming gradients' layouts (buffers of the backward's plan);
+        # the values that are not tensors (a dynamic graph's sizes) are this
+        # shape's.
+        self.learned[shape] = {i: (ops.layout(x), ops.shape_key(x)) for i, x in tangents.items()}
         self.learned_vals[shape] = {i: v for i, (k, v) in enumerate(m) if k == "val"}
         # The forward's outputs nothing held when this backward began (the
         # logits a loss graph consumed): the captured backward reuses their
@@ -924,23 +923,35 @@ class _TrainPair(_Warns):
                 args.append(x)
         tangents, vals = self.learned[shape], self.learned_vals[shape]
         release = self.learned_release.get(shape, set())
-        nbytes += sum(ops.nbytes(t) for t in tangents.values())
         bw_map, saved = self.bw_map, self.saved_set
         inner_fw, inner_bw = fw.inner, bw.inner
+        tangent_addrs: Dict[int, int] = {}
 
         def forward(_box):
             return inner_fw(list(args))
 
+        def tangent(i):
+            """An incoming gradient: a buffer of the plan, from the
+            backward's start to its last use; zeros before the capture,
+            copied to its address before each replay."""
+            t = ops.empty(tangents[i][0])
+            if ops.capturing():
+                tangent_addrs[i] = ops.data_ptr(t)  # the last capture's is the replays'
+            else:
+                ops.zero(t)
+            return t
+
         def backward(box):
             outs = box.pop()
-            a = []
-            for i, (kind, v) in enumerate(bw_map):
-                a.append(outs[v] if kind == "fw" else args[v] if kind == "fwin" else
-                         tangents[i] if kind == "tan" else vals[i])
+            a = [outs[v] if kind == "fw" else args[v] if kind == "fwin" else None if kind == "tan" else vals[i]
+                 for i, (kind, v) in enumerate(bw_map)]
             # The forward's other outputs stay live, but those the program
-            # let go of before its backward (release): freed here, first.
+            # let go of before its backward (release): freed here, first,
+            # so that the incoming gradients may take their memory.
             keep = [o for j, o in enumerate(outs) if j not in saved and j not in release]
             del outs
+            for i in tangents:
+                a[i] = tangent(i)
             r = inner_bw(a)
             del keep
             return r
@@ -956,9 +967,12 @@ class _TrainPair(_Warns):
                 for o in out:
                     if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
                         _fixed_outputs[ops.data_ptr(o)] = id(self)
-        m.tangents, m.tangent_idxs = tangents, sorted(tangents)
         m.release = release
-        m.tangent_keys = {i: ops.shape_key(t) for i, t in tangents.items()}
+        m.tangent_keys = {i: key for i, (_, key) in tangents.items()}
+        m.tangent_dst = []
+        for i in sorted(tangents):
+            d = ops.at(tangent_addrs[i], tangents[i][0])
+            m.tangent_dst.append((i, d, *ops.extent(d)))
         m.make_fw, m.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
         # The backward inputs that are the forward's device outputs: each
         # call checks they are the last forward replay's.
@@ -1016,7 +1030,7 @@ def report() -> List[Dict[str, Any]]:
     reason), members (shapes), arena and lower bound (bytes, of the
     family's largest member), graph bytes (arena mapped + spill held),
     input bytes outside (copies of inputs that are not parameters or
-    buffers held outside the arena: a training graph's placeholders; an
+    buffers held outside the arena: a training forward's placeholders; an
     inference graph's copies are planned in its arena, ``input_bytes_planned``
     summed over its members), captures, plain calls (run without a graph)
     and replays. Costs one library call per captured graph."""

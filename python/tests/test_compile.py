@@ -688,25 +688,36 @@ class _TrainOps(_FakeOps):
     def storage_id(t):
         return id(t.storage)
 
-    @staticmethod
-    def zeros(t):
-        return _Tensor(t.shape, t.device)
-
     def capture_chain(self, stages, name, device, opts):
+        """As arenaplan.torch.chain: a pass over the stages (recorded), then
+        one that captures them, allocating from an arena's start."""
         ch = types.SimpleNamespace(outputs=[], replays=[], closed=False)
-        box = None
-        for fn in stages:
-            out = fn(box)
-            # As arenaplan.torch.chain: tensors over the outputs' memory that
-            # do not keep it (the next stage frees what it pops).
-            ch.outputs.append([_Tensor(o.shape, o.device, o.ptr) if isinstance(o, _Tensor) else o for o in out])
-            box = [out]
-            del out
-        ch.replay = lambda i: ch.replays.append(i)
+        base = self.new_arena()
+        for capturing in (False, True):
+            self.capturing_now, self.cursor = capturing, base
+            box, outs = None, []
+            try:
+                for fn in stages:
+                    out = fn(box)
+                    # Tensors over the outputs' memory that do not keep it
+                    # (the next stage frees what it pops).
+                    outs.append([_Tensor(o.shape, o.device, o.ptr) if isinstance(o, _Tensor) else o for o in out])
+                    box = [out]
+                    del out
+            finally:
+                self.capturing_now = False
+            del box
+        ch.outputs = outs
+        ch.prepare = lambda: None
+        ch.replay = lambda i, prepared=False: ch.replays.append(i)
         ch.report = lambda: {"arena": 10, "lower_bound": 10, "capture_ms": {0: 1.0, 1: 1.0}}
         ch.close = lambda: setattr(ch, "closed", True)
         self.chains.append(ch)
         return ch
+
+    @staticmethod
+    def zero(t):
+        t.value = 0
 
     def views(self, outs):
         def make():
@@ -781,8 +792,9 @@ class TrainPairTest(unittest.TestCase):
                 self.step()
         ch = self.ops.chains[0]
         self.assertEqual(ch.replays, [0, 1] * 3)
-        # Inductor's code ran for the plain step and once per stage in the capture.
-        self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (2, 2))
+        # Inductor's code ran for the plain step, then per stage in the
+        # recorded pass and in the capture.
+        self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (3, 3))
         self.assertEqual(self.pair.bw_map[0], ("fw", 1))
         self.assertEqual(self.pair.bw_map[1][0], "tan")
         r = self.fw.report()
@@ -797,10 +809,10 @@ class TrainPairTest(unittest.TestCase):
             warnings.simplefilter("always")
             other = self.forward()
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0])
-        self.assertEqual(self.fw_inner.calls, 3)
+        self.assertEqual(self.fw_inner.calls, 4)  # plain, recorded, captured, plain
         self.assertTrue(any("wait for their backward" in str(m.message) for m in w))
         self.backward(other)  # the plain forward's backward: not the arena's activation, plain too
-        self.assertEqual(self.bw_inner.calls, 3)
+        self.assertEqual(self.bw_inner.calls, 4)  # plain, recorded, captured, plain
         self.backward(held)  # the pending one replays
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
 
@@ -903,7 +915,7 @@ class TrainPairTest(unittest.TestCase):
             bw([_tensor(out[0].shape), n])
         self.assertIsNone(pair.reason)
         self.assertEqual(len(self.ops.chains), 2)
-        self.assertEqual(seen, [2, 4, 4, 2])
+        self.assertEqual(seen, [2, 4, 4, 4, 2, 2])  # plain, plain, then each shape recorded and captured
 
     def test_outputs_let_go_before_the_backward_are_reused_by_it(self):
         # (loss, logits, saved activation): a loss graph consumes the logits
@@ -953,6 +965,25 @@ class TrainPairTest(unittest.TestCase):
         del held
         step()
         self.assertEqual(ch.replays, [0, 1, 0, 1, 0, 0, 1])
+
+    def test_incoming_gradients_are_planned_buffers(self):
+        # The backward's incoming gradient is allocated inside its stage (a
+        # buffer of the plan, zeros before the capture), and each replay
+        # copies the call's gradient to the address of the capture; no
+        # placeholder is held for it.
+        self.step()
+        self.step()  # captured
+        m = next(iter(self.pair.members.values()))
+        (i, dst, lo, hi), = m.tangent_dst
+        self.assertEqual(i, 1)
+        self.assertGreaterEqual(lo, 0x40000000)  # in the stand-in chain's arena
+        self.assertEqual(m.placeholder_bytes, 4)  # the forward's copied input only
+        g = _tensor(())
+        g.value = 7
+        outs = self.forward()
+        self.bw([outs[1], g])
+        self.assertIn((lo, g.ptr), self.ops.copies)
+        self.assertEqual(dst.value, 7)
 
     def test_learns_only_from_a_backward_of_the_last_plain_forward(self):
         first = self.forward()  # plain
