@@ -141,3 +141,69 @@ func TestChainHandsActivationsOn(t *testing.T) {
 		t.Fatal("Save of a chain: want an error")
 	}
 }
+
+// TestChainBackwardTakesReleasedOutputs: a forward's output that the
+// backward frees before its first allocation (logits a loss graph
+// consumed) ends there on the joint timeline, and the backward's first
+// buffer (its incoming gradient, as large) takes its memory: the arena is
+// the joint peak, one such buffer less than if the output lived on, and
+// served runs place the gradient over the output's memory.
+func TestChainBackwardTakesReleasedOutputs(t *testing.T) {
+	b := newTestBridge(t)
+	f, err := b.NewChain(0, "released")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw, err := f.NewMember("fw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bw, err := f.NewMember("bw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const saved, logits, grad = 1 << 20, 4 << 20, 256 << 10
+	p := &program{t: t, b: b, stream: 0x56}
+	var s, l, tan, g cuda.DevicePtr
+	run := func(serve bool) {
+		for i, m := range []*Step{fw, bw} {
+			if serve {
+				err = m.Serve(p.stream, true)
+			} else {
+				err = m.Record(p.stream)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				s, l = p.alloc(saved), p.alloc(logits)
+			} else {
+				p.free(l) // let go of before the backward: freed as it begins
+				tan = p.alloc(logits)
+				g = p.alloc(grad)
+				p.free(tan)
+				p.free(s)
+			}
+			if err := m.End(false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	run(false)
+	p.free(g)
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	r := f.Report()
+	if want := int64(saved + logits + grad); r.LowerBound != want || r.Arena != want {
+		t.Fatalf("arena %d, lower bound %d; want both %d (the output's memory reused by the backward)", r.Arena, r.LowerBound, want)
+	}
+	run(true)
+	if !(uint64(tan) < uint64(l)+logits && uint64(l) < uint64(tan)+logits) {
+		t.Fatalf("served: the incoming gradient at %#x, the released output at %#x; want them to share memory", uint64(tan), uint64(l))
+	}
+	p.free(g)
+	if st, _ := b.Stats(0); st.Divergences != 0 {
+		t.Fatalf("%d divergences", st.Divergences)
+	}
+}
