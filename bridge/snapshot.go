@@ -3,6 +3,7 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -163,6 +164,7 @@ type deviceHistory struct {
 	segs    map[uint64]uint64    // spill segments known: address → size
 	grows   uint64               // the spill's Grows and Unmaps when segs was taken
 	unmaps  uint64
+	arenas  map[uint64]uint64 // planned arenas' regions known: address → size
 }
 
 type liveAlloc struct {
@@ -245,7 +247,10 @@ func (b *Bridge) RecordHistory(enabled bool, maxEntries int) error {
 // allocations (so that their frees have sizes) and its spill segments (so
 // that only later changes become events).
 func (d *Device) newHistory() *deviceHistory {
-	dh := &deviceHistory{live: map[uint64]liveAlloc{}, segs: map[uint64]uint64{}}
+	dh := &deviceHistory{live: map[uint64]liveAlloc{}, segs: map[uint64]uint64{}, arenas: map[uint64]uint64{}}
+	for a, r := range d.arenaRegions() {
+		dh.arenas[a] = r.size
+	}
 	st := d.spill.Stats()
 	dh.grows, dh.unmaps = st.Grows, st.Unmaps
 	for _, sg := range d.spill.Segments() {
@@ -339,43 +344,76 @@ func (d *Device) freeRecorded(p cuda.DevicePtr) error {
 	return nil
 }
 
-// segmentEvents adds the spill segments mapped and unmapped since the
-// last look (cheap when none were: two counters); b.hist.mu is held.
-// Segments given back by EmptyCache are seen at the next recorded call or
-// snapshot.
+// segmentEvents adds the segments mapped and unmapped since the last
+// look: the spill's (cheap when none were: two counters) and the planned
+// arenas' regions (as Snapshot lists them); b.hist.mu is held. Segments
+// given back by EmptyCache are seen at the next recorded call or snapshot.
 func (d *Device) segmentEvents(dh *deviceHistory, stream uintptr) {
-	st := d.spill.Stats()
-	if st.Grows == dh.grows && st.Unmaps == dh.unmaps {
-		return
-	}
-	dh.grows, dh.unmaps = st.Grows, st.Unmaps
 	now := time.Now().UnixMicro()
-	cur := map[uint64]arena.SegmentInfo{}
-	for _, sg := range d.spill.Segments() {
-		cur[sg.Addr] = sg
+	if st := d.spill.Stats(); st.Grows != dh.grows || st.Unmaps != dh.unmaps {
+		dh.grows, dh.unmaps = st.Grows, st.Unmaps
+		cur := map[uint64]segRegion{}
+		for _, sg := range d.spill.Segments() {
+			cur[sg.Addr] = segRegion{sg.Size, sg.Stream}
+		}
+		d.b.segmentDiff(dh, dh.segs, cur, stream, now)
 	}
+	d.b.segmentDiff(dh, dh.arenas, d.arenaRegions(), stream, now)
+}
+
+// segRegion is a segment's size and stream.
+type segRegion struct {
+	size   uint64
+	stream uintptr
+}
+
+// segmentDiff adds a segment_free for each segment of known (address →
+// size) that cur lacks or holds with another size, then a segment_alloc
+// for each segment of cur that known lacks, in address order, and makes
+// known cur's; b.hist.mu is held.
+func (b *Bridge) segmentDiff(dh *deviceHistory, known map[uint64]uint64, cur map[uint64]segRegion, stream uintptr, now int64) {
 	var gone []uint64
-	for a := range dh.segs {
-		if sg, ok := cur[a]; !ok || sg.Size != dh.segs[a] {
+	for a, size := range known {
+		if r, ok := cur[a]; !ok || r.size != size {
 			gone = append(gone, a)
 		}
 	}
-	sort.Slice(gone, func(i, j int) bool { return gone[i] < gone[j] })
+	slices.Sort(gone)
 	for _, a := range gone {
-		dh.add(TraceEntry{Action: ActionSegmentFree, Addr: a, Size: dh.segs[a], Stream: stream, TimeUS: now, Buffer: -1}, d.b.hist.max)
-		delete(dh.segs, a)
+		dh.add(TraceEntry{Action: ActionSegmentFree, Addr: a, Size: known[a], Stream: stream, TimeUS: now, Buffer: -1}, b.hist.max)
+		delete(known, a)
 	}
-	var added []arena.SegmentInfo
-	for a, sg := range cur {
-		if _, ok := dh.segs[a]; !ok {
-			added = append(added, sg)
+	var added []uint64
+	for a := range cur {
+		if _, ok := known[a]; !ok {
+			added = append(added, a)
 		}
 	}
-	sort.Slice(added, func(i, j int) bool { return added[i].Addr < added[j].Addr })
-	for _, sg := range added {
-		dh.add(TraceEntry{Action: ActionSegmentAlloc, Addr: sg.Addr, Size: sg.Size, Stream: sg.Stream, TimeUS: now, Buffer: -1}, d.b.hist.max)
-		dh.segs[sg.Addr] = sg.Size
+	slices.Sort(added)
+	for _, a := range added {
+		r := cur[a]
+		dh.add(TraceEntry{Action: ActionSegmentAlloc, Addr: a, Size: r.size, Stream: r.stream, TimeUS: now, Buffer: -1}, b.hist.max)
+		known[a] = r.size
 	}
+}
+
+// arenaRegions returns the mapped regions of the device's planned arenas,
+// the segments Snapshot lists for them: address → size and stream.
+func (d *Device) arenaRegions() map[uint64]segRegion {
+	out := map[uint64]segRegion{}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	seen := map[*arena.Arena]bool{}
+	for _, s := range d.b.stepsOf(d) {
+		if s.ar == nil || s.trace == nil || seen[s.ar] {
+			continue
+		}
+		seen[s.ar] = true
+		for _, r := range s.ar.Regions() {
+			out[uint64(r.VA)] = segRegion{uint64(r.Hi - r.Lo), s.stream}
+		}
+	}
+	return out
 }
 
 // Snapshot describes device ordinal's memory now: each planned arena

@@ -529,3 +529,73 @@ func TestSnapshotConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryArenaSegments: while history is recorded, a planned arena
+// mapped or closed is a segment_alloc or segment_free of each of its
+// regions (the segments snapshots list for it), so that memory_viz can
+// replay the segments' history.
+func TestHistoryArenaSegments(t *testing.T) {
+	b := newTestBridge(t)
+	const stream = 0x42
+	if err := b.RecordHistory(true, 0); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.NewStep(0, "decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Record(stream); err != nil {
+		t.Fatal(err)
+	}
+	out := snapStep(t, b, stream)
+	if err := s.End(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(out, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := b.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var arenaSegs []SegmentState
+	for _, sg := range snap.Segments {
+		if sg.Kind == SegmentArena {
+			arenaSegs = append(arenaSegs, sg)
+		}
+	}
+	if len(arenaSegs) == 0 {
+		t.Fatal("no arena segment in the snapshot")
+	}
+	events := func(tr []TraceEntry, action string) map[uint64]uint64 {
+		m := map[uint64]uint64{}
+		for _, e := range tr {
+			if e.Action == action {
+				m[e.Addr] = e.Size
+			}
+		}
+		return m
+	}
+	allocs := events(snap.Trace, ActionSegmentAlloc)
+	for _, sg := range arenaSegs {
+		if allocs[sg.Address] != sg.TotalSize {
+			t.Errorf("arena segment %#x (%d bytes): segment_alloc events %v", sg.Address, sg.TotalSize, allocs)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	snap, err = b.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frees := events(snap.Trace, ActionSegmentFree)
+	for _, sg := range arenaSegs {
+		if frees[sg.Address] != sg.TotalSize {
+			t.Errorf("closed arena segment %#x (%d bytes): segment_free events %v", sg.Address, sg.TotalSize, frees)
+		}
+	}
+}

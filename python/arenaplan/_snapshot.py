@@ -21,7 +21,8 @@ allocator, so that ``torch.cuda._memory_viz`` draws it and arenaplan's
   id ``(0, id)`` and a frame naming its tag.
 - while history is recorded, ``device_traces`` holds the allocator's
   events: ``alloc``, ``free_requested`` + ``free_completed``,
-  ``segment_alloc`` / ``segment_free`` of spill segments, ``oom``.
+  ``segment_alloc`` / ``segment_free`` of spill segments and of planned
+  arenas' regions (mapped or closed while recording), ``oom``.
 
 Stack frames are not recorded: allocations reach arenaplan from C++
 without Python, so every trace entry's frames are empty except the
