@@ -577,6 +577,11 @@ class _Runner(_Warns):
             self.members.clear()
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
             return False
+        if any(i not in m.addrs for m in order for i in m.copy_idxs):
+            fam.close()
+            self.members.clear()
+            self._give_up("capture failed: a copied input was not allocated in its member's capture")
+            return False
         self.family = fam
         self.family_builds += 1
         self.captures += len(fns)
@@ -586,7 +591,7 @@ class _Runner(_Warns):
             for i in m.copy_idxs:
                 nbytes = ops.nbytes(m.host[i])  # the bytes its tensor spans
                 if nbytes:
-                    p = m.addrs[i]  # every capture ran the step
+                    p = m.addrs[i]
                     m.dst.append((i, ops.at(p, m.layouts[i]), p, p + nbytes))
         return True
 
@@ -959,6 +964,10 @@ class _TrainPair(_Warns):
             ch = ops.capture_chain([forward, backward], f"{self.name}:{len(self.members)}", fw.device, self.opts)
         except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
+            return None
+        if set(tangent_addrs) != set(tangents):
+            ch.close()
+            self._give_up("capture failed: the backward's incoming gradients were not allocated in its capture")
             return None
         m.chain, m.fw_args, m.fw_ptrs = ch, args, ptrs
         m.fw_check, m.fw_inplace = sorted(static | set(inplace)), set(inplace)

@@ -507,6 +507,22 @@ class PlannedInputTest(unittest.TestCase):
         self.assertEqual([w() for w in ops.made if w() is not None], [],
                          "no tensor of an input's is held outside the step")
 
+    def test_a_capture_without_the_inputs_addresses_gives_the_graph_up(self):
+        # A capture that never allocated a member's copied input (here: the
+        # capture is not seen as one) leaves no address to copy it to: the
+        # graph runs without a graph, with a warning, and nothing raises.
+        r, g, ops = self.runner()
+        ops.capturing = lambda: False
+        ops.arenas = 0x100  # addresses no other test's arena uses (the stand-in memory is shared)
+        w = _Tensor((4,))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for k in range(3):
+                self.assertEqual(r([w, _Tensor((32,), value=f"x{k}")])[0].value, ("f", f"x{k}"))
+        self.assertIsNone(r.family)
+        self.assertTrue(ops.families[0].closed)
+        self.assertTrue(any("was not allocated in its member's capture" in str(m.message) for m in caught))
+
     def test_inputs_reach_the_graph_every_call(self):
         r, g, ops = self.runner()
         w = _Tensor((4,))
@@ -669,6 +685,7 @@ class _TrainOps(_FakeOps):
     def __init__(self):
         super().__init__()
         self.chains = []
+        self.arenas = 0x200  # addresses the inference tests' arenas never use (the stand-in memory is shared)
 
     @staticmethod
     def meta(t):
@@ -984,6 +1001,17 @@ class TrainPairTest(unittest.TestCase):
         self.bw([outs[1], g])
         self.assertIn((lo, g.ptr), self.ops.copies)
         self.assertEqual(dst.value, 7)
+
+    def test_a_capture_without_the_gradients_addresses_gives_the_graph_up(self):
+        self.ops.capturing = lambda: False
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                self.step()
+        self.assertEqual(self.pair.members, {})
+        self.assertTrue(self.ops.chains[0].closed)
+        self.assertEqual(self.ops.chains[0].replays, [])
+        self.assertTrue(any("incoming gradients were not allocated" in str(m.message) for m in caught))
 
     def test_learns_only_from_a_backward_of_the_last_plain_forward(self):
         first = self.forward()  # plain
