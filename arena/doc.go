@@ -63,8 +63,12 @@
 // Spill serves what the plan does not cover: a caching allocator over
 // address space reserved up front, growing by mapping physical chunks
 // (legal inside a global-mode capture, unlike cuMemAlloc), with free blocks
-// per (pool, stream) in a btree ordered by (size, address), best fit,
-// splitting and coalescing. Captures begun with Spill.BeginCapture allocate
+// per (pool, stream, size class) in a btree ordered by (size, address),
+// best fit, splitting and coalescing; requests of at most 1 MiB
+// (SmallBlock) use segments of their own, as in PyTorch's caching
+// allocator. AllocDefault can be told not to grow (ErrWouldGrow), so that
+// a cache of freed blocks in front of it (the PyTorch bridge's C fast
+// path) gives them back before more memory is mapped. Captures begun with Spill.BeginCapture allocate
 // from a private pool that stays mapped while its graph lives; pools can be
 // shared by graphs replayed one after another in capture order
 // (NewSharedPool). Blocks that other streams used (RecordStream) and that
