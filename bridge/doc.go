@@ -59,7 +59,10 @@
 //
 // The C library may keep freed blocks of the spill's default pool and hand
 // them out again itself (AllocCacheable) while FastPathAllowed: no capture
-// underway as the host counts them, no step running, no region open.
+// underway as the host counts them, no step running, no region open. While
+// it keeps blocks it asks AllocCacheable not to grow, and gives them back
+// where serving would map more memory (arena.ErrWouldGrow): what it keeps
+// never makes the process hold more.
 //
 // A buffer that record_stream marks as used on another stream keeps its
 // range to the end of the step: in the recorded trace its lifetime is
