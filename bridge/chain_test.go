@@ -39,16 +39,10 @@ func (s *trainStep) backward() {
 	}
 }
 
-// TestChainHandsActivationsOn: a forward and a backward recorded as a
-// chain are planned on one timeline: the saved activations are one buffer
-// from the forward's allocation to the backward's free, the backward's
-// temporaries reuse the forward's dead ones, and the arena is the joint
-// peak of live bytes, well under two separate arenas; serving both again
-// gives every buffer its planned address, with no hand-off overwritten
-// before its free.
-func TestChainHandsActivationsOn(t *testing.T) {
-	b := newTestBridge(t)
-	f, err := b.NewChain(0, "train")
+// newChain makes a chain of two members, fw and bw.
+func newChain(t *testing.T, b *Bridge, name string) (*Family, *Step, *Step) {
+	t.Helper()
+	f, err := b.NewChain(0, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +54,19 @@ func TestChainHandsActivationsOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f, fw, bw
+}
+
+// TestChainHandsActivationsOn: a forward and a backward recorded as a
+// chain are planned on one timeline: the saved activations are one buffer
+// from the forward's allocation to the backward's free, the backward's
+// temporaries reuse the forward's dead ones, and the arena is the joint
+// peak of live bytes, well under two separate arenas; serving both again
+// gives every buffer its planned address, with no hand-off overwritten
+// before its free.
+func TestChainHandsActivationsOn(t *testing.T) {
+	b := newTestBridge(t)
+	f, fw, bw := newChain(t, b, "train")
 	const layers = 6
 	st := &trainStep{p: &program{t: t, b: b, stream: 0x55}, layers: layers}
 	run := func(serve bool) ([]cuda.DevicePtr, []cuda.DevicePtr) {
@@ -150,23 +157,13 @@ func TestChainHandsActivationsOn(t *testing.T) {
 // served runs place the gradient over the output's memory.
 func TestChainBackwardTakesReleasedOutputs(t *testing.T) {
 	b := newTestBridge(t)
-	f, err := b.NewChain(0, "released")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw, err := f.NewMember("fw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bw, err := f.NewMember("bw")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fw, bw := newChain(t, b, "released")
 	const saved, logits, grad = 1 << 20, 4 << 20, 256 << 10
 	p := &program{t: t, b: b, stream: 0x56}
 	var s, l, tan, g cuda.DevicePtr
 	run := func(serve bool) {
 		for i, m := range []*Step{fw, bw} {
+			var err error
 			if serve {
 				err = m.Serve(p.stream, true)
 			} else {

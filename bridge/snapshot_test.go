@@ -91,6 +91,30 @@ func TestTile(t *testing.T) {
 
 // snapStep runs a model-like step on stream: activations freed two layers
 // later, a workspace per layer, one output kept (returned).
+// plannedSnapStep records snapStep on stream as step "decode", frees its
+// output and plans it.
+func plannedSnapStep(t *testing.T, b *Bridge, stream uintptr) *Step {
+	t.Helper()
+	s, err := b.NewStep(0, "decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Record(stream); err != nil {
+		t.Fatal(err)
+	}
+	out := snapStep(t, b, stream)
+	if err := s.End(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(out, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func snapStep(t *testing.T, b *Bridge, stream uintptr) cuda.DevicePtr {
 	t.Helper()
 	var acts []cuda.DevicePtr
@@ -148,23 +172,7 @@ func TestSnapshot(t *testing.T) {
 	b.CapturesUnderway(0)
 	const stream = 0x40
 
-	s, err := b.NewStep(0, "decode")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Record(stream); err != nil {
-		t.Fatal(err)
-	}
-	out := snapStep(t, b, stream)
-	if err := s.End(false); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Free(out, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Plan(0); err != nil {
-		t.Fatal(err)
-	}
+	s := plannedSnapStep(t, b, stream)
 
 	if !b.FastPathAllowed() {
 		t.Fatal("FastPathAllowed false before recording")
@@ -182,7 +190,7 @@ func TestSnapshot(t *testing.T) {
 	if err := s.Serve(stream, true); err != nil {
 		t.Fatal(err)
 	}
-	out = snapStep(t, b, stream)
+	out := snapStep(t, b, stream)
 	if err := s.End(false); err != nil {
 		t.Fatal(err)
 	}
@@ -540,23 +548,7 @@ func TestHistoryArenaSegments(t *testing.T) {
 	if err := b.RecordHistory(true, 0); err != nil {
 		t.Fatal(err)
 	}
-	s, err := b.NewStep(0, "decode")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Record(stream); err != nil {
-		t.Fatal(err)
-	}
-	out := snapStep(t, b, stream)
-	if err := s.End(false); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Free(out, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Plan(0); err != nil {
-		t.Fatal(err)
-	}
+	s := plannedSnapStep(t, b, stream)
 	snap, err := b.Snapshot(0)
 	if err != nil {
 		t.Fatal(err)
