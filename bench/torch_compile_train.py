@@ -161,6 +161,15 @@ def run(args):
     print(json.dumps(res), flush=True)
 
 
+def same(a, b):
+    """Whether two runs' losses are equal; else the first step that differs."""
+    if a == b:
+        return "True"
+    if not a or not b:
+        return "-"
+    return f"False (step {next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) + 1})"
+
+
 def summary(path, save):
     rows = {}
     for line in open(path):
@@ -179,7 +188,8 @@ def summary(path, save):
             a, b = (os.path.join(save, f"train-{m}-{k}.pt") for k in ("ours", "reduce-overhead"))
             if os.path.exists(a) and os.path.exists(b):
                 sa, sb = torch.load(a), torch.load(b)
-                eq = str(all(torch.equal(sa[k], sb[k]) for k in sa))
+                diff = max(float((sa[k].double() - sb[k].double()).abs().max()) for k in sa)
+                eq = "True" if diff == 0 else f"False ({diff:.1e})"
         lb, ar = o.get("lower_bound"), o.get("arena")
         f = lambda v: f"{v / M:.1f}" if isinstance(v, (int, float)) and v else "-"  # noqa: E731
         ts, os_ = t.get("step_us"), o.get("step_us")
@@ -188,7 +198,7 @@ def summary(path, save):
               f"{f(t.get('max_reserved')) + '/' + f(o.get('max_reserved')):>25} {str(ts) + '/' + str(os_):>18} "
               f"{(f'{os_ / ts:.3f}' if ts and os_ else '-'):>7} "
               f"{str(t.get('first_steps_s')) + '/' + str(o.get('first_steps_s')):>24} {eq:>12} "
-              f"{str(t.get('losses') == o.get('losses')):>12}  {o.get('captured')} ({o.get('replays')}, "
+              f"{same(t.get('losses'), o.get('losses')):>12}  {o.get('captured')} ({o.get('replays')}, "
               f"{o.get('plain_calls')})")
 
 
