@@ -204,3 +204,58 @@ func TestChainBackwardTakesReleasedOutputs(t *testing.T) {
 		t.Fatalf("%d divergences", st.Divergences)
 	}
 }
+
+// TestChainKeepsOutOfAnotherMembersLiveBuffer: an allocation a capture of
+// the forward makes that its recording did not (a library's workspace,
+// kept for good) takes a planned buffer out of its turn; the backward's
+// buffer planned over that range must not be served there while it lives.
+func TestChainKeepsOutOfAnotherMembersLiveBuffer(t *testing.T) {
+	b := newTestBridge(t)
+	f, fw, bw := newChain(t, b, "workspace")
+	const mib = 1 << 20
+	p := &program{t: t, b: b, stream: 0x57}
+	var ws, a, c cuda.DevicePtr
+	run := func(serve bool) {
+		var x cuda.DevicePtr
+		for i, m := range []*Step{fw, bw} {
+			var err error
+			if serve {
+				err = m.Serve(p.stream, false)
+			} else {
+				err = m.Record(p.stream)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				if serve {
+					ws = p.alloc(mib) // the extra allocation: it takes a's planned buffer
+				}
+				a, x = p.alloc(mib), p.alloc(mib)
+			} else {
+				p.free(a)
+				p.free(x)
+				c = p.alloc(2 * mib) // planned over a's and x's buffers
+				p.free(c)
+			}
+			if err := m.End(false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	run(false)
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.Report(); r.Arena != 2*mib {
+		t.Fatalf("arena %d, want %d", r.Arena, 2*mib)
+	}
+	run(true)
+	if uint64(c) < uint64(ws)+mib && uint64(ws) < uint64(c)+2*mib {
+		t.Fatalf("the backward's buffer at %#x overlaps the forward's live allocation at %#x", uint64(c), uint64(ws))
+	}
+	if st, _ := b.Stats(0); st.Divergences == 0 {
+		t.Fatal("no divergence: the backward's buffer should have left its planned range")
+	}
+	p.free(ws)
+}

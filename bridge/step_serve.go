@@ -5,6 +5,8 @@ package bridge
 import (
 	"fmt"
 
+	"github.com/google/btree"
+
 	"github.com/arenaplan/arenaplan/cuda"
 )
 
@@ -103,17 +105,40 @@ func (s *Step) divergence(n int, size uint64) string {
 	case uint64(s.trace.Buffers[k].Size) != size:
 		return fmt.Sprintf("allocation %d is %d bytes, the plan has %d next", n, size, s.trace.Buffers[k].Size)
 	}
-	return fmt.Sprintf("allocation %d: its planned range is still taken (a buffer freed later than recorded, or kept from an earlier run)", n)
+	return fmt.Sprintf("allocation %d: its planned range is still taken (a buffer freed later than recorded, kept from an earlier run, or an earlier member's)", n)
 }
 
-// overlaps says whether a live planned buffer overlaps buffer k's range.
-// Live ranges never overlap each other, so only the last one starting
-// below k's end can.
+// overlaps says whether a live planned buffer overlaps buffer k's range:
+// one of this step's, or, in a chain, one of another member's. A chain's
+// members share one arena and run in turn, and a buffer an earlier member
+// left live there must not be written: an output a later member has not
+// freed yet, or an allocation the program keeps for good that took a
+// planned buffer out of its turn (a library's workspace made lazily in a
+// capture, used again by every later capture on that stream). A family's
+// members may overwrite each other's outputs (one runs at a time), so
+// only a chain looks beyond the step.
 func (s *Step) overlaps(k int) bool {
 	lo := uint64(s.addrs[k])
 	hi := lo + s.need[k]
+	if s.fam == nil || !s.fam.chained {
+		return liveOverlaps(s.live, lo, hi)
+	}
+	for _, m := range s.fam.members {
+		if liveOverlaps(m.live, lo, hi) {
+			return true
+		}
+	}
+	return false
+}
+
+// liveOverlaps says whether a span of live overlaps [lo, hi). Live ranges
+// never overlap each other, so only the last one starting below hi can.
+func liveOverlaps(live *btree.BTreeG[span], lo, hi uint64) bool {
+	if live == nil {
+		return false
+	}
 	hit := false
-	s.live.DescendLessOrEqual(span{lo: hi - 1}, func(o span) bool {
+	live.DescendLessOrEqual(span{lo: hi - 1}, func(o span) bool {
 		hit = o.hi > lo
 		return false
 	})

@@ -10,7 +10,7 @@ import torch
 
 from . import _state
 from ._family import GraphFamily, _weak
-from ._graph import _capture, _run
+from ._graph import _capture, _run, capture_stream
 from ._lib import ArenaplanError
 
 
@@ -45,7 +45,7 @@ def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2,
     if warmup < 1:
         raise ValueError(f"arenaplan.torch.chain: warmup={warmup}: want >= 1 (the last pass is recorded)")
     dev = torch.cuda.current_device() if device is None else device
-    stream = torch.cuda.Stream(device=dev) if stream is None else stream
+    stream = capture_stream(dev, stream)
     h = stream.cuda_stream
     cur = torch.cuda.current_stream(dev)
 

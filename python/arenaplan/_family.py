@@ -8,7 +8,8 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from . import _state
-from ._graph import _capture, _capture_parts, _check_record, _record_eager, _recording_graph, _serve_capture, _warm_up
+from ._graph import (_capture, _capture_parts, _check_record, _record_eager, _recording_graph, _serve_capture, _warm_up,
+                     capture_stream)
 from ._lib import ArenaplanError, Library
 
 class GraphFamily:
@@ -119,7 +120,7 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
         raise ArenaplanError("arenaplan.torch.graphs: no members")
     _check_keys(fns)
     eager_rec = plan is None and _check_record(record, warmup)
-    stream = torch.cuda.Stream(device=dev) if stream is None else stream
+    stream = capture_stream(dev, stream)
     h = stream.cuda_stream
     fid = lib.family_new(dev, name or "family")
     sids, cap_ms, rec_ms, gs, outs, ncap = {}, {}, {}, {}, {}, {}

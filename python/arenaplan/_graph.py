@@ -138,6 +138,23 @@ def _serve_capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch
     return g, out, 2
 
 
+def capture_stream(device: int, stream: Optional["torch.cuda.Stream"] = None) -> "torch.cuda.Stream":
+    """stream (default: a new one on device), its math libraries' workspaces
+    made: cuBLAS and cuBLASLt make one per stream at its first matrix
+    product and keep it. Made inside a capture, such a workspace is an
+    allocation its recording lacked, kept for good: it would take a planned
+    buffer out of its turn, and a later capture planned over that range
+    would write where every matrix product on the stream works."""
+    if stream is None:
+        stream = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(stream):
+        a = torch.ones(8, 8, device=torch.device("cuda", device))
+        torch.addmm(a[0], a, a)  # cuBLASLt (a bias)
+        torch.mm(a, a)  # cuBLAS
+    stream.synchronize()
+    return stream
+
+
 def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream",
              g: "torch.cuda.CUDAGraph", begin: Callable[[], None]) -> Any:
     """One capture of fn on stream, the step's run begun (begin: record or
@@ -241,7 +258,7 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
     _state.check_budget(budget)
     dev = torch.cuda.current_device() if device is None else device
     eager_rec = plan is None and _check_record(record, warmup)
-    stream = torch.cuda.Stream(device=dev) if stream is None else stream
+    stream = capture_stream(dev, stream)
     _warm_up(fn, stream, warmup - 1 if eager_rec else warmup)
     sid = lib.step_new(dev, name or getattr(fn, "__name__", "step"))
     h = stream.cuda_stream

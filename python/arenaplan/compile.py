@@ -256,7 +256,8 @@ class _Ops:
         arenaplan.torch.graph)."""
         s = self._streams.get(device)
         if s is None:
-            s = self._streams[device] = torch.cuda.Stream(device=device)
+            from ._graph import capture_stream  # imported late: it needs torch
+            s = self._streams[device] = capture_stream(device)
         return s
 
     def capture(self, fns: Dict[Hashable, Callable[[], Any]], name: str, device: int, opts: CompileOptions):

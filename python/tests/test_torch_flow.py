@@ -26,6 +26,9 @@ class _Stream:
     def wait_stream(self, other):
         pass
 
+    def synchronize(self):
+        pass
+
 
 class _Graph:
     captures = 0
@@ -75,12 +78,23 @@ class _Tensor:
     pass
 
 
+class _Mat:
+    def __getitem__(self, i):
+        return self
+
+
 torch = types.ModuleType("torch")
 torch.Tensor = _Tensor
+# Matrix products: the streams they ran on (cuBLAS's workspaces are per stream).
+_products: list = []
+torch.device = lambda kind, index=None: (kind, index)
+torch.ones = lambda *shape, device=None: _Mat()
+torch.addmm = lambda bias, a, b: _products.append(("addmm", _state.stream.cuda_stream))
+torch.mm = lambda a, b: _products.append(("mm", _state.stream.cuda_stream))
 torch.cuda = types.SimpleNamespace(
     Stream=_Stream, CUDAGraph=_Graph, current_device=lambda: 0,
     current_stream=lambda device=None: _state.stream, stream=_stream_ctx, graph=_graph_ctx,
-    synchronize=lambda device=None: None)
+    synchronize=lambda device=None: None, empty_cache=lambda: None)
 torch.utils = types.SimpleNamespace(_pytree=types.SimpleNamespace(tree_map=lambda f, x: f(x)))
 sys.modules.setdefault("torch", torch)
 sys.modules.setdefault("torch.utils", torch.utils)
@@ -186,6 +200,20 @@ class GraphFlowTest(unittest.TestCase):
         for k in (1, 4, 2, 2, 1):
             fam.replay(k)
         fam.close()
+
+    def test_capture_streams_have_their_workspaces_first(self):
+        # cuBLAS and cuBLASLt make a workspace per stream at its first
+        # matrix product: each capture stream has had one of each before
+        # anything is captured on it.
+        for make in (lambda st: ap.graphs({1: model()}, stream=st), lambda st: ap.chain([lambda _box, f=model(): f()], stream=st),
+                     lambda st: ap.graph(model(), stream=st)):
+            st = _Stream()
+            del _products[:]
+            n = _Graph.captures
+            g = make(st)
+            self.assertEqual(sorted(_products), [("addmm", st.cuda_stream), ("mm", st.cuda_stream)])
+            self.assertGreater(_Graph.captures, n)
+            g.close()
 
     def test_step_error_ends_the_run(self):
         def bad():
