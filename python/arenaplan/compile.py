@@ -49,10 +49,8 @@ Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
 forward and backward at a shape: one arena planned on one timeline, the
 activations the forward saves read in place by the backward and their
-memory reused once it frees them; outputs the program let go of before the
-backward (logits a loss graph consumed) have their memory reused by it;
-incoming gradients are buffers of the plan, copied to their addresses
-before each backward replay. Each shape (the last, partial batch of an epoch) gets its own
+memory reused once it frees them; incoming gradients are copied into
+placeholders. Each shape (the last, partial batch of an epoch) gets its own
 chain, up to ``max_shapes``. A forward while that shape's previous backward
 is still pending, or a call while its previous gradients are still held as
 ``.grad`` (gradient accumulation, ``zero_grad(set_to_none=False)``), runs
@@ -234,12 +232,6 @@ class _Ops:
             _flat(dst).copy_(_flat(src))
 
     @staticmethod
-    def zero(t) -> None:
-        """Set t to zeros (allocates nothing)."""
-        with torch.no_grad():
-            t.zero_()
-
-    @staticmethod
     def extent(t) -> Tuple[int, int]:
         """The device addresses [start, end) of t's storage."""
         st = t.untyped_storage()
@@ -289,6 +281,13 @@ class _Ops:
         """t's storage, by identity (unique while it lives)."""
         return t.untyped_storage()._cdata
 
+    @staticmethod
+    def zeros(t):
+        """A zero tensor like t (shape, strides, dtype, device)."""
+        return torch.zeros_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) \
+            if hasattr(torch, "zeros_strided") else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                       device=t.device).zero_()
+
     def views(self, outs: Sequence[Any]) -> Optional[Callable[[], List[Any]]]:
         """A function making, on each call, fresh tensors over the memory of
         ``outs`` (that own nothing, so that the previous call's can be made to
@@ -318,23 +317,6 @@ class _Ops:
         for o in outs:
             if isinstance(o, torch.Tensor):
                 self._deny(o, _OVERWRITTEN)
-
-
-def _copy_in(ops: "_Ops", dst: List[Tuple[int, Any, int, int]], inputs: list) -> None:
-    """Copy inputs[i] to its planned address for each (i, tensor there,
-    start, end) of dst. An input already there (the previous call's output
-    at that address, fed back) is not copied; one whose memory a copy
-    writes (an earlier output elsewhere in the arena) is first cloned
-    outside it, since the copies would overwrite it before it is read."""
-    todo = [(d, inputs[i], lo, hi) for i, d, lo, hi in dst if ops.data_ptr(inputs[i]) != lo]
-    for k, (d, src, lo, hi) in enumerate(todo):
-        a, b = ops.extent(src)
-        if any(a < h and l < b for _, _, l, h in todo):
-            tmp = ops.empty(ops.layout(src))
-            ops.copy(tmp, src)
-            todo[k] = (d, tmp, lo, hi)
-    for d, src, _, _ in todo:
-        ops.copy(d, src)
 
 
 def _span(shape: Sequence[int], stride: Sequence[int]) -> int:
@@ -477,7 +459,7 @@ class _Runner(_Warns):
         ops, fam = self.ops, self.family
         fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
         if m.dst:
-            _copy_in(ops, m.dst, inputs)
+            self._copy_in(m, inputs)
         del inputs
         if self._last is not None:
             ops.deny(self._last)
@@ -488,6 +470,23 @@ class _Runner(_Warns):
         fresh = self._views[m.index]()  # _add gave up where torch cannot make them
         self._last = fresh
         return fresh
+
+    def _copy_in(self, m: _Member, inputs: list) -> None:
+        """Copy the call's inputs to their planned addresses. An input
+        already there (the previous call's output at that address, fed
+        back) is not copied; one whose memory a copy writes (an earlier
+        output elsewhere in the arena) is first cloned outside it, since
+        the copies would overwrite it before it is read."""
+        ops = self.ops
+        todo = [(d, inputs[i], lo, hi) for i, d, lo, hi in m.dst if ops.data_ptr(inputs[i]) != lo]
+        for k, (d, src, lo, hi) in enumerate(todo):
+            a, b = ops.extent(src)
+            if any(a < h and l < b for _, _, l, h in todo):
+                tmp = ops.empty(ops.layout(src))
+                ops.copy(tmp, src)
+                todo[k] = (d, tmp, lo, hi)
+        for d, src, _, _ in todo:
+            ops.copy(d, src)
 
     def _plain(self, inputs: list) -> Any:
         self.plain_calls += 1
@@ -663,7 +662,8 @@ class _TrainMember:
         self.fw_inplace: set = set()
         self.bw_ptrs: list = []
         self.bw_static: List[int] = []
-        self.tangent_dst: List[Tuple[int, Any, int, int]] = []  # incoming gradients: (input, at its address, start, end)
+        self.tangents: Dict[int, Any] = {}
+        self.tangent_idxs: List[int] = []
         self.tangent_keys: Dict[int, Hashable] = {}
         self.saved_cuda: List[int] = []
         self.make_fw = self.make_bw = None
@@ -672,8 +672,6 @@ class _TrainMember:
         self.saved_ids: set = set()
         self.grad_refs: list = []
         self.user_refs: list = []
-        self.release: set = set()  # forward outputs dead when the backward starts: it reuses their memory
-        self.release_refs: list = []  # ... their storages, from the last forward replay
         self.placeholder_bytes = 0
 
 
@@ -681,11 +679,7 @@ class _TrainPair(_Warns):
     """A training graph: AOTAutograd's forward and its backward, captured
     as ONE chain (:func:`arenaplan.torch.chain`): one arena planned on one
     timeline, the activations the forward saves read in place by the
-    backward and their memory reused once it frees them. Outputs the
-    program let go of before the first backward (the logits a loss graph
-    consumed) are freed as the captured backward begins, their memory
-    reused by it; a replay whose such outputs are still held runs the
-    backward without a graph.
+    backward and their memory reused once it frees them.
 
     A shape is captured after one plain forward and backward at that shape
     (which show which backward inputs are the forward's outputs and which
@@ -717,10 +711,8 @@ class _TrainPair(_Warns):
         self.bw_map: Optional[List[Tuple[str, Any]]] = None  # per backward input: where it comes from
         self.saved_idxs: List[int] = []
         self.saved_set: set = set()
-        self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: incoming gradients' (layout, shape key)
+        self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: placeholders for incoming gradients
         self.learned_vals: Dict[Hashable, Dict[int, Any]] = {}  # ... and its backward's other inputs (sizes)
-        self.learned_release: Dict[Hashable, set] = {}  # ... and the forward outputs dead at its backward
-        self.fw_out_refs: List[Tuple[int, Any]] = []  # the last plain forward's device outputs' storages
         self.members: Dict[Hashable, _TrainMember] = {}
         self.warned: set = set()
         self.replays = {"forward": 0, "backward": 0}
@@ -780,7 +772,6 @@ class _TrainPair(_Warns):
         m.saved_refs = [ops.storage_ref(t) for t in saved]
         m.saved_ids = {ops.storage_id(t) for t in saved}
         m.user_refs = [weakref.ref(t) for j, t in enumerate(fresh) if ops.is_tensor(t) and j not in self.saved_set]
-        m.release_refs = [ops.storage_ref(fresh[j]) for j in m.release]
         return fresh
 
     def backward(self, inputs: list) -> Any:
@@ -802,16 +793,12 @@ class _TrainPair(_Warns):
         if self._alive(m.grad_refs):
             self._grads_held()
             return self._plain_bw(inputs)
-        if self._alive(m.release_refs):
-            self._warn("held", "an output of the forward is still held when its backward runs (the captured "
-                               "backward reuses its memory, as the first step let it go): such backwards run "
-                               "without a graph")
-            return self._plain_bw(inputs)
-        m.release_refs = []
-        m.chain.prepare()  # the incoming gradients' planned memory is free once the previous replay is done
-        _copy_in(ops, m.tangent_dst, inputs)
+        for i in m.tangent_idxs:
+            dst, src = m.tangents[i], inputs[i]
+            if ops.data_ptr(dst) != ops.data_ptr(src):
+                ops.copy(dst, src)
         del inputs
-        m.chain.replay(1, prepared=True)
+        m.chain.replay(1)
         fresh = m.make_bw()
         self.replays["backward"] += 1
         m.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
@@ -833,8 +820,6 @@ class _TrainPair(_Warns):
         outs = self.fw.inner(inputs)
         if shape is not None and shape not in self.learned:
             self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
-            self.fw_out_refs = [(j, ops.storage_ref(o)) for j, o in enumerate(outs)
-                                if ops.is_tensor(o) and ops.device(o)[0] == "cuda"]
         return outs
 
     def _plain_bw(self, inputs: list) -> Any:
@@ -852,8 +837,8 @@ class _TrainPair(_Warns):
     # Capture.
     def _learn(self, inputs: list, shape: Hashable) -> None:
         """Which backward inputs are the forward's outputs (saved
-        activations), its inputs, or incoming gradients (their layouts, at
-        this shape), and which forward outputs were let go of before it."""
+        activations), its inputs, or incoming gradients (placeholders made
+        for those, at this shape)."""
         ops, bw = self.ops, self.bw
         outs = {m: j for j, m in reversed(list(enumerate(self.fw_out_meta or []))) if m is not None}
         ins = {m: k for k, m in reversed(list(enumerate(self.fw_in_meta or []))) if m is not None}
@@ -891,15 +876,10 @@ class _TrainPair(_Warns):
             self._warn("structure", "the backward takes its inputs from other places at another shape; that "
                                     "shape runs without a graph")
             return
-        # The incoming gradients' layouts (buffers of the backward's plan);
-        # the values that are not tensors (a dynamic graph's sizes) are this
-        # shape's.
-        self.learned[shape] = {i: (ops.layout(x), ops.shape_key(x)) for i, x in tangents.items()}
+        # Placeholders the incoming gradients are copied into; the values
+        # that are not tensors (a dynamic graph's sizes) are this shape's.
+        self.learned[shape] = {i: ops.zeros(x) for i, x in tangents.items()}
         self.learned_vals[shape] = {i: v for i, (k, v) in enumerate(m) if k == "val"}
-        # The forward's outputs nothing held when this backward began (the
-        # logits a loss graph consumed): the captured backward reuses their
-        # memory, and each replay checks they are dead again.
-        self.learned_release[shape] = {j for j, r in self.fw_out_refs if r.expired()} - self.saved_set
 
     def _build(self, inputs: list, shape: Hashable) -> Optional[_TrainMember]:
         fw, bw, ops = self.fw, self.bw, self.ops
@@ -928,36 +908,21 @@ class _TrainPair(_Warns):
             else:
                 args.append(x)
         tangents, vals = self.learned[shape], self.learned_vals[shape]
-        release = self.learned_release.get(shape, set())
+        nbytes += sum(ops.nbytes(t) for t in tangents.values())
         bw_map, saved = self.bw_map, self.saved_set
         inner_fw, inner_bw = fw.inner, bw.inner
-        tangent_addrs: Dict[int, int] = {}
 
         def forward(_box):
             return inner_fw(list(args))
 
-        def tangent(i):
-            """An incoming gradient: a buffer of the plan, from the
-            backward's start to its last use; zeros before the capture,
-            copied to its address before each replay."""
-            t = ops.empty(tangents[i][0])
-            if ops.capturing():
-                tangent_addrs[i] = ops.data_ptr(t)  # the last capture's is the replays'
-            else:
-                ops.zero(t)
-            return t
-
         def backward(box):
             outs = box.pop()
-            a = [outs[v] if kind == "fw" else args[v] if kind == "fwin" else None if kind == "tan" else vals[i]
-                 for i, (kind, v) in enumerate(bw_map)]
-            # The forward's other outputs stay live, but those the program
-            # let go of before its backward (release): freed here, first,
-            # so that the incoming gradients may take their memory.
-            keep = [o for j, o in enumerate(outs) if j not in saved and j not in release]
+            a = []
+            for i, (kind, v) in enumerate(bw_map):
+                a.append(outs[v] if kind == "fw" else args[v] if kind == "fwin" else
+                         tangents[i] if kind == "tan" else vals[i])
+            keep = [o for j, o in enumerate(outs) if j not in saved]  # the forward's other outputs stay live
             del outs
-            for i in tangents:
-                a[i] = tangent(i)
             r = inner_bw(a)
             del keep
             return r
@@ -966,10 +931,6 @@ class _TrainPair(_Warns):
         except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
             return None
-        if set(tangent_addrs) != set(tangents):
-            ch.close()
-            self._give_up("capture failed: the backward's incoming gradients were not allocated in its capture")
-            return None
         m.chain, m.fw_args, m.fw_ptrs = ch, args, ptrs
         m.fw_check, m.fw_inplace = sorted(static | set(inplace)), set(inplace)
         with _lock:
@@ -977,12 +938,8 @@ class _TrainPair(_Warns):
                 for o in out:
                     if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
                         _fixed_outputs[ops.data_ptr(o)] = id(self)
-        m.release = release
-        m.tangent_keys = {i: key for i, (_, key) in tangents.items()}
-        m.tangent_dst = []
-        for i in sorted(tangents):
-            d = ops.at(tangent_addrs[i], tangents[i][0])
-            m.tangent_dst.append((i, d, *ops.extent(d)))
+        m.tangents, m.tangent_idxs = tangents, sorted(tangents)
+        m.tangent_keys = {i: ops.shape_key(t) for i, t in tangents.items()}
         m.make_fw, m.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
         # The backward inputs that are the forward's device outputs: each
         # call checks they are the last forward replay's.
@@ -1040,7 +997,7 @@ def report() -> List[Dict[str, Any]]:
     reason), members (shapes), arena and lower bound (bytes, of the
     family's largest member), graph bytes (arena mapped + spill held),
     input bytes outside (copies of inputs that are not parameters or
-    buffers held outside the arena: a training forward's placeholders; an
+    buffers held outside the arena: a training graph's placeholders; an
     inference graph's copies are planned in its arena, ``input_bytes_planned``
     summed over its members), captures, plain calls (run without a graph)
     and replays. Costs one library call per captured graph."""

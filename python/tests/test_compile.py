@@ -685,7 +685,6 @@ class _TrainOps(_FakeOps):
     def __init__(self):
         super().__init__()
         self.chains = []
-        self.arenas = 0x200  # addresses the inference tests' arenas never use (the stand-in memory is shared)
 
     @staticmethod
     def meta(t):
@@ -705,36 +704,22 @@ class _TrainOps(_FakeOps):
     def storage_id(t):
         return id(t.storage)
 
+    @staticmethod
+    def zeros(t):
+        return _Tensor(t.shape, t.device)
+
     def capture_chain(self, stages, name, device, opts):
-        """As arenaplan.torch.chain: a pass over the stages (recorded), then
-        one that captures them, allocating from an arena's start."""
         ch = types.SimpleNamespace(outputs=[], replays=[], closed=False)
-        base = self.new_arena()
-        for capturing in (False, True):
-            self.capturing_now, self.cursor = capturing, base
-            box, outs = None, []
-            try:
-                for fn in stages:
-                    out = fn(box)
-                    # Tensors over the outputs' memory that do not keep it
-                    # (the next stage frees what it pops).
-                    outs.append([_Tensor(o.shape, o.device, o.ptr) if isinstance(o, _Tensor) else o for o in out])
-                    box = [out]
-                    del out
-            finally:
-                self.capturing_now = False
-            del box
-        ch.outputs = outs
-        ch.prepare = lambda: None
-        ch.replay = lambda i, prepared=False: ch.replays.append(i)
+        box = None
+        for fn in stages:
+            out = fn(box)
+            ch.outputs.append(out)
+            box = [out]
+        ch.replay = lambda i: ch.replays.append(i)
         ch.report = lambda: {"arena": 10, "lower_bound": 10, "capture_ms": {0: 1.0, 1: 1.0}}
         ch.close = lambda: setattr(ch, "closed", True)
         self.chains.append(ch)
         return ch
-
-    @staticmethod
-    def zero(t):
-        t.value = 0
 
     def views(self, outs):
         def make():
@@ -809,9 +794,8 @@ class TrainPairTest(unittest.TestCase):
                 self.step()
         ch = self.ops.chains[0]
         self.assertEqual(ch.replays, [0, 1] * 3)
-        # Inductor's code ran for the plain step, then per stage in the
-        # recorded pass and in the capture.
-        self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (3, 3))
+        # Inductor's code ran for the plain step and once per stage in the capture.
+        self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (2, 2))
         self.assertEqual(self.pair.bw_map[0], ("fw", 1))
         self.assertEqual(self.pair.bw_map[1][0], "tan")
         r = self.fw.report()
@@ -826,10 +810,10 @@ class TrainPairTest(unittest.TestCase):
             warnings.simplefilter("always")
             other = self.forward()
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0])
-        self.assertEqual(self.fw_inner.calls, 4)  # plain, recorded, captured, plain
+        self.assertEqual(self.fw_inner.calls, 3)
         self.assertTrue(any("wait for their backward" in str(m.message) for m in w))
         self.backward(other)  # the plain forward's backward: not the arena's activation, plain too
-        self.assertEqual(self.bw_inner.calls, 4)  # plain, recorded, captured, plain
+        self.assertEqual(self.bw_inner.calls, 3)
         self.backward(held)  # the pending one replays
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
 
@@ -932,86 +916,7 @@ class TrainPairTest(unittest.TestCase):
             bw([_tensor(out[0].shape), n])
         self.assertIsNone(pair.reason)
         self.assertEqual(len(self.ops.chains), 2)
-        self.assertEqual(seen, [2, 4, 4, 4, 2, 2])  # plain, plain, then each shape recorded and captured
-
-    def test_outputs_let_go_before_the_backward_are_reused_by_it(self):
-        # (loss, logits, saved activation): a loss graph consumes the logits
-        # before this backward runs; the captured backward frees them first
-        # (their memory is reused) and a replay whose logits are still held
-        # runs the backward without a graph.
-        opts = apc.CompileOptions(None, {})
-        refs = {}
-
-        def fw_inner(args):
-            args.clear()
-            logits = _tensor((32,))
-            refs["logits"] = weakref.ref(logits.storage)
-            return [_tensor(()), logits, _tensor((64,))]
-
-        def bw_inner(args):
-            args.clear()
-            refs["dead_at_bw"] = refs["logits"]() is None
-            return [_tensor((16,))]
-        fw = apc._Runner(fw_inner, "graph4", [0], None, opts, self.ops, 0)
-        bw = apc._Runner(bw_inner, "graph4-bw", [], None, opts, self.ops, 0)
-        pair = apc._TrainPair("graph4", opts, self.ops)
-        fw.pair = bw.pair = pair
-        pair.fw, pair.bw = fw, bw
-
-        def step(hold=False):
-            outs = fw([self.weight, self.x])
-            held = outs[1] if hold else None
-            loss, saved = outs[0], outs[2]  # the program holds its loss while the backward runs
-            del outs
-            bw([saved, _tensor(())])
-            del loss
-            return held
-        step()  # plain: the logits are let go before the backward
-        self.assertEqual(pair.learned_release[(self.x.shape,)], {1})
-        step()  # captured: the backward's stage freed them before running
-        self.assertTrue(refs["dead_at_bw"])
-        ch = self.ops.chains[0]
-        self.assertEqual(ch.replays, [0, 1])
-        step()
-        self.assertEqual(ch.replays, [0, 1, 0, 1])
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            held = step(hold=True)  # the logits still held: a plain backward
-        self.assertEqual(ch.replays, [0, 1, 0, 1, 0])
-        self.assertTrue(any("still held when its backward runs" in str(m.message) for m in w))
-        del held
-        step()
-        self.assertEqual(ch.replays, [0, 1, 0, 1, 0, 0, 1])
-
-    def test_incoming_gradients_are_planned_buffers(self):
-        # The backward's incoming gradient is allocated inside its stage (a
-        # buffer of the plan, zeros before the capture), and each replay
-        # copies the call's gradient to the address of the capture; no
-        # placeholder is held for it.
-        self.step()
-        self.step()  # captured
-        m = next(iter(self.pair.members.values()))
-        (i, dst, lo, hi), = m.tangent_dst
-        self.assertEqual(i, 1)
-        self.assertGreaterEqual(lo, 0x40000000)  # in the stand-in chain's arena
-        self.assertEqual(m.placeholder_bytes, 4)  # the forward's copied input only
-        g = _tensor(())
-        g.value = 7
-        outs = self.forward()
-        self.bw([outs[1], g])
-        self.assertIn((lo, g.ptr), self.ops.copies)
-        self.assertEqual(dst.value, 7)
-
-    def test_a_capture_without_the_gradients_addresses_gives_the_graph_up(self):
-        self.ops.capturing = lambda: False
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(3):
-                self.step()
-        self.assertEqual(self.pair.members, {})
-        self.assertTrue(self.ops.chains[0].closed)
-        self.assertEqual(self.ops.chains[0].replays, [])
-        self.assertTrue(any("incoming gradients were not allocated" in str(m.message) for m in caught))
+        self.assertEqual(seen, [2, 4, 4, 2])
 
     def test_learns_only_from_a_backward_of_the_last_plain_forward(self):
         first = self.forward()  # plain
