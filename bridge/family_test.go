@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,4 +163,72 @@ func TestFamilyPlanFile(t *testing.T) {
 		t.Fatalf("a plan for 3 members loaded into 2: %v", err)
 	}
 	h.Close()
+}
+
+// TestFamilyKeepsOutOfABufferHeldPastItsPlan: an allocation one member's
+// capture makes that its recording did not, kept for good (a library's
+// workspace), takes a planned buffer out of its turn; another member's
+// buffer planned over that range must not be served there while it lives.
+// Members' outputs the program holds do not count: a family's members may
+// overwrite each other's outputs.
+func TestFamilyKeepsOutOfABufferHeldPastItsPlan(t *testing.T) {
+	b := newTestBridge(t)
+	f, err := b.NewFamily(0, "workspace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mib = 1 << 20
+	p := &program{t: t, b: b, stream: 0x79}
+	var ws, y cuda.DevicePtr
+	var outs []cuda.DevicePtr
+	steps := []func(serve bool){
+		func(serve bool) {
+			if serve {
+				ws = p.alloc(mib) // the extra allocation: it takes x's planned buffer
+			}
+			p.free(p.alloc(mib))
+			outs = append(outs, p.alloc(mib))
+		},
+		func(bool) {
+			y = p.alloc(2 * mib)
+			p.free(y)
+			outs = append(outs, p.alloc(mib))
+		},
+	}
+	var ms []*Step
+	for i := range steps {
+		m, err := f.NewMember(fmt.Sprint(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	for pass := range 2 {
+		for i, m := range ms {
+			if pass == 0 {
+				err = m.Record(p.stream)
+			} else {
+				err = m.Serve(p.stream, false)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			steps[i](pass == 1)
+			if err := m.End(false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if pass == 0 {
+			if err := f.Plan(0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if uint64(y) < uint64(ws)+mib && uint64(ws) < uint64(y)+2*mib {
+		t.Fatalf("member 1's buffer at %#x overlaps member 0's kept allocation at %#x", uint64(y), uint64(ws))
+	}
+	for _, o := range outs {
+		p.free(o)
+	}
+	p.free(ws)
 }

@@ -109,26 +109,61 @@ func (s *Step) divergence(n int, size uint64) string {
 }
 
 // overlaps says whether a live planned buffer overlaps buffer k's range:
-// one of this step's, or, in a chain, one of another member's. A chain's
-// members share one arena and run in turn, and a buffer an earlier member
-// left live there must not be written: an output a later member has not
-// freed yet, or an allocation the program keeps for good that took a
-// planned buffer out of its turn (a library's workspace made lazily in a
-// capture, used again by every later capture on that stream). A family's
-// members may overwrite each other's outputs (one runs at a time), so
-// only a chain looks beyond the step.
+// one of this step's, or one another member of its family or chain left
+// live there that must not be written. In a chain, that is every live
+// buffer of another member: members run in turn, and an earlier member's
+// output lives until a later one frees it. In a family, members may
+// overwrite each other's outputs (one runs at a time), but not a buffer
+// held longer than its plan says: an allocation the program keeps for good
+// that took a planned buffer out of its turn (a library's workspace made
+// lazily in a capture, used by every later capture on that stream).
 func (s *Step) overlaps(k int) bool {
 	lo := uint64(s.addrs[k])
 	hi := lo + s.need[k]
-	if s.fam == nil || !s.fam.chained {
-		return liveOverlaps(s.live, lo, hi)
+	if liveOverlaps(s.live, lo, hi) {
+		return true
+	}
+	if s.fam == nil {
+		return false
 	}
 	for _, m := range s.fam.members {
-		if liveOverlaps(m.live, lo, hi) {
+		if m == s || m.live == nil {
+			continue
+		}
+		if s.fam.chained {
+			if liveOverlaps(m.live, lo, hi) {
+				return true
+			}
+			continue
+		}
+		hit := false
+		end := m.outputEnd()
+		m.live.DescendLessOrEqual(span{lo: hi - 1}, func(o span) bool {
+			if o.hi <= lo {
+				return false // live spans are disjoint: the ones below end lower still
+			}
+			// A span whose address another member's buffer took since
+			// (a family's outputs the program holds alias the next
+			// member's buffers) or a replaced plan's is no such buffer.
+			sl, ok := s.d.planned[cuda.DevicePtr(o.lo)]
+			hit = ok && sl.step == m && sl.k != orphan && m.trace.Buffers[sl.k].End < end
+			return !hit
+		})
+		if hit {
 			return true
 		}
 	}
 	return false
+}
+
+// outputEnd is the end of the recorded run's outputs in the step's trace:
+// a buffer that ends earlier was freed within that run.
+func (s *Step) outputEnd() int64 {
+	var end int64
+	for _, b := range s.trace.Buffers {
+		end = max(end, b.End)
+	}
+	return end
 }
 
 // liveOverlaps says whether a span of live overlaps [lo, hi). Live ranges
