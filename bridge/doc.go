@@ -48,6 +48,15 @@
 // of the step are its outputs: they keep their addresses, and the next run
 // of the step (a graph replay) overwrites them.
 //
+// Members of a family or chain share one arena. A chain's member is not
+// served over any live buffer of another member (an earlier stage's output
+// a later one has not freed yet). A family's member may be served over
+// another member's outputs (one member runs at a time), but not over a
+// buffer held past its plan: an allocation kept for good that took a
+// planned buffer out of its turn, such as a library's workspace made
+// lazily in a capture (the PyTorch package makes those on each capture
+// stream before its first capture).
+//
 // A plan recorded from one run and served to a run that allocates
 // differently (an eager warm-up, then a capture whose code asks whether it
 // is being captured) diverges; Replan plans that served run instead, keeping
