@@ -62,13 +62,14 @@ func (f *Family) errorf(format string, args ...any) error {
 }
 
 // NewMember adds a member step; members are planned in the order they
-// were added.
+// were added. A member added to a family already planned (not a chain's)
+// is recorded, then planned into the family's arena with PlanMember.
 func (f *Family) NewMember(name string) (*Step, error) {
 	f.d.mu.Lock()
-	bad := f.plan != nil || f.closing
+	bad := f.closing || (f.plan != nil && f.chained)
 	f.d.mu.Unlock()
 	if bad {
-		return nil, f.errorf("NewMember after Plan, Load or Close")
+		return nil, f.errorf("NewMember after Close, or after a chain's Plan")
 	}
 	s, err := f.b.NewStep(f.d.ordinal, name)
 	if err != nil {
@@ -143,6 +144,9 @@ func (f *Family) Save(path string) error {
 	}
 	if f.chained {
 		return f.errorf("is a chain: chains are not written to plan files")
+	}
+	if len(fp.Members) != len(ms) {
+		return f.errorf("has a member added since its plan and not planned (PlanMember)")
 	}
 	ws := make([]*plans.Workload, len(ms))
 	for i := range ws {
@@ -287,6 +291,85 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 	s.replace(l, nil)
 	f.plan = fp
 	return nil
+}
+
+// ErrDoesNotFit says that a member added after Plan needs more memory than
+// the family's arena has: plan the family again, with it, instead.
+var ErrDoesNotFit = errors.New("does not fit in the family's arena")
+
+// PlanMember plans member s, added after the family was planned and since
+// recorded, on its own into the family's arena: the other members keep
+// their plans and addresses (their graphs stay valid). Its plan must fit
+// in the arena (else ErrDoesNotFit) and pass planner.CheckFamily with the
+// others'. A family with buffers its members share cannot grow. On any
+// error the member is closed and leaves the family.
+func (f *Family) PlanMember(s *Step, budget time.Duration) (err error) {
+	if err := checkBudget(fmt.Sprintf("family %d (%s): PlanMember", f.id, f.name), budget); err != nil {
+		return err
+	}
+	d := f.d
+	d.mu.Lock()
+	i := slices.Index(f.members, s)
+	t := s.trace
+	var why string
+	switch {
+	case f.chained || f.plan == nil || f.ar == nil || f.closing:
+		why = "needs a planned family, not a chain, not closed"
+	case i < 0:
+		why = fmt.Sprintf("step %d is not a member", s.id)
+	case i != len(f.plan.Members):
+		why = fmt.Sprintf("member %q is not the one added after the plan", s.name)
+	case s.state != stepIdle || t == nil || s.plan != nil:
+		why = fmt.Sprintf("member %q needs a finished recording and no plan", s.name)
+	case len(f.plan.Shared) > 0 || f.plan.SharedRegion.Hi > 0:
+		why = "its members share buffers: plan the family again"
+	}
+	d.mu.Unlock()
+	if why != "" {
+		return f.errorf("PlanMember: %s", why)
+	}
+	defer func() {
+		if err != nil {
+			f.dropMember(s)
+		}
+	}()
+	p, _, err := planner.RunByTag(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
+	if err != nil {
+		return fmt.Errorf("bridge: family %d (%s): member %q: planning: %w", f.id, f.name, s.name, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p.Arena > f.plan.Arena {
+		return fmt.Errorf("bridge: family %d (%s): member %q needs %s: %w (%s)", f.id, f.name, s.name,
+			fmtBytes(uint64(p.Arena)), ErrDoesNotFit, fmtBytes(uint64(f.plan.Arena)))
+	}
+	fp := f.plan.WithAdded(s.name, p)
+	ms := make([]planner.Member, len(f.members))
+	for j, m := range f.members {
+		ms[j] = planner.Member{Name: m.name, Trace: m.trace}
+	}
+	if err := planner.CheckFamily(ms, fp); err != nil {
+		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
+	}
+	l, err := f.ar.Place(t, p)
+	if err != nil {
+		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
+	}
+	s.setPlan(l, "")
+	f.plan = fp
+	return nil
+}
+
+// dropMember takes member s, added after the plan and not planned, out of
+// the family and closes it.
+func (f *Family) dropMember(s *Step) {
+	f.d.mu.Lock()
+	if i := slices.Index(f.members, s); i >= 0 && s.plan == nil {
+		f.members = slices.Delete(f.members, i, i+1)
+		s.fam = nil
+	}
+	f.d.mu.Unlock()
+	_ = s.Close()
 }
 
 // Report describes the family plan: the arena against the largest

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -231,4 +232,78 @@ func TestFamilyKeepsOutOfABufferHeldPastItsPlan(t *testing.T) {
 		p.free(o)
 	}
 	p.free(ws)
+}
+
+// TestFamilyGrowsAfterPlan: a member added to a planned family and
+// recorded is planned into the family's arena on its own: the others keep
+// their addresses, the arena its size, and every member serves without a
+// divergence. A member that needs more than the arena is refused
+// (ErrDoesNotFit) and leaves the family, which still serves.
+func TestFamilyGrowsAfterPlan(t *testing.T) {
+	b := newTestBridge(t)
+	f, ps := recordFamily(t, b, []uint64{8, 4})
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	arena := f.Report().Arena
+	before := make([][]cuda.DevicePtr, len(ps))
+	for i, s := range f.Members() {
+		var out cuda.DevicePtr
+		before[i], out = serveRun(t, s, ps[i])
+		ps[i].free(out)
+	}
+	add := func(scale uint64) (*Step, *program, error) {
+		p := &program{t: t, b: b, stream: 0x77, layers: 6, scale: scale}
+		s, err := f.NewMember(fmt.Sprint("bs", scale))
+		if err != nil {
+			t.Fatal(err)
+		}
+		recordRun(t, s, p)
+		return s, p, f.PlanMember(s, 0)
+	}
+	s2, p2, err := add(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.Report()
+	if r.Arena != arena || len(r.Members) != 3 {
+		t.Fatalf("arena %d with %d members; want the arena of %d with 3", r.Arena, len(r.Members), arena)
+	}
+	if _, _, err := add(16); !errors.Is(err, ErrDoesNotFit) {
+		t.Fatalf("a member larger than the arena: %v, want ErrDoesNotFit", err)
+	}
+	if n := len(f.Members()); n != 3 {
+		t.Fatalf("%d members after a refused one; want 3", n)
+	}
+	ps = append(ps, p2)
+	lo := ^uint64(0)
+	for i := range before {
+		for j, a := range before[i] {
+			if ps[i].sizes[j] > 0 {
+				lo = min(lo, uint64(a))
+			}
+		}
+	}
+	for round := range 2 {
+		for i, s := range f.Members() {
+			addrs, out := serveRun(t, s, ps[i])
+			ps[i].free(out)
+			for j := range addrs {
+				if i < len(before) && ps[i].sizes[j] > 0 && addrs[j] != before[i][j] {
+					t.Fatalf("round %d: member %d's allocation %d moved", round, i, j)
+				}
+			}
+			if s == s2 {
+				inside(t, p2, cuda.DevicePtr(lo), uint64(arena))
+			}
+		}
+	}
+	for _, m := range f.Report().Members {
+		if m.Divergences != 0 {
+			t.Fatalf("member %s: %d divergences (%s)", m.Name, m.Divergences, m.FirstDivergence)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

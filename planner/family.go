@@ -463,11 +463,26 @@ func (fp *FamilyPlan) WithMember(i int, p *Plan) *FamilyPlan {
 	n := *fp
 	n.Members = slices.Clone(fp.Members)
 	n.Members[i] = MemberPlan{Name: fp.Members[i].Name, Plan: p, Alone: p.Arena}
-	n.Arena, n.LowerBound, n.SeparateArenas = fp.SharedRegion.Hi, 0, 0
-	for _, mp := range n.Members {
-		n.Arena = max(n.Arena, mp.Plan.Arena)
-		n.LowerBound = max(n.LowerBound, mp.Plan.LowerBound)
-		n.SeparateArenas += mp.Alone
+	return n.totals()
+}
+
+// WithAdded returns fp with a member named name, planned alone by p,
+// added last (the others keep their plans); the arena and bounds are
+// recomputed as WithMember does.
+func (fp *FamilyPlan) WithAdded(name string, p *Plan) *FamilyPlan {
+	n := *fp
+	n.Members = append(slices.Clone(fp.Members), MemberPlan{Name: name, Plan: p, Alone: p.Arena})
+	return n.totals()
+}
+
+// totals recomputes the arena, lower bound and separate arenas from the
+// members' plans.
+func (fp *FamilyPlan) totals() *FamilyPlan {
+	fp.Arena, fp.LowerBound, fp.SeparateArenas = fp.SharedRegion.Hi, 0, 0
+	for _, mp := range fp.Members {
+		fp.Arena = max(fp.Arena, mp.Plan.Arena)
+		fp.LowerBound = max(fp.LowerBound, mp.Plan.LowerBound)
+		fp.SeparateArenas += mp.Alone
 	}
-	return &n
+	return fp
 }
