@@ -330,7 +330,7 @@ func (f *Family) PlanMember(s *Step, budget time.Duration) (err error) {
 	}
 	defer func() {
 		if err != nil {
-			f.dropMember(s)
+			_ = s.Close() // not planned: it leaves the family
 		}
 	}()
 	p, _, err := planner.RunByTag(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
@@ -358,18 +358,6 @@ func (f *Family) PlanMember(s *Step, budget time.Duration) (err error) {
 	s.setPlan(l, "")
 	f.plan = fp
 	return nil
-}
-
-// dropMember takes member s, added after the plan and not planned, out of
-// the family and closes it.
-func (f *Family) dropMember(s *Step) {
-	f.d.mu.Lock()
-	if i := slices.Index(f.members, s); i >= 0 && s.plan == nil {
-		f.members = slices.Delete(f.members, i, i+1)
-		s.fam = nil
-	}
-	f.d.mu.Unlock()
-	_ = s.Close()
 }
 
 // Report describes the family plan: the arena against the largest

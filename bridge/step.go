@@ -3,6 +3,7 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/btree"
 
@@ -309,6 +310,13 @@ func (s *Step) Close() error {
 	}
 	defer restore()
 	s.closing = true
+	if f := s.fam; f != nil && s.plan == nil {
+		// A member never planned (one added after its family's plan whose
+		// PlanMember failed, or never came) leaves the family.
+		if i := slices.Index(f.members, s); i >= 0 {
+			f.members = slices.Delete(f.members, i, i+1)
+		}
+	}
 	errs := []error{s.dropCaptures()}
 	if s.live == nil || s.live.Len() == 0 {
 		errs = append(errs, s.closeArena())

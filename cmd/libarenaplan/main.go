@@ -521,6 +521,28 @@ func arenaplan_family_plan(id C.int, budgetSeconds C.double) *C.char {
 	})
 }
 
+// arenaplan_family_plan_member plans member sid, added to planned family
+// id after its plan and since recorded, on its own into the family's
+// arena; the other members keep their plans. On an error (its plan does
+// not fit in the arena: "does not fit in the family's arena") the member
+// is closed and leaves the family.
+//
+//export arenaplan_family_plan_member
+func arenaplan_family_plan_member(id, sid C.int, budgetSeconds C.double) *C.char {
+	return family("arenaplan_family_plan_member", id, func(f *bridge.Family) error {
+		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
+		if err != nil {
+			return err
+		}
+		for _, s := range f.Members() {
+			if s.ID() == int(sid) {
+				return f.PlanMember(s, budget)
+			}
+		}
+		return fmt.Errorf("arenaplan_family_plan_member: step %d is not a member of family %d", int(sid), int(id))
+	})
+}
+
 //export arenaplan_family_save
 func arenaplan_family_save(id C.int, path *C.char) *C.char {
 	return family("arenaplan_family_save", id, func(f *bridge.Family) error {

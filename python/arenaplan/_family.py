@@ -40,7 +40,7 @@ class GraphFamily:
 
     @property
     def keys(self):
-        """The members' keys, in capture order (largest first)."""
+        """The members' keys, in capture order (largest first, then those added)."""
         return list(self._graphs)
 
     def replay(self, key, *, prepared: bool = False) -> Any:
@@ -86,6 +86,51 @@ class GraphFamily:
         r["spill_held"] = sum(m.get("spill_held", 0) for m in r["members"])
         r["graph_bytes"] = r["arena_mapped"] + r["spill_held"]
         return r
+
+    def add(self, key, fn: Callable[[], Any], *, warmup: int = 2, strict: bool = False, budget: float = 1.0,
+            stream: Optional["torch.cuda.Stream"] = None) -> None:
+        """Capture one more member into the family's arena as it is: its
+        ``warmup`` eager runs (the last recorded), a plan of its own inside
+        the arena, one capture (two where the capture allocated
+        differently). The other members keep their addresses and graphs,
+        and their outputs stay valid. Raises :class:`ArenaplanError` when
+        its plan needs more than the arena ("does not fit in the family's
+        arena": capture the family again, with it, largest first), when
+        the members share buffers, or for a key already there; the family
+        is then as it was."""
+        if self._graphs is None:
+            raise ArenaplanError(f"arenaplan: add to a closed graph family (family {self._fid})")
+        _check_keys({**{k: None for k in self._graphs}, key: None})
+        _state.check_budget(budget)
+        if warmup < 1:
+            raise ValueError(f"arenaplan: GraphFamily.add: warmup={warmup}: want >= 1 (the last run is recorded)")
+        lib, dev = self._lib, self._device
+        stream = capture_stream(dev, stream)
+        _warm_up(fn, stream, warmup - 1)
+        sid = lib.family_member(self._fid, str(key))
+        t = time.perf_counter()
+        try:
+            _record_eager(lib, sid, fn, stream)
+        except BaseException:
+            lib.step_close(sid)
+            raise
+        self.record_ms[key] = (time.perf_counter() - t) * 1e3
+        t1 = time.perf_counter()
+        lib.family_plan_member(self._fid, sid, budget)  # on an error the member is closed and gone
+        self.plan_ms += (time.perf_counter() - t1) * 1e3
+        t = time.perf_counter()
+        try:
+            g, out, n = _serve_capture(lib, sid, fn, stream, strict, budget)
+        except BaseException:
+            lib.step_close(sid)
+            raise
+        self.outputs[key] = _weak(out)  # the other members' buffers overlap it by design
+        del out
+        self._graphs[key], self._sids[key] = g, sid
+        torch.cuda.synchronize(dev)
+        self.capture_ms[key] = (time.perf_counter() - t) * 1e3
+        self.captures[key] = n
+        self.capture_parts_ms[key] = list(_capture_parts)
 
     def save(self, path: str) -> None:
         """Write the family plan (every member, one arena) to a plan file."""

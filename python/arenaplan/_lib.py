@@ -66,6 +66,7 @@ class Library:
             "arenaplan_chain_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
             "arenaplan_family_member": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
             "arenaplan_family_plan": (err, [ci, ctypes.c_double]),
+            "arenaplan_family_plan_member": (err, [ci, ci, ctypes.c_double]),
             "arenaplan_family_save": (err, [ci, ctypes.c_char_p]),
             "arenaplan_family_load": (err, [ci, ctypes.c_char_p]),
             "arenaplan_family_close": (err, [ci]),
@@ -183,6 +184,9 @@ class Library:
 
     def family_plan(self, fid: int, budget_s: float) -> None:
         self.check(self._lib.arenaplan_family_plan(fid, budget_s))
+
+    def family_plan_member(self, fid: int, sid: int, budget_s: float) -> None:
+        self.check(self._lib.arenaplan_family_plan_member(fid, sid, budget_s))
 
     def family_save(self, fid: int, path: str) -> None:
         self.check(self._lib.arenaplan_family_save(fid, os.fsencode(path)))

@@ -201,6 +201,31 @@ class GraphFlowTest(unittest.TestCase):
             fam.replay(k)
         fam.close()
 
+    def test_family_grows_without_recapturing_its_members(self):
+        # A smaller member joins the family's arena: one recording and one
+        # capture, the others' graphs and outputs untouched, the arena as
+        # large as before. A larger one does not fit: it is refused and the
+        # family is as it was.
+        fam = ap.graphs({4: model(scale=4), 2: model(scale=2)})
+        arena, n = fam.report()["arena"], _Graph.captures
+        outs = dict(fam.outputs)
+        fam.add(1, model(scale=1))
+        r = fam.report()
+        self.assertEqual(_Graph.captures - n, 1)
+        self.assertEqual((r["arena"], len(r["members"])), (arena, 3))
+        self.assertEqual(sum(m["divergences"] for m in r["members"]), 0)
+        self.assertEqual({k: fam.outputs[k].ptr for k in (4, 2)}, {k: o.ptr for k, o in outs.items()})
+        with self.assertRaises(ap.ArenaplanError) as e:
+            fam.add(8, model(scale=8))
+        self.assertIn("does not fit", str(e.exception))
+        self.assertEqual(fam.keys, [4, 2, 1])
+        self.assertEqual(len(fam.report()["members"]), 3)
+        with self.assertRaises(ValueError):
+            fam.add("1", model())  # the name of member 1
+        for k in (1, 4, 2, 1):
+            fam.replay(k)
+        fam.close()
+
     def test_capture_streams_have_their_workspaces_first(self):
         # cuBLAS and cuBLASLt make a workspace per stream at its first
         # matrix product: each capture stream has had one of each before

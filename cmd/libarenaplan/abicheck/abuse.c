@@ -355,6 +355,7 @@ static void case_fault(result *r) {
 	NULLCALL(((char *(*)(int, int))sym("arenaplan_step_end"))(0, 0));
 	const char *plans[] = {"arenaplan_step_plan", "arenaplan_step_replan", "arenaplan_family_plan"};
 	for (int i = 0; i < 3; i++) NULLCALL(((char *(*)(int, double))sym(plans[i]))(0, 1.0));
+	NULLCALL(((char *(*)(int, int, double))sym("arenaplan_family_plan_member"))(0, 0, 1.0));
 	const char *paths[] = {"arenaplan_step_save", "arenaplan_step_load", "arenaplan_family_save",
 	                       "arenaplan_family_load", "arenaplan_family_member"};
 	for (int i = 0; i < 5; i++) NULLCALL(((char *(*)(int, const char *, int *))sym(paths[i]))(0, "/x", &id));
