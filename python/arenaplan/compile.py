@@ -42,8 +42,9 @@ Several shapes (a graph compiled with dynamic shapes and called at batch 32,
 8, 1): one member per shape, all members in ONE arena planned jointly (an
 :class:`arenaplan.torch.GraphFamily`), at most ``max_shapes`` of them; a
 shape beyond that runs inductor's code without a graph, with one warning.
-A new shape re-captures the family (every member once more): shapes are
-expected to be few and to come early.
+A new shape that fits in the family's arena (a smaller one after a larger)
+joins it with one capture of its own (:meth:`GraphFamily.add`); one that
+does not re-captures the family, every member once more, largest first.
 
 Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
@@ -255,6 +256,12 @@ class _Ops:
     def capture(self, fns: Dict[Hashable, Callable[[], Any]], name: str, device: int, opts: CompileOptions):
         return self.ap().graphs(fns, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
                                 name=name, device=device, stream=self.stream(device))
+
+    def add_member(self, fam, key: Hashable, fn: Callable[[], Any], device: int, opts: CompileOptions) -> None:
+        """GraphFamily.add on the backend's capture stream: raises when the
+        member does not fit in the family's arena."""
+        fam.add(key, fn, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                stream=self.stream(device))
 
     def capture_chain(self, stages: List[Callable[[Optional[list]], Any]], name: str, device: int,
                       opts: CompileOptions):
@@ -548,10 +555,41 @@ class _Runner(_Warns):
         m.nbytes = nbytes
         self.next_index += 1
         self.members[key] = m
-        if not self._build(m, {i: inputs[i] for i in copy_idxs}):
+        if not self._grow(m, {i: inputs[i] for i in copy_idxs}):
             return None
         self.input_bytes += nbytes
         return m
+
+    def _grow(self, new: _Member, new_inputs: Dict[int, Any]) -> bool:
+        """Capture member new into the family's arena as it is (the others
+        keep their graphs, and the last call's outputs stay valid): when it
+        fits, which a smaller shape after a larger one does; else, or with
+        no family yet, capture every member again (:meth:`_build`)."""
+        fam, ops = self.family, self.ops
+        if fam is None:
+            return self._build(new, new_inputs)
+        new.addrs.clear()
+        try:
+            ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts)
+        except Exception:  # noqa: BLE001 - it does not fit, or its capture failed: capture every member again
+            return self._build(new, new_inputs)
+        if any(i not in new.addrs for i in new.copy_idxs):
+            return self._build(new, new_inputs)
+        self.captures += 1
+        self._views[new.index] = ops.views(fam.outputs[new.index])
+        new.dst = self._dst(new)
+        return True
+
+    def _dst(self, m: _Member) -> List[Tuple[int, Any, int, int]]:
+        """Where each copied input of member m goes: (input, a tensor at its
+        planned address, start, end)."""
+        dst = []
+        for i in m.copy_idxs:
+            nbytes = self.ops.nbytes(m.host[i])  # the bytes its tensor spans
+            if nbytes:
+                p = m.addrs[i]
+                dst.append((i, self.ops.at(p, m.layouts[i]), p, p + nbytes))
+        return dst
 
     def _build(self, new: Optional[_Member] = None, new_inputs: Optional[Dict[int, Any]] = None) -> bool:
         """(Re)capture every member into one family arena, the largest
@@ -587,12 +625,7 @@ class _Runner(_Warns):
         self.captures += len(fns)
         for m in order:
             self._views[m.index] = ops.views(fam.outputs[m.index])
-            m.dst = []
-            for i in m.copy_idxs:
-                nbytes = ops.nbytes(m.host[i])  # the bytes its tensor spans
-                if nbytes:
-                    p = m.addrs[i]
-                    m.dst.append((i, ops.at(p, m.layouts[i]), p, p + nbytes))
+            m.dst = self._dst(m)
         return True
 
     def _step(self, m: _Member, src: Dict[int, Any]) -> Callable[[], Any]:

@@ -109,6 +109,7 @@ def _import_compile():
 
 
 apc, REGISTRY = _import_compile()
+from arenaplan._lib import ArenaplanError  # noqa: E402 - after the stand-in torch
 
 
 class _Family:
@@ -127,17 +128,35 @@ class _Family:
             for _ in range(warmup):
                 out = fn()
                 del out
+        self.ops, self.warmup, self.size = ops, warmup, 0
         for k, fn in fns.items():
             for c in range(captures):
-                ops.capturing_now, ops.cursor, ops.kernels = True, self.base + c * 0x10000, []
-                try:
-                    out = fn()
-                finally:
-                    ops.capturing_now = False
-                self.outputs[k], self.kernels[k] = out, ops.kernels
-                self.last_base = self.base + c * 0x10000
-                del out
+                self._capture(k, fn, self.base + c * 0x10000)
         log.append(self)
+
+    def _capture(self, k, fn, base):
+        ops = self.ops
+        ops.capturing_now, ops.cursor, ops.kernels = True, base, []
+        try:
+            out = fn()
+        finally:
+            ops.capturing_now = False
+        self.outputs[k], self.kernels[k] = out, ops.kernels
+        self.last_base = base
+        self.size = max(self.size, ops.cursor - base)
+        return ops.cursor - base
+
+    def add(self, key, fn):
+        """GraphFamily.add: warm-up runs, one capture at the arena's start;
+        refused, the family unchanged, when it needs more than the arena."""
+        for _ in range(self.warmup):
+            out = fn()
+            del out
+        size, outputs, kernels = self.size, dict(self.outputs), dict(self.kernels)
+        if self._capture(key, fn, self.base) > size:
+            self.size, self.outputs, self.kernels = size, outputs, kernels
+            raise ArenaplanError("arenaplan: member needs more: does not fit in the family's arena")
+        self.keys.append(key)
 
     def prepare(self):
         assert not self.closed
@@ -260,6 +279,10 @@ class _FakeOps(apc._Ops):
             raise RuntimeError(self.fail)
         return _Family(fns, self.families, self, opts.capture_warmup, self.captures)
 
+    @staticmethod
+    def add_member(fam, key, fn, device, opts):
+        fam.add(key, fn)
+
     def views(self, outs):
         def make():
             self.view_calls += 1
@@ -373,11 +396,11 @@ class RunnerTest(unittest.TestCase):
         r([w0, w1, x, 3])
         v0 = _Tensor((4, 4))
         r([v0, w1, x, 3])
-        self.assertEqual(len(ops.families), 2, "the family is captured again with both members")
-        self.assertTrue(ops.families[0].closed)
-        self.assertEqual(ops.families[1].replays, [1])
+        self.assertEqual(len(ops.families), 1, "the new member joins the family's arena")
+        self.assertFalse(ops.families[0].closed)
+        self.assertEqual(ops.families[0].replays, [0, 1])
         r([w0, w1, x, 3])
-        self.assertEqual(ops.families[1].replays, [1, 0])
+        self.assertEqual(ops.families[0].replays, [0, 1, 0])
         self.assertEqual(r.report()["members"], 2)
 
     def test_shapes_share_a_family_up_to_the_limit(self):
@@ -582,22 +605,47 @@ class PlannedInputTest(unittest.TestCase):
         out = r([w, _Tensor((32,), value="a1"), out])[0]
         self.assertEqual(out.value, ("f", "a1", ("f", "a0", "b0")))
 
-    def test_second_shape_rebuilds_with_each_members_values(self):
+    def test_smaller_shape_joins_the_family(self):
+        # A smaller shape after a larger one fits in the family's arena:
+        # one more capture, the first member's graph and addresses kept.
         r, g, ops = self.runner()
         w = _Tensor((4,))
         for k in range(3):
             self.assertEqual(r([w, _Tensor((32,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
         g.seen.clear()
+        dst = r.members[next(iter(r.members))].dst[0][2]
         self.assertEqual(r([w, _Tensor((16,), value="b0")])[0].value, ("f", "b0"))
-        self.assertEqual(len(ops.families), 2)
-        self.assertTrue(ops.families[0].closed)
-        before = [v for cap, v in g.seen if not cap]
-        self.assertEqual(before, [("a0",), ("a0",), ("b0",), ("b0",)],
-                         "the first member from its host copy, the new one from its input")
-        fam = ops.families[1]
+        self.assertEqual(len(ops.families), 1)
+        self.assertEqual([v for cap, v in g.seen if not cap], [("b0",), ("b0",)], "only the new member ran")
+        fam = ops.families[0]
         for k in range(3):
             self.assertEqual(r([w, _Tensor((32,), value=f"a{k + 3}")])[0].value, ("f", f"a{k + 3}"))
             self.assertEqual(r([w, _Tensor((16,), value=f"b{k + 1}")])[0].value, ("f", f"b{k + 1}"))
+        self.assertEqual(fam.replays, [0, 0, 0, 1] + [0, 1] * 3)
+        self.assertEqual([m.dst[0][2] for m in r.members.values()], [dst, fam.base])
+        rep = r.report()
+        self.assertEqual((rep["family_builds"], rep["captures"], rep["input_bytes_planned"]), (1, 2, 48))
+        self.assertNoneHeld(ops)
+
+    def test_larger_shape_rebuilds_with_each_members_values(self):
+        # A larger shape does not fit: every member is captured again,
+        # largest first, the earlier one from its host copy.
+        r, g, ops = self.runner()
+        w = _Tensor((4,))
+        for k in range(3):
+            self.assertEqual(r([w, _Tensor((16,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+        g.seen.clear()
+        self.assertEqual(r([w, _Tensor((32,), value="b0")])[0].value, ("f", "b0"))
+        self.assertEqual(len(ops.families), 2)
+        self.assertTrue(ops.families[0].closed)
+        before = [v for cap, v in g.seen if not cap]
+        self.assertEqual(before, [("b0",), ("b0",), ("b0",), ("b0",), ("a0",), ("a0",)],
+                         "the new member from its input (its try to join, then the family), the first from "
+                         "its host copy")
+        fam = ops.families[1]
+        for k in range(3):
+            self.assertEqual(r([w, _Tensor((16,), value=f"a{k + 3}")])[0].value, ("f", f"a{k + 3}"))
+            self.assertEqual(r([w, _Tensor((32,), value=f"b{k + 1}")])[0].value, ("f", f"b{k + 1}"))
         self.assertEqual(fam.replays, [1] + [0, 1] * 3)
         for m in r.members.values():
             self.assertEqual(m.dst[0][2], fam.base, "the new family's addresses")
@@ -609,10 +657,10 @@ class PlannedInputTest(unittest.TestCase):
         w, v = _Tensor((4,)), _Tensor((4,))
         self.assertEqual(r([w, _Tensor((32,), value="a")])[0].value, ("f", "a"))
         self.assertEqual(r([v, _Tensor((32,), value="b")])[0].value, ("f", "b"))
-        self.assertEqual(len(ops.families), 2)
+        self.assertEqual(len(ops.families), 1)
         self.assertEqual(r([w, _Tensor((32,), value="c")])[0].value, ("f", "c"))
         self.assertEqual(r([v, _Tensor((32,), value="d")])[0].value, ("f", "d"))
-        self.assertEqual(ops.families[1].replays, [1, 0, 1])
+        self.assertEqual(ops.families[0].replays, [0, 1, 0, 1])
 
     def test_paused_arena_is_not_written(self):
         r, g, ops = self.runner()
