@@ -100,6 +100,8 @@ class GraphFamily:
         is then as it was."""
         if self._graphs is None:
             raise ArenaplanError(f"arenaplan: add to a closed graph family (family {self._fid})")
+        if key in self._graphs:
+            raise ValueError(f"arenaplan: GraphFamily.add: member {key!r} is there already")
         _check_keys({**{k: None for k in self._graphs}, key: None})
         _state.check_budget(budget)
         if warmup < 1:

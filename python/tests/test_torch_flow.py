@@ -222,6 +222,8 @@ class GraphFlowTest(unittest.TestCase):
         self.assertEqual(len(fam.report()["members"]), 3)
         with self.assertRaises(ValueError):
             fam.add("1", model())  # the name of member 1
+        with self.assertRaises(ValueError):
+            fam.add(1, model())
         for k in (1, 4, 2, 1):
             fam.replay(k)
         fam.close()
