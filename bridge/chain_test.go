@@ -57,6 +57,27 @@ func newChain(t *testing.T, b *Bridge, name string) (*Family, *Step, *Step) {
 	return f, fw, bw
 }
 
+// runMembers runs each member in turn on p's stream, recorded or served
+// (strict or not), body(i) making member i's allocations.
+func runMembers(t *testing.T, p *program, members []*Step, serve, strict bool, body func(i int)) {
+	t.Helper()
+	for i, m := range members {
+		var err error
+		if serve {
+			err = m.Serve(p.stream, strict)
+		} else {
+			err = m.Record(p.stream)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body(i)
+		if err := m.End(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestChainHandsActivationsOn: a forward and a backward recorded as a
 // chain are planned on one timeline: the saved activations are one buffer
 // from the forward's allocation to the backward's free, the backward's
@@ -162,16 +183,7 @@ func TestChainBackwardTakesReleasedOutputs(t *testing.T) {
 	p := &program{t: t, b: b, stream: 0x56}
 	var s, l, tan, g cuda.DevicePtr
 	run := func(serve bool) {
-		for i, m := range []*Step{fw, bw} {
-			var err error
-			if serve {
-				err = m.Serve(p.stream, true)
-			} else {
-				err = m.Record(p.stream)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		runMembers(t, p, []*Step{fw, bw}, serve, true, func(i int) {
 			if i == 0 {
 				s, l = p.alloc(saved), p.alloc(logits)
 			} else {
@@ -181,10 +193,7 @@ func TestChainBackwardTakesReleasedOutputs(t *testing.T) {
 				p.free(tan)
 				p.free(s)
 			}
-			if err := m.End(false); err != nil {
-				t.Fatal(err)
-			}
-		}
+		})
 	}
 	run(false)
 	p.free(g)
@@ -217,16 +226,7 @@ func TestChainKeepsOutOfAnotherMembersLiveBuffer(t *testing.T) {
 	var ws, a, c cuda.DevicePtr
 	run := func(serve bool) {
 		var x cuda.DevicePtr
-		for i, m := range []*Step{fw, bw} {
-			var err error
-			if serve {
-				err = m.Serve(p.stream, false)
-			} else {
-				err = m.Record(p.stream)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		runMembers(t, p, []*Step{fw, bw}, serve, false, func(i int) {
 			if i == 0 {
 				if serve {
 					ws = p.alloc(mib) // the extra allocation: it takes a's planned buffer
@@ -238,10 +238,7 @@ func TestChainKeepsOutOfAnotherMembersLiveBuffer(t *testing.T) {
 				c = p.alloc(2 * mib) // planned over a's and x's buffers
 				p.free(c)
 			}
-			if err := m.End(false); err != nil {
-				t.Fatal(err)
-			}
-		}
+		})
 	}
 	run(false)
 	if err := f.Plan(0); err != nil {

@@ -301,8 +301,8 @@ var ErrDoesNotFit = errors.New("does not fit in the family's arena")
 // recorded, on its own into the family's arena: the other members keep
 // their plans and addresses (their graphs stay valid). Its plan must fit
 // in the arena (else ErrDoesNotFit) and pass planner.CheckFamily with the
-// others'. A family with buffers its members share cannot grow. On any
-// error the member is closed and leaves the family.
+// others'. A family with buffers its members share cannot grow. When its
+// planning or placing fails, the member is closed and leaves the family.
 func (f *Family) PlanMember(s *Step, budget time.Duration) (err error) {
 	if err := checkBudget(fmt.Sprintf("family %d (%s): PlanMember", f.id, f.name), budget); err != nil {
 		return err

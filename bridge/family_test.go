@@ -205,20 +205,7 @@ func TestFamilyKeepsOutOfABufferHeldPastItsPlan(t *testing.T) {
 		ms = append(ms, m)
 	}
 	for pass := range 2 {
-		for i, m := range ms {
-			if pass == 0 {
-				err = m.Record(p.stream)
-			} else {
-				err = m.Serve(p.stream, false)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			steps[i](pass == 1)
-			if err := m.End(false); err != nil {
-				t.Fatal(err)
-			}
-		}
+		runMembers(t, p, ms, pass == 1, false, func(i int) { steps[i](pass == 1) })
 		if pass == 0 {
 			if err := f.Plan(0); err != nil {
 				t.Fatal(err)

@@ -105,7 +105,7 @@ func (s *Step) divergence(n int, size uint64) string {
 	case uint64(s.trace.Buffers[k].Size) != size:
 		return fmt.Sprintf("allocation %d is %d bytes, the plan has %d next", n, size, s.trace.Buffers[k].Size)
 	}
-	return fmt.Sprintf("allocation %d: its planned range is still taken (a buffer freed later than recorded, kept from an earlier run, or an earlier member's)", n)
+	return fmt.Sprintf("allocation %d: its planned range is still taken (a buffer freed later than recorded, kept from an earlier run, or another member's)", n)
 }
 
 // overlaps says whether a live planned buffer overlaps buffer k's range:
@@ -137,7 +137,7 @@ func (s *Step) overlaps(k int) bool {
 			continue
 		}
 		hit := false
-		end := m.outputEnd()
+		end := int64(-1) // m's outputs' end, read only when a span overlaps
 		m.live.DescendLessOrEqual(span{lo: hi - 1}, func(o span) bool {
 			if o.hi <= lo {
 				return false // live spans are disjoint: the ones below end lower still
@@ -146,7 +146,12 @@ func (s *Step) overlaps(k int) bool {
 			// (a family's outputs the program holds alias the next
 			// member's buffers) or a replaced plan's is no such buffer.
 			sl, ok := s.d.planned[cuda.DevicePtr(o.lo)]
-			hit = ok && sl.step == m && sl.k != orphan && m.trace.Buffers[sl.k].End < end
+			if ok && sl.step == m && sl.k != orphan {
+				if end < 0 {
+					end = m.outputEnd()
+				}
+				hit = m.trace.Buffers[sl.k].End < end
+			}
 			return !hit
 		})
 		if hit {
