@@ -718,10 +718,6 @@ class MutationTest(unittest.TestCase):
         self.assertEqual(apc._mutated_inputs(gm, p), {1, 2})
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class _Storage:
     pass
 
@@ -1003,3 +999,7 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual(self.ops.chains[1].replays, [0, 1, 0, 1])
         self.assertEqual(self.ops.chains[0].replays, [0, 1])
         pair.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
