@@ -143,6 +143,7 @@ def run(args):
     res["reserved"] = torch.cuda.memory_reserved(dev)
     res["max_reserved"] = torch.cuda.max_memory_reserved(dev)
     res["max_allocated"] = torch.cuda.max_memory_allocated(dev)
+    res["allocated"] = torch.cuda.memory_allocated(dev)
     res["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     if ours:
         rep = apc.report()
@@ -154,6 +155,7 @@ def run(args):
         res["captured"] = bool(rep) and all(r["captured"] for r in rep)
         res["replays"] = sum(r.get("replays", 0) for r in rep)
         res["plain_calls"] = sum(r.get("plain_calls", 0) for r in rep)
+        res["stats"] = ap.stats()  # where reserved memory is: arenas, spill in use and cached, segments
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if args.save:
         os.makedirs(args.save, exist_ok=True)
@@ -178,6 +180,7 @@ def summary(path, save):
             rows.setdefault(r["model"], {})[r["mode"]] = r
     M = 1e6
     print(f"{'model':6} {'LB MB':>8} {'arena/LB':>8} {'ours graph MB':>13} {'reserved MB RO/ours':>20} "
+          f"{'allocated MB RO/ours':>21} "
           f"{'peak reserved MB RO/ours':>25} {'step us RO/ours':>18} {'ours/RO':>7} {'first 3 steps s RO/ours':>24} "
           f"{'params equal':>12} {'losses equal':>12}  captured (replays, plain)")
     for m, d in rows.items():
@@ -195,6 +198,7 @@ def summary(path, save):
         ts, os_ = t.get("step_us"), o.get("step_us")
         print(f"{m:6} {f(lb):>8} {(f'{ar / lb:.4f}' if lb else '-'):>8} {f(o.get('graph_bytes')):>13} "
               f"{f(t.get('reserved')) + '/' + f(o.get('reserved')):>20} "
+              f"{f(t.get('allocated')) + '/' + f(o.get('allocated')):>21} "
               f"{f(t.get('max_reserved')) + '/' + f(o.get('max_reserved')):>25} {str(ts) + '/' + str(os_):>18} "
               f"{(f'{os_ / ts:.3f}' if ts and os_ else '-'):>7} "
               f"{str(t.get('first_steps_s')) + '/' + str(o.get('first_steps_s')):>24} {eq:>12} "
