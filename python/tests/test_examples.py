@@ -12,7 +12,8 @@ PACKAGE = os.path.join(HERE, "..", "arenaplan")
 
 def exported():
     """arenaplan.torch's __all__, read without importing torch."""
-    tree = ast.parse(open(os.path.join(PACKAGE, "torch.py")).read())
+    with open(os.path.join(PACKAGE, "torch.py")) as f:
+        tree = ast.parse(f.read())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
             return set(ast.literal_eval(node.value))
@@ -25,7 +26,8 @@ class ExamplesTest(unittest.TestCase):
         files = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".py"))
         self.assertGreaterEqual(len(files), 3)
         for f in files:
-            src = open(os.path.join(EXAMPLES, f)).read()
+            with open(os.path.join(EXAMPLES, f)) as fh:
+                src = fh.read()
             tree = ast.parse(src, f)
             self.assertTrue(ast.get_docstring(tree), f"{f}: no docstring saying what it shows and how to run it")
             used = {n.attr for n in ast.walk(tree)
