@@ -156,16 +156,18 @@ def capture_stream(device: int, stream: Optional["torch.cuda.Stream"] = None) ->
 
 
 def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream",
-             g: "torch.cuda.CUDAGraph", begin: Callable[[], None]) -> Any:
+             g: "torch.cuda.CUDAGraph", begin: Callable[[], None], mode: str = "global") -> Any:
     """One capture of fn on stream, the step's run begun (begin: record or
     serve) and joined once the capture has begun, so that what
     CUDAGraph.capture_begin allocates on the stream (the generators'
     per-capture seed and offset, made in a process's first capture) is
-    not the step's; End(failed) always, after the capture ended."""
+    not the step's; End(failed) always, after the capture ended. mode:
+    torch.cuda.graph's capture_error_mode ("thread_local" for a capture
+    inside autograd's backward, where other threads may use CUDA)."""
     begun = False
     t0 = time.perf_counter()
     try:
-        with torch.cuda.graph(g, stream=stream):
+        with torch.cuda.graph(g, stream=stream, capture_error_mode=mode):
             t1 = time.perf_counter()
             begin()
             begun = True

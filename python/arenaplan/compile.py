@@ -50,8 +50,11 @@ Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
 forward and backward at a shape: one arena planned on one timeline, the
 activations the forward saves read in place by the backward and their
-memory reused once it frees them; incoming gradients are copied into
-placeholders. Each shape (the last, partial batch of an epoch) gets its own
+memory reused once it frees them. The backward is captured at its first
+call, when its incoming gradients are there: one that another captured
+graph's backward made (a loss graph's gradient of the logits) is read in
+place, as CUDAGraph Trees read it; others are copied into placeholders.
+Each shape (the last, partial batch of an epoch) gets its own
 chain, up to ``max_shapes``. A forward while that shape's previous backward
 is still pending, or a call while its previous gradients are still held as
 ``.grad`` (gradient accumulation, ``zero_grad(set_to_none=False)``), runs
@@ -204,6 +207,12 @@ class _Ops:
         shape, stride, dtype, device = layout
         return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
+    @staticmethod
+    def zero(t) -> None:
+        """Set t to zeros (allocates nothing)."""
+        with torch.no_grad():
+            t.zero_()
+
     def at(self, ptr: int, layout):
         """A tensor of that layout at ptr that owns nothing (an input's
         planned address, written before each replay)."""
@@ -264,9 +273,11 @@ class _Ops:
                 stream=self.stream(device))
 
     def capture_chain(self, stages: List[Callable[[Optional[list]], Any]], name: str, device: int,
-                      opts: CompileOptions):
+                      opts: CompileOptions, capture: Optional[int] = None):
+        """A chain of the stages, its first ``capture`` captured (default
+        all); :meth:`GraphChain.capture` captures the others."""
         return self.ap().chain(stages, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
-                               name=name, device=device, stream=self.stream(device))
+                               name=name, device=device, stream=self.stream(device), capture=capture)
 
     @staticmethod
     def meta(t) -> Hashable:
@@ -287,13 +298,6 @@ class _Ops:
     def storage_id(t) -> int:
         """t's storage, by identity (unique while it lives)."""
         return t.untyped_storage()._cdata
-
-    @staticmethod
-    def zeros(t):
-        """A zero tensor like t (shape, strides, dtype, device)."""
-        return torch.zeros_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) \
-            if hasattr(torch, "zeros_strided") else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                                                       device=t.device).zero_()
 
     def views(self, outs: Sequence[Any]) -> Optional[Callable[[], List[Any]]]:
         """A function making, on each call, fresh tensors over the memory of
@@ -695,9 +699,12 @@ class _TrainMember:
         self.fw_inplace: set = set()
         self.bw_ptrs: list = []
         self.bw_static: List[int] = []
-        self.tangents: Dict[int, Any] = {}
-        self.tangent_idxs: List[int] = []
+        self.tangents: Dict[int, Any] = {}  # incoming gradients' placeholders, by backward input
+        self.tangent_inplace: Dict[int, int] = {}  # ... and those read in place: the address the capture read
+        self.tangent_layouts: Dict[int, Hashable] = {}
         self.tangent_keys: Dict[int, Hashable] = {}
+        self.tan: Dict[int, Any] = {}  # what the backward stage gets as its incoming gradients
+        self.bw_stage: Optional[Callable[[list], Any]] = None
         self.saved_cuda: List[int] = []
         self.make_fw = self.make_bw = None
         self.gen = self.bw_gen = 0
@@ -744,7 +751,7 @@ class _TrainPair(_Warns):
         self.bw_map: Optional[List[Tuple[str, Any]]] = None  # per backward input: where it comes from
         self.saved_idxs: List[int] = []
         self.saved_set: set = set()
-        self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: placeholders for incoming gradients
+        self.learned: Dict[Hashable, Dict[int, Any]] = {}  # per shape: incoming gradients' (layout, shape key)
         self.learned_vals: Dict[Hashable, Dict[int, Any]] = {}  # ... and its backward's other inputs (sizes)
         self.members: Dict[Hashable, _TrainMember] = {}
         self.warned: set = set()
@@ -826,10 +833,17 @@ class _TrainPair(_Warns):
         if self._alive(m.grad_refs):
             self._grads_held()
             return self._plain_bw(inputs)
-        for i in m.tangent_idxs:
-            dst, src = m.tangents[i], inputs[i]
-            if ops.data_ptr(dst) != ops.data_ptr(src):
-                ops.copy(dst, src)
+        if m.make_bw is None and not self._capture_bw(m, inputs):
+            return self._plain_bw(inputs)
+        for i, p in m.tangent_inplace.items():
+            if ops.data_ptr(inputs[i]) != p or ops.layout(inputs[i]) != m.tangent_layouts[i]:
+                self._warn("elsewhere", "an incoming gradient is not where the backward's capture read it (the "
+                                        "graph that made it ran without a graph, or another did); such backwards "
+                                        "run without a graph")
+                return self._plain_bw(inputs)
+        for i, dst in m.tangents.items():
+            if ops.data_ptr(dst) != ops.data_ptr(inputs[i]):
+                ops.copy(dst, inputs[i])
         del inputs
         m.chain.replay(1)
         fresh = m.make_bw()
@@ -909,9 +923,9 @@ class _TrainPair(_Warns):
             self._warn("structure", "the backward takes its inputs from other places at another shape; that "
                                     "shape runs without a graph")
             return
-        # Placeholders the incoming gradients are copied into; the values
-        # that are not tensors (a dynamic graph's sizes) are this shape's.
-        self.learned[shape] = {i: ops.zeros(x) for i, x in tangents.items()}
+        # The incoming gradients' layouts; the values that are not tensors
+        # (a dynamic graph's sizes) are this shape's.
+        self.learned[shape] = {i: (ops.layout(x), ops.shape_key(x)) for i, x in tangents.items()}
         self.learned_vals[shape] = {i: v for i, (k, v) in enumerate(m) if k == "val"}
 
     def _build(self, inputs: list, shape: Hashable) -> Optional[_TrainMember]:
@@ -940,40 +954,43 @@ class _TrainPair(_Warns):
                 nbytes += ops.nbytes(x)
             else:
                 args.append(x)
-        tangents, vals = self.learned[shape], self.learned_vals[shape]
-        nbytes += sum(ops.nbytes(t) for t in tangents.values())
+        learned, vals = self.learned[shape], self.learned_vals[shape]
         bw_map, saved = self.bw_map, self.saved_set
         inner_fw, inner_bw = fw.inner, bw.inner
+        # The recording pass's incoming gradients: zeros outside the arena,
+        # dropped once the chain is planned (the backward's capture, at its
+        # first call, reads the real ones in place or from placeholders).
+        tan = m.tan
+        for i, (layout, _) in learned.items():
+            tan[i] = ops.empty(layout)
+            ops.zero(tan[i])
 
         def forward(_box):
             return inner_fw(list(args))
 
         def backward(box):
             outs = box.pop()
-            a = []
-            for i, (kind, v) in enumerate(bw_map):
-                a.append(outs[v] if kind == "fw" else args[v] if kind == "fwin" else
-                         tangents[i] if kind == "tan" else vals[i])
+            a = [outs[v] if kind == "fw" else args[v] if kind == "fwin" else tan[i] if kind == "tan" else vals[i]
+                 for i, (kind, v) in enumerate(bw_map)]
             keep = [o for j, o in enumerate(outs) if j not in saved]  # the forward's other outputs stay live
             del outs
             r = inner_bw(a)
             del keep
             return r
         try:
-            ch = ops.capture_chain([forward, backward], f"{self.name}:{len(self.members)}", fw.device, self.opts)
+            ch = ops.capture_chain([forward, backward], f"{self.name}:{len(self.members)}", fw.device, self.opts,
+                                   capture=1)
         except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
             return None
-        m.chain, m.fw_args, m.fw_ptrs = ch, args, ptrs
+        finally:
+            tan.clear()
+        m.chain, m.fw_args, m.fw_ptrs, m.bw_stage = ch, args, ptrs, backward
         m.fw_check, m.fw_inplace = sorted(static | set(inplace)), set(inplace)
-        with _lock:
-            for out in (ch.outputs[0], ch.outputs[1]):
-                for o in out:
-                    if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
-                        _fixed_outputs[ops.data_ptr(o)] = id(self)
-        m.tangents, m.tangent_idxs = tangents, sorted(tangents)
-        m.tangent_keys = {i: ops.shape_key(t) for i, t in tangents.items()}
-        m.make_fw, m.make_bw = ops.views(ch.outputs[0]), ops.views(ch.outputs[1])
+        self._fix(ch.outputs[0])
+        m.tangent_layouts = {i: layout for i, (layout, _) in learned.items()}
+        m.tangent_keys = {i: key for i, (_, key) in learned.items()}
+        m.make_fw = ops.views(ch.outputs[0])
         # The backward inputs that are the forward's device outputs: each
         # call checks they are the last forward replay's.
         m.saved_cuda = [i for i, (kind, v) in enumerate(bw_map)
@@ -992,6 +1009,46 @@ class _TrainPair(_Warns):
         self.members[shape] = m
         return m
 
+    def _fix(self, outs: Sequence[Any]) -> None:
+        """Note a captured stage's device outputs as this pair's fixed
+        addresses (other graphs read them in place)."""
+        ops = self.ops
+        with _lock:
+            for o in outs:
+                if ops.is_tensor(o) and ops.device(o)[0] == "cuda":
+                    _fixed_outputs[ops.data_ptr(o)] = id(self)
+
+    def _capture_bw(self, m: _TrainMember, inputs: list) -> bool:
+        """Capture m's backward at its first call: an incoming gradient at
+        another captured graph's fixed output address, in its learned
+        layout, is read there in place; others get a placeholder, copied
+        into before each replay. False (with one warning, everything later
+        without a graph) when the capture fails."""
+        ops = self.ops
+        with _lock:
+            fixed = {p for p, owner in _fixed_outputs.items() if owner != id(self)}
+        for i, layout in m.tangent_layouts.items():
+            x = inputs[i]
+            p = ops.data_ptr(x)
+            if p in fixed and ops.layout(x) == layout:
+                m.tan[i] = ops.at(p, layout)
+                m.tangent_inplace[i] = p
+            else:
+                m.tan[i] = m.tangents[i] = ops.empty(layout)
+                m.placeholder_bytes += ops.nbytes(m.tangents[i])
+        try:
+            out = m.chain.capture(m.bw_stage)
+        except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
+            m.tangents.clear()
+            m.tangent_inplace.clear()
+            self._give_up(f"capture of the backward failed: {type(e).__name__}: {e}")
+            return False
+        finally:
+            m.tan.clear()
+        self._fix(out)
+        m.make_bw = ops.views(out)
+        return True
+
     def report(self, r: _Runner) -> Dict[str, Any]:
         """Per part (forward or backward); the forward's also carries the
         chains' figures, summed over the shapes (one arena each)."""
@@ -1001,6 +1058,8 @@ class _TrainPair(_Warns):
                                "members": len(ms), "captures": len(ms), "replays": self.replays[part],
                                "plain_calls": self.plain[part],
                                "input_bytes_outside": sum(m.placeholder_bytes for m in ms)}
+        if part == "backward":
+            out["incoming_in_place"] = sum(len(m.tangent_inplace) for m in ms)
         if ms and part == "forward":
             reps = [m.chain.report() for m in ms]
             for k in ("arena", "lower_bound", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
@@ -1033,7 +1092,9 @@ def report() -> List[Dict[str, Any]]:
     buffers held outside the arena: a training graph's placeholders; an
     inference graph's copies are planned in its arena, ``input_bytes_planned``
     summed over its members), captures, plain calls (run without a graph)
-    and replays. Costs one library call per captured graph."""
+    and replays; a training backward's ``incoming_in_place``: incoming
+    gradients read where another captured graph made them. Costs one
+    library call per captured graph."""
     return [r.report() for r in sorted(_runners, key=lambda r: r.order)]
 
 

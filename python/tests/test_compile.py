@@ -729,6 +729,7 @@ class _TrainOps(_FakeOps):
     def __init__(self):
         super().__init__()
         self.chains = []
+        self.fail_capture = None
 
     @staticmethod
     def meta(t):
@@ -749,16 +750,30 @@ class _TrainOps(_FakeOps):
         return id(t.storage)
 
     @staticmethod
-    def zeros(t):
-        return _Tensor(t.shape, t.device)
+    def zero(t):
+        t.value = 0
 
-    def capture_chain(self, stages, name, device, opts):
-        ch = types.SimpleNamespace(outputs=[], replays=[], closed=False)
+    def capture_chain(self, stages, name, device, opts, capture=None):
+        """One recording pass over every stage, then a capture of each of
+        the first ``capture``; ch.capture(fn) captures the next."""
+        ch = types.SimpleNamespace(outputs=[], replays=[], closed=False, handed=None, recorded=[])
         box = None
-        for fn in stages:
+        for fn in stages:  # the recording pass
             out = fn(box)
-            ch.outputs.append(out)
+            ch.recorded.append(out)
             box = [out]
+        del box
+
+        def capture_next(fn):
+            if self.fail_capture:
+                raise RuntimeError(self.fail_capture)
+            out = fn(ch.handed)
+            ch.outputs.append(out)
+            ch.handed = [out] if len(ch.outputs) < len(stages) else None
+            return out
+        for fn in stages[:capture or len(stages)]:
+            capture_next(fn)
+        ch.capture = capture_next
         ch.replay = lambda i: ch.replays.append(i)
         ch.report = lambda: {"arena": 10, "lower_bound": 10, "capture_ms": {0: 1.0, 1: 1.0}}
         ch.close = lambda: setattr(ch, "closed", True)
@@ -838,8 +853,9 @@ class TrainPairTest(unittest.TestCase):
                 self.step()
         ch = self.ops.chains[0]
         self.assertEqual(ch.replays, [0, 1] * 3)
-        # Inductor's code ran for the plain step and once per stage in the capture.
-        self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (2, 2))
+        # Inductor's code ran for the plain step, the recording pass and
+        # once per stage in its capture.
+        self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (3, 3))
         self.assertEqual(self.pair.bw_map[0], ("fw", 1))
         self.assertEqual(self.pair.bw_map[1][0], "tan")
         r = self.fw.report()
@@ -854,10 +870,10 @@ class TrainPairTest(unittest.TestCase):
             warnings.simplefilter("always")
             other = self.forward()
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0])
-        self.assertEqual(self.fw_inner.calls, 3)
+        self.assertEqual(self.fw_inner.calls, 4)  # plain, recorded, captured, plain
         self.assertTrue(any("wait for their backward" in str(m.message) for m in w))
         self.backward(other)  # the plain forward's backward: not the arena's activation, plain too
-        self.assertEqual(self.bw_inner.calls, 3)
+        self.assertEqual(self.bw_inner.calls, 4)
         self.backward(held)  # the pending one replays
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
 
@@ -903,6 +919,76 @@ class TrainPairTest(unittest.TestCase):
         self.pair.close()
         self.assertNotIn(outs[0].ptr, apc._fixed_outputs)
         pair2.close()
+
+    def _loss_pair(self, name="graph1"):
+        """A loss graph: reads the model's first output; its backward makes
+        the model's incoming gradient (the logits' gradient)."""
+        opts = apc.CompileOptions(None, {})
+
+        def loss_bw(args):
+            args.clear()
+            return [_tensor(())]
+        fw2 = apc._Runner(_Fw(), name, [], None, opts, self.ops, 0)
+        bw2 = apc._Runner(loss_bw, name + "-bw", [], None, opts, self.ops, 0)
+        pair2 = apc._TrainPair(name, opts, self.ops)
+        fw2.pair = bw2.pair = pair2
+        pair2.fw, pair2.bw = fw2, bw2
+        return fw2, bw2, pair2
+
+    def test_incoming_gradient_from_another_graph_is_read_in_place(self):
+        fw2, bw2, pair2 = self._loss_pair()
+
+        def train_step():
+            outs = self.forward()
+            o2 = fw2([outs[0]])
+            g2 = bw2([o2[1], _tensor(())])  # the loss's gradient: autograd's ones
+            return outs, self.bw([outs[1], g2[0]]), g2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            train_step()  # plain: learned
+            train_step()  # captured: each backward at its first call
+            outs, grads, g2 = train_step()
+        del grads  # as zero_grad(set_to_none=True) lets them go
+        m = next(iter(self.pair.members.values()))
+        self.assertEqual(m.tangent_inplace, {1: g2[0].ptr})  # read where the loss graph's backward wrote it
+        self.assertEqual(m.tangents, {})  # no placeholder
+        self.assertNotIn(g2[0].ptr, [src for _, src in self.ops.copies])
+        self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
+        r = self.bw.report()
+        self.assertEqual((r["incoming_in_place"], r["input_bytes_outside"]), (1, 4))  # 4: the forward's input x
+        m2 = next(iter(pair2.members.values()))
+        self.assertEqual(list(m2.tangents), [1])  # autograd's ones are copied into a placeholder
+        self.assertEqual(pair2.bw.report()["incoming_in_place"], 0)
+        # The gradient somewhere else (its graph ran without one): plain, one warning.
+        calls = self.bw_inner.calls
+        outs = self.forward()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            self.bw([outs[1], _tensor(())])
+        self.assertEqual(self.bw_inner.calls, calls + 1)
+        self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1, 0])
+        self.assertTrue(any("not where the backward's capture read it" in str(x.message) for x in w))
+        self.pair.close()
+        pair2.close()
+
+    def test_failed_backward_capture_runs_without_a_graph(self):
+        self.step()  # plain: learned
+        outs = self.forward()  # the forward captured and replayed
+        self.ops.fail_capture = "out of memory"
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            grads = self.backward(outs)
+        self.assertEqual(len(grads), 1)
+        self.assertIn("capture of the backward failed", self.pair.reason)
+        self.assertTrue(any("out of memory" in str(x.message) for x in w))
+        ch = self.ops.chains[0]
+        self.assertFalse(ch.closed)  # the forward's outputs the program holds stay valid
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.step()
+        self.assertEqual(ch.replays, [0])  # everything after runs without a graph
+        self.pair.close()
+        self.assertTrue(ch.closed)
 
     def test_each_shape_its_own_chain(self):
         x2 = _tensor((2,))
@@ -960,7 +1046,7 @@ class TrainPairTest(unittest.TestCase):
             bw([_tensor(out[0].shape), n])
         self.assertIsNone(pair.reason)
         self.assertEqual(len(self.ops.chains), 2)
-        self.assertEqual(seen, [2, 4, 4, 2])
+        self.assertEqual(seen, [2, 4, 4, 4, 2, 2])  # plain twice, then each shape recorded and captured
 
     def test_learns_only_from_a_backward_of_the_last_plain_forward(self):
         first = self.forward()  # plain

@@ -57,7 +57,7 @@ def _stream_ctx(s):
 
 
 @contextlib.contextmanager
-def _graph_ctx(g, stream=None, pool=None):
+def _graph_ctx(g, stream=None, pool=None, capture_error_mode="global"):
     _Graph.captures += 1
     with _stream_ctx(stream or _state.stream):
         if _state.generator is None:
@@ -227,6 +227,52 @@ class GraphFlowTest(unittest.TestCase):
         for k in (1, 4, 2, 1):
             fam.replay(k)
         fam.close()
+
+    def test_chain_captures_a_later_stage_when_asked(self):
+        # A forward whose output its backward frees; the backward captured
+        # later (as at its first call): served from the one plan with no
+        # divergence. A stage not captured yet does not replay.
+        def fw(_box):
+            h = _state.stream.cuda_stream
+            tmp = LIB.alloc(4096, 0, h)
+            out = _Out(LIB.alloc(8192, 0, h), h)
+            LIB.free(tmp)
+            return out
+
+        def bw(box):
+            h = _state.stream.cuda_stream
+            act = box.pop()
+            grad = _Out(LIB.alloc(8192, 0, h), h)
+            del act  # the backward frees the forward's activation
+            return grad
+        with self.assertRaises(ValueError):
+            ap.chain([fw, bw], capture=3)
+        ch = ap.chain([fw, bw], stream=_Stream(), capture=1)
+        self.assertEqual(ch.captured, 1)
+        ch.replay(0)
+        with self.assertRaisesRegex(ap.ArenaplanError, "not captured yet"):
+            ch.replay(1)
+        # Another chain made and replayed in between, as a loss graph is.
+        other = ap.chain([fw, bw], stream=_Stream())
+        other.replay(0)
+        other.replay(1)
+        n = _Graph.captures
+        ch.capture(bw)
+        self.assertEqual((ch.captured, _Graph.captures - n), (2, 1))
+        r = ch.report()
+        self.assertEqual(sum(m["divergences"] for m in r["members"]), 0)
+        self.assertEqual(r["arena"], r["lower_bound"])
+        ch.replay(0)
+        ch.replay(1)
+        with self.assertRaisesRegex(ap.ArenaplanError, "no stage left"):
+            ch.capture(bw)
+        ch.close()
+        other.close()
+        # Closed with a stage still to capture: the outputs handed to it go first.
+        ch = ap.chain([fw, bw], stream=_Stream(), capture=1)
+        ch.close()
+        with self.assertRaisesRegex(ap.ArenaplanError, "closed chain"):
+            ch.capture(bw)
 
     def test_capture_streams_have_their_workspaces_first(self):
         # cuBLAS and cuBLASLt make a workspace per stream at its first
