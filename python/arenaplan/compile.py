@@ -1035,7 +1035,6 @@ class _TrainPair(_Warns):
                 m.tangent_inplace[i] = p
             else:
                 m.tan[i] = m.tangents[i] = ops.empty(layout)
-                m.placeholder_bytes += ops.nbytes(m.tangents[i])
         try:
             out = m.chain.capture(m.bw_stage)
         except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
@@ -1047,6 +1046,7 @@ class _TrainPair(_Warns):
             m.tan.clear()
         self._fix(out)
         m.make_bw = ops.views(out)
+        m.placeholder_bytes += sum(ops.nbytes(t) for t in m.tangents.values())
         return True
 
     def report(self, r: _Runner) -> Dict[str, Any]:

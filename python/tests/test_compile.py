@@ -981,6 +981,7 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual(len(grads), 1)
         self.assertIn("capture of the backward failed", self.pair.reason)
         self.assertTrue(any("out of memory" in str(x.message) for x in w))
+        self.assertEqual(self.fw.report()["input_bytes_outside"], 4)  # the forward's input only
         ch = self.ops.chains[0]
         self.assertFalse(ch.closed)  # the forward's outputs the program holds stay valid
         with warnings.catch_warnings():
