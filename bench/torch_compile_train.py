@@ -125,6 +125,7 @@ def run(args):
             del loss
         caught = [str(m.message) for m in w]
     res["calls_ms"] = calls_ms[:4]
+    res["compile_phases_s"] = compile_phases()
     res["first_steps_s"] = round(sum(calls_ms[:3]) / 1e3, 2)
     res["losses"] = losses
     res["warnings"] = caught[:5]
@@ -161,6 +162,16 @@ def run(args):
         os.makedirs(args.save, exist_ok=True)
         torch.save(sd, os.path.join(args.save, f"train-{args.model}-{args.mode}.pt"))
     print(json.dumps(res), flush=True)
+
+
+def compile_phases():
+    """Seconds spent in each of dynamo's timed compile phases so far (the
+    first steps' compile split: AOTAutograd, inductor, autotuning, ...)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return {}
+    return {k: round(sum(v), 2) for k, v in compilation_time_metrics.items() if sum(v) >= 0.05}
 
 
 def same(a, b):
