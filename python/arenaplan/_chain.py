@@ -10,7 +10,7 @@ import torch
 
 from . import _family, _state
 from ._family import GraphFamily
-from ._graph import _capture, _run, capture_stream
+from ._graph import _capture, _run, capture_stream, workspaces
 from ._lib import ArenaplanError
 
 
@@ -55,9 +55,10 @@ class GraphChain(GraphFamily):
             raise ArenaplanError(f"arenaplan: capture in a closed chain (family {self._fid})")
         if p is None or p.handed is None:
             raise ArenaplanError(f"arenaplan: chain {self._fid}: no stage left to capture")
+        t = time.perf_counter()
+        workspaces(p.stream, self._device)  # this thread's (a backward runs in autograd's)
         i, handed = len(self._graphs), p.handed
         p.handed = None
-        t = time.perf_counter()
         g = torch.cuda.CUDAGraph()
         sid = self._sids[i]
         try:

@@ -147,12 +147,20 @@ def capture_stream(device: int, stream: Optional["torch.cuda.Stream"] = None) ->
     would write where every matrix product on the stream works."""
     if stream is None:
         stream = torch.cuda.Stream(device=device)
+    workspaces(stream, device)
+    return stream
+
+
+def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
+    """Make the calling thread's cuBLAS and cuBLASLt workspaces on stream
+    (PyTorch keeps one per handle, and so per thread, and stream), as
+    :func:`capture_stream` does: a capture in another thread (a backward,
+    in autograd's) would otherwise make them inside the capture."""
     with torch.cuda.stream(stream):
         a = torch.ones(8, 8, device=torch.device("cuda", device))
         torch.addmm(a[0], a, a)  # cuBLASLt (a bias)
         torch.mm(a, a)  # cuBLAS
     stream.synchronize()
-    return stream
 
 
 def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream",

@@ -9,6 +9,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import threading
 import types
 import unittest
 
@@ -85,12 +86,13 @@ class _Mat:
 
 torch = types.ModuleType("torch")
 torch.Tensor = _Tensor
-# Matrix products: the streams they ran on (cuBLAS's workspaces are per stream).
+# Matrix products: the streams and threads they ran on (PyTorch keeps a
+# cuBLAS workspace per handle, one per thread, and stream).
 _products: list = []
 torch.device = lambda kind, index=None: (kind, index)
 torch.ones = lambda *shape, device=None: _Mat()
-torch.addmm = lambda bias, a, b: _products.append(("addmm", _state.stream.cuda_stream))
-torch.mm = lambda a, b: _products.append(("mm", _state.stream.cuda_stream))
+torch.addmm = lambda bias, a, b: _products.append(("addmm", _state.stream.cuda_stream, threading.get_ident()))
+torch.mm = lambda a, b: _products.append(("mm", _state.stream.cuda_stream, threading.get_ident()))
 torch.cuda = types.SimpleNamespace(
     Stream=_Stream, CUDAGraph=_Graph, current_device=lambda: 0,
     current_stream=lambda device=None: _state.stream, stream=_stream_ctx, graph=_graph_ctx,
@@ -247,7 +249,8 @@ class GraphFlowTest(unittest.TestCase):
             return grad
         with self.assertRaises(ValueError):
             ap.chain([fw, bw], capture=3)
-        ch = ap.chain([fw, bw], stream=_Stream(), capture=1)
+        st = _Stream()
+        ch = ap.chain([fw, bw], stream=st, capture=1)
         self.assertEqual(ch.captured, 1)
         ch.replay(0)
         with self.assertRaisesRegex(ap.ArenaplanError, "not captured yet"):
@@ -256,8 +259,23 @@ class GraphFlowTest(unittest.TestCase):
         other = ap.chain([fw, bw], stream=_Stream())
         other.replay(0)
         other.replay(1)
+        # Captured in another thread (a backward, in autograd's): that
+        # thread's workspaces on the chain's stream are made first.
         n = _Graph.captures
-        ch.capture(bw)
+        del _products[:]
+        errs: list = []
+
+        def later():
+            try:
+                ch.capture(bw)
+                errs.append(sorted(_products) == [("addmm", st.cuda_stream, threading.get_ident()),
+                                                  ("mm", st.cuda_stream, threading.get_ident())])
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errs.append(e)
+        th = threading.Thread(target=later)
+        th.start()
+        th.join()
+        self.assertEqual(errs, [True])
         self.assertEqual((ch.captured, _Graph.captures - n), (2, 1))
         r = ch.report()
         self.assertEqual(sum(m["divergences"] for m in r["members"]), 0)
@@ -284,7 +302,8 @@ class GraphFlowTest(unittest.TestCase):
             del _products[:]
             n = _Graph.captures
             g = make(st)
-            self.assertEqual(sorted(_products), [("addmm", st.cuda_stream), ("mm", st.cuda_stream)])
+            me = threading.get_ident()
+            self.assertEqual(sorted(_products), [("addmm", st.cuda_stream, me), ("mm", st.cuda_stream, me)])
             self.assertGreater(_Graph.captures, n)
             g.close()
 
