@@ -83,6 +83,7 @@ packages also reach it through the ``torch_dynamo_backends`` entry point
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 import weakref
@@ -262,6 +263,27 @@ class _Ops:
             s = self._streams[device] = capture_stream(device)
         return s
 
+    @staticmethod
+    def warm_pool():
+        """A new memory pool (arenaplan's ``torch.cuda.MemPool``), or None
+        where arenaplan does not serve them (not installed)."""
+        mp = getattr(torch.cuda, "MemPool", None)
+        if getattr(mp, "__module__", "") != "arenaplan._mempool":
+            return None
+        return mp()
+
+    @staticmethod
+    def in_pool(pool, device: Optional[int]):
+        """Route this thread's allocations on device to pool (None: nowhere
+        else) for the block."""
+        if pool is None:
+            return contextlib.nullcontext()
+        return torch.cuda.use_mem_pool(pool, device=device)
+
+    @staticmethod
+    def close_pool(pool) -> None:
+        pool.close()
+
     def capture(self, fns: Dict[Hashable, Callable[[], Any]], name: str, device: int, opts: CompileOptions):
         return self.ap().graphs(fns, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
                                 name=name, device=device, stream=self.stream(device))
@@ -375,15 +397,51 @@ _order = [0]
 _lock = threading.Lock()
 
 
+class _WarmPool:
+    """Where a compiled graph's calls before its capture allocate: a memory
+    pool of their own, released at the capture (or when the graph is given
+    up), so that the memory they leave cached goes back to the driver
+    instead of staying in the default pool beside the arena; as CUDAGraph
+    Trees' warm-up runs in its graph's pool. A tensor made there and still
+    held keeps its memory until it is freed. Without arenaplan's pools (not
+    installed) the calls allocate as any other."""
+
+    def __init__(self, ops: "_Ops"):
+        self.ops, self.pool = ops, None
+
+    def use(self, device: Optional[int]):
+        """A block routing this thread's allocations on device to the pool."""
+        if self.pool is None:
+            try:
+                self.pool = self.ops.warm_pool()
+            except Exception as e:  # noqa: BLE001 - the calls then allocate as any other
+                warnings.warn(f"arenaplan.compile: no memory pool for the calls before a capture ({e})",
+                              RuntimeWarning, stacklevel=3)
+        return self.ops.in_pool(self.pool, device)
+
+    def close(self) -> None:
+        """Release the pool: its memory goes back once nothing made in it lives."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            try:
+                self.ops.close_pool(pool)
+            except Exception as e:  # noqa: BLE001 - dropping it releases it too
+                warnings.warn(f"arenaplan.compile: releasing the pool of the calls before a capture: {e}",
+                              RuntimeWarning, stacklevel=3)
+
+
 class _Warns:
-    """One warning per kind for a compiled graph, and giving it up."""
+    """One warning per kind for a compiled graph, and giving it up (which
+    releases its warm-up pool)."""
 
     name: str
     reason: Optional[str]
     warned: set
+    warm: _WarmPool
 
     def _give_up(self, reason: str) -> None:
         self.reason = reason
+        self.warm.close()
         self._warn(reason, reason)
 
     def _warn(self, kind: str, reason: str) -> None:
@@ -424,6 +482,7 @@ class _Runner(_Warns):
         self._last: Optional[List[Any]] = None
         self.input_bytes = 0  # the copied inputs' bytes, every member's, planned in the arena
         self.pair: Optional[_TrainPair] = None  # a training graph's forward and backward
+        self.warm = _WarmPool(ops)
         with _lock:
             _order[0] += 1
             self.order = _order[0]
@@ -459,7 +518,7 @@ class _Runner(_Warns):
                 n = self.seen.get(shape, 0)
                 if n < self.opts.warmup:
                     self.seen[shape] = n + 1
-                    return self._plain(inputs)
+                    return self._plain(inputs, warm=True)
                 m = self._add(key, inputs)
                 if m is None:
                     return self._plain(inputs)
@@ -499,9 +558,13 @@ class _Runner(_Warns):
         for d, src, _, _ in todo:
             ops.copy(d, src)
 
-    def _plain(self, inputs: list) -> Any:
+    def _plain(self, inputs: list, warm: bool = False) -> Any:
+        """Inductor's code without a graph (a warm-up call: in the warm-up pool)."""
         self.plain_calls += 1
-        return self.inner(inputs)
+        if not warm:
+            return self.inner(inputs)
+        with self.warm.use(self.device):
+            return self.inner(inputs)
 
     # Shapes and members.
     def _shape_key(self, inputs: list) -> Optional[Hashable]:
@@ -533,6 +596,7 @@ class _Runner(_Warns):
         return tuple(key)
 
     def _add(self, key: Hashable, inputs: list) -> Optional[_Member]:
+        self.warm.close()  # the warm-up is over: what it left goes back (before the capture)
         if len(self.members) >= self.opts.max_shapes:
             self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes (or parameter addresses); "
                                 "this one and later new ones run without a graph")
@@ -675,6 +739,7 @@ class _Runner(_Warns):
         return r
 
     def close(self) -> None:
+        self.warm.close()
         if self.pair is not None:
             self.pair.close()
         if self._last is not None:
@@ -757,6 +822,7 @@ class _TrainPair(_Warns):
         self.warned: set = set()
         self.replays = {"forward": 0, "backward": 0}
         self.plain = {"forward": 0, "backward": 0}
+        self.warm = _WarmPool(ops)  # the plain calls that learn a shape
 
     # Calls.
     def call(self, r: _Runner, inputs: list) -> Any:
@@ -779,6 +845,7 @@ class _TrainPair(_Warns):
             if shape not in self.learned:
                 return self._plain_fw(inputs, shape)  # its backward shows what to capture
             if len(self.members) >= self.opts.max_shapes:
+                self.warm.close()
                 self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes; calls with later new "
                                     "ones run without a graph")
                 return self._plain_fw(inputs, shape)
@@ -823,6 +890,7 @@ class _TrainPair(_Warns):
             # A plain forward's backward: learn from it.
             if self.plain_shape is not None and self.plain_shape not in self.learned:
                 self._learn(inputs, self.plain_shape)
+                return self._plain_bw(inputs, warm=True)
             return self._plain_bw(inputs)
         for i in m.saved_cuda:
             if ops.storage_id(inputs[i]) not in m.saved_ids:
@@ -859,19 +927,26 @@ class _TrainPair(_Warns):
             ops.is_tensor(inputs[i]) and ops.shape_key(inputs[i]) == k for i, k in m.tangent_keys.items())
 
     def _plain_fw(self, inputs: list, shape: Optional[Hashable]) -> Any:
+        """Inductor's forward without a graph; at a shape not learned yet,
+        noting its inputs and outputs, in the warm-up pool."""
         ops = self.ops
         self.plain["forward"] += 1
         self.plain_shape = shape
-        if shape is not None and shape not in self.learned:
-            self.fw_in_meta = [ops.meta(x) if ops.is_tensor(x) else None for x in inputs]
-        outs = self.fw.inner(inputs)
-        if shape is not None and shape not in self.learned:
-            self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
+        if shape is None or shape in self.learned:
+            return self.fw.inner(inputs)
+        self.fw_in_meta = [ops.meta(x) if ops.is_tensor(x) else None for x in inputs]
+        with self.warm.use(self.fw.device):
+            outs = self.fw.inner(inputs)
+        self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
         return outs
 
-    def _plain_bw(self, inputs: list) -> Any:
+    def _plain_bw(self, inputs: list, warm: bool = False) -> Any:
+        """Inductor's backward without a graph (learning a shape: in the warm-up pool)."""
         self.plain["backward"] += 1
-        return self.bw.inner(inputs)
+        if not warm:
+            return self.bw.inner(inputs)
+        with self.warm.use(self.bw.device):
+            return self.bw.inner(inputs)
 
     @staticmethod
     def _alive(refs: list) -> bool:
@@ -977,6 +1052,7 @@ class _TrainPair(_Warns):
             r = inner_bw(a)
             del keep
             return r
+        self.warm.close()  # before the recording pass: what the plain calls left goes back
         try:
             ch = ops.capture_chain([forward, backward], f"{self.name}:{len(self.members)}", fw.device, self.opts,
                                    capture=1)
@@ -1071,6 +1147,7 @@ class _TrainPair(_Warns):
         return out
 
     def close(self) -> None:
+        self.warm.close()
         for m in self.members.values():
             prev = [t for t in (w() for w in m.user_refs) if t is not None]
             if prev:
