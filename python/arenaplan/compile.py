@@ -397,51 +397,43 @@ _order = [0]
 _lock = threading.Lock()
 
 
-class _WarmPool:
-    """Where a compiled graph's calls before its capture allocate: a memory
-    pool of their own, released at the capture (or when the graph is given
-    up), so that the memory they leave cached goes back to the driver
-    instead of staying in the default pool beside the arena; as CUDAGraph
-    Trees' warm-up runs in its graph's pool. A tensor made there and still
-    held keeps its memory until it is freed. Without arenaplan's pools (not
-    installed) the calls allocate as any other."""
-
-    def __init__(self, ops: "_Ops"):
-        self.ops, self.pool = ops, None
-
-    def use(self, device: Optional[int]):
-        """A block routing this thread's allocations on device to the pool."""
-        if self.pool is None:
-            try:
-                self.pool = self.ops.warm_pool()
-            except Exception as e:  # noqa: BLE001 - the calls then allocate as any other
-                warnings.warn(f"arenaplan.compile: no memory pool for the calls before a capture ({e})",
-                              RuntimeWarning, stacklevel=3)
-        return self.ops.in_pool(self.pool, device)
-
-    def close(self) -> None:
-        """Release the pool: its memory goes back once nothing made in it lives."""
-        pool, self.pool = self.pool, None
+@contextlib.contextmanager
+def _warm_pool(ops: "_Ops", device: Optional[int]):
+    """A block in which a compiled graph's call before its capture (a
+    warm-up) allocates in a memory pool of its own, released when the call
+    returns: each of its segments goes back to the driver once nothing
+    made in it lives, instead of staying cached beside the arena, where
+    the tensors made later (an optimizer's state, at the first step) would
+    be placed among the warm-up's freed blocks and keep them mapped; as
+    CUDAGraph Trees' warm-up runs in its graph's pool. Without arenaplan's
+    pools (not installed) the call allocates as any other."""
+    pool = None
+    try:
+        pool = ops.warm_pool()
+    except Exception as e:  # noqa: BLE001 - the call then allocates as any other
+        warnings.warn(f"arenaplan.compile: no memory pool for a call before a capture ({e})", RuntimeWarning,
+                      stacklevel=3)
+    try:
+        with ops.in_pool(pool, device):
+            yield
+    finally:
         if pool is not None:
             try:
-                self.ops.close_pool(pool)
+                ops.close_pool(pool)
             except Exception as e:  # noqa: BLE001 - dropping it releases it too
-                warnings.warn(f"arenaplan.compile: releasing the pool of the calls before a capture: {e}",
+                warnings.warn(f"arenaplan.compile: releasing the pool of a call before a capture: {e}",
                               RuntimeWarning, stacklevel=3)
 
 
 class _Warns:
-    """One warning per kind for a compiled graph, and giving it up (which
-    releases its warm-up pool)."""
+    """One warning per kind for a compiled graph, and giving it up."""
 
     name: str
     reason: Optional[str]
     warned: set
-    warm: _WarmPool
 
     def _give_up(self, reason: str) -> None:
         self.reason = reason
-        self.warm.close()
         self._warn(reason, reason)
 
     def _warn(self, kind: str, reason: str) -> None:
@@ -482,7 +474,6 @@ class _Runner(_Warns):
         self._last: Optional[List[Any]] = None
         self.input_bytes = 0  # the copied inputs' bytes, every member's, planned in the arena
         self.pair: Optional[_TrainPair] = None  # a training graph's forward and backward
-        self.warm = _WarmPool(ops)
         with _lock:
             _order[0] += 1
             self.order = _order[0]
@@ -563,7 +554,7 @@ class _Runner(_Warns):
         self.plain_calls += 1
         if not warm:
             return self.inner(inputs)
-        with self.warm.use(self.device):
+        with _warm_pool(self.ops, self.device):
             return self.inner(inputs)
 
     # Shapes and members.
@@ -596,7 +587,6 @@ class _Runner(_Warns):
         return tuple(key)
 
     def _add(self, key: Hashable, inputs: list) -> Optional[_Member]:
-        self.warm.close()  # the warm-up is over: what it left goes back (before the capture)
         if len(self.members) >= self.opts.max_shapes:
             self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes (or parameter addresses); "
                                 "this one and later new ones run without a graph")
@@ -739,7 +729,6 @@ class _Runner(_Warns):
         return r
 
     def close(self) -> None:
-        self.warm.close()
         if self.pair is not None:
             self.pair.close()
         if self._last is not None:
@@ -822,7 +811,6 @@ class _TrainPair(_Warns):
         self.warned: set = set()
         self.replays = {"forward": 0, "backward": 0}
         self.plain = {"forward": 0, "backward": 0}
-        self.warm = _WarmPool(ops)  # the plain calls that learn a shape
 
     # Calls.
     def call(self, r: _Runner, inputs: list) -> Any:
@@ -845,7 +833,6 @@ class _TrainPair(_Warns):
             if shape not in self.learned:
                 return self._plain_fw(inputs, shape)  # its backward shows what to capture
             if len(self.members) >= self.opts.max_shapes:
-                self.warm.close()
                 self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes; calls with later new "
                                     "ones run without a graph")
                 return self._plain_fw(inputs, shape)
@@ -935,7 +922,7 @@ class _TrainPair(_Warns):
         if shape is None or shape in self.learned:
             return self.fw.inner(inputs)
         self.fw_in_meta = [ops.meta(x) if ops.is_tensor(x) else None for x in inputs]
-        with self.warm.use(self.fw.device):
+        with _warm_pool(ops, self.fw.device):
             outs = self.fw.inner(inputs)
         self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
         return outs
@@ -945,7 +932,7 @@ class _TrainPair(_Warns):
         self.plain["backward"] += 1
         if not warm:
             return self.bw.inner(inputs)
-        with self.warm.use(self.bw.device):
+        with _warm_pool(self.ops, self.bw.device):
             return self.bw.inner(inputs)
 
     @staticmethod
@@ -1052,7 +1039,6 @@ class _TrainPair(_Warns):
             r = inner_bw(a)
             del keep
             return r
-        self.warm.close()  # before the recording pass: what the plain calls left goes back
         try:
             ch = ops.capture_chain([forward, backward], f"{self.name}:{len(self.members)}", fw.device, self.opts,
                                    capture=1)
@@ -1147,7 +1133,6 @@ class _TrainPair(_Warns):
         return out
 
     def close(self) -> None:
-        self.warm.close()
         for m in self.members.values():
             prev = [t for t in (w() for w in m.user_refs) if t is not None]
             if prev:

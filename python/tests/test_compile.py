@@ -197,7 +197,6 @@ class _FakeOps(apc._Ops):
         self.copies = []  # (dst address, src address)
         self.pools = []  # the warm-up pools made
         self.routed = []  # per block routed to a pool: its index in pools
-        self.open_at_capture = []  # per capture: the pools still open
 
     def warm_pool(self):
         p = types.SimpleNamespace(closed=False, index=len(self.pools))
@@ -209,14 +208,12 @@ class _FakeOps(apc._Ops):
         assert not pool.closed, "a block routed to a closed pool"
         self.routed.append(pool.index)
         yield
+        assert not pool.closed, "a pool closed while routed to"
 
     @staticmethod
     def close_pool(pool):
         assert not pool.closed, "a pool closed twice"
         pool.closed = True
-
-    def _captures(self):
-        self.open_at_capture.append([p.index for p in self.pools if not p.closed])
 
     def new_arena(self):
         self.arenas += 1
@@ -298,7 +295,6 @@ class _FakeOps(apc._Ops):
         dst.value = src.value
 
     def capture(self, fns, name, device, opts):
-        self._captures()
         if self.fail:
             raise RuntimeError(self.fail)
         return _Family(fns, self.families, self, opts.capture_warmup, self.captures)
@@ -377,11 +373,11 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(len(inner.calls), 1)
         self.assertEqual(inner.calls[0], [w0, w1, x, 3], "the warm-up call runs inductor's code on the inputs")
         self.assertEqual(ops.families, [])
-        self.assertEqual((ops.routed, ops.pools[0].closed), ([0], False), "the warm-up call runs in its own pool")
+        self.assertEqual((ops.routed, ops.pools[0].closed), ([0], True),
+                         "the warm-up call runs in a pool of its own, released when it returns")
         out1 = r([w0, w1, x, 3])
         fam = ops.families[0]
-        self.assertEqual(ops.open_at_capture, [[]], "the warm-up pool is released before the capture")
-        self.assertEqual(ops.routed, [0], "only the warm-up call is routed to it")
+        self.assertEqual(ops.routed, [0], "only the warm-up call is routed to a pool")
         self.assertEqual(len(inner.calls), 4, "two runs before the capture (the last recorded), one captured")
         for run in inner.calls[1:]:
             self.assertIs(run[0], w0)
@@ -453,8 +449,8 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(len(ops.families), 2, "no capture beyond the limit")
         r([w0, w1, small, 2])
         self.assertEqual(fam.replays, [1, 0])
-        # One warm-up call per shape, each in its own pool, all released
-        # (the third's when the limit refused it).
+        # One warm-up call per shape, each in a pool of its own, released
+        # when it returned; the third shape's calls beyond the limit in none.
         self.assertEqual((ops.routed, [p.closed for p in ops.pools]), ([0, 1, 2], [True] * 3))
         rep = r.report()
         self.assertEqual((rep["members"], rep["captures"], rep["family_builds"]), (2, 3, 2))
@@ -786,7 +782,6 @@ class _TrainOps(_FakeOps):
     def capture_chain(self, stages, name, device, opts, capture=None):
         """One recording pass over every stage, then a capture of each of
         the first ``capture``; ch.capture(fn) captures the next."""
-        self._captures()
         ch = types.SimpleNamespace(outputs=[], replays=[], closed=False, handed=None, recorded=[])
         box = None
         for fn in stages:  # the recording pass
@@ -887,8 +882,8 @@ class TrainPairTest(unittest.TestCase):
         # Inductor's code ran for the plain step, the recording pass and
         # once per stage in its capture.
         self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (3, 3))
-        # The plain forward and backward ran in one pool, released before the recording pass.
-        self.assertEqual((self.ops.routed, self.ops.open_at_capture), ([0, 0], [[]]))
+        # The plain forward and backward ran each in a pool of its own, released when it returned.
+        self.assertEqual((self.ops.routed, [p.closed for p in self.ops.pools]), ([0, 1], [True, True]))
         self.assertEqual(self.pair.bw_map[0], ("fw", 1))
         self.assertEqual(self.pair.bw_map[1][0], "tan")
         r = self.fw.report()
