@@ -69,6 +69,7 @@ type Spill struct {
 	key       block    // the best-fit search's pivot, reused
 	pending   []*block // wait for events on other streams
 	events    []cuda.Event
+	doomed    []doomed // released user pools' free segments, unmapped once the work queued on them is done
 
 	st SpillStats
 	// intervalPeak is the most bytes mapped at once since MappedPeak last
@@ -195,6 +196,7 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*b
 	}
 	if len(s.captures) == 0 {
 		// Event queries are among the calls a global-mode capture forbids.
+		s.processDoomed()
 		if err := s.processPending(); err != nil {
 			return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
 		}
@@ -300,10 +302,15 @@ func (s *Spill) Close() error {
 	for _, b := range s.pending {
 		s.events = append(s.events, b.events...)
 	}
+	for _, d := range s.doomed {
+		if d.ev != nil {
+			s.events = append(s.events, d.ev)
+		}
+	}
 	for _, ev := range s.events {
 		ev.Close()
 	}
-	s.events, s.pending, s.untilNone, s.live = nil, nil, nil, nil
+	s.events, s.pending, s.untilNone, s.live, s.doomed = nil, nil, nil, nil, nil
 	if s.copyStream != nil {
 		if err := s.copyStream.Close(); err != nil && first == nil {
 			first = err

@@ -24,6 +24,7 @@ type segment struct {
 	small  bool    // holds only blocks of at most SmallBlock bytes
 	key    uintptr // its free list in the pool: freeKey(handle, small)
 	first  *block
+	doomed bool // in Spill.doomed: out of its pool's free lists, to be unmapped
 }
 
 type vaRange struct{ lo, hi uint64 } // offsets into the reservation
@@ -173,21 +174,42 @@ func (s *Spill) EmptyCache() error {
 }
 
 // trim unmaps free segments of pools no graph holds (all when closing)
-// and returns the bytes unmapped.
+// and the doomed ones, and returns the bytes unmapped. Work queued on a
+// segment must finish before it is unmapped (cuMemUnmap does not wait
+// for it): trim waits for the device first (Close has), and unmaps
+// nothing if that fails.
 func (s *Spill) trim(all bool) uint64 {
 	var freed uint64
 	var segs []*segment
 	for seg := range s.segments {
-		segs = append(segs, seg)
+		b := seg.first
+		whole := b.next == nil && b.state == stFree
+		kept := seg.pool.private && seg.pool.refs > 0 && seg.pool.region == ""
+		if !seg.doomed && (all || whole && !kept && !seg.paused) {
+			segs = append(segs, seg)
+		}
 	}
+	if len(segs)+len(s.doomed) == 0 {
+		return 0
+	}
+	if !all {
+		if err := s.dev.Synchronize(); err != nil {
+			return 0 // better cached than unmapped under running work
+		}
+	}
+	for _, d := range s.doomed {
+		if d.ev != nil {
+			s.events = append(s.events, d.ev)
+		}
+		freed += d.seg.size
+		s.unmapReleased(d.seg)
+	}
+	clear(s.doomed)
+	s.doomed = s.doomed[:0]
 	sort.Slice(segs, func(i, j int) bool { return segs[i].addr < segs[j].addr })
 	for _, seg := range segs {
 		b := seg.first
 		whole := b.next == nil && b.state == stFree
-		kept := seg.pool.private && seg.pool.refs > 0 && seg.pool.region == ""
-		if !all && (!whole || kept || seg.paused) {
-			continue
-		}
 		if whole {
 			seg.pool.tree(seg.key).Delete(b)
 			seg.pool.dropTree(seg.key)

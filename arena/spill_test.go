@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -41,6 +42,15 @@ func (s *Spill) validate() error {
 			}
 			switch b.state {
 			case stFree:
+				if seg.doomed {
+					if !slices.ContainsFunc(s.doomed, func(d doomed) bool { return d.seg == seg }) {
+						return fmt.Errorf("segment %#x is marked doomed and is not in the doomed list", seg.addr)
+					}
+					if b.prev != nil || b.next != nil || seg.pool.refs > 0 {
+						return fmt.Errorf("doomed segment %#x: blocks still allocated, or its pool held", seg.addr)
+					}
+					break
+				}
 				free++
 				if prev != nil && prev.state == stFree {
 					return fmt.Errorf("blocks %#x and %#x are free neighbours, not coalesced", prev.addr, b.addr)

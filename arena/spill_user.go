@@ -78,11 +78,14 @@ func (s *Spill) NewUserPool(name string, src SegmentSource) (*Pool, error) {
 }
 
 // ReleaseUserPool drops the owner's hold on a user pool: nothing more is
-// allocated in it, and each of its segments goes back (to its
-// SegmentSource, or unmapped) as soon as no block in it is allocated: now
-// for those wholly free, at the free of their last block for the others
-// (or, for blocks whose free waited on other streams, at the next
-// EmptyCache). It returns the last failure of the source's FreeSegment.
+// allocated in it, and each of its segments goes back as soon as no block
+// in it is allocated (now for those wholly free, at the free of their
+// last block for the others; for blocks whose free waited on other
+// streams, at the next EmptyCache): to its SegmentSource then; the
+// allocator's own memory is unmapped once the work queued on the segment
+// by then is done (seen at a later Alloc, or at EmptyCache, which waits
+// for the device). It returns the last failure of the source's
+// FreeSegment.
 func (s *Spill) ReleaseUserPool(p *Pool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -143,15 +146,69 @@ func (s *Spill) freeExternal(seg *segment) {
 	}
 }
 
+// doomed is a released user pool's segment with nothing allocated, to be
+// unmapped once the work queued on its stream before that is done (ev
+// completed; ev nil: at the next trim, which waits for the device).
+type doomed struct {
+	seg *segment
+	ev  cuda.Event
+}
+
 // dropReleased gives back seg, a segment of a released user pool, if no
-// block in it is allocated or waiting; s.mu is held.
+// block in it is allocated or waiting: to its SegmentSource now; mapped
+// memory is doomed, out of its pool's free lists and unmapped once the
+// work queued on it is done (processDoomed), since a block is freed as
+// soon as its last kernel is queued and cuMemUnmap does not wait for
+// them; s.mu is held.
 func (s *Spill) dropReleased(seg *segment) {
 	b := seg.first
-	if seg.paused || b.next != nil || b.state != stFree || seg.pool.refs > 0 {
+	if seg.paused || seg.doomed || b.next != nil || b.state != stFree || seg.pool.refs > 0 {
 		return
 	}
 	seg.pool.tree(seg.key).Delete(b)
 	seg.pool.dropTree(seg.key)
+	if seg.external() {
+		// Its allocator's free takes the stream and orders itself, as a
+		// CUDAPluggableAllocator's does.
+		s.unmapReleased(seg)
+		return
+	}
+	seg.doomed = true
+	d := doomed{seg: seg}
+	if len(s.captures) == 0 { // else: at the next trim
+		if n := len(s.events); n > 0 {
+			d.ev, s.events = s.events[n-1], s.events[:n-1]
+		} else if ev, err := s.dev.NewEvent(false); err == nil {
+			d.ev = ev
+		}
+		if d.ev != nil && d.ev.Record(seg.stream) != nil {
+			s.events = append(s.events, d.ev)
+			d.ev = nil
+		}
+	}
+	s.doomed = append(s.doomed, d)
+}
+
+// processDoomed unmaps the doomed segments whose work is done; outside
+// captures (event queries are among the calls a global-mode capture
+// forbids); s.mu is held.
+func (s *Spill) processDoomed() {
+	keep := s.doomed[:0]
+	for _, d := range s.doomed {
+		if d.ev == nil || d.ev.Query() != nil {
+			keep = append(keep, d)
+			continue
+		}
+		s.events = append(s.events, d.ev)
+		s.unmapReleased(d.seg)
+	}
+	clear(s.doomed[len(keep):])
+	s.doomed = keep
+}
+
+// unmapReleased unmaps a doomed segment (its work done) and forgets its
+// pool once that has no segments left; s.mu is held.
+func (s *Spill) unmapReleased(seg *segment) {
 	if seg.host != nil {
 		s.dropHost(seg)
 	}

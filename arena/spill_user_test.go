@@ -3,6 +3,7 @@ package arena
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
@@ -156,7 +157,8 @@ func segmentOf(t *testing.T, s *Spill, p cuda.DevicePtr) cuda.DevicePtr {
 
 // A source that fails or returns a bad address makes AllocIn fail with the
 // state unchanged; a user pool without a source uses the allocator's own
-// memory and gives it back at release; Close gives external segments back.
+// memory and gives it back after its last free; Close gives external
+// segments back.
 func TestUserPoolFailuresAndOwnMemory(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
@@ -193,8 +195,9 @@ func TestUserPoolFailuresAndOwnMemory(t *testing.T) {
 	if err := s.Free(a); err != nil {
 		t.Fatal(err)
 	}
+	mustAlloc(t, s, 512, st) // sees the work queued on the segment done: unmapped (a 2 MiB segment mapped)
 	if got := s.Stats().Mapped; got >= mapped {
-		t.Fatalf("mapped %d after the released pool's last free, was %d", got, mapped)
+		t.Fatalf("mapped %d after the released pool's last free and an Alloc, was %d", got, mapped)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -230,4 +233,104 @@ func TestUserPoolMisalignedSegment(t *testing.T) {
 	if src.freed != 1 {
 		t.Fatalf("the misaligned segment was given back %d times, want 1", src.freed)
 	}
+}
+
+// orderLog is a device that logs, in order, synchronizations, events
+// recorded and seen complete, and unmaps.
+type orderLog struct {
+	cuda.Device
+	log *[]string
+}
+
+func (d orderLog) Synchronize() error {
+	*d.log = append(*d.log, "sync")
+	return d.Device.Synchronize()
+}
+
+func (d orderLog) MemUnmap(p cuda.DevicePtr, size uint64) error {
+	*d.log = append(*d.log, "unmap")
+	return d.Device.MemUnmap(p, size)
+}
+
+func (d orderLog) NewEvent(timing bool) (cuda.Event, error) {
+	ev, err := d.Device.NewEvent(timing)
+	if err != nil {
+		return nil, err
+	}
+	return orderEvent{ev, d.log}, nil
+}
+
+type orderEvent struct {
+	cuda.Event
+	log *[]string
+}
+
+func (e orderEvent) Record(st cuda.Stream) error {
+	*e.log = append(*e.log, "record")
+	return e.Event.Record(st)
+}
+
+func (e orderEvent) Query() error {
+	err := e.Event.Query()
+	if err == nil {
+		*e.log = append(*e.log, "done")
+	}
+	return err
+}
+
+// A block is freed as soon as its last kernel is queued, and cuMemUnmap
+// does not wait for queued work: a segment is unmapped only after the
+// work queued on it before its last free is done. A released user pool's
+// segment waits for an event recorded at that free (seen at a later
+// Alloc), EmptyCache for the whole device.
+func TestSpillUnmapsOnlyAfterQueuedWork(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	var log []string
+	s, err := NewSpill(orderLog{e.dev, &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	st := e.stream(t)
+	p, err := s.NewUserPool("pool 1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.AllocIn(p, 40*MiB, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.AllocIn(p, 40*MiB, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseUserPool(p); err != nil {
+		t.Fatal(err)
+	}
+	mapped := s.Stats().Mapped
+	log = nil
+	mustFree(t, s, a)
+	mustValid(t, s)
+	if fmt.Sprint(log) != "[record]" || s.Stats().Mapped != mapped {
+		t.Fatalf("the last free of a released pool's segment: %v, %d mapped (was %d); want an event recorded, nothing unmapped yet",
+			log, s.Stats().Mapped, mapped)
+	}
+	c := mustAlloc(t, s, 4*MiB, st)
+	if fmt.Sprint(log) != "[record done unmap]" {
+		t.Fatalf("the next Alloc: %v, want the event seen complete, then the unmap", log)
+	}
+	mustValid(t, s)
+	log = nil
+	mustFree(t, s, b)
+	mustFree(t, s, c)
+	if err := s.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if len(log) < 3 || log[0] != "record" || log[1] != "sync" || slices.Index(log, "unmap") < 2 {
+		t.Fatalf("EmptyCache after the frees: %v, want the device synchronized before any unmap", log)
+	}
+	if got := s.Stats(); got.Mapped != 0 || got.Segments != 0 {
+		t.Fatalf("after EmptyCache: %d mapped in %d segments, want none", got.Mapped, got.Segments)
+	}
+	mustValid(t, s)
 }
