@@ -13,12 +13,14 @@ model's loss, backward, AdamW (fused) step, every step the same batch
 PyTorch's math kernel, deterministic (gpt2-eff: PyTorch's choice).
 Prints one JSON line: the compiled graphs' report (ours: arena, lower bound
 of the forward and backward's joint timeline, captures, calls without a
-graph), the process's reserved memory after the steps (PyTorch's counter;
-under arenaplan its own, in PyTorch's schema) and its peak, the step time
-(CUDA events, fastest of 5 blocks of --iters steps; by default 10, and
-100 for the MLPs, whose step of about a millisecond is bound by the host), the first calls'
-times, the losses, and a checksum of the parameters after the steps (saved
-under --save, so that the summary compares the two modes bit for bit).
+graph), the graph memory (reduce-overhead: CUDAGraph Trees' pool), the
+process's reserved memory after the steps (PyTorch's counter; under
+arenaplan its own, in PyTorch's schema) and its peak, the step time (CUDA
+events, fastest of 5 blocks of --iters steps; by default 10, and 100 for the
+MLPs, whose step of about a millisecond is bound by the host), the first
+calls' times, the losses, and a checksum of the parameters after the steps
+(saved under --save, so that the summary compares the two modes bit for
+bit).
 Random weights; dropout off; nothing is downloaded.
 """
 import argparse
@@ -147,6 +149,8 @@ def run(args):
     res["max_allocated"] = torch.cuda.max_memory_allocated(dev)
     res["allocated"] = torch.cuda.memory_allocated(dev)
     res["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not ours:
+        res["graph_bytes"] = ro_pool_bytes(dev)
     if ours:
         rep = apc.report()
         res["graphs"] = rep
@@ -163,6 +167,18 @@ def run(args):
         os.makedirs(args.save, exist_ok=True)
         torch.save(sd, os.path.join(args.save, f"train-{args.model}-{args.mode}.pt"))
     print(json.dumps(res), flush=True)
+
+
+def ro_pool_bytes(dev):
+    """The bytes of CUDAGraph Trees' memory pool on dev (its segments in
+    PyTorch's memory snapshot): reduce-overhead's graph memory, with its
+    inputs' copies; None where torch does not show it."""
+    try:
+        from torch._inductor import cudagraph_trees
+        pool = tuple(cudagraph_trees.get_container(dev.index).tree_manager.cuda_graphs_thread_pool)
+    except (AttributeError, ImportError):
+        return None
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == pool)
 
 
 def compile_phases():
@@ -191,7 +207,7 @@ def summary(path, save):
             r = json.loads(line)
             rows.setdefault(r["model"], {})[r["mode"]] = r
     M = 1e6
-    print(f"{'model':6} {'LB MB':>8} {'arena/LB':>8} {'ours graph MB':>13} {'reserved MB RO/ours':>20} "
+    print(f"{'model':6} {'LB MB':>8} {'arena/LB':>8} {'graph MB RO/ours':>17} {'reserved MB RO/ours':>20} "
           f"{'allocated MB RO/ours':>21} "
           f"{'peak reserved MB RO/ours':>25} {'step us RO/ours':>18} {'ours/RO':>7} {'first 3 steps s RO/ours':>24} "
           f"{'params equal':>12} {'losses equal':>12}  captured (replays, plain)")
@@ -208,7 +224,8 @@ def summary(path, save):
         lb, ar = o.get("lower_bound"), o.get("arena")
         f = lambda v: f"{v / M:.1f}" if isinstance(v, (int, float)) and v else "-"  # noqa: E731
         ts, os_ = t.get("step_us"), o.get("step_us")
-        print(f"{m:6} {f(lb):>8} {(f'{ar / lb:.4f}' if lb else '-'):>8} {f(o.get('graph_bytes')):>13} "
+        print(f"{m:6} {f(lb):>8} {(f'{ar / lb:.4f}' if lb else '-'):>8} "
+              f"{f(t.get('graph_bytes')) + '/' + f(o.get('graph_bytes')):>17} "
               f"{f(t.get('reserved')) + '/' + f(o.get('reserved')):>20} "
               f"{f(t.get('allocated')) + '/' + f(o.get('allocated')):>21} "
               f"{f(t.get('max_reserved')) + '/' + f(o.get('max_reserved')):>25} {str(ts) + '/' + str(os_):>18} "
