@@ -173,6 +173,7 @@ def ro_pool_bytes(dev):
     """The bytes of CUDAGraph Trees' memory pool on dev (its segments in
     PyTorch's memory snapshot): reduce-overhead's graph memory, with its
     inputs' copies; None where torch does not show it."""
+    import torch
     try:
         from torch._inductor import cudagraph_trees
         pool = tuple(cudagraph_trees.get_container(dev.index).tree_manager.cuda_graphs_thread_pool)

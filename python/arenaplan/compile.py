@@ -17,9 +17,7 @@ arenaplan's allocator, where CUDAGraph Trees cannot run (they need the
 caching allocator's private pools and checkpoints, which a plugged allocator
 refuses). The backend compiles with inductor, inductor's own CUDA graphs
 off, and wraps every compiled graph: its first ``warmup`` calls run
-inductor's code as it is (autotuning, lazy workspaces), each in a memory
-pool of its own released when it returns (what it leaves goes back as its
-tensors are freed, instead of staying cached beside the arena); the next call
+inductor's code as it is (autotuning, lazy workspaces); the next call
 captures it with :func:`arenaplan.torch.graphs`: warm-up runs, one recorded,
 a plan at the lower bound of live bytes, one capture; every later call
 copies the inputs that are not parameters or buffers to their planned
@@ -50,18 +48,20 @@ does not re-captures the family, every member once more, largest first.
 
 Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
-forward and backward at a shape: one arena planned on one timeline, the
-activations the forward saves read in place by the backward and their
-memory reused once it frees them. The backward is captured at its first
-call, when its incoming gradients are there: one that another captured
+forward and backward at a shape (each in a memory pool of its own, released
+when it returns, so that its activations go back to the driver as they are
+freed rather than stay cached beside the arena): one arena planned on one
+timeline, the activations the forward saves read in place by the backward
+and their memory reused once it frees them. The backward is captured at its
+first call, when its incoming gradients are there: one that another captured
 graph's backward made (a loss graph's gradient of the logits) is read in
-place, as CUDAGraph Trees read it; others are copied into placeholders.
-Each shape (the last, partial batch of an epoch) gets its own
-chain, up to ``max_shapes``. A forward while that shape's previous backward
-is still pending, or a call while its previous gradients are still held as
-``.grad`` (gradient accumulation, ``zero_grad(set_to_none=False)``), runs
-inductor's code without a graph (one warning each); a backward whose saved
-activations a later forward overwrote raises. See :class:`_TrainPair`.
+place, as CUDAGraph Trees read it; others are copied into placeholders. Each
+shape (the last, partial batch of an epoch) gets its own chain, up to
+``max_shapes``. A forward while that shape's previous backward is still
+pending, or a call while its previous gradients are still held as ``.grad``
+(gradient accumulation, ``zero_grad(set_to_none=False)``), runs inductor's
+code without a graph (one warning each); a backward whose saved activations
+a later forward overwrote raises. See :class:`_TrainPair`.
 
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA
@@ -401,14 +401,16 @@ _lock = threading.Lock()
 
 @contextlib.contextmanager
 def _warm_pool(ops: "_Ops", device: Optional[int]):
-    """A block in which a compiled graph's call before its capture (a
-    warm-up) allocates in a memory pool of its own, released when the call
-    returns: each of its segments goes back to the driver once nothing
-    made in it lives, instead of staying cached beside the arena, where
-    the tensors made later (an optimizer's state, at the first step) would
-    be placed among the warm-up's freed blocks and keep them mapped; as
-    CUDAGraph Trees' warm-up runs in its graph's pool. Without arenaplan's
-    pools (not installed) the call allocates as any other."""
+    """A block in which a training graph's plain call before its capture
+    allocates in a memory pool of its own, released when the call returns:
+    each of its segments goes back to the driver once nothing made in it
+    lives, instead of staying cached beside the arena, where the tensors
+    made later (the optimizer's state, at the first step) would be placed
+    among the step's freed activations and keep them mapped; as CUDAGraph
+    Trees' warm-up runs in its graph's pool. (An inference graph's warm-up
+    does not: a pool's fresh segments cost its first call about a second
+    on a GPU, for no memory shown saved.) Without arenaplan's pools (not
+    installed) the call allocates as any other."""
     pool = None
     try:
         pool = ops.warm_pool()
@@ -511,7 +513,7 @@ class _Runner(_Warns):
                 n = self.seen.get(shape, 0)
                 if n < self.opts.warmup:
                     self.seen[shape] = n + 1
-                    return self._plain(inputs, warm=True)
+                    return self._plain(inputs)
                 m = self._add(key, inputs)
                 if m is None:
                     return self._plain(inputs)
@@ -551,13 +553,9 @@ class _Runner(_Warns):
         for d, src, _, _ in todo:
             ops.copy(d, src)
 
-    def _plain(self, inputs: list, warm: bool = False) -> Any:
-        """Inductor's code without a graph (a warm-up call: in the warm-up pool)."""
+    def _plain(self, inputs: list) -> Any:
         self.plain_calls += 1
-        if not warm:
-            return self.inner(inputs)
-        with _warm_pool(self.ops, self.device):
-            return self.inner(inputs)
+        return self.inner(inputs)
 
     # Shapes and members.
     def _shape_key(self, inputs: list) -> Optional[Hashable]:

@@ -373,11 +373,9 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(len(inner.calls), 1)
         self.assertEqual(inner.calls[0], [w0, w1, x, 3], "the warm-up call runs inductor's code on the inputs")
         self.assertEqual(ops.families, [])
-        self.assertEqual((ops.routed, ops.pools[0].closed), ([0], True),
-                         "the warm-up call runs in a pool of its own, released when it returns")
         out1 = r([w0, w1, x, 3])
         fam = ops.families[0]
-        self.assertEqual(ops.routed, [0], "only the warm-up call is routed to a pool")
+        self.assertEqual(ops.routed, [], "an inference graph's calls allocate as any other")
         self.assertEqual(len(inner.calls), 4, "two runs before the capture (the last recorded), one captured")
         for run in inner.calls[1:]:
             self.assertIs(run[0], w0)
@@ -449,9 +447,6 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(len(ops.families), 2, "no capture beyond the limit")
         r([w0, w1, small, 2])
         self.assertEqual(fam.replays, [1, 0])
-        # One warm-up call per shape, each in a pool of its own, released
-        # when it returned; the third shape's calls beyond the limit in none.
-        self.assertEqual((ops.routed, [p.closed for p in ops.pools]), ([0, 1, 2], [True] * 3))
         rep = r.report()
         self.assertEqual((rep["members"], rep["captures"], rep["family_builds"]), (2, 3, 2))
 
