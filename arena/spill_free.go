@@ -32,7 +32,7 @@ func (s *Spill) Free(p cuda.DevicePtr) error {
 		seg := b.seg
 		s.release(b)
 		if seg.pool.refs <= 0 && seg.pool.user != nil {
-			s.dropReleased(seg) // a released user pool's segment goes back once free
+			s.dropReleased(seg, false) // a released user pool's segment goes back once free
 		}
 	case len(s.captures) > 0:
 		return s.deferFree(b)

@@ -3,6 +3,7 @@ package arena
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/arenaplan/arenaplan/cuda"
 )
@@ -79,13 +80,14 @@ func (s *Spill) NewUserPool(name string, src SegmentSource) (*Pool, error) {
 
 // ReleaseUserPool drops the owner's hold on a user pool: nothing more is
 // allocated in it, and each of its segments goes back as soon as no block
-// in it is allocated (now for those wholly free, at the free of their
-// last block for the others; for blocks whose free waited on other
-// streams, at the next EmptyCache): to its SegmentSource then; the
-// allocator's own memory is unmapped once the work queued on the segment
-// by then is done (seen at a later Alloc, or at EmptyCache, which waits
-// for the device). It returns the last failure of the source's
-// FreeSegment.
+// in it is allocated: to its SegmentSource then; the allocator's own
+// memory once the work queued on the segment by then is done. Those
+// wholly free go back now (it waits for their streams first; during a
+// capture, at the next EmptyCache); the others at the free of their last
+// block (unmapped once an event recorded then has completed, seen at a
+// later Alloc, or at EmptyCache, which waits for the device); blocks whose
+// free waited on other streams, at the next EmptyCache. It returns the
+// last failure of the source's FreeSegment.
 func (s *Spill) ReleaseUserPool(p *Pool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -99,8 +101,27 @@ func (s *Spill) ReleaseUserPool(p *Pool) error {
 		return fmt.Errorf("arena: Spill.ReleaseUserPool(%s): %w (released already)", p, ErrUnknown)
 	}
 	p.refs--
-	for _, seg := range s.poolSegments(p) {
-		s.dropReleased(seg)
+	segs := s.poolSegments(p)
+	// The wholly free segments' work is waited for here, once per stream,
+	// so that they are unmapped now (outside captures; else doomed).
+	done := false
+	if len(s.captures) == 0 {
+		done = true
+		var waited []uintptr
+		for _, seg := range segs {
+			if seg.external() || seg.paused || seg.first.next != nil || seg.first.state != stFree ||
+				slices.Contains(waited, seg.handle) {
+				continue
+			}
+			if seg.stream.Synchronize() != nil {
+				done = false
+				break
+			}
+			waited = append(waited, seg.handle)
+		}
+	}
+	for _, seg := range segs {
+		s.dropReleased(seg, done)
 	}
 	if !s.poolHasSegments(p) {
 		delete(s.pools, p)
@@ -156,20 +177,20 @@ type doomed struct {
 
 // dropReleased gives back seg, a segment of a released user pool, if no
 // block in it is allocated or waiting: to its SegmentSource now; mapped
-// memory is doomed, out of its pool's free lists and unmapped once the
+// memory now if done (the work queued on it was waited for), else doomed, out of its pool's free lists and unmapped once the
 // work queued on it is done (processDoomed), since a block is freed as
 // soon as its last kernel is queued and cuMemUnmap does not wait for
 // them; s.mu is held.
-func (s *Spill) dropReleased(seg *segment) {
+func (s *Spill) dropReleased(seg *segment, done bool) {
 	b := seg.first
 	if seg.paused || seg.doomed || b.next != nil || b.state != stFree || seg.pool.refs > 0 {
 		return
 	}
 	seg.pool.tree(seg.key).Delete(b)
 	seg.pool.dropTree(seg.key)
-	if seg.external() {
-		// Its allocator's free takes the stream and orders itself, as a
-		// CUDAPluggableAllocator's does.
+	if seg.external() || done {
+		// done: its work was waited for. An allocator's free takes the
+		// stream and orders itself, as a CUDAPluggableAllocator's does.
 		s.unmapReleased(seg)
 		return
 	}

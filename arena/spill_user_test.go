@@ -260,6 +260,16 @@ func (d orderLog) NewEvent(timing bool) (cuda.Event, error) {
 	return orderEvent{ev, d.log}, nil
 }
 
+type orderStream struct {
+	cuda.Stream
+	log *[]string
+}
+
+func (st orderStream) Synchronize() error {
+	*st.log = append(*st.log, "stream sync")
+	return st.Stream.Synchronize()
+}
+
 type orderEvent struct {
 	cuda.Event
 	log *[]string
@@ -282,7 +292,8 @@ func (e orderEvent) Query() error {
 // does not wait for queued work: a segment is unmapped only after the
 // work queued on it before its last free is done. A released user pool's
 // segment waits for an event recorded at that free (seen at a later
-// Alloc), EmptyCache for the whole device.
+// Alloc), or, wholly free at the release, for its stream there;
+// EmptyCache for the whole device.
 func TestSpillUnmapsOnlyAfterQueuedWork(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	var log []string
@@ -331,6 +342,32 @@ func TestSpillUnmapsOnlyAfterQueuedWork(t *testing.T) {
 	}
 	if got := s.Stats(); got.Mapped != 0 || got.Segments != 0 {
 		t.Fatalf("after EmptyCache: %d mapped in %d segments, want none", got.Mapped, got.Segments)
+	}
+	mustValid(t, s)
+
+	// Released wholly free: its stream waited for once, both segments
+	// unmapped then (the stream wrapped to see it waited for).
+	q, err := s.NewUserPool("pool 2", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var two []cuda.DevicePtr
+	for range 2 {
+		a, err := s.AllocIn(q, 40*MiB, orderStream{st, &log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		two = append(two, a)
+	}
+	for _, a := range two {
+		mustFree(t, s, a)
+	}
+	log = nil
+	if err := s.ReleaseUserPool(q); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(log) != "[stream sync unmap unmap]" || s.Stats().Mapped != 0 {
+		t.Fatalf("release of a wholly free pool: %v, %d mapped; want its stream waited for, then the unmap", log, s.Stats().Mapped)
 	}
 	mustValid(t, s)
 }
