@@ -48,9 +48,9 @@ does not re-captures the family, every member once more, largest first.
 
 Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
-forward and backward at a shape (in a memory pool of their own, released
-when the backward returns, so that their activations go back to the driver
-rather than stay cached beside the arena): one arena planned on one
+forward and backward at a shape (each in a memory pool of its own, released
+when it returns, so that its activations go back to the driver as they are
+freed rather than stay cached beside the arena): one arena planned on one
 timeline, the activations the forward saves read in place by the backward
 and their memory reused once it frees them. The backward is captured at its
 first call, when its incoming gradients are there: one that another captured
@@ -399,33 +399,34 @@ _order = [0]
 _lock = threading.Lock()
 
 
-def _new_pool(ops: "_Ops"):
-    """A memory pool for a training graph's learning step: its plain forward
-    and backward allocate there, and it is released when the backward
-    returns, so that the step's activations go back to the driver as they
-    are freed (those wholly free at once) instead of staying cached beside
-    the arena, where the tensors made later (the optimizer's state, at the
-    first step) would be placed among them and keep them mapped; as
-    CUDAGraph Trees' warm-up runs in its graph's pool. (An inference
-    graph's warm-up does not: a fresh pool cost its first call about a
-    second on a GPU, for no memory shown saved.) None without arenaplan's
-    pools (not installed): the step allocates as any other."""
+@contextlib.contextmanager
+def _warm_pool(ops: "_Ops", device: Optional[int]):
+    """A block in which a training graph's plain call before its capture
+    allocates in a memory pool of its own, released when the call returns:
+    each of its segments goes back to the driver once nothing made in it
+    lives, instead of staying cached beside the arena, where the tensors
+    made later (the optimizer's state, at the first step) would be placed
+    among the step's freed activations and keep them mapped; as CUDAGraph
+    Trees' warm-up runs in its graph's pool. (An inference graph's warm-up
+    does not: a pool's fresh segments cost its first call about a second
+    on a GPU, for no memory shown saved.) Without arenaplan's pools (not
+    installed) the call allocates as any other."""
+    pool = None
     try:
-        return ops.warm_pool()
-    except Exception as e:  # noqa: BLE001 - the step then allocates as any other
-        warnings.warn(f"arenaplan.compile: no memory pool for a training step before its capture ({e})",
-                      RuntimeWarning, stacklevel=3)
-        return None
-
-
-def _release_pool(ops: "_Ops", pool) -> None:
-    if pool is None:
-        return
+        pool = ops.warm_pool()
+    except Exception as e:  # noqa: BLE001 - the call then allocates as any other
+        warnings.warn(f"arenaplan.compile: no memory pool for a call before a capture ({e})", RuntimeWarning,
+                      stacklevel=3)
     try:
-        ops.close_pool(pool)
-    except Exception as e:  # noqa: BLE001 - dropping it releases it too
-        warnings.warn(f"arenaplan.compile: releasing the pool of a training step before its capture: {e}",
-                      RuntimeWarning, stacklevel=3)
+        with ops.in_pool(pool, device):
+            yield
+    finally:
+        if pool is not None:
+            try:
+                ops.close_pool(pool)
+            except Exception as e:  # noqa: BLE001 - dropping it releases it too
+                warnings.warn(f"arenaplan.compile: releasing the pool of a call before a capture: {e}",
+                              RuntimeWarning, stacklevel=3)
 
 
 class _Warns:
@@ -810,7 +811,6 @@ class _TrainPair(_Warns):
         self.warned: set = set()
         self.replays = {"forward": 0, "backward": 0}
         self.plain = {"forward": 0, "backward": 0}
-        self.step_pool = None  # the learning step's memory pool (see _new_pool)
 
     # Calls.
     def call(self, r: _Runner, inputs: list) -> Any:
@@ -922,25 +922,18 @@ class _TrainPair(_Warns):
         if shape is None or shape in self.learned:
             return self.fw.inner(inputs)
         self.fw_in_meta = [ops.meta(x) if ops.is_tensor(x) else None for x in inputs]
-        _release_pool(ops, self.step_pool)  # an earlier learning forward's, whose backward did not come
-        self.step_pool = _new_pool(ops)
-        with ops.in_pool(self.step_pool, self.fw.device):
+        with _warm_pool(ops, self.fw.device):
             outs = self.fw.inner(inputs)
         self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
         return outs
 
     def _plain_bw(self, inputs: list, warm: bool = False) -> Any:
-        """Inductor's backward without a graph (learning a shape: in its
-        forward's pool, released when it returns)."""
+        """Inductor's backward without a graph (learning a shape: in the warm-up pool)."""
         self.plain["backward"] += 1
         if not warm:
             return self.bw.inner(inputs)
-        try:
-            with self.ops.in_pool(self.step_pool, self.bw.device):
-                return self.bw.inner(inputs)
-        finally:
-            pool, self.step_pool = self.step_pool, None
-            _release_pool(self.ops, pool)
+        with _warm_pool(self.ops, self.bw.device):
+            return self.bw.inner(inputs)
 
     @staticmethod
     def _alive(refs: list) -> bool:
@@ -1140,8 +1133,6 @@ class _TrainPair(_Warns):
         return out
 
     def close(self) -> None:
-        pool, self.step_pool = self.step_pool, None
-        _release_pool(self.ops, pool)
         for m in self.members.values():
             prev = [t for t in (w() for w in m.user_refs) if t is not None]
             if prev:
