@@ -165,7 +165,8 @@ def install(lib, torch) -> Pools:
         ``CUDAPluggableAllocator`` made after ``arenaplan.torch.install()``
         (or its ``_allocator``), whose functions then supply the pool's
         segments. The pool is released when it is deleted or closed; its
-        memory goes back as soon as no tensor made in it is alive."""
+        memory goes back as soon as no tensor made in it is alive and the
+        work queued on it is done."""
 
         def __init__(self, allocator: Any = None, use_on_oom: bool = False, symmetric: bool = False,
                      *args: Any, **kwargs: Any) -> None:
@@ -227,7 +228,9 @@ def install(lib, torch) -> Pools:
         def close(self) -> None:
             """Release the pool now (as deleting it does): nothing more is
             allocated in it; its memory goes back, to its allocator where
-            it has one, once no tensor made in it is alive."""
+            it has one, once no tensor made in it is alive (arenaplan's own
+            memory: once the work queued on it then is done; what is free
+            now, after waiting for its streams)."""
             if self._finalizer.alive:
                 pools.release(self._n)  # refused while a thread routes to it
                 self._finalizer.detach()
