@@ -302,15 +302,10 @@ func (s *Spill) Close() error {
 	for _, b := range s.pending {
 		s.events = append(s.events, b.events...)
 	}
-	for _, d := range s.doomed {
-		if d.ev != nil {
-			s.events = append(s.events, d.ev)
-		}
-	}
 	for _, ev := range s.events {
 		ev.Close()
 	}
-	s.events, s.pending, s.untilNone, s.live, s.doomed = nil, nil, nil, nil, nil
+	s.events, s.pending, s.untilNone, s.live = nil, nil, nil, nil
 	if s.copyStream != nil {
 		if err := s.copyStream.Close(); err != nil && first == nil {
 			first = err

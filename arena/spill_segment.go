@@ -27,6 +27,11 @@ type segment struct {
 	doomed bool // in Spill.doomed: out of its pool's free lists, to be unmapped
 }
 
+// wholeFree says whether no block of seg is allocated or waiting.
+func (seg *segment) wholeFree() bool {
+	return seg.first.next == nil && seg.first.state == stFree
+}
+
 type vaRange struct{ lo, hi uint64 } // offsets into the reservation
 
 // grow maps a new segment of at least rsize bytes for (pool, st) and
@@ -182,10 +187,8 @@ func (s *Spill) trim(all bool) uint64 {
 	var freed uint64
 	var segs []*segment
 	for seg := range s.segments {
-		b := seg.first
-		whole := b.next == nil && b.state == stFree
 		kept := seg.pool.private && seg.pool.refs > 0 && seg.pool.region == ""
-		if !seg.doomed && (all || whole && !kept && !seg.paused) {
+		if !seg.doomed && (all || seg.wholeFree() && !kept && !seg.paused) {
 			segs = append(segs, seg)
 		}
 	}
@@ -208,9 +211,7 @@ func (s *Spill) trim(all bool) uint64 {
 	s.doomed = s.doomed[:0]
 	sort.Slice(segs, func(i, j int) bool { return segs[i].addr < segs[j].addr })
 	for _, seg := range segs {
-		b := seg.first
-		whole := b.next == nil && b.state == stFree
-		if whole {
+		if b := seg.first; seg.wholeFree() {
 			seg.pool.tree(seg.key).Delete(b)
 			seg.pool.dropTree(seg.key)
 		}

@@ -109,8 +109,7 @@ func (s *Spill) ReleaseUserPool(p *Pool) error {
 		done = true
 		var waited []uintptr
 		for _, seg := range segs {
-			if seg.external() || seg.paused || seg.first.next != nil || seg.first.state != stFree ||
-				slices.Contains(waited, seg.handle) {
+			if seg.external() || seg.paused || !seg.wholeFree() || slices.Contains(waited, seg.handle) {
 				continue
 			}
 			if seg.stream.Synchronize() != nil {
@@ -177,16 +176,15 @@ type doomed struct {
 
 // dropReleased gives back seg, a segment of a released user pool, if no
 // block in it is allocated or waiting: to its SegmentSource now; mapped
-// memory now if done (the work queued on it was waited for), else doomed, out of its pool's free lists and unmapped once the
-// work queued on it is done (processDoomed), since a block is freed as
-// soon as its last kernel is queued and cuMemUnmap does not wait for
-// them; s.mu is held.
+// memory now if done (the work queued on it was waited for), else it is
+// doomed: out of its pool's free lists, unmapped once the work queued on
+// it is done (processDoomed), since a block is freed as soon as its last
+// kernel is queued and cuMemUnmap does not wait for them; s.mu is held.
 func (s *Spill) dropReleased(seg *segment, done bool) {
-	b := seg.first
-	if seg.paused || seg.doomed || b.next != nil || b.state != stFree || seg.pool.refs > 0 {
+	if seg.paused || seg.doomed || !seg.wholeFree() || seg.pool.refs > 0 {
 		return
 	}
-	seg.pool.tree(seg.key).Delete(b)
+	seg.pool.tree(seg.key).Delete(seg.first)
 	seg.pool.dropTree(seg.key)
 	if seg.external() || done {
 		// done: its work was waited for. An allocator's free takes the
