@@ -245,6 +245,35 @@ class _Ops:
             _flat(dst).copy_(_flat(src))
 
     @staticmethod
+    def rng_state(device: Optional[int]):
+        """The CUDA generator's state on device (seed and offset): what the
+        runs before a capture advance and :meth:`set_rng_state` undoes."""
+        return torch.cuda.get_rng_state("cuda" if device is None else device)
+
+    @staticmethod
+    def set_rng_state(state, device: Optional[int]) -> None:
+        torch.cuda.set_rng_state(state, "cuda" if device is None else device)
+
+    @staticmethod
+    def move_out(t) -> bool:
+        """Give tensor t memory of its own, outside the arena: a copy of its
+        storage, which t then uses (every holder of t sees the move: a
+        parameter's ``.grad``). False, nothing moved, where another tensor
+        shares t's storage (a view of it would still read the arena)."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+        st = t.untyped_storage()
+        ref = StorageWeakRef(st)
+        del st
+        if torch._C._storage_Use_Count(ref.cdata) != 1:
+            return False
+        with torch.no_grad():
+            whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+            mine = whole.clone()
+            del whole
+            t.set_(mine.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        return True
+
+    @staticmethod
     def extent(t) -> Tuple[int, int]:
         """The device addresses [start, end) of t's storage."""
         st = t.untyped_storage()
@@ -429,6 +458,25 @@ def _warm_pool(ops: "_Ops", device: Optional[int]):
                               RuntimeWarning, stacklevel=3)
 
 
+@contextlib.contextmanager
+def _unseen(ops: "_Ops", device: Optional[int], written: Sequence[Any]):
+    """A block whose runs of a compiled graph the program must not see: the
+    warm-up and recorded runs a capture makes before it (the replay that
+    follows is the call's one run). The inputs the graph writes in place
+    (``written``: running statistics, an optimizer's parameters and
+    moments) get back the values they had before the block, from host
+    copies, and the CUDA generator its state (the RNG advances as without
+    graphs), whether the block succeeds or raises."""
+    saved = [(t, ops.host(t)) for t in written]
+    rng = ops.rng_state(device)
+    try:
+        yield
+    finally:
+        for t, h in saved:
+            ops.fill(t, h)
+        ops.set_rng_state(rng, device)
+
+
 class _Warns:
     """One warning per kind for a compiled graph, and giving it up."""
 
@@ -458,9 +506,11 @@ class _Runner(_Warns):
     _boxed_call = True
 
     def __init__(self, inner: Callable[[list], Any], name: str, static_idxs: Sequence[int],
-                 reason: Optional[str], opts: CompileOptions, ops: _Ops, device: Optional[int] = None):
+                 reason: Optional[str], opts: CompileOptions, ops: _Ops, device: Optional[int] = None,
+                 mutated: Sequence[int] = ()):
         self.inner, self.name, self.opts, self.ops = inner, name, opts, ops
         self.static = sorted(set(static_idxs))
+        self.mutated = sorted(set(mutated))  # inputs the graph writes in place (parameters and buffers only)
         self.reason = reason  # why this graph never captures; None while it may
         self.members: Dict[Hashable, _Member] = {}
         self.by_shape: Dict[Hashable, Hashable] = {}  # shape key -> the member key used last
@@ -613,10 +663,15 @@ class _Runner(_Warns):
         m.nbytes = nbytes
         self.next_index += 1
         self.members[key] = m
-        if not self._grow(m, {i: inputs[i] for i in copy_idxs}):
-            return None
+        with _unseen(ops, self.device, self.written(inputs)):
+            if not self._grow(m, {i: inputs[i] for i in copy_idxs}):
+                return None
         self.input_bytes += nbytes
         return m
+
+    def written(self, inputs: list) -> List[Any]:
+        """The call's inputs that the graph writes in place."""
+        return [inputs[i] for i in self.mutated if i < len(inputs) and self.ops.is_tensor(inputs[i])]
 
     def _grow(self, new: _Member, new_inputs: Dict[int, Any]) -> bool:
         """Capture member new into the family's arena as it is (the others
@@ -765,6 +820,7 @@ class _TrainMember:
         self.saved_refs: list = []
         self.saved_ids: set = set()
         self.grad_refs: list = []
+        self.grad_tensors: list = []  # weak references to the tensors the last backward replay returned
         self.user_refs: list = []
         self.placeholder_bytes = 0
 
@@ -811,6 +867,7 @@ class _TrainPair(_Warns):
         self.warned: set = set()
         self.replays = {"forward": 0, "backward": 0}
         self.plain = {"forward": 0, "backward": 0}
+        self.grads_moved = 0  # times held gradients were moved out of the arena before a replay
 
     # Calls.
     def call(self, r: _Runner, inputs: list) -> Any:
@@ -836,7 +893,8 @@ class _TrainPair(_Warns):
                 self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes; calls with later new "
                                     "ones run without a graph")
                 return self._plain_fw(inputs, shape)
-            m = self._build(inputs, shape)
+            with _unseen(ops, fw.device, fw.written(inputs)):
+                m = self._build(inputs, shape)
             if m is None:
                 return self._plain_fw(inputs, shape)
         elif m.fw_check and not ops.ptrs_equal(inputs, m.fw_ptrs, m.fw_check):
@@ -847,8 +905,7 @@ class _TrainPair(_Warns):
             self._warn("pending", "a forward ran while the previous forward's saved activations still wait for "
                                   "their backward; such forwards (and their backwards) run without a graph")
             return self._plain_fw(inputs, None)
-        if self._alive(m.grad_refs):
-            self._grads_held()
+        if not self._release_grads(m):
             return self._plain_fw(inputs, None)
         for i in fw.dyn or ():
             dst, src = m.fw_args[i], inputs[i]
@@ -885,8 +942,7 @@ class _TrainPair(_Warns):
                                    "overwritten by a later replay of its forward (retain_graph=True, then another "
                                    "forward): run the backward before the next forward")
         m.bw_gen = m.gen
-        if self._alive(m.grad_refs):
-            self._grads_held()
+        if not self._release_grads(m):
             return self._plain_bw(inputs)
         if m.make_bw is None and not self._capture_bw(m, inputs):
             return self._plain_bw(inputs)
@@ -904,6 +960,7 @@ class _TrainPair(_Warns):
         fresh = m.make_bw()
         self.replays["backward"] += 1
         m.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
+        m.grad_tensors = [weakref.ref(t) for t in fresh if ops.is_tensor(t)]
         return fresh
 
     def _takes(self, m: _TrainMember, inputs: list) -> bool:
@@ -939,9 +996,31 @@ class _TrainPair(_Warns):
     def _alive(refs: list) -> bool:
         return any(not w.expired() for w in refs)
 
-    def _grads_held(self) -> None:
-        self._warn("grads", "the previous backward's gradients are still held (gradient accumulation, or "
-                            "zero_grad(set_to_none=False)): calls run without a graph until they are released")
+    def _release_grads(self, m: _TrainMember) -> bool:
+        """Whether m's chain may replay with respect to the gradients its
+        last backward returned: those still held (AccumulateGrad keeps a
+        gradient as ``.grad`` when the parameter had none: gradient
+        accumulation, ``zero_grad(set_to_none=False)``) are moved out of the
+        arena first, into memory of their own, so that the replay, which
+        writes there, leaves them as they are; later backwards' gradients
+        are then added into them in place, as without graphs. False (with
+        one warning) where one cannot be moved: another tensor shares its
+        memory (a view of a ``.grad``)."""
+        if not self._alive(m.grad_refs):
+            return True
+        ops = self.ops
+        for w in m.grad_tensors:
+            t = w()
+            if t is not None and not ops.move_out(t):
+                break
+        if self._alive(m.grad_refs):
+            self._warn("grads", "the previous backward's gradients are still held where they cannot be moved "
+                                "out of the arena (a view of one is held): calls run without a graph until they "
+                                "are released")
+            return False
+        m.grad_refs, m.grad_tensors = [], []
+        self.grads_moved += 1
+        return True
 
     # Capture.
     def _learn(self, inputs: list, shape: Hashable) -> None:
@@ -1276,7 +1355,9 @@ def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Di
         else:
             reason = _graph_reason(gm_, static)
         device = _graph_device(gm_)
+        mutated = _mutated_inputs(gm_, [n for n in gm_.graph.nodes if n.op == "placeholder"])
         compiled = compile_fx_inner(gm_, example_inputs_, **kw)
+        mutated |= set(getattr(compiled, "mutated_input_idxs", None) or ())
         if calls == 0:
             return compiled
         gid = kw.get("graph_id")
@@ -1286,7 +1367,7 @@ def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Di
         name = f"graph{gid}{'-bw' if backward else ''}"
         if training and reason != "capture=False":
             # A forward and its backward: captured together, as one chain.
-            r = _Runner(compiled, name, static, None, opts, ops, device)
+            r = _Runner(compiled, name, static, None, opts, ops, device, mutated)
             if backward:
                 pair = pairs.get(gid) or pairs.get("last")
                 if pair is None or pair.bw is not None:
@@ -1303,7 +1384,8 @@ def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Di
                 r.reason = reason
                 pair._give_up(f"{'backward' if backward else 'forward'}: {reason}")
             return r
-        r = _Runner(compiled, name, static, None if reason == "capture=False" else reason, opts, ops, device)
+        r = _Runner(compiled, name, static, None if reason == "capture=False" else reason, opts, ops, device,
+                    mutated)
         if reason == "capture=False":
             r.reason = reason  # asked for: no warning
         return r

@@ -197,6 +197,13 @@ class _FakeOps(apc._Ops):
         self.copies = []  # (dst address, src address)
         self.pools = []  # the warm-up pools made
         self.routed = []  # per block routed to a pool: its index in pools
+        self.rng = 0  # the stand-in CUDA generator: random numbers drawn so far
+
+    def rng_state(self, device):
+        return self.rng
+
+    def set_rng_state(self, state, device):
+        self.rng = state
 
     def warm_pool(self):
         p = types.SimpleNamespace(closed=False, index=len(self.pools))
@@ -774,6 +781,17 @@ class _TrainOps(_FakeOps):
     def zero(t):
         t.value = 0
 
+    @staticmethod
+    def move_out(t):
+        """Refused where a view shares t's storage (the test marks it)."""
+        if getattr(t.storage, "views", 0):
+            return False
+        v = t.value
+        _Tensor._next += 0x1000
+        t.ptr, t.storage = _Tensor._next, _Storage()
+        t.value = v
+        return True
+
     def capture_chain(self, stages, name, device, opts, capture=None):
         """One recording pass over every stage, then a capture of each of
         the first ``capture``; ch.capture(fn) captures the next."""
@@ -785,17 +803,28 @@ class _TrainOps(_FakeOps):
             box = [out]
         del box
 
+        ch.kernels = []
+
         def capture_next(fn):
             if self.fail_capture:
                 raise RuntimeError(self.fail_capture)
-            out = fn(ch.handed)
+            self.capturing_now, self.kernels = True, []
+            try:
+                out = fn(ch.handed)
+            finally:
+                self.capturing_now = False
+            ch.kernels.append(self.kernels)
             ch.outputs.append(out)
             ch.handed = [out] if len(ch.outputs) < len(stages) else None
             return out
         for fn in stages[:capture or len(stages)]:
             capture_next(fn)
         ch.capture = capture_next
-        ch.replay = lambda i: ch.replays.append(i)
+        def replay(i):
+            ch.replays.append(i)
+            for k in ch.kernels[i]:
+                k()
+        ch.replay = replay
         ch.report = lambda: {"arena": 10, "lower_bound": 10, "capture_ms": {0: 1.0, 1: 1.0}}
         ch.close = lambda: setattr(ch, "closed", True)
         self.chains.append(ch)
@@ -840,6 +869,85 @@ class _Bw:
         args.clear()
         self.calls += 1
         return [_tensor((16,))]
+
+
+class _Stateful:
+    """A graph that writes its first input in place (a running statistic,
+    an optimizer's moment: one more each run) and draws a random number
+    (the stand-in generator advances); under a capture it records a kernel
+    that does both at each replay. Returns (loss, a saved activation)."""
+
+    def __init__(self, ops):
+        self.ops, self.calls = ops, 0
+
+    def __call__(self, args):
+        ops, buf = self.ops, args[0]
+        args.clear()
+        self.calls += 1
+
+        def kernel():
+            buf.value = buf.value + 1
+            ops.rng += 1
+        if ops.capturing_now:
+            ops.kernels.append(kernel)
+        else:
+            kernel()
+        return [_tensor(()), _tensor((64,))]
+
+
+class EffectsTest(unittest.TestCase):
+    """The runs a capture makes before it (warm-up, recording) change
+    nothing the program sees: a graph that writes a buffer and draws random
+    numbers leaves them as if each call had run once."""
+
+    def test_inference_graph(self):
+        ops = _FakeOps()
+        g = _Stateful(ops)
+        opts = apc.CompileOptions(None, {"warmup": 1})
+        r = apc._Runner(g, "graph0", static_idxs=[0], reason=None, opts=opts, ops=ops, device=0, mutated=[0])
+        buf = _tensor((8,))
+        buf.value = 0
+        for n in range(1, 5):
+            r([buf, _tensor((4,))])
+            self.assertEqual((buf.value, ops.rng), (n, n), f"after {n} calls")
+        self.assertEqual(r.report()["replays"], 3)
+        self.assertEqual(g.calls, 4, "one plain call, two runs before the capture, one captured")
+
+    def test_training_forward(self):
+        ops = _TrainOps()
+        opts = apc.CompileOptions(None, {})
+        pair = apc._TrainPair("graph0", opts, ops)
+        fw = apc._Runner(_Stateful(ops), "graph0", [0], None, opts, ops, 0, mutated=[0])
+        bw = apc._Runner(_Bw(), "graph0-bw", [0], None, opts, ops, 0)
+        fw.pair = bw.pair = pair
+        pair.fw, pair.bw = fw, bw
+        buf = _tensor((16,))
+        buf.value = 0
+        for n in range(1, 5):
+            outs = fw([buf, _tensor((4,))])
+            bw([outs[1], _tensor(())])
+            del outs
+            self.assertEqual((buf.value, ops.rng), (n, n), f"after {n} steps")
+        self.assertEqual(pair.replays["forward"], 3)
+
+    def test_failed_capture_undoes_its_runs(self):
+        ops = _FakeOps()
+        g = _Stateful(ops)
+
+        def capture(fns, name, device, opts):
+            for fn in fns.values():
+                fn()  # a warm-up run, then the capture fails
+            raise RuntimeError("capture failed")
+        ops.capture = capture
+        r = apc._Runner(g, "graph0", static_idxs=[0], reason=None, opts=apc.CompileOptions(None, {"warmup": 0}),
+                        ops=ops, device=0, mutated=[0])
+        buf = _tensor((8,))
+        buf.value = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r([buf, _tensor((4,))])
+        self.assertEqual((buf.value, ops.rng), (1, 1), "the call ran once, without a graph")
+        self.assertEqual(r.report()["plain_calls"], 1)
 
 
 class TrainPairTest(unittest.TestCase):
@@ -900,9 +1008,29 @@ class TrainPairTest(unittest.TestCase):
         self.backward(held)  # the pending one replays
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
 
-    def test_held_gradients_mean_plain_calls(self):
+    def test_held_gradients_are_moved_out_of_the_arena(self):
         self.step()
         _, grads = self.step()  # captured; its gradients kept (as .grad after accumulation)
+        g = grads[0]
+        arena_ptr = g.ptr
+        g.value = "accumulated"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _, again = self.step()
+        self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1], "the chain replays: no call without a graph")
+        self.assertNotEqual(g.ptr, arena_ptr, "the held gradient left the arena before the replay")
+        self.assertEqual(g.value, "accumulated", "with its value")
+        self.assertEqual(again[0].ptr, arena_ptr, "the replay's gradient is at the arena's address")
+        self.assertEqual(self.pair.grads_moved, 1)
+        del grads, again
+        self.step()
+        self.assertEqual(self.ops.chains[0].replays, [0, 1] * 3)
+        self.assertEqual(self.pair.grads_moved, 1, "gradients released before the step are not moved")
+
+    def test_held_gradient_with_a_view_means_plain_calls(self):
+        self.step()
+        _, grads = self.step()
+        grads[0].storage.views = 1  # another tensor shares its memory: it cannot be moved
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             self.step()
