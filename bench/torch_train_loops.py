@@ -210,6 +210,9 @@ def run(args):
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+    # Deterministic kernels (an embedding's backward sums with atomics
+    # otherwise), so that two processes can be compared bit for bit.
+    torch.use_deterministic_algorithms(True, warn_only=True)
     os.makedirs(args.out, exist_ok=True)
     if args.mode == "ro":
         compile_fn = lambda f: torch.compile(f, mode="reduce-overhead")  # noqa: E731

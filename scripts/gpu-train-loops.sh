@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Training loops as people write them (bench/torch_train_loops.py) on a GPU,
-# three ways: the reference (arenaplan's backend, capture off) first, alone,
-# so that inductor's autotuned kernel configurations land in the cache the
-# other two read (configurations picked by timing would otherwise differ
-# between processes, and the sums with them); then arenaplan's graphs and
-# reduce-overhead. Builds no Go: first, on a machine with Go and gcc,
+# three ways, each loop in a process of its own. First the reference
+# (arenaplan's backend, capture off), its loops in three groups side by side
+# (loops of one group share kernels and run in turn), so that inductor's
+# autotuned kernel configurations land in the cache the other two read
+# (configurations picked by timing would otherwise differ between
+# processes, and the sums with them); then, one process at a time, each
+# loop with arenaplan's graphs and with reduce-overhead, so that their step
+# times compare. Builds no Go: first, on a machine with Go and gcc,
 #
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/libarenaplan.so
 #
 # copy .dev/torch to the GPU machine beside the checkout, then run this.
-# LOOPS= (comma-separated, default all), STEPS= (default 30), PAR=1 runs
-# ours and reduce-overhead side by side (faster; their step times then
-# mean nothing), PER=1 runs each loop in a process of its own (memory
-# figures per loop), TIMEOUT= seconds a process (default 400). Logs, JSON
-# lines and states go to $OUT (default /tmp/gpu-train-loops); the table last.
+# LOOPS= (space-separated, default all), STEPS= (default 30), TIMEOUT=
+# seconds a process (default 150), DEADLINE= seconds after which no process
+# starts (default 540), so that the table comes. Logs, JSON lines and states
+# go to $OUT (default /tmp/gpu-train-loops); the table last.
 set -u
 OUT=${OUT:-/tmp/gpu-train-loops}
 mkdir -p "$OUT"
@@ -22,31 +24,30 @@ export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inductor-cache}
 export CUBLAS_WORKSPACE_CONFIG=:4096:8
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-ALL=${LOOPS:-resnet-bn,mlp-dropout,whole-step,accum,gpt2-bf16,gpt2-fp16-scaler,bert-clip,train-eval,zero-keep}
+LOOPS=${LOOPS:-mlp-dropout whole-step accum train-eval zero-keep resnet-bn bert-clip gpt2-bf16 gpt2-fp16-scaler}
 STEPS=${STEPS:-30}
-# mode LOOPS: one process (or one a loop with PER=1)
-mode() {
-	local m=$1 l
-	if [ "${PER:-0}" = 1 ]; then
-		for l in ${2//,/ }; do
-			timeout "${TIMEOUT:-400}" python3 bench/torch_train_loops.py --mode "$m" --loops "$l" --steps "$STEPS" \
-				--out "$OUT" >>"$OUT/$m.jsonl" 2>>"$OUT/$m.log" || echo "FAILED $m $l ($?)" | tee -a "$OUT/$m.log"
-		done
-	else
-		timeout "${TIMEOUT:-400}" python3 bench/torch_train_loops.py --mode "$m" --loops "$2" --steps "$STEPS" \
-			--out "$OUT" >>"$OUT/$m.jsonl" 2>>"$OUT/$m.log" || echo "FAILED $m ($?)" | tee -a "$OUT/$m.log"
-	fi
-	echo "== $m done $(date +%T)"
+# one MODE LOOP: a process, unless the deadline passed
+one() {
+	if [ "$SECONDS" -ge "${DEADLINE:-540}" ]; then echo "SKIPPED $1 $2 (deadline)" | tee -a "$OUT/$1.log"; return; fi
+	timeout "${TIMEOUT:-150}" python3 bench/torch_train_loops.py --mode "$1" --loops "$2" --steps "$STEPS" \
+		--out "$OUT" >>"$OUT/$1-$2.jsonl" 2>>"$OUT/$1.log" || echo "FAILED $1 $2 ($?)" | tee -a "$OUT/$1.log"
+}
+# group LOOP...: the reference's loops that share kernels, in turn
+group() {
+	local l
+	for l in "$@"; do
+		case " $LOOPS " in *" $l "*) one ref "$l" ;; esac
+	done
 }
 echo "== ref $(date +%T)"
-mode ref "$ALL"
-if [ "${PAR:-0}" = 1 ]; then
-	mode ours "$ALL" &
-	mode ro "$ALL" &
-	wait
-else
-	mode ours "$ALL"
-	mode ro "$ALL"
-fi
+group mlp-dropout whole-step accum train-eval zero-keep &
+group resnet-bn bert-clip &
+group gpt2-bf16 gpt2-fp16-scaler &
+wait
+for l in $LOOPS; do
+	echo "== $l $(date +%T)"
+	one ours "$l"
+	one ro "$l"
+done
 python3 bench/torch_train_loops.py --summary "$OUT" | tee "$OUT/summary.txt"
 exit 0

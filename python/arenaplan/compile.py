@@ -255,6 +255,13 @@ class _Ops:
         torch.cuda.set_rng_state(state, "cuda" if device is None else device)
 
     @staticmethod
+    def grad(x):
+        """x's ``.grad`` where x is a leaf that requires one (a parameter), else None."""
+        if isinstance(x, torch.Tensor) and x.is_leaf and x.requires_grad:
+            return x.grad
+        return None
+
+    @staticmethod
     def move_out(t) -> bool:
         """Give tensor t memory of its own, outside the arena: a copy of its
         storage, which t then uses (every holder of t sees the move: a
@@ -821,6 +828,7 @@ class _TrainMember:
         self.saved_ids: set = set()
         self.grad_refs: list = []
         self.grad_tensors: list = []  # weak references to the tensors the last backward replay returned
+        self.grad_ptrs: set = set()  # the addresses of the backward's outputs' memory
         self.user_refs: list = []
         self.placeholder_bytes = 0
 
@@ -1009,10 +1017,13 @@ class _TrainPair(_Warns):
         if not self._alive(m.grad_refs):
             return True
         ops = self.ops
-        for w in m.grad_tensors:
-            t = w()
-            if t is not None and not ops.move_out(t):
+        # AccumulateGrad keeps a detached alias of the gradient (another
+        # tensor over its memory): found through the parameters.
+        held = [w() for w in m.grad_tensors] + [ops.grad(x) for x in m.fw_args]
+        for t in held:
+            if t is not None and ops.is_tensor(t) and ops.extent(t)[0] in m.grad_ptrs and not ops.move_out(t):
                 break
+        del held
         if self._alive(m.grad_refs):
             self._warn("grads", "the previous backward's gradients are still held where they cannot be moved "
                                 "out of the arena (a view of one is held): calls run without a graph until they "
@@ -1186,6 +1197,7 @@ class _TrainPair(_Warns):
         finally:
             m.tan.clear()
         self._fix(out)
+        m.grad_ptrs = {ops.extent(t)[0] for t in out if ops.is_tensor(t)}
         m.make_bw = ops.views(out)
         m.placeholder_bytes += sum(ops.nbytes(t) for t in m.tangents.values())
         return True

@@ -782,6 +782,10 @@ class _TrainOps(_FakeOps):
         t.value = 0
 
     @staticmethod
+    def grad(x):
+        return getattr(x, "grad", None)
+
+    @staticmethod
     def move_out(t):
         """Refused where a view shares t's storage (the test marks it)."""
         if getattr(t.storage, "views", 0):
@@ -1026,6 +1030,24 @@ class TrainPairTest(unittest.TestCase):
         self.step()
         self.assertEqual(self.ops.chains[0].replays, [0, 1] * 3)
         self.assertEqual(self.pair.grads_moved, 1, "gradients released before the step are not moved")
+
+    def test_gradient_kept_as_an_alias_is_found_through_the_parameter(self):
+        # AccumulateGrad keeps a detached alias of the gradient (another
+        # tensor over the same memory), not the tensor the backward returned.
+        self.step()
+        _, grads = self.step()
+        alias = _Tensor(grads[0].shape, ptr=grads[0].ptr)
+        alias.storage = grads[0].storage
+        alias.value = "accumulated"
+        self.weight.grad = alias
+        arena_ptr = alias.ptr
+        del grads
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            self.step()
+        self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
+        self.assertNotEqual(self.weight.grad.ptr, arena_ptr)
+        self.assertEqual(self.weight.grad.value, "accumulated")
 
     def test_held_gradient_with_a_view_means_plain_calls(self):
         self.step()
