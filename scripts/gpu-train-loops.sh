@@ -49,5 +49,6 @@ for l in $LOOPS; do
 	one ours "$l"
 	one ro "$l"
 done
+cat "$OUT"/*-*.jsonl >"$OUT/all.jsonl.txt" 2>/dev/null
 python3 bench/torch_train_loops.py --summary "$OUT" | tee "$OUT/summary.txt"
 exit 0

@@ -206,9 +206,13 @@ class _Ops:
 
     @staticmethod
     def empty(layout):
-        """A new tensor of that layout (inside a step: a planned buffer)."""
+        """A new tensor of that layout (inside a step: a planned buffer),
+        its memory left as it is even where deterministic algorithms fill
+        new memory (a fill inside a captured step would be a graph node,
+        writing over the input each replay copies there first)."""
         shape, stride, dtype, device = layout
-        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        with _no_fill():
+            return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
     @staticmethod
     def zero(t) -> None:
@@ -262,22 +266,26 @@ class _Ops:
         return None
 
     @staticmethod
-    def move_out(t) -> bool:
-        """Give tensor t memory of its own, outside the arena: a copy of its
-        storage, which t then uses (every holder of t sees the move: a
-        parameter's ``.grad``). False, nothing moved, where another tensor
-        shares t's storage (a view of it would still read the arena)."""
+    def move_out(ts: Sequence[Any]) -> bool:
+        """Give the tensors ts, all over one storage, memory of their own
+        outside the arena: one copy of that storage, which each then uses
+        (every holder of one sees the move: a parameter's ``.grad``). False,
+        nothing moved, where a tensor not in ts shares the storage (a view
+        of it would still read the arena)."""
         from torch.multiprocessing.reductions import StorageWeakRef
-        st = t.untyped_storage()
+        st = ts[0].untyped_storage()
         ref = StorageWeakRef(st)
         del st
-        if torch._C._storage_Use_Count(ref.cdata) != 1:
+        if torch._C._storage_Use_Count(ref.cdata) != len(ts):
             return False
         with torch.no_grad():
-            whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+            whole = torch.empty(0, dtype=torch.uint8, device=ts[0].device).set_(ts[0].untyped_storage())
             mine = whole.clone()
             del whole
-            t.set_(mine.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+            new = mine.untyped_storage()
+            del mine
+            for t in ts:
+                t.set_(new, t.storage_offset(), t.size(), t.stride())
         return True
 
     @staticmethod
@@ -388,6 +396,23 @@ class _Ops:
         for o in outs:
             if isinstance(o, torch.Tensor):
                 self._deny(o, _OVERWRITTEN)
+
+
+@contextlib.contextmanager
+def _no_fill():
+    """A block in which new memory is not filled (what
+    ``torch.use_deterministic_algorithms(True)`` does to ``empty`` by
+    default)."""
+    det = getattr(getattr(torch, "utils", None), "deterministic", None)
+    prev = getattr(det, "fill_uninitialized_memory", None)
+    if prev is None or not prev:
+        yield
+        return
+    det.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = prev
 
 
 def _span(shape: Sequence[int], stride: Sequence[int]) -> int:
@@ -1019,11 +1044,16 @@ class _TrainPair(_Warns):
         ops = self.ops
         # AccumulateGrad keeps a detached alias of the gradient (another
         # tensor over its memory): found through the parameters.
-        held = [w() for w in m.grad_tensors] + [ops.grad(x) for x in m.fw_args]
-        for t in held:
-            if t is not None and ops.is_tensor(t) and ops.extent(t)[0] in m.grad_ptrs and not ops.move_out(t):
+        held: Dict[int, Dict[int, Any]] = {}  # by storage address: the tensors over it, by identity
+        for t in [w() for w in m.grad_tensors] + [ops.grad(x) for x in m.fw_args]:
+            if t is not None and ops.is_tensor(t):
+                p = ops.extent(t)[0]
+                if p in m.grad_ptrs:
+                    held.setdefault(p, {})[id(t)] = t
+        for group in held.values():
+            if not ops.move_out(list(group.values())):
                 break
-        del held
+        held.clear()
         if self._alive(m.grad_refs):
             self._warn("grads", "the previous backward's gradients are still held where they cannot be moved "
                                 "out of the arena (a view of one is held): calls run without a graph until they "

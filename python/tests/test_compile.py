@@ -786,14 +786,16 @@ class _TrainOps(_FakeOps):
         return getattr(x, "grad", None)
 
     @staticmethod
-    def move_out(t):
-        """Refused where a view shares t's storage (the test marks it)."""
-        if getattr(t.storage, "views", 0):
+    def move_out(ts):
+        """Refused where a view shares their storage (the test marks it)."""
+        if getattr(ts[0].storage, "views", 0):
             return False
-        v = t.value
+        v = ts[0].value
         _Tensor._next += 0x1000
-        t.ptr, t.storage = _Tensor._next, _Storage()
-        t.value = v
+        st = _Storage()
+        for t in ts:
+            t.ptr, t.storage = _Tensor._next, st
+        ts[0].value = v
         return True
 
     def capture_chain(self, stages, name, device, opts, capture=None):
@@ -897,6 +899,28 @@ class _Stateful:
         else:
             kernel()
         return [_tensor(()), _tensor((64,))]
+
+
+class NoFillTest(unittest.TestCase):
+    def test_new_memory_left_unfilled_inside_the_block_only(self):
+        # torch.use_deterministic_algorithms(True) fills new memory; a fill
+        # captured in a step would overwrite the input copied there.
+        det = types.SimpleNamespace(fill_uninitialized_memory=True)
+        saved = getattr(apc.torch, "utils", None)
+        apc.torch.utils = types.SimpleNamespace(deterministic=det)
+        try:
+            with apc._no_fill():
+                self.assertFalse(det.fill_uninitialized_memory)
+            self.assertTrue(det.fill_uninitialized_memory)
+            with self.assertRaises(KeyError):
+                with apc._no_fill():
+                    raise KeyError("x")
+            self.assertTrue(det.fill_uninitialized_memory, "restored when the block raises")
+        finally:
+            if saved is None:
+                del apc.torch.utils
+            else:
+                apc.torch.utils = saved
 
 
 class EffectsTest(unittest.TestCase):
@@ -1041,6 +1065,7 @@ class TrainPairTest(unittest.TestCase):
         alias.value = "accumulated"
         self.weight.grad = alias
         arena_ptr = alias.ptr
+        kept = grads[0]  # the returned tensor still alive beside the alias: both move, together
         del grads
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -1048,6 +1073,7 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
         self.assertNotEqual(self.weight.grad.ptr, arena_ptr)
         self.assertEqual(self.weight.grad.value, "accumulated")
+        self.assertEqual(kept.ptr, self.weight.grad.ptr)
 
     def test_held_gradient_with_a_view_means_plain_calls(self):
         self.step()
