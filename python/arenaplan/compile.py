@@ -854,6 +854,8 @@ class _TrainMember:
         self.grad_refs: list = []
         self.grad_tensors: list = []  # weak references to the tensors the last backward replay returned
         self.grad_ptrs: set = set()  # the addresses of the backward's outputs' memory
+        self.pin = False  # hold the backward's outputs until the next call (gradients are kept across calls)
+        self.pinned: Optional[list] = None
         self.user_refs: list = []
         self.placeholder_bytes = 0
 
@@ -938,6 +940,7 @@ class _TrainPair(_Warns):
             self._warn("pending", "a forward ran while the previous forward's saved activations still wait for "
                                   "their backward; such forwards (and their backwards) run without a graph")
             return self._plain_fw(inputs, None)
+        m.pinned = None
         if not self._release_grads(m):
             return self._plain_fw(inputs, None)
         for i in fw.dyn or ():
@@ -975,6 +978,7 @@ class _TrainPair(_Warns):
                                    "overwritten by a later replay of its forward (retain_graph=True, then another "
                                    "forward): run the backward before the next forward")
         m.bw_gen = m.gen
+        m.pinned = None
         if not self._release_grads(m):
             return self._plain_bw(inputs)
         if m.make_bw is None and not self._capture_bw(m, inputs):
@@ -994,6 +998,11 @@ class _TrainPair(_Warns):
         self.replays["backward"] += 1
         m.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
         m.grad_tensors = [weakref.ref(t) for t in fresh if ops.is_tensor(t)]
+        if m.pin:
+            # Held until the next call of the chain: AccumulateGrad then
+            # sees another reference and copies each gradient into a
+            # ``.grad`` of its own instead of keeping the arena's memory.
+            m.pinned = fresh
         return fresh
 
     def _takes(self, m: _TrainMember, inputs: list) -> bool:
@@ -1036,11 +1045,19 @@ class _TrainPair(_Warns):
         accumulation, ``zero_grad(set_to_none=False)``) are moved out of the
         arena first, into memory of their own, so that the replay, which
         writes there, leaves them as they are; later backwards' gradients
-        are then added into them in place, as without graphs. False (with
-        one warning) where one cannot be moved: another tensor shares its
-        memory (a view of a ``.grad``)."""
+        are then added into them in place, as without graphs. From then on
+        the backward's outputs are held until the chain's next call, so
+        that AccumulateGrad copies them into a ``.grad`` of its own rather
+        than keep the arena's memory (one copy per accumulation, as the
+        move was). False (with one warning; that call runs without a graph)
+        where one cannot be moved: a tensor not found shares its memory (a
+        view of a ``.grad``)."""
         if not self._alive(m.grad_refs):
             return True
+        # This loop keeps gradients across calls: from now on, the
+        # backward's outputs are held until the next call (see backward),
+        # so that none becomes a .grad in the arena.
+        m.pin = True
         ops = self.ops
         # AccumulateGrad keeps a detached alias of the gradient (another
         # tensor over its memory): found through the parameters.

@@ -1050,10 +1050,14 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual(g.value, "accumulated", "with its value")
         self.assertEqual(again[0].ptr, arena_ptr, "the replay's gradient is at the arena's address")
         self.assertEqual(self.pair.grads_moved, 1)
+        m = next(iter(self.pair.members.values()))
+        self.assertIs(m.pinned, again, "from now on the backward's outputs are held until the next call")
         del grads, again
         self.step()
         self.assertEqual(self.ops.chains[0].replays, [0, 1] * 3)
         self.assertEqual(self.pair.grads_moved, 1, "gradients released before the step are not moved")
+        self.forward()
+        self.assertIsNone(m.pinned, "released at the next call")
 
     def test_gradient_kept_as_an_alias_is_found_through_the_parameter(self):
         # AccumulateGrad keeps a detached alias of the gradient (another
