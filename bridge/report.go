@@ -14,10 +14,15 @@ type Report struct {
 	Buffers int `json:"buffers"`
 	// LowerBound is the peak of live bytes (sizes rounded to Align); Arena
 	// the plan's arena. Both 0 before a plan.
-	LowerBound int64   `json:"lower_bound"`
+	LowerBound int64 `json:"lower_bound"`
+	// Bound is the strongest lower bound the planner proved (at least
+	// LowerBound; LowerBound for a loaded plan), Stop why its search
+	// ended ("" for a loaded plan).
+	Bound      int64   `json:"bound"`
 	Arena      int64   `json:"arena"`
 	Ratio      float64 `json:"ratio"`
 	Optimal    bool    `json:"optimal"`
+	Stop       string  `json:"stop,omitempty"`
 	Algo       string  `json:"algo"`
 	Align      int64   `json:"align"`
 	PlanMillis float64 `json:"plan_ms"`
@@ -59,10 +64,12 @@ func (s *Step) Report() Report {
 	}
 	if p := s.plan; p != nil {
 		r.LowerBound, r.Arena, r.Optimal, r.Algo, r.Align = p.LowerBound, p.Arena, p.Optimal, p.Algo, p.Align
+		r.Bound, r.Stop = max(p.Bound, p.LowerBound), string(p.Stop)
 		r.Ratio = p.Ratio()
 		r.PlanMillis = float64(p.Elapsed.Microseconds()) / 1000
 	} else if s.trace != nil {
 		r.LowerBound, _ = s.trace.LowerBound(planner.DefaultAlign)
+		r.Bound = r.LowerBound
 	}
 	if s.ar != nil {
 		r.ArenaMapped = s.ar.Mapped()

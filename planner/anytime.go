@@ -75,6 +75,12 @@ type anytimeRun struct {
 	offs     []int64 // units
 	nested   bool    // planning a peak core: no core stage
 
+	// The window bound (bound.go) in units, once a leaf's greedy passes
+	// stay above the peak: the target of every leaf searched after it.
+	bound, ceil int64 // ceil: the baselines' arena, a height known feasible
+	bounded     bool
+	t           *lifetime.Trace
+
 	mu     sync.Mutex
 	best   int64 // best arena so far in units (max over leaves done so far)
 	bestAt time.Duration
@@ -141,6 +147,7 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 		base.Stop = StopBound
 		return base, nil
 	}
+	r.t, r.ceil = t, base.Arena/p.unit
 	// Turns: each leaf not yet done gets an even share of the time left,
 	// in order; a leaf that ends early (at the lower bound, proven, or out
 	// of work) leaves its time to the next ones. A leaf cut off by its
@@ -188,16 +195,39 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 			r.mu.Unlock()
 		}
 	}
+	// The bound is news only where it was proven (Run keeps the peak
+	// where it is lower): with gaps, p.lb itself may exceed the peak.
+	var bound int64
+	if r.bounded && windowBoundHolds(t, opt.Align) {
+		bound = r.bound * p.unit
+	}
 	if r.best*p.unit >= base.Arena {
-		base.Stop = stop
+		base.Stop, base.Bound = stop, bound
 		return base, nil
 	}
-	plan := &Plan{Algo: "auto", Offsets: make([]int64, len(p.items)), Stop: stop}
+	plan := &Plan{Algo: "auto", Offsets: make([]int64, len(p.items)), Stop: stop, Bound: bound}
 	for i := range p.items {
 		plan.Offsets[i] = r.offs[i] * p.unit
 	}
 	plan.ToBest = r.bestAt
 	return plan, nil
+}
+
+// proveBound computes the window bound of the trace below r.ceil once,
+// and returns it (units); p.lb where windowBoundHolds says it may not.
+func (r *anytimeRun) proveBound() int64 {
+	if r.bounded {
+		return r.bound
+	}
+	r.bounded, r.bound = true, r.p.lb
+	if !windowBoundHolds(r.t, r.opt.Align) {
+		return r.bound
+	}
+	var stop atomic.Bool
+	quit := context.AfterFunc(r.ctx, func() { stop.Store(true) })
+	defer quit()
+	r.bound, _ = r.p.windowBound(r.ceil, boundBudget(len(r.p.items)), &stop)
+	return r.bound
 }
 
 // hugePasses are the range-maximum skylines (order, slack; see

@@ -14,12 +14,20 @@
 //
 // Auto stops before its budget (Options.Budget, a ceiling) when more
 // search cannot pay, and says why in Plan.Stop: the arena reached the
-// lower bound (StopBound); the search proved no smaller arena exists
-// (StopProof); or the stop rule ended it (StopRule): a leaf's exact
-// search within 1/256 of the bound that has searched 4 nodes per buffer,
-// plus 1024, since its last better plan, or nothing left to try. The
-// rule counts nodes, not time, so with one worker it stops at the same
-// point on every machine; Options.FullBudget turns it off.
+// lower bound (StopBound); the search proved no smaller arena exists, or
+// the arena met the window bound (StopProof); or the stop rule ended it
+// (StopRule): a leaf's exact search within 1/256 of the bound that has
+// searched 4 nodes per buffer, plus 1024, since its last better plan, or
+// nothing left to try; within 1/256 the rolling search gets 4 nodes a
+// buffer instead of 256. The rule counts nodes, not time, so with one
+// worker it stops at the same point on every machine;
+// Options.FullBudget turns it off.
+//
+// Plan.Bound is the strongest lower bound auto proved, at least the
+// peak of live bytes: where the greedy passes stay above the peak, the
+// window bound (bound.go, LowerBoundProven) packs the buffers around the
+// hottest times exactly, cut to those times, and every search aims at
+// it instead of the peak.
 //
 // Options validate: a bad alignment, budget or worker count is an error
 // wrapping ErrOptions, never quietly replaced.

@@ -252,7 +252,11 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 		}
 		p.Arena = ArenaSize(t, p.Offsets, opt.Align)
 		p.LowerBound, _ = t.LowerBound(opt.Align)
-		p.Optimal = p.Arena == p.LowerBound
+		if own := wp.Own[w]; own != nil && wp.Top == 0 && len(own.Offsets) == len(t.Buffers) && own.Bound > p.LowerBound {
+			// The member's own plan is this one: its bound holds.
+			p.Bound = min(own.Bound, p.Arena)
+		}
+		p.Optimal = p.Arena <= max(p.Bound, p.LowerBound)
 		if err := Check(t, p); err != nil {
 			return fmt.Errorf("member %q: %w", m.Name, err)
 		}

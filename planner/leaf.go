@@ -34,7 +34,7 @@ type leafSearch struct {
 func (r *anytimeRun) newLeafSearch(p *problem, l *leaf) *leafSearch {
 	d := newLeafData(p, l, p.times)
 	big := d.k > bigLeaf
-	return &leafSearch{d: d, l: l, target: p.lb, big: big, core: big && !r.nested}
+	return &leafSearch{d: d, l: l, target: max(r.bound, p.lb), big: big, core: big && !r.nested}
 }
 
 // solveLeaf packs one leaf as low as it can (at best the global lower
@@ -61,6 +61,12 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		ls.best, ls.offs = r.portfolio(d, target, until, entries, 1)
 		ls.at = time.Since(r.start)
 		ls.greedy, ls.rest = true, !ls.core
+		if ls.best > target && !r.nested {
+			// Above the peak: the window bound may say the search can
+			// stop here, and otherwise what it should aim at.
+			ls.target = max(target, r.proveBound())
+			target = ls.target
+		}
 	}
 	if ls.core && !ls.coreTried && ls.best > target {
 		c, h := r.coreStage(ls.l.items, ls.l.lo, ls.l.hi, ls.l.base, until)
@@ -87,7 +93,11 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		var stop atomic.Bool
 		timer := time.AfterFunc(time.Until(until), func() { stop.Store(true) })
 		stopCtx := context.AfterFunc(r.ctx, func() { stop.Store(true) })
-		offs, complete := d.roll(target, r.p.times[ls.l.lo:], &stop)
+		perBuffer := int64(rollNodes)
+		if !r.opt.FullBudget && (ls.best-target)*stopGap <= target {
+			perBuffer = rollNear
+		}
+		offs, complete := d.roll(target, r.p.times[ls.l.lo:], perBuffer, &stop)
 		timer.Stop()
 		stopCtx()
 		if offs != nil {

@@ -37,12 +37,18 @@ const DefaultBudget = 2 * time.Second
 
 // Plan is an offset for every buffer of a trace inside one arena.
 type Plan struct {
-	Algo       string  // the algorithm that produced the offsets
-	Align      int64   // every size was rounded up to this before planning
-	Arena      int64   // arena size in bytes: the highest end of any buffer
-	LowerBound int64   // peak of live bytes (sizes rounded to Align)
-	Offsets    []int64 // indexed by lifetime.ID
-	// Optimal is true when the arena is proven minimal (Arena == LowerBound).
+	Algo       string // the algorithm that produced the offsets
+	Align      int64  // every size was rounded up to this before planning
+	Arena      int64  // arena size in bytes: the highest end of any buffer
+	LowerBound int64  // peak of live bytes (sizes rounded to Align)
+	// Bound is the strongest lower bound the algorithm proved, at least
+	// LowerBound after Run: auto adds the window bound (LowerBoundProven)
+	// where its first plans stay above the peak; others report
+	// LowerBound. 0 where nothing was proven beyond the peak and the plan
+	// did not come from Run (plan files keep no bound).
+	Bound   int64
+	Offsets []int64 // indexed by lifetime.ID
+	// Optimal is true when the arena is proven minimal (Arena == Bound).
 	Optimal bool
 	// Elapsed is the planning time; ToBest when the final arena was first
 	// found (equal to Elapsed for one-shot algorithms).
@@ -58,7 +64,8 @@ type Stop string
 const (
 	// StopBound: the arena reached the lower bound.
 	StopBound Stop = "bound"
-	// StopProof: the search proved that no smaller arena exists.
+	// StopProof: the search proved that no smaller arena exists, or the
+	// arena met a lower bound above the peak of live bytes (Plan.Bound).
 	StopProof Stop = "proof"
 	// StopRule: the stop rule (see Options.FullBudget) decided that more
 	// search was unlikely to pay, or nothing was left to try.
@@ -73,6 +80,16 @@ func (p *Plan) Ratio() float64 {
 		return 1
 	}
 	return float64(p.Arena) / float64(p.LowerBound)
+}
+
+// RatioBound is Arena / max(Bound, LowerBound) (1 when both are 0): how
+// far the arena may still be from the optimum.
+func (p *Plan) RatioBound() float64 {
+	b := max(p.Bound, p.LowerBound)
+	if b == 0 {
+		return 1
+	}
+	return float64(p.Arena) / float64(b)
 }
 
 // Progress is reported by anytime algorithms while they search.
@@ -202,9 +219,16 @@ func Run(ctx context.Context, algo string, t *lifetime.Trace, opt Options) (*Pla
 	p.Align = opt.Align
 	p.LowerBound, _ = t.LowerBound(opt.Align)
 	p.Arena = ArenaSize(t, p.Offsets, opt.Align)
-	p.Optimal = p.Arena == p.LowerBound
-	if p.Optimal && p.Stop != "" {
+	// An algorithm's bound counts only up to the arena it found: a bound
+	// above it would be a bug, and no bound below the peak is news.
+	p.Bound = min(max(p.Bound, p.LowerBound), max(p.Arena, p.LowerBound))
+	p.Optimal = p.Arena <= p.Bound
+	switch {
+	case p.Stop == "":
+	case p.Arena <= p.LowerBound:
 		p.Stop = StopBound
+	case p.Optimal:
+		p.Stop = StopProof
 	}
 	p.Elapsed = elapsed
 	if p.ToBest == 0 || p.ToBest > elapsed {

@@ -56,13 +56,26 @@ const (
 	rollNodes = 256
 )
 
+// rollNear replaces rollNodes under the stop rule (Options.FullBudget)
+// on a leaf already within 1/stopGap of its target: the rolling search
+// reached the bound of the decode-step traces in 2 to 3 nodes a buffer
+// (internal/tracegen.Decode), and where it cannot (a decode step as
+// PyTorch records it, internal/tracegen.TorchDecode with the
+// memory-efficient attention) 256 nodes a buffer took 250 to 450 ms of
+// a plan found in 5, for nothing. No floor of rollLimit nodes here.
+const rollNear = 4
+
 // roll runs the rolling search at capacity c: rounds of attempts, one per
-// window size, until one packs the leaf. It returns the plan (nil if
-// none), and false when stop cut it short: the outcome then depends on
-// the clock, and the stage must run again from the start. times maps the
-// leaf's sections to trace times (for the preorders).
-func (d *leafData) roll(c int64, times []int64, stop *atomic.Bool) ([]int64, bool) {
-	budget := max(int64(rollLimit), rollNodes*int64(d.k))
+// window size, until one packs the leaf or perBuffer nodes a buffer (at
+// least rollLimit) are spent. It returns the plan (nil if none), and
+// false when stop cut it short: the outcome then depends on the clock,
+// and the stage must run again from the start. times maps the leaf's
+// sections to trace times (for the preorders).
+func (d *leafData) roll(c int64, times []int64, perBuffer int64, stop *atomic.Bool) ([]int64, bool) {
+	budget := perBuffer * int64(d.k)
+	if perBuffer >= rollNodes {
+		budget = max(budget, rollLimit)
+	}
 	var used int64
 	for round := 0; used < budget; round++ {
 		for _, w := range rollWindows {

@@ -293,12 +293,15 @@ type report struct {
 	Trace         string           `json:"trace"`
 	Buffers       int              `json:"buffers"`
 	LowerBound    int64            `json:"lower_bound"`
+	Bound         int64            `json:"bound"`
 	Arena         int64            `json:"arena"`
 	Ratio         float64          `json:"ratio"`
+	RatioBound    float64          `json:"ratio_bound"`
 	Algo          string           `json:"algo"`
 	Millis        float64          `json:"millis"`
 	MillisToBest  float64          `json:"millis_to_best"`
 	Optimal       bool             `json:"optimal"`
+	Stop          string           `json:"stop,omitempty"`
 	Align         int64            `json:"align"`
 	Baselines     map[string]int64 `json:"baselines,omitempty"`
 	TorchReserved int64            `json:"torch_reserved,omitempty"`
@@ -321,9 +324,9 @@ func planOne(ctx context.Context, c config, source string, t *lifetime.Trace, st
 		return report{}, nil, fmt.Errorf("%s: %w", source, err)
 	}
 	r := report{
-		Trace: source, Buffers: len(t.Buffers), LowerBound: p.LowerBound, Arena: p.Arena,
-		Ratio: p.Ratio(), Algo: p.Algo, Millis: millis(p.Elapsed), MillisToBest: millis(p.ToBest),
-		Optimal: p.Optimal, Align: p.Align,
+		Trace: source, Buffers: len(t.Buffers), LowerBound: p.LowerBound, Bound: max(p.Bound, p.LowerBound), Arena: p.Arena,
+		Ratio: p.Ratio(), RatioBound: p.RatioBound(), Algo: p.Algo, Millis: millis(p.Elapsed), MillisToBest: millis(p.ToBest),
+		Optimal: p.Optimal, Stop: string(p.Stop), Align: p.Align,
 	}
 	if c.compare {
 		r.Baselines = map[string]int64{}

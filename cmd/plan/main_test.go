@@ -46,7 +46,7 @@ func TestJSONKeys(t *testing.T) {
 	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &r); err != nil {
 		t.Fatalf("output is not one JSON object: %v\n%s", err, out)
 	}
-	for _, k := range []string{"trace", "buffers", "lower_bound", "arena", "ratio", "algo", "millis", "baselines", "optimal", "millis_to_best"} {
+	for _, k := range []string{"trace", "buffers", "lower_bound", "arena", "ratio", "algo", "millis", "baselines", "optimal", "millis_to_best", "bound", "ratio_bound", "stop"} {
 		if _, ok := r[k]; !ok {
 			t.Errorf("key %q missing in %s", k, out)
 		}

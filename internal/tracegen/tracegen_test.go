@@ -69,3 +69,30 @@ func TestWindow(t *testing.T) {
 		}
 	}
 }
+
+func TestTorchDecode(t *testing.T) {
+	for _, att := range []string{"", "math16", "efficient"} {
+		a, err := TorchDecode(TorchDecodeOptions{Batch: 4, Attention: att})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Validate(); err != nil {
+			t.Fatalf("%q: %v", att, err)
+		}
+		if n := len(a.Buffers); n < 300 || n > 400 {
+			t.Errorf("%q: %d buffers, want about 48 a layer", att, n)
+		}
+		b, _ := TorchDecode(TorchDecodeOptions{Batch: 4, Attention: att})
+		for i := range a.Buffers {
+			x, y := a.Buffers[i], b.Buffers[i]
+			if x.Size != y.Size || x.Start != y.Start || x.End != y.End || x.Name != y.Name {
+				t.Fatalf("%q: buffer %d differs between two draws", att, i)
+			}
+		}
+	}
+	for _, bad := range []TorchDecodeOptions{{Heads: 12, KVHeads: 5}, {Attention: "flash"}} {
+		if _, err := TorchDecode(bad); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}

@@ -48,7 +48,9 @@ class Graph:
 
     def report(self) -> dict:
         """The plan against the lower bound and the memory the graph holds:
-        ``arena`` (planned bytes), ``lower_bound``, ``ratio``, ``spill_held``
+        ``arena`` (planned bytes), ``lower_bound`` (the peak of live
+        bytes), ``bound`` (the strongest lower bound the planner proved)
+        and ``stop`` (why its search ended), ``ratio``, ``spill_held``
         (allocations the plan did not serve during capture), ``divergences``
         and the first one's reason, plus capture timings in ms. PyTorch's
         own pool for the same step can only be measured without arenaplan
