@@ -38,6 +38,20 @@ outputs do (views made of them do not raise: clone what must survive). ``torch.c
 may be called as with CUDAGraph Trees: every call of a captured graph starts
 a new step here, so it never has to be.
 
+Each call happens once, as far as the program can tell. The call that
+captures runs the graph more than once (warm-up runs, the recorded run, then
+the first replay), so the runs before the replay are undone: the inputs the
+graph writes in place (running statistics, an optimizer's parameters and
+moments: AOTAutograd's mutated inputs) are copied to the host before them
+and written back after, and the CUDA generator gets its state back, so that
+the replay draws the random numbers the call would have drawn without
+graphs and the generator advances as without them. A training loop's
+parameters, buffers, optimizer state and RNG state after N steps are then
+those of the same loop without graphs, bit for bit (see
+``bench/torch_train_loops.py``). A buffer planned for a copied input is
+allocated without the fill that ``torch.use_deterministic_algorithms``
+makes (captured, the fill would overwrite the input each replay copies in).
+
 Several shapes (a graph compiled with dynamic shapes and called at batch 32,
 8, 1): one member per shape, all members in ONE arena planned jointly (an
 :class:`arenaplan.torch.GraphFamily`), at most ``max_shapes`` of them; a
@@ -57,11 +71,15 @@ first call, when its incoming gradients are there: one that another captured
 graph's backward made (a loss graph's gradient of the logits) is read in
 place, as CUDAGraph Trees read it; others are copied into placeholders. Each
 shape (the last, partial batch of an epoch) gets its own chain, up to
-``max_shapes``. A forward while that shape's previous backward is still
-pending, or a call while its previous gradients are still held as ``.grad``
-(gradient accumulation, ``zero_grad(set_to_none=False)``), runs inductor's
-code without a graph (one warning each); a backward whose saved activations
-a later forward overwrote raises. See :class:`_TrainPair`.
+``max_shapes``. Gradients the backward returned that are still held at the
+chain's next call (AccumulateGrad keeps one as ``.grad`` when the parameter
+had none: gradient accumulation, ``zero_grad(set_to_none=False)``) are moved
+out of the arena first, and from then on the backward's outputs are held
+until the next call, so that AccumulateGrad copies them into a ``.grad`` of
+its own: such loops replay. A forward while that shape's previous backward
+is still pending runs inductor's code without a graph (one warning); a
+backward whose saved activations a later forward overwrote raises. See
+:class:`_TrainPair`.
 
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA
@@ -876,11 +894,9 @@ class _TrainPair(_Warns):
     safely runs inductor's code without a graph, with one warning naming
     the reason: a forward while the same shape's previous forward's saved
     activations still wait for their backward (its replay would overwrite
-    them), a forward or backward while that shape's previous gradients are
-    still held
-    (AccumulateGrad keeps them as ``.grad``: gradient accumulation,
-    ``zero_grad(set_to_none=False)``), other parameter addresses, more
-    shapes than ``max_shapes``. A backward whose saved activations a later
+    them), a call while a gradient of the previous backward is still held
+    where it cannot be moved out of the arena (see :meth:`_release_grads`),
+    other parameter addresses, more shapes than ``max_shapes``. A backward whose saved activations a later
     forward replay overwrote (``retain_graph=True``, then another forward)
     raises.
     """
