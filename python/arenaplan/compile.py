@@ -115,15 +115,16 @@ __all__ = ["backend", "report", "reset", "CompileOptions"]
 
 NAME = "arenaplan"
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_OVERWRITTEN = ("arenaplan.compile: this tensor is an output of a CUDA graph that a later call of the same "
-                "compiled graph has overwritten; clone() outputs that must outlive the next call")
+_OVERWRITTEN = ("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run "
+                "(arenaplan.compile: a later call of the same compiled graph overwrote it); clone() outputs that "
+                "must outlive the next call")
 
 
 class CompileOptions:
     """The backend's options, validated: a bad value raises ValueError."""
 
     _KEYS = {"warmup": int, "capture_warmup": int, "max_shapes": int, "budget": float, "strict": bool,
-             "capture": bool}
+             "capture": bool, "from_mode": str}
 
     def __init__(self, mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None):
         self.mode = mode or "default"
@@ -131,6 +132,7 @@ class CompileOptions:
             raise ValueError(f"arenaplan: mode={mode!r}: want one of {_MODES}")
         self.warmup, self.capture_warmup, self.max_shapes = 1, 2, 8
         self.budget, self.strict, self.capture = 1.0, False, True
+        self.from_mode: Optional[str] = None  # what the program asked torch.compile for, where it was routed here
         self.inductor: Dict[str, Any] = {}
         for k, v in (options or {}).items():
             want = self._KEYS.get(k)
@@ -142,6 +144,8 @@ class CompileOptions:
             if not isinstance(v, want) or (want is int and isinstance(v, bool)):
                 raise ValueError(f"arenaplan: option {k}={v!r}: want {want.__name__}")
             setattr(self, k, v)
+        if mode is None and self.from_mode in _MODES:
+            self.mode = self.from_mode  # routed: the mode the program asked for (its inductor options)
         if self.warmup < 0:
             raise ValueError(f"arenaplan: option warmup={self.warmup}: want >= 0")
         if self.capture_warmup < 1:
@@ -824,7 +828,8 @@ class _Runner(_Warns):
                              "family_builds": self.family_builds, "replays": self.replays,
                              "plain_calls": self.plain_calls, "input_bytes_planned": self.input_bytes,
                              "input_bytes_outside": 0,
-                             "static_inputs": len(self.static), "other_inputs": len(self.dyn or ())}
+                             "static_inputs": len(self.static), "other_inputs": len(self.dyn or ()),
+                             "from_mode": self.opts.from_mode}
         if self.family is not None:
             f = self.family.report()
             for k in ("arena", "lower_bound", "ratio", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
@@ -1273,7 +1278,8 @@ class _TrainPair(_Warns):
         out: Dict[str, Any] = {"graph": r.name, "training": part, "captured": bool(ms), "reason": self.reason,
                                "members": len(ms), "captures": len(ms), "replays": self.replays[part],
                                "plain_calls": self.plain[part],
-                               "input_bytes_outside": sum(m.placeholder_bytes for m in ms)}
+                               "input_bytes_outside": sum(m.placeholder_bytes for m in ms),
+                               "from_mode": self.opts.from_mode}
         if part == "backward":
             out["incoming_in_place"] = sum(len(m.tangent_inplace) for m in ms)
         if ms and part == "forward":

@@ -43,9 +43,10 @@ answers it from arenaplan's own counts, in PyTorch's schemas:
 ``_record_memory_history``, ``memory_snapshot`` (memory_viz reads them),
 and ``torch.cuda.MemPool`` / ``use_mem_pool`` (see ``_mempool``).
 ``torch.compile(mode="reduce-overhead")`` (CUDAGraph Trees) cannot run on a
-plugged allocator: it is refused when asked for, and
-``torch.compile(model, backend="arenaplan")`` gives the same graphs on a
-planned arena (``arenaplan.compile``). Out of memory raises
+plugged allocator: such a request (``mode="max-autotune"`` too, and
+inductor's ``triton.cudagraphs``) compiles on the ``arenaplan`` backend
+instead, the same graphs on a planned arena (``arenaplan.compile``), or is
+refused when asked for with ``install(reduce_overhead="refuse")``. Out of memory raises
 ``torch.OutOfMemoryError`` worded as PyTorch's ("CUDA out of memory. Tried
 to allocate ..."), as PyTorch's allocator does (the library throws
 PyTorch's own c10::OutOfMemoryError), and counts in ``num_ooms``. Still
@@ -72,7 +73,7 @@ __all__ = ["install", "installed", "graph", "graphs", "chain", "eager", "Graph",
            "PlanMismatchError"]
 
 
-def install(library: Optional[str] = None) -> None:
+def install(library: Optional[str] = None, *, reduce_overhead: Optional[str] = None) -> None:
     """Make arenaplan PyTorch's CUDA allocator for every device.
 
     Call once, before anything initialises CUDA (PyTorch refuses to swap
@@ -81,11 +82,24 @@ def install(library: Optional[str] = None) -> None:
     when ``library`` is None or the library installed; another library
     raises (a process has one allocator, and a second Go shared library
     in one process is fatal).
+
+    ``reduce_overhead``: what ``torch.compile(mode="reduce-overhead")`` and
+    other requests for CUDA graphs on PyTorch's allocator get: ``"arenaplan"``
+    (default; the ``arenaplan`` backend compiles them, with
+    reduce-overhead's contract) or ``"refuse"`` (they raise
+    ``CUDAGraphTreesError`` at the call). Default: the environment's
+    ``ARENAPLAN_REDUCE_OVERHEAD``, else ``"arenaplan"``.
     """
+    from . import _compat
+    route = reduce_overhead or os.environ.get("ARENAPLAN_REDUCE_OVERHEAD") or _compat.ROUTE
+    if route not in (_compat.ROUTE, _compat.REFUSE):
+        raise ValueError(f"arenaplan.torch.install: reduce_overhead={route!r}: want "
+                         f"{_compat.ROUTE!r} or {_compat.REFUSE!r}")
     if _state.lib is not None:
         if library is not None and os.path.realpath(library) != _state.lib.path:
             raise ArenaplanError(f"arenaplan.torch.install({library!r}): {_state.lib.path} is installed already "
                                  "(one allocator per process; restart the process to use another library)")
+        _compat.install(torch, route, _register_backend)
         return
     if torch.cuda.is_initialized():
         raise ArenaplanError("arenaplan.torch.install() must run before CUDA is initialised "
@@ -99,12 +113,18 @@ def install(library: Optional[str] = None) -> None:
         hooks.set_reset_fn(lib.address("arenaplan_torch_empty_cache"))
     torch.cuda.memory.change_current_allocator(alloc)
     _count_captures(lib)
-    from . import _compat, _mempool, _snapshot, _stats
+    from . import _mempool, _snapshot, _stats
     _stats.install(lib, torch)
     _snapshot.install(lib, torch)
     _mempool.install(lib, torch)
-    _compat.install(torch)
+    _compat.install(torch, route, _register_backend)
     _state.lib = lib
+
+
+def _register_backend() -> None:
+    """Import arenaplan.compile, which registers the ``arenaplan`` backend."""
+    import importlib
+    importlib.import_module("arenaplan.compile")
 
 
 _captures = 0

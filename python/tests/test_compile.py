@@ -355,6 +355,16 @@ class OptionsTest(unittest.TestCase):
         # reduce-overhead's own CUDA graphs are what this backend replaces.
         self.assertEqual(apc.CompileOptions("reduce-overhead").inductor_patches(modes), {"triton.cudagraphs": False})
 
+    def test_routed_request_keeps_its_mode(self):
+        # torch.compile(mode="max-autotune") routed here: its inductor options, our graphs.
+        o = apc.CompileOptions(None, {"from_mode": "max-autotune"})
+        self.assertEqual((o.mode, o.from_mode), ("max-autotune", "max-autotune"))
+        self.assertEqual(o.inductor, {}, "from_mode is the backend's, not an inductor patch")
+        o = apc.CompileOptions(None, {"from_mode": "torch._inductor.config.triton.cudagraphs = True"})
+        self.assertEqual(o.mode, "default")
+        r, _, _ = _runner(from_mode="reduce-overhead")
+        self.assertEqual(r.report()["from_mode"], "reduce-overhead")
+
     def test_bad_options_raise(self):
         for mode, options in [("fast", None), (None, {"warmup": -1}), (None, {"warmup": True}),
                               (None, {"max_shapes": 0}), (None, {"capture_warmup": 0}), (None, {"budget": 0}),
