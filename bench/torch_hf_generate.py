@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Hugging Face ``generate`` with a static cache, unmodified, three ways: with
+arenaplan installed (``ours``: the ``mode="reduce-overhead"`` compile that
+``generate`` makes by itself lands on arenaplan's backend), on PyTorch's
+allocator with that same reduce-overhead compile (``ro``), and without a
+compile (``eager``: ``generate``'s dynamic cache). One mode a process (the
+allocator is process-wide).
+
+    python3 bench/torch_hf_generate.py --mode ours --model llama --new 64
+    python3 bench/torch_hf_generate.py --summary results.jsonl
+
+Models from configurations (random weights, seed 0): a GPT-2-style and a
+Llama-style decoder. Calls: greedy at batch 2 with prompts of 24 and then 40
+tokens, then sampling (seed 1) at 24; each call's tokens are written under
+--out so that the summary compares them between modes. Prints one JSON
+line: ms per new token (median of --reps timed greedy calls after the
+first ones), the first call's seconds (compile and capture), the reserved
+memory at its peak and at the end, and ours: the backend's report (graphs
+routed here, captured, calls without a graph).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+
+def build(name, torch, dev):
+    torch.manual_seed(0)
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        cfg = GPT2Config(n_layer=6, n_head=8, n_embd=512, vocab_size=32000, n_positions=1024)
+        return GPT2LMHeadModel(cfg).to(dev, torch.bfloat16).eval()
+    if name == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(num_hidden_layers=6, hidden_size=512, intermediate_size=1408, num_attention_heads=8,
+                          num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024)
+        return LlamaForCausalLM(cfg).to(dev, torch.bfloat16).eval()
+    raise SystemExit(f"unknown model {name}")
+
+
+def run(args):
+    import torch
+    ap = apc = None
+    if args.mode == "ours":
+        import arenaplan.torch as ap
+        ap.install()
+    dev = torch.device("cuda", 0)
+    model = build(args.model, torch, dev)
+    g = torch.Generator(device=dev).manual_seed(2)
+    prompts = {n: torch.randint(0, 32000, (2, n), device=dev, generator=g) for n in (24, 40)}
+    kw = dict(max_new_tokens=args.new, min_new_tokens=args.new, pad_token_id=0)
+    if args.mode != "eager":
+        kw["cache_implementation"] = "static"
+    res = {"model": args.model, "mode": args.mode, "new": args.new, "gpu": torch.cuda.get_device_name(0),
+           "torch": torch.__version__}
+    tokens = {}
+    with warnings.catch_warnings(record=True) as w, torch.no_grad():
+        warnings.simplefilter("always")
+        t = time.perf_counter()
+        tokens["greedy24"] = model.generate(prompts[24], do_sample=False, **kw).cpu()
+        torch.cuda.synchronize()
+        res["first_call_s"] = round(time.perf_counter() - t, 2)
+        tokens["greedy40"] = model.generate(prompts[40], do_sample=False, **kw).cpu()
+        torch.manual_seed(1)
+        tokens["sample24"] = model.generate(prompts[24], do_sample=True, top_k=50, **kw).cpu()
+        times = []
+        for _ in range(args.reps):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = model.generate(prompts[24], do_sample=False, **kw)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t) * 1e3 / args.new)
+            del out
+        res["warnings"] = sorted({str(m.message)[:200] for m in w if "arenaplan" in str(m.message)})[:5]
+    res["ms_per_token"] = round(statistics.median(times), 3)
+    res["max_reserved"] = torch.cuda.max_memory_reserved(dev)
+    res["reserved"] = torch.cuda.memory_reserved(dev)
+    if ap is not None:
+        import arenaplan.compile as apc
+        rep = apc.report()
+        res["graphs"] = rep
+        res["routed"] = sum(1 for r in rep if r.get("from_mode"))
+        res["captured"] = bool(rep) and all(r["captured"] for r in rep if r.get("replays", 0) + r.get("plain_calls", 0) > 1)
+        res["plain_calls"] = sum(r.get("plain_calls", 0) for r in rep)
+    os.makedirs(args.out, exist_ok=True)
+    torch.save(tokens, os.path.join(args.out, f"tokens-{args.model}-{args.new}-{args.mode}.pt"))
+    print(json.dumps(res), flush=True)
+
+
+def summary(path, out):
+    import torch
+    rows = {}
+    for line in open(path):
+        if line.startswith("{"):
+            r = json.loads(line)
+            rows.setdefault((r["model"], r["new"]), {})[r["mode"]] = r
+    M = 2 ** 20
+    print(f"{'model':6} {'new':>4} {'ms/token ours/RO/eager':>24} {'first call s ours/RO':>21} "
+          f"{'peak MiB ours/RO':>17} {'rest MiB ours/RO':>17} {'tokens = RO':>11} {'= eager':>8}  routed, captured")
+    for (m, n), d in sorted(rows.items()):
+        o, r, e = d.get("ours", {}), d.get("ro", {}), d.get("eager", {})
+
+        def same(a, b):
+            pa, pb = (os.path.join(out, f"tokens-{m}-{n}-{k}.pt") for k in (a, b))
+            if not (os.path.exists(pa) and os.path.exists(pb)):
+                return "-"
+            ta, tb = torch.load(pa), torch.load(pb)
+            return "yes" if all(torch.equal(ta[k], tb[k]) for k in ta) else "no"
+        f = lambda v: f"{v / M:.0f}" if v else "-"  # noqa: E731
+        print(f"{m:6} {n:>4} {str(o.get('ms_per_token')) + '/' + str(r.get('ms_per_token')) + '/' + str(e.get('ms_per_token')):>24} "
+              f"{str(o.get('first_call_s')) + '/' + str(r.get('first_call_s')):>21} "
+              f"{f(o.get('max_reserved')) + '/' + f(r.get('max_reserved')):>17} "
+              f"{f(o.get('reserved')) + '/' + f(r.get('reserved')):>17} {same('ours', 'ro'):>11} "
+              f"{same('ours', 'eager'):>8}  {o.get('routed')}, {o.get('captured')} ({o.get('plain_calls')} plain)")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=["ours", "ro", "eager"])
+    p.add_argument("--model", choices=["gpt2", "llama"], default="llama")
+    p.add_argument("--new", type=int, default=64, help="new tokens a call")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--out", default="/tmp/arenaplan-hf-generate")
+    p.add_argument("--summary")
+    a = p.parse_args()
+    if a.summary:
+        summary(a.summary, a.out)
+    else:
+        run(a)
+
+
+if __name__ == "__main__":
+    main()
