@@ -44,7 +44,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"unsafe"
@@ -201,8 +200,11 @@ func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream u
 	return boolInt(allocator("free", func(b *bridge.Bridge) error {
 		err := b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
 		if err != nil {
-			// PyTorch will not see it: say it where a person will.
-			fmt.Fprintln(os.Stderr, "arenaplan:", err)
+			// PyTorch will not see it: say it where a person will, without
+			// flooding the log when the host repeats it (warn.c).
+			cs := C.CString("arenaplan: " + err.Error())
+			C.ap_warn(cs)
+			C.free(unsafe.Pointer(cs))
 		}
 		return err
 	}))

@@ -350,6 +350,44 @@ static void case_streams(result *r) {
 	if (r->failed || grew > 64 || peak < 0 || peak > (long long)(16 * MiB)) take_error(r), r->bad++;
 }
 
+// flood: 400000 bad frees (addresses inside a live block, and a double
+// free of a kept block, alternating) leave a few lines on standard error,
+// not one each, and the last error still names the latest; exit writes
+// the count of those not written.
+static void case_flood(result *r) {
+	char path[] = "/tmp/arenaplan-flood-XXXXXX";
+	int fd = mkstemp(path);
+	if (fd < 0) {
+		r->bad++;
+		return;
+	}
+	unlink(path);
+	fflush(stderr);
+	int saved = dup(2);
+	dup2(fd, 2);
+	void *p = alloc_counted(r, 65536, 0, NULL);
+	void *k = alloc_counted(r, 4096, 0, NULL);
+	ap_free(k, 4096, 0, NULL); // kept by the fast path
+	for (long i = 0; i < 400000; i++) {
+		if (i % 2) ap_free(k, 4096, 0, NULL);
+		else ap_free((char *)p + 512 + (i % 64) * 512, 65536, 0, NULL);
+	}
+	take_error(r);
+	ap_free(p, 65536, 0, NULL);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	long lines = 0, bytes = 0;
+	char buf[65536];
+	ssize_t n;
+	lseek(fd, 0, SEEK_SET);
+	while ((n = read(fd, buf, sizeof buf)) > 0)
+		for (ssize_t i = 0; i < n; i++) bytes++, lines += buf[i] == '\n';
+	close(fd);
+	snprintf(r->note, sizeof r->note, "400000 bad frees wrote %ld lines (%ld bytes) on standard error", lines, bytes);
+	if (lines > 20 || !strstr(r->err, "arenaplan")) r->bad++;
+}
+
 // fault: every export panics (a library built with -tags arenaplan_fault
 // and ARENAPLAN_FAULT_PANIC=all): each reports an error, none aborts.
 static void case_fault(result *r) {
@@ -537,6 +575,7 @@ static struct kase cases[] = {
     {"threads", case_threads, "8 threads on 3 streams, up to half the device live"},
     {"streams", case_streams, "200000 distinct streams"},
     {"mempool", case_mempool, "a C allocator as a memory pool's: routed memory, release, NULL"},
+    {"flood", case_flood, "400000 bad frees"},
     {"fault", case_fault, "every export panics (fault build)"},
 };
 
