@@ -116,6 +116,12 @@ char *arenaplan_reset_peak_stats(int device);
 char *arenaplan_reset_accumulated_stats(int device);
 char *arenaplan_snapshot(int device, char **out);
 char *arenaplan_record_history(int enabled, int maxEntries);
+// arenaplan_history_hook sets (fn not 0) or clears the function called
+// after each allocation recorded in the history, as
+// void fn(int device, uint64_t seq) with the entry's "seq", on the
+// allocating thread, with no lock of the library held (the Python package
+// takes the Python stack there). Never called while history is off.
+void arenaplan_history_hook(uintptr_t fn);
 
 #ifdef __cplusplus
 }

@@ -263,6 +263,7 @@ static void *go_alloc(size_t size, int device, void *stream) {
 	}
 	counted(device, size, 1);
 	pthread_mutex_unlock(&mu);
+	ap_hist_call(device); // after every lock: the host's hook may take its own
 	return p;
 }
 

@@ -63,4 +63,10 @@ AP_HIDDEN void ap_warn(const char *msg);
 // ap_warn_count returns how many messages ap_warn was given.
 AP_HIDDEN uint64_t ap_warn_count(void);
 
+// ap_hist_note keeps, for the calling thread, the history Seq of the
+// allocation Go just recorded; ap_hist_call hands it to the host's hook
+// (history.c).
+AP_HIDDEN void ap_hist_note(uint64_t seq);
+AP_HIDDEN void ap_hist_call(int device);
+
 #endif

@@ -139,8 +139,12 @@ func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, grow
 	var p cuda.DevicePtr
 	ok := allocator("alloc", func(b *bridge.Bridge) error {
 		var keep bool
+		var seq uint64
 		var err error
-		p, keep, err = b.AllocCacheable(uint64(size), int(device), uintptr(stream), grow != 0)
+		p, keep, seq, err = b.AllocSeq(uint64(size), int(device), uintptr(stream), grow != 0)
+		if seq != 0 {
+			C.ap_hist_note(C.uint64_t(seq)) // for the host's hook, once the call is back in C
+		}
 		if errors.Is(err, arena.ErrWouldGrow) {
 			*wouldGrow = 1
 			return nil
