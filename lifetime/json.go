@@ -21,14 +21,6 @@ const (
 	JSONVersion = 1
 )
 
-type jsonTrace struct {
-	Format  string       `json:"format"`
-	Version int          `json:"version"`
-	Name    string       `json:"name,omitempty"`
-	Torch   *JSONTorch   `json:"torch,omitempty"`
-	Buffers []JSONBuffer `json:"buffers"`
-}
-
 // JSONTorch is TorchStats as the JSON format writes it.
 type JSONTorch struct {
 	Device       int   `json:"device"`
