@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/google/btree"
+
 	"github.com/arenaplan/arenaplan/cuda"
 )
 
@@ -31,7 +33,11 @@ import (
 // was allocated on; RecordStream says that other streams used it, and then
 // its free waits until that work is ordered before the reuse: outside a
 // capture through events recorded on those streams, inside a capture
-// through the capture graph (see BeginCapture).
+// through the capture graph (see BeginCapture). A stream without a free
+// block of its own may take over a wholly free segment of another stream
+// of the default pool, ordered after that stream's work, rather than map
+// more (spill_adopt.go): what is mapped does not grow with the streams a
+// program makes and drops.
 //
 // Pools. Allocations outside any capture come from the default pool.
 // Allocations on a stream that is capturing come from the private pool of
@@ -70,6 +76,14 @@ type Spill struct {
 	pending   []*block // wait for events on other streams
 	events    []cuda.Event
 	doomed    []doomed // released user pools' free segments, unmapped once the work queued on them is done
+
+	// The default pool's wholly free segments, taken over by streams
+	// without a free block of their own (spill_adopt.go).
+	idle      *btree.BTreeG[*segment]
+	idleSeq   uint64
+	idleBytes uint64
+	syncGen   uint64     // times the allocator waited for the whole device
+	adoptEv   cuda.Event // orders a taking stream after the segment's old one
 
 	st SpillStats
 	// intervalPeak is the most bytes mapped at once since MappedPeak last
@@ -214,6 +228,9 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*b
 	rsize := roundUp(size, MinBlock)
 	small := pool.small(rsize)
 	b := s.bestFit(pool, st, rsize, small)
+	if b == nil {
+		b = s.adopt(pool, st, rsize, small) // maps nothing: allowed without grow
+	}
 	if b == nil && !grow {
 		return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, ErrWouldGrow)
 	}
@@ -301,6 +318,10 @@ func (s *Spill) Close() error {
 	s.trim(true)
 	for _, b := range s.pending {
 		s.events = append(s.events, b.events...)
+	}
+	if s.adoptEv != nil {
+		s.events = append(s.events, s.adoptEv)
+		s.adoptEv = nil
 	}
 	for _, ev := range s.events {
 		ev.Close()

@@ -141,3 +141,41 @@ func BenchmarkCaptureAlloc(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSpillManyStreams: one 4 KiB allocation and its free on each of
+// b.N distinct streams, on devices of 1, 16 and 80 GiB (a server that
+// makes a stream per request). Reports the segments mapped at the end:
+// the cost per stream must not grow with the device.
+func BenchmarkSpillManyStreams(b *testing.B) {
+	for _, gib := range []uint64{1, 16, 80} {
+		b.Run(fmt.Sprintf("device=%dGiB", gib), func(b *testing.B) {
+			e := newSimEnv(b, gib*GiB)
+			s := newSpill(b, e, WithAddressSpace(4*gib*GiB))
+			streams := make([]cuda.Stream, 0, 4096)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if i%4096 == 0 {
+					b.StopTimer()
+					streams = streams[:0]
+					for j := range 4096 {
+						st, err := e.dev.Foreign(uintptr(0x10000 + 16*(i+j)))
+						if err != nil {
+							b.Fatal(err)
+						}
+						streams = append(streams, st)
+					}
+					b.StartTimer()
+				}
+				p, err := s.Alloc(4096, streams[i%4096])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Free(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(s.Stats().Segments), "segments")
+		})
+	}
+}

@@ -80,6 +80,7 @@ func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64, small bool) *b
 	})
 	if found != nil {
 		t.Delete(found)
+		s.unmarkIdle(found.seg)
 	}
 	return found
 }
@@ -123,4 +124,7 @@ func (s *Spill) release(b *block) {
 		s.recycle(n)
 	}
 	t.ReplaceOrInsert(b)
+	if b.prev == nil && b.next == nil {
+		s.markIdle(b.seg)
+	}
 }

@@ -25,6 +25,11 @@ type segment struct {
 	key    uintptr // its free list in the pool: freeKey(handle, small)
 	first  *block
 	doomed bool // in Spill.doomed: out of its pool's free lists, to be unmapped
+	// idle: wholly free in the default pool, in Spill.idle since the
+	// idleSeq-th such change, when the allocator had waited for the device
+	// idleGen times (spill_adopt.go).
+	idle             bool
+	idleSeq, idleGen uint64
 }
 
 // wholeFree says whether no block of seg is allocated or waiting.
@@ -199,6 +204,7 @@ func (s *Spill) trim(all bool) uint64 {
 		if err := s.dev.Synchronize(); err != nil {
 			return 0 // better cached than unmapped under running work
 		}
+		s.syncGen++
 	}
 	for _, d := range s.doomed {
 		if d.ev != nil {
@@ -212,6 +218,7 @@ func (s *Spill) trim(all bool) uint64 {
 	sort.Slice(segs, func(i, j int) bool { return segs[i].addr < segs[j].addr })
 	for _, seg := range segs {
 		if b := seg.first; seg.wholeFree() {
+			s.unmarkIdle(seg)
 			seg.pool.tree(seg.key).Delete(b)
 			seg.pool.dropTree(seg.key)
 		}
@@ -241,6 +248,7 @@ func (s *Spill) trim(all bool) uint64 {
 // driver, or the reserved addresses) and forgets it; its blocks are out of
 // every free list already; s.mu is held.
 func (s *Spill) unmapSegment(seg *segment) {
+	s.unmarkIdle(seg)
 	switch {
 	case seg.external():
 		s.freeExternal(seg)

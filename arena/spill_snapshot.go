@@ -15,6 +15,7 @@ type SegmentInfo struct {
 	Region  string
 	Plain   bool // cuMemAlloc'd (WithPlainSegments), not mapped
 	Paused  bool // its physical memory is released (PausePools)
+	Small   bool // serves only requests of at most SmallBlock bytes (one chunk)
 	Blocks  []BlockInfo
 }
 
@@ -50,7 +51,7 @@ func (s *Spill) Segments() []SegmentInfo {
 	defer s.mu.Unlock()
 	out := make([]SegmentInfo, 0, len(s.segments))
 	for seg := range s.segments {
-		si := SegmentInfo{Addr: uint64(seg.addr), Size: seg.size, Plain: seg.plain, Paused: seg.paused}
+		si := SegmentInfo{Addr: uint64(seg.addr), Size: seg.size, Plain: seg.plain, Paused: seg.paused, Small: seg.small}
 		if seg.stream != nil {
 			si.Stream = seg.stream.Handle()
 		}

@@ -27,6 +27,12 @@ type SpillStats struct {
 	// released (not in Mapped); Backup the host bytes kept for them.
 	Paused uint64
 	Backup uint64
+	// Adopted counts segments a stream without a free block of its own
+	// took over, wholly free, from another stream instead of mapping more;
+	// AdoptWaits those of them it first waited for (an event on the old
+	// stream, or the device).
+	Adopted    uint64
+	AdoptWaits uint64
 	// FreeLists counts the per-pool, per-stream lists of free blocks: at
 	// most one per segment, whatever the number of streams seen.
 	FreeLists int

@@ -279,12 +279,14 @@ func TestSpillStreamsKeepTheirBlocks(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
 	s1, s2 := e.stream(t), e.stream(t)
+	held := mustAlloc(t, s, 4096, s1) // s1's segment is not wholly free
 	a := mustAlloc(t, s, 4096, s1)
 	mustFree(t, s, a)
 	b := mustAlloc(t, s, 4096, s2)
 	if b == a || s.Stats().Segments != 2 {
 		t.Errorf("a block freed on s1 was reused on s2 (%#x)", b)
 	}
+	mustFree(t, s, held)
 	// RecordStream outside a capture: the block waits for an event on s2,
 	// which the simulation completes at once; the next Alloc sees it.
 	c := mustAlloc(t, s, 4096, s1)
@@ -352,11 +354,11 @@ func TestSpillOutOfMemory(t *testing.T) {
 	a = mustAlloc(t, s, 6*MiB, st)
 	check(s, 4*MiB, "device has no", "CUDA_ERROR_OUT_OF_MEMORY")
 	mustFree(t, s, a)
-	b = mustAlloc(t, s, 4*MiB, st2) // another stream: needs a new segment
+	b = mustAlloc(t, s, 7*MiB, st2) // more than the cached segment holds
 	if b == 0 {
 		t.Fatal("no block")
 	}
-	if st := s.Stats(); st.Mapped != 4*MiB || st.Unmaps != 1 {
+	if st := s.Stats(); st.Mapped != 8*MiB || st.Unmaps != 1 {
 		t.Errorf("retry after unmapping the cache: %+v", st)
 	}
 	mustFree(t, s, b)

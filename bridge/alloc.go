@@ -21,14 +21,25 @@ import (
 // keeping blocks gives them back (Free) and asks again with grow true, so
 // that what it keeps never makes the process hold more memory.
 func (b *Bridge) AllocCacheable(size uint64, ordinal int, stream uintptr, grow bool) (cuda.DevicePtr, bool, error) {
+	p, keep, _, err := b.AllocSeq(size, ordinal, stream, grow)
+	return p, keep, err
+}
+
+// AllocSeq is AllocCacheable that also returns the Seq of the
+// allocation's history entry (TraceEntry.Seq) while history is recorded,
+// else 0: a caller that notes where each allocation was asked for (the
+// Python stack, for PyTorch's snapshots) keeps it under that number.
+func (b *Bridge) AllocSeq(size uint64, ordinal int, stream uintptr, grow bool) (cuda.DevicePtr, bool, uint64, error) {
 	d, err := b.device(ordinal)
 	if err != nil {
-		return 0, false, err
+		return 0, false, 0, err
 	}
 	if b.hist.on.Load() {
-		return d.allocRecorded(size, stream)
+		p, seq, err := d.allocRecorded(size, stream)
+		return p, false, seq, err
 	}
-	return d.alloc(size, stream, true, grow)
+	p, keep, err := d.alloc(size, stream, true, grow)
+	return p, keep, 0, err
 }
 
 // FastPathAllowed says whether a caller may serve allocations from blocks

@@ -19,6 +19,10 @@ type Config struct {
 	Sim bool
 	// SimMemory is each simulated device's memory (default 16 GiB).
 	SimMemory uint64
+	// SimDevices is how many simulated devices there are (default 8, as
+	// on an 8-GPU machine): a larger ordinal is refused, as the driver
+	// refuses one beyond its devices.
+	SimDevices int
 	// SpillAddressSpace is the virtual address space each device's spill
 	// allocator reserves (default: four times the device's total memory,
 	// so that scattered live segments never leave a request that the
@@ -42,7 +46,7 @@ type Config struct {
 }
 
 // ConfigFromEnv reads ARENAPLAN_DEVICE ("sim" or "cuda", default cuda),
-// ARENAPLAN_SIM_MEMORY, ARENAPLAN_SPILL_ADDRESS_SPACE and
+// ARENAPLAN_SIM_MEMORY, ARENAPLAN_SIM_DEVICES, ARENAPLAN_SPILL_ADDRESS_SPACE and
 // ARENAPLAN_SPILL_CHUNK (bytes), and torchrun's RANK and WORLD_SIZE, with
 // getenv (nil: os.Getenv). A Go shared library must pass C's getenv: its
 // os.Getenv sees the environment the process started with, not what the
@@ -70,7 +74,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		name string
 		dst  *int
 		min  int
-	}{{"RANK", &c.Rank, 0}, {"WORLD_SIZE", &c.WorldSize, 1}} {
+	}{{"RANK", &c.Rank, 0}, {"WORLD_SIZE", &c.WorldSize, 1}, {"ARENAPLAN_SIM_DEVICES", &c.SimDevices, 1}} {
 		if v := getenv(e.name); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < e.min {

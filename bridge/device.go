@@ -3,6 +3,7 @@ package bridge
 // A device: its spill allocator, planned addresses, streams and arenas.
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 
@@ -149,11 +150,18 @@ func (b *Bridge) open(ordinal int) (cuda.Device, error) {
 	case b.cfg.Open != nil:
 		return b.cfg.Open(ordinal)
 	case b.cfg.Sim:
+		if n := cmp.Or(b.cfg.SimDevices, defaultSimDevices); ordinal >= n {
+			return nil, fmt.Errorf("the simulation has %d devices, 0 to %d (ARENAPLAN_SIM_DEVICES): %w", n, n-1,
+				&cuda.Error{Op: "cuDeviceGet", Code: cuda.ErrorInvalidDevice})
+		}
 		// A guest, as OpenGuest's driver: PyTorch calls from its own threads.
 		return cuda.OpenSim(cuda.SimConfig{Name: fmt.Sprintf("sim:%d", ordinal), TotalMemory: b.cfg.SimMemory, Guest: true})
 	}
 	return cuda.OpenGuest(ordinal)
 }
+
+// defaultSimDevices is Config.SimDevices unless set.
+const defaultSimDevices = 8
 
 func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
 	restore, err := makeCurrent(dev)

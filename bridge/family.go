@@ -64,12 +64,20 @@ func (f *Family) errorf(format string, args ...any) error {
 // NewMember adds a member step; members are planned in the order they
 // were added. A member added to a family already planned (not a chain's)
 // is recorded, then planned into the family's arena with PlanMember.
+//
+// A name must differ from every other member's: plans and plan files name
+// members, so a repeated name is refused here (ErrDuplicateMember) rather
+// than by every later plan of the family.
 func (f *Family) NewMember(name string) (*Step, error) {
 	f.d.mu.Lock()
 	bad := f.closing || (f.plan != nil && f.chained)
+	dup := f.memberLocked(name)
 	f.d.mu.Unlock()
 	if bad {
 		return nil, f.errorf("NewMember after Close, or after a chain's Plan")
+	}
+	if dup >= 0 {
+		return nil, fmt.Errorf("bridge: family %d (%s): member %q: %w (member %d has it)", f.id, f.name, name, ErrDuplicateMember, dup)
 	}
 	s, err := f.b.NewStep(f.d.ordinal, name)
 	if err != nil {
@@ -80,6 +88,20 @@ func (f *Family) NewMember(name string) (*Step, error) {
 	s.fam = f
 	f.members = append(f.members, s)
 	return s, nil
+}
+
+// ErrDuplicateMember: a family already has a member of that name.
+var ErrDuplicateMember = errors.New("a member of that name exists")
+
+// memberLocked returns the index of the member called name, or -1; d.mu
+// is held.
+func (f *Family) memberLocked(name string) int {
+	for i, m := range f.members {
+		if m.name == name {
+			return i
+		}
+	}
+	return -1
 }
 
 // Members returns the member steps in order.

@@ -294,3 +294,31 @@ func TestFamilyGrowsAfterPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFamilyRefusesRepeatedName: a member name already in the family is
+// refused when added (before, the family took it and every later plan
+// failed with "member name appears twice"); the family still plans, and
+// a name freed by closing its unplanned member can be used again.
+func TestFamilyRefusesRepeatedName(t *testing.T) {
+	b := newTestBridge(t)
+	f, _ := recordFamily(t, b, []uint64{2, 1})
+	if _, err := f.NewMember("bs2"); !errors.Is(err, ErrDuplicateMember) || !strings.Contains(err.Error(), `member "bs2"`) {
+		t.Fatalf("a second member bs2: %v, want ErrDuplicateMember naming it", err)
+	}
+	if n := len(f.Members()); n != 2 {
+		t.Fatalf("%d members after the refusal, want 2", n)
+	}
+	if err := f.Plan(0); err != nil {
+		t.Fatalf("plan after the refusal: %v", err)
+	}
+	s, err := f.NewMember("late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.NewMember("late"); err != nil {
+		t.Errorf("the name of a closed, unplanned member: %v", err)
+	}
+}

@@ -1,9 +1,12 @@
 package bridge
 
 import (
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/arenaplan/arenaplan/cuda"
 )
 
 // TestPlanFilesCarryTheRank: a tensor-parallel rank's plan (step or
@@ -63,5 +66,35 @@ func TestConfigFromEnvRank(t *testing.T) {
 		if _, err := ConfigFromEnv(env(bad)); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
+	}
+}
+
+// TestSimDeviceOrdinals: the simulation has SimDevices devices (8 unless
+// told); an ordinal beyond them is refused as the driver refuses it,
+// by every call that names a device (pause among them), instead of
+// opening a device for any ordinal up to INT_MAX.
+func TestSimDeviceOrdinals(t *testing.T) {
+	b := New(Config{Sim: true, SimMemory: 64 << 20})
+	defer b.Close()
+	if _, err := b.Paused(7); err != nil {
+		t.Fatalf("device 7 of 8: %v", err)
+	}
+	for _, ord := range []int{8, 1<<31 - 1} {
+		err := b.Pause(ord)
+		var ce *cuda.Error
+		if !errors.As(err, &ce) || ce.Code != cuda.ErrorInvalidDevice || !strings.Contains(err.Error(), "has 8 devices") {
+			t.Errorf("Pause(%d): %v, want CUDA_ERROR_INVALID_DEVICE naming the 8 devices", ord, err)
+		}
+	}
+	c, err := ConfigFromEnv(func(k string) string {
+		return map[string]string{"ARENAPLAN_DEVICE": "sim", "ARENAPLAN_SIM_DEVICES": "2"}[k]
+	})
+	if err != nil || c.SimDevices != 2 {
+		t.Fatalf("ARENAPLAN_SIM_DEVICES=2: %+v, %v", c, err)
+	}
+	b2 := New(c)
+	defer b2.Close()
+	if _, err := b2.Paused(2); err == nil {
+		t.Error("device 2 of 2 opened")
 	}
 }

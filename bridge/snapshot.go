@@ -55,6 +55,10 @@ type TraceEntry struct {
 	// otherwise.
 	Step   string `json:"step,omitempty"`
 	Buffer int    `json:"buffer"`
+	// Seq numbers the device's entries from 1 since recording began: the
+	// key under which a host keeps what it knows of an allocation's call
+	// (AllocSeq; the Python stack of PyTorch's snapshots).
+	Seq uint64 `json:"seq"`
 }
 
 // Snapshot is a device's memory now: every segment with its blocks, and
@@ -90,6 +94,9 @@ type SegmentState struct {
 	// Owner is the step or family whose arena it is, or the region's tag.
 	Owner  string `json:"owner,omitempty"`
 	Paused bool   `json:"paused"`
+	// Small says the segment serves only requests of at most 1 MiB
+	// (arena.SmallBlock), PyTorch's small pool: segment_type "small".
+	Small bool `json:"small"`
 	// Blocks tile the segment, as PyTorch's do: in address order, each
 	// starting where the one before it ends, their sizes adding up to
 	// TotalSize, free space as inactive blocks. memory_viz lays a
@@ -165,6 +172,7 @@ type deviceHistory struct {
 	grows   uint64               // the spill's Grows and Unmaps when segs was taken
 	unmaps  uint64
 	arenas  map[uint64]uint64 // planned arenas' regions known: address → size
+	seq     uint64            // the last entry's Seq
 }
 
 type liveAlloc struct {
@@ -173,6 +181,8 @@ type liveAlloc struct {
 }
 
 func (h *deviceHistory) add(e TraceEntry, max int) {
+	h.seq++
+	e.Seq = h.seq
 	if e.TimeUS == 0 {
 		e.TimeUS = time.Now().UnixMicro()
 	}
@@ -286,16 +296,20 @@ func (d *Device) historyLocked() *deviceHistory {
 }
 
 // allocRecorded is alloc while history is recorded: the allocation and its
-// events happen under the history's lock. The block is never keepable.
-func (d *Device) allocRecorded(size uint64, stream uintptr) (cuda.DevicePtr, bool, error) {
+// events happen under the history's lock. The block is never keepable. It
+// returns the Seq of the allocation's entry (0 if none was added).
+func (d *Device) allocRecorded(size uint64, stream uintptr) (cuda.DevicePtr, uint64, error) {
 	h := &d.b.hist
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	p, _, err := d.alloc(size, stream, false, true)
 	if !h.on.Load() {
-		return p, false, err // turned off meanwhile
+		p, _, err := d.alloc(size, stream, false, true) // turned off meanwhile
+		return p, 0, err
 	}
+	// The history starts before the allocation (a device opened since
+	// recording began): a segment the allocation maps is an event.
 	dh := d.historyLocked()
+	p, _, err := d.alloc(size, stream, false, true)
 	if err != nil {
 		if errors.Is(err, arena.ErrOutOfMemory) {
 			var free uint64
@@ -305,10 +319,10 @@ func (d *Device) allocRecorded(size uint64, stream uintptr) (cuda.DevicePtr, boo
 			}
 			dh.add(TraceEntry{Action: ActionOOM, Addr: free, Size: size, Stream: stream, Buffer: -1}, h.max)
 		}
-		return p, false, err
+		return p, 0, err
 	}
 	if size == 0 {
-		return p, false, nil // a token, not memory: PyTorch never records one
+		return p, 0, nil // a token, not memory: PyTorch never records one
 	}
 	d.segmentEvents(dh, stream)
 	e := TraceEntry{Action: ActionAlloc, Addr: uint64(p), Size: size, Stream: stream, Buffer: -1}
@@ -319,7 +333,7 @@ func (d *Device) allocRecorded(size uint64, stream uintptr) (cuda.DevicePtr, boo
 	d.mu.Unlock()
 	dh.live[uint64(p)] = liveAlloc{size, stream}
 	dh.add(e, h.max)
-	return p, false, nil
+	return p, dh.seq, nil
 }
 
 // freeRecorded is free while history is recorded.
@@ -449,7 +463,7 @@ func (b *Bridge) Snapshot(ordinal int) (*Snapshot, error) {
 	h.mu.Unlock()
 
 	for _, sg := range d.spill.Segments() {
-		s := SegmentState{Address: sg.Addr, TotalSize: sg.Size, Stream: sg.Stream, Paused: sg.Paused}
+		s := SegmentState{Address: sg.Addr, TotalSize: sg.Size, Stream: sg.Stream, Paused: sg.Paused, Small: sg.Small}
 		blocks := make([]BlockState, 0, len(sg.Blocks))
 		switch {
 		case sg.Region != "":

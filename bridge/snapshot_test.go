@@ -591,3 +591,30 @@ func TestHistoryArenaSegments(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryFirstSegment: history turned on before a device is opened;
+// its first allocation's segment gets a segment_alloc before the alloc
+// (before, the history began after that allocation had mapped it), and
+// entries are numbered (Seq) from 1.
+func TestHistoryFirstSegment(t *testing.T) {
+	b := New(Config{Sim: true, SimMemory: 64 << 20})
+	defer b.Close()
+	if err := b.RecordHistory(true, 0); err != nil {
+		t.Fatal(err)
+	}
+	p, _, seq, err := b.AllocSeq(4096, 0, 0x11, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := b.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Trace) != 2 || snap.Trace[0].Action != ActionSegmentAlloc || snap.Trace[1].Action != ActionAlloc ||
+		snap.Trace[1].Addr != uint64(p) || snap.Trace[0].Seq != 1 || snap.Trace[1].Seq != seq || seq != 2 {
+		t.Fatalf("trace %+v (alloc seq %d); want segment_alloc (seq 1) then the alloc (seq 2)", snap.Trace, seq)
+	}
+	if len(snap.Segments) != 1 || !snap.Segments[0].Small {
+		t.Errorf("segments %+v: want one, small (it serves a 4 KiB request)", snap.Segments)
+	}
+}

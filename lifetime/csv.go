@@ -80,6 +80,7 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 	sc := bufio.NewScanner(&limitReader{r: r, left: MaxFileSize})
 	sc.Buffer(make([]byte, 0, 64<<10), maxCSVLine)
 	t := &Trace{Name: name}
+	var budget decodeBudget
 	var (
 		cols      [numCSVColumns]int // field index of each column, -1 if absent
 		spelled   [numCSVColumns]string
@@ -163,6 +164,9 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 		b.ID = ID(rows)
 		if err := b.validate(); err != nil {
 			return fail(&csvError{line: line, err: fmt.Errorf("buffer %q: %w", b.Name, err)})
+		}
+		if err := budget.add(&b); err != nil {
+			return fail(&csvError{line: line, err: err})
 		}
 		if rows%csvChunk == 0 {
 			chunks = append(chunks, make([]Buffer, 0, csvChunk))

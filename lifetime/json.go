@@ -1,6 +1,7 @@
 package lifetime
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -19,14 +20,6 @@ const (
 	JSONFormat  = "arenaplan-trace"
 	JSONVersion = 1
 )
-
-type jsonTrace struct {
-	Format  string       `json:"format"`
-	Version int          `json:"version"`
-	Name    string       `json:"name,omitempty"`
-	Torch   *JSONTorch   `json:"torch,omitempty"`
-	Buffers []JSONBuffer `json:"buffers"`
-}
 
 // JSONTorch is TorchStats as the JSON format writes it.
 type JSONTorch struct {
@@ -93,93 +86,181 @@ func checkJSONHead(head []byte) error {
 }
 
 func readJSON(r io.Reader, name string) (*Trace, error) {
-	data, err := readAllChecked(r, MaxFileSize, checkJSONHead)
-	if err != nil {
+	// The input is decoded as it is read, one buffer at a time, so that
+	// what decoding holds follows the trace, not the file: a valid head
+	// followed by anything else is refused where that begins.
+	br := bufio.NewReaderSize(r, 64<<10)
+	head, err := br.Peek(headBytes)
+	if err != nil && err != io.EOF && err != bufio.ErrBufferFull {
 		return nil, err
 	}
-	// Check the format and version first, leniently, so that a file of a
-	// later version gets "unsupported version" and not "unknown field".
-	// Unmarshal also refuses trailing data after the object.
-	var head struct {
-		Format  string          `json:"format"`
-		Version json.RawMessage `json:"version"`
-	}
-	if err := json.Unmarshal(data, &head); err != nil {
+	if err := checkJSONHead(head); err != nil {
 		return nil, err
 	}
-	if head.Format != JSONFormat {
-		return nil, fmt.Errorf("format is %q, want %q", head.Format, JSONFormat)
-	}
-	if string(head.Version) != "1" {
-		return nil, fmt.Errorf("unsupported version %s (this reader knows version %d)", head.Version, JSONVersion)
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
+	f := &jsonFilter{r: br, left: MaxFileSize}
+	dec := json.NewDecoder(f)
 	dec.DisallowUnknownFields()
-	var jt jsonTrace
-	if err := dec.Decode(&jt); err != nil {
+	if err := jsonDelim(dec, '{', "a JSON object"); err != nil {
 		return nil, err
 	}
-	if jt.Buffers == nil {
+	t := &Trace{}
+	var budget decodeBudget
+	seenFormat, seenVersion, seenBuffers := false, false, false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := tok.(string)
+		switch key {
+		case "format":
+			var format string
+			if err := dec.Decode(&format); err != nil {
+				return nil, fmt.Errorf("format: %w", err)
+			}
+			if format != JSONFormat {
+				return nil, fmt.Errorf("format is %q, want %q", format, JSONFormat)
+			}
+			seenFormat = true
+		case "version":
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				return nil, fmt.Errorf("version: %w", err)
+			}
+			if string(v) != "1" {
+				return nil, fmt.Errorf("unsupported version %s (this reader knows version %d)", v, JSONVersion)
+			}
+			seenVersion = true
+		case "name":
+			if err := dec.Decode(&t.Name); err != nil {
+				return nil, fmt.Errorf("name: %w", err)
+			}
+		case "torch":
+			var jt *JSONTorch
+			if err := dec.Decode(&jt); err != nil {
+				return nil, fmt.Errorf("torch: %w", err)
+			}
+			if jt != nil {
+				t.Torch = &TorchStats{Device: jt.Device, ReservedPeak: jt.ReservedPeak,
+					LiveAtStart: jt.LiveAtStart, HasSegments: jt.HasSegments}
+			}
+		case "buffers":
+			if err := jsonDelim(dec, '[', `a "buffers" array`); err != nil {
+				return nil, err
+			}
+			for dec.More() {
+				var jb JSONBuffer
+				if err := dec.Decode(&jb); err != nil {
+					return nil, fmt.Errorf("%s: %w", Label(len(t.Buffers), ""), err)
+				}
+				if err := addJSONBuffer(t, &jb); err != nil {
+					return nil, err
+				}
+				if err := budget.add(&t.Buffers[len(t.Buffers)-1]); err != nil {
+					return nil, err
+				}
+			}
+			if err := jsonDelim(dec, ']', `the end of the "buffers" array`); err != nil {
+				return nil, err
+			}
+			seenBuffers = true
+		default:
+			return nil, fmt.Errorf("json: unknown field %q", key)
+		}
+	}
+	if err := jsonDelim(dec, '}', "the end of the object"); err != nil {
+		return nil, err
+	}
+	if tok, err := dec.Token(); err != io.EOF {
+		if d, ok := tok.(json.Delim); ok && err == nil {
+			err = fmt.Errorf("invalid character '%c' after top-level value", rune(d))
+		} else if err == nil {
+			err = fmt.Errorf("trailing data after the top-level value: %v", tok)
+		}
+		return nil, err
+	}
+	if !seenFormat {
+		return nil, fmt.Errorf("format is %q, want %q", "", JSONFormat)
+	}
+	if !seenVersion {
+		return nil, fmt.Errorf("unsupported version  (this reader knows version %d)", JSONVersion)
+	}
+	if !seenBuffers {
 		return nil, errors.New(`no "buffers" array`)
 	}
-	t := &Trace{Name: jt.Name, Buffers: make([]Buffer, len(jt.Buffers))}
 	if t.Name == "" {
 		t.Name = name
 	}
-	if jt.Torch != nil {
-		t.Torch = &TorchStats{Device: jt.Torch.Device, ReservedPeak: jt.Torch.ReservedPeak,
-			LiveAtStart: jt.Torch.LiveAtStart, HasSegments: jt.Torch.HasSegments}
-	}
-	for i := range jt.Buffers {
-		jb := &jt.Buffers[i]
-		b := &t.Buffers[i]
-		*b = Buffer{ID: ID(i), Name: jb.Name, Size: jb.Size, Align: jb.Align, Start: jb.Start,
-			End: jb.End, Stream: jb.Stream, Tag: jb.Tag}
-		if jb.Fixed != nil {
-			if *jb.Fixed < 0 {
-				return nil, fmt.Errorf("%s: fixed offset %d is negative", Label(i, jb.Name), *jb.Fixed)
-			}
-			b.Fixed, b.HasFixed = *jb.Fixed, true
-		}
-		if jb.Hint != nil {
-			if *jb.Hint < 0 || *jb.Hint > MaxSize {
-				return nil, fmt.Errorf("%s: hint %d is invalid", Label(i, jb.Name), *jb.Hint)
-			}
-			b.Hint, b.HasHint = *jb.Hint, true
-		}
-		if jb.Prior != nil {
-			if *jb.Prior < 0 || *jb.Prior > MaxSize {
-				return nil, fmt.Errorf("%s: prior offset %d is invalid", Label(i, jb.Name), *jb.Prior)
-			}
-			if t.Prior == nil {
-				t.Prior = make([]int64, len(jt.Buffers))
-				for j := range t.Prior {
-					t.Prior[j] = NoOffset
-				}
-			}
-			t.Prior[i] = *jb.Prior
-		}
-		if jb.Start < 0 {
-			return nil, fmt.Errorf("%s: start %d is negative", Label(i, jb.Name), jb.Start)
-		}
-		for k, g := range jb.Gaps {
-			if (g.Lo == nil) != (g.Hi == nil) {
-				return nil, fmt.Errorf("%s: gap %d has only one of lo and hi", Label(i, jb.Name), k)
-			}
-			gap := Gap{Start: g.Start, End: g.End}
-			if g.Lo != nil {
-				gap.HasWindow, gap.Lo, gap.Hi = true, *g.Lo, *g.Hi
-			}
-			if k > 0 && gap.Start < b.Gaps[k-1].End {
-				return nil, fmt.Errorf("%s: gap %d starts before gap %d ends (gaps must be sorted and disjoint)", Label(i, jb.Name), k, k-1)
-			}
-			b.Gaps = append(b.Gaps, gap)
+	if t.Prior != nil {
+		for len(t.Prior) < len(t.Buffers) {
+			t.Prior = append(t.Prior, NoOffset)
 		}
 	}
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// jsonDelim reads the delimiter want, or says what was expected.
+func jsonDelim(dec *json.Decoder, want json.Delim, what string) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != want {
+		return fmt.Errorf("want %s, found %v", what, tok)
+	}
+	return nil
+}
+
+// addJSONBuffer appends jb to t, checking what Validate does not.
+func addJSONBuffer(t *Trace, jb *JSONBuffer) error {
+	i := len(t.Buffers)
+	t.Buffers = append(t.Buffers, Buffer{ID: ID(i), Name: jb.Name, Size: jb.Size, Align: jb.Align, Start: jb.Start,
+		End: jb.End, Stream: jb.Stream, Tag: jb.Tag})
+	b := &t.Buffers[i]
+	if jb.Fixed != nil {
+		if *jb.Fixed < 0 {
+			return fmt.Errorf("%s: fixed offset %d is negative", Label(i, jb.Name), *jb.Fixed)
+		}
+		b.Fixed, b.HasFixed = *jb.Fixed, true
+	}
+	if jb.Hint != nil {
+		if *jb.Hint < 0 || *jb.Hint > MaxSize {
+			return fmt.Errorf("%s: hint %d is invalid", Label(i, jb.Name), *jb.Hint)
+		}
+		b.Hint, b.HasHint = *jb.Hint, true
+	}
+	if jb.Prior != nil {
+		if *jb.Prior < 0 || *jb.Prior > MaxSize {
+			return fmt.Errorf("%s: prior offset %d is invalid", Label(i, jb.Name), *jb.Prior)
+		}
+		for len(t.Prior) < i {
+			t.Prior = append(t.Prior, NoOffset)
+		}
+		t.Prior = append(t.Prior, *jb.Prior)
+	}
+	if jb.Start < 0 {
+		return fmt.Errorf("%s: start %d is negative", Label(i, jb.Name), jb.Start)
+	}
+	if len(jb.Gaps) > 0 {
+		b.Gaps = make([]Gap, 0, len(jb.Gaps))
+	}
+	for k, g := range jb.Gaps {
+		if (g.Lo == nil) != (g.Hi == nil) {
+			return fmt.Errorf("%s: gap %d has only one of lo and hi", Label(i, jb.Name), k)
+		}
+		gap := Gap{Start: g.Start, End: g.End}
+		if g.Lo != nil {
+			gap.HasWindow, gap.Lo, gap.Hi = true, *g.Lo, *g.Hi
+		}
+		if k > 0 && gap.Start < b.Gaps[k-1].End {
+			return fmt.Errorf("%s: gap %d starts before gap %d ends (gaps must be sorted and disjoint)", Label(i, jb.Name), k, k-1)
+		}
+		b.Gaps = append(b.Gaps, gap)
+	}
+	return nil
 }
 
 // WriteJSON writes t in arenaplan's JSON format, one buffer per line so

@@ -104,15 +104,6 @@ func TestReadJSONErrors(t *testing.T) {
 	}
 }
 
-func TestReadAllLimited(t *testing.T) {
-	if _, err := readAllLimited(strings.NewReader("12345"), 4); err == nil || !strings.Contains(err.Error(), "larger than the limit of 4 bytes") {
-		t.Errorf("err = %v", err)
-	}
-	if b, err := readAllLimited(strings.NewReader("1234"), 4); err != nil || string(b) != "1234" {
-		t.Errorf("got %q, %v", b, err)
-	}
-}
-
 func FuzzReadJSON(f *testing.F) {
 	var b bytes.Buffer
 	WriteJSON(&b, fullTrace())

@@ -1,10 +1,8 @@
 package lifetime
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"path/filepath"
 	"strings"
 
@@ -100,36 +98,3 @@ func (t *Trace) KeepPriorOffsets() {
 // the rest: enough for a pickle's protocol or the start of a JSON object
 // after some white space.
 const headBytes = 4096
-
-// readAllChecked is readAllLimited that first reads up to headBytes and
-// refuses the input at once when check does, so that a file of another
-// kind (a sparse file of zeros, say) costs a few kilobytes, not a gigabyte.
-func readAllChecked(r io.Reader, limit int64, check func(head []byte) error) ([]byte, error) {
-	var buf bytes.Buffer
-	n, err := io.CopyN(&buf, r, min(headBytes, limit+1))
-	if err != nil && err != io.EOF {
-		return nil, err
-	}
-	if err := check(buf.Bytes()); err != nil {
-		return nil, err
-	}
-	if _, err := buf.ReadFrom(io.LimitReader(r, limit+1-n)); err != nil {
-		return nil, err
-	}
-	if int64(buf.Len()) > limit {
-		return nil, fmt.Errorf("input is larger than the limit of %d bytes", limit)
-	}
-	return buf.Bytes(), nil
-}
-
-// readAllLimited reads r to the end, refusing more than limit bytes.
-func readAllLimited(r io.Reader, limit int64) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("input is larger than the limit of %d bytes", limit)
-	}
-	return data, nil
-}

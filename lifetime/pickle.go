@@ -1,8 +1,11 @@
 package lifetime
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"unicode/utf8"
@@ -121,46 +124,96 @@ func pickleOpName(op byte) string {
 	return fmt.Sprintf("0x%02x", op)
 }
 
-// pickleDecoder holds the state of one decode.
+// pickleDecoder holds the state of one decode. It reads as it decodes: no
+// copy of the input is kept, and an input stops being read where it stops
+// being a pickle this decoder takes.
 type pickleDecoder struct {
-	data  []byte
-	pos   int
-	stack []any
-	marks []int
-	memo  []any
+	r       *bufio.Reader
+	size    int // the input's size, or -1 where unknown (then bounded by MaxFileSize)
+	pos     int // bytes read
+	op      byte
+	scratch [256]byte
+	stack   []any
+	marks   []int
+	memo    []any
+	cost    uint64 // what the decoded values hold, about (maxPickleDecode)
 }
+
+// Bounds of one decode, far beyond a real snapshot's needs: the memory
+// the decoded values may hold (counted per opcode and string byte), and
+// the longest string or bytes value.
+const (
+	maxPickleDecode = 256 << 20
+	maxPickleValue  = 16 << 20
+	pickleOpCost    = 48 // an opcode's value on the stack, in a list or dict, boxed
+)
 
 // decodePickle decodes one pickle that must span all of data.
 func decodePickle(data []byte) (any, error) {
-	// Snapshots memoize roughly one value per 10 bytes; start near that so
-	// the memo does not regrow many times.
-	d := &pickleDecoder{data: data, stack: make([]any, 0, 256), memo: make([]any, 0, len(data)/16)}
+	v, _, err := decodePickleFrom(bytes.NewReader(data), len(data))
+	return v, err
+}
+
+// decodePickleFrom decodes one pickle that must span all of r (of size
+// bytes, or -1 where unknown) and returns it and the bytes it read.
+func decodePickleFrom(r io.Reader, size int) (any, int, error) {
+	d := &pickleDecoder{r: bufio.NewReaderSize(r, 64<<10), size: size, stack: make([]any, 0, 256)}
 	v, err := d.run()
 	if err != nil {
-		return nil, fmt.Errorf("pickle: %w", err)
+		return nil, d.pos, fmt.Errorf("pickle: %w", err)
 	}
-	return v, nil
+	return v, d.pos, nil
 }
 
 func (d *pickleDecoder) errorf(at int, format string, args ...any) error {
 	return fmt.Errorf("offset %d: %s", at, fmt.Sprintf(format, args...))
 }
 
-// take returns the next n bytes, or an error when fewer remain: the check
-// that keeps a forged length from allocating memory the input cannot fill.
-func (d *pickleDecoder) take(at int, n uint64) ([]byte, error) {
-	if n > uint64(len(d.data)-d.pos) {
-		return nil, d.errorf(at, "%s needs %d bytes, only %d remain", pickleOpName(d.data[at]), n, len(d.data)-d.pos)
+// spend counts n bytes of decoded values against maxPickleDecode.
+func (d *pickleDecoder) spend(at int, n uint64) error {
+	d.cost += n
+	if d.cost > maxPickleDecode {
+		return d.errorf(at, "decoding needs more than %d MiB of memory: refused", maxPickleDecode>>20)
 	}
-	b := d.data[d.pos : d.pos+int(n)]
-	d.pos += int(n)
+	return nil
+}
+
+// take returns the next n bytes, or an error when fewer remain: a forged
+// length never allocates memory the input cannot fill. The slice is valid
+// until the next take.
+func (d *pickleDecoder) take(at int, n uint64) ([]byte, error) {
+	if d.size >= 0 && n > uint64(d.size-d.pos) {
+		return nil, d.errorf(at, "%s needs %d bytes, only %d remain", pickleOpName(d.op), n, d.size-d.pos)
+	}
+	if n > maxPickleValue {
+		return nil, d.errorf(at, "%s needs %d bytes, more than any value of a memory snapshot (%d MiB)", pickleOpName(d.op), n, maxPickleValue>>20)
+	}
+	if n <= uint64(len(d.scratch)) {
+		k, err := io.ReadFull(d.r, d.scratch[:n])
+		d.pos += k
+		if err != nil {
+			return nil, d.errorf(at, "%s needs %d bytes, only %d remain", pickleOpName(d.op), n, k)
+		}
+		return d.scratch[:n], nil
+	}
+	if err := d.spend(at, n); err != nil {
+		return nil, err
+	}
+	// Grown as the bytes arrive: a forged length costs what is there.
+	var buf bytes.Buffer
+	k, err := buf.ReadFrom(io.LimitReader(d.r, int64(n)))
+	d.pos += int(k)
+	if err != nil || uint64(k) < n {
+		return nil, d.errorf(at, "%s needs %d bytes, only %d remain", pickleOpName(d.op), n, k)
+	}
+	b := buf.Bytes()
 	return b, nil
 }
 
 func (d *pickleDecoder) pop(at int) (any, error) {
 	n := len(d.stack)
 	if n == 0 || (len(d.marks) > 0 && d.marks[len(d.marks)-1] == n) {
-		return nil, d.errorf(at, "%s on an empty stack", pickleOpName(d.data[at]))
+		return nil, d.errorf(at, "%s on an empty stack", pickleOpName(d.op))
 	}
 	v := d.stack[n-1]
 	d.stack = d.stack[:n-1]
@@ -170,7 +223,7 @@ func (d *pickleDecoder) pop(at int) (any, error) {
 func (d *pickleDecoder) top(at int) (any, error) {
 	n := len(d.stack)
 	if n == 0 || (len(d.marks) > 0 && d.marks[len(d.marks)-1] == n) {
-		return nil, d.errorf(at, "%s on an empty stack", pickleOpName(d.data[at]))
+		return nil, d.errorf(at, "%s on an empty stack", pickleOpName(d.op))
 	}
 	return d.stack[n-1], nil
 }
@@ -179,7 +232,7 @@ func (d *pickleDecoder) top(at int) (any, error) {
 // and the mark. The returned slice aliases the stack: callers copy it.
 func (d *pickleDecoder) popMark(at int) ([]any, error) {
 	if len(d.marks) == 0 {
-		return nil, d.errorf(at, "%s without MARK", pickleOpName(d.data[at]))
+		return nil, d.errorf(at, "%s without MARK", pickleOpName(d.op))
 	}
 	m := d.marks[len(d.marks)-1]
 	d.marks = d.marks[:len(d.marks)-1]
@@ -194,9 +247,14 @@ func (d *pickleDecoder) memoPut(at int, idx uint64) error {
 		return err
 	}
 	// A memo index can be any number, but each slot below it costs memory:
-	// allow only indices a file of this size could have filled one by one.
-	if idx >= maxPickleMemo || idx > uint64(len(d.data)) {
+	// allow only indices the input read so far could have filled one by one.
+	if idx >= maxPickleMemo || idx > uint64(d.pos) {
 		return d.errorf(at, "memo index %d is out of range", idx)
+	}
+	if n := uint64(len(d.memo)); idx >= n {
+		if err := d.spend(at, 16*(idx+1-n)); err != nil {
+			return err
+		}
 	}
 	for uint64(len(d.memo)) <= idx {
 		d.memo = append(d.memo, pickleUnset{})
@@ -217,13 +275,23 @@ func (d *pickleDecoder) memoGet(at int, idx uint64) error {
 }
 
 func (d *pickleDecoder) run() (any, error) {
-	if len(d.data) < 2 || d.data[0] != 0x80 {
+	if head, _ := d.r.Peek(2); len(head) < 2 || head[0] != 0x80 {
 		return nil, fmt.Errorf("not a pickle of protocol 2 or later (no PROTO opcode at offset 0)")
 	}
-	for d.pos < len(d.data) {
+	for {
 		at := d.pos
-		op := d.data[at]
+		op, err := d.r.ReadByte()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, d.errorf(at, "%v", err)
+		}
 		d.pos++
+		d.op = op
+		if err := d.spend(at, pickleOpCost); err != nil {
+			return nil, err
+		}
 		switch op {
 		case 0x80: // PROTO
 			b, err := d.take(at, 1)
@@ -436,8 +504,11 @@ func (d *pickleDecoder) run() (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			if d.pos != len(d.data) {
-				return nil, d.errorf(d.pos, "%d bytes of trailing data after STOP", len(d.data)-d.pos)
+			if n, _ := io.Copy(io.Discard, io.LimitReader(d.r, 1<<20)); n > 0 {
+				if n == 1<<20 {
+					return nil, d.errorf(d.pos, "more than 1 MiB of trailing data after STOP")
+				}
+				return nil, d.errorf(d.pos, "%d bytes of trailing data after STOP", n)
 			}
 			return v, nil
 		default:
@@ -447,7 +518,7 @@ func (d *pickleDecoder) run() (any, error) {
 			return nil, d.errorf(at, "unsupported opcode %s", pickleOpName(op))
 		}
 	}
-	return nil, d.errorf(len(d.data), "truncated: no STOP opcode")
+	return nil, d.errorf(d.pos, "truncated: no STOP opcode")
 }
 
 // length reads the length prefix of a string or bytes opcode.

@@ -1,6 +1,7 @@
 package lifetime
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -102,15 +103,19 @@ type torchBlock struct {
 // order. Each trace's Torch field says what the caching allocator reserved.
 // With several devices the names are name + "[cuda:N]".
 func ReadTorchSnapshot(r io.Reader, name string) ([]*Trace, error) {
-	data, err := readAllChecked(r, MaxFileSize, checkPickleHead)
+	br := bufio.NewReaderSize(r, 64<<10)
+	head, err := br.Peek(headBytes)
+	if err != nil && err != io.EOF && err != bufio.ErrBufferFull {
+		return nil, fmt.Errorf("torch: %w", err)
+	}
+	if err := checkPickleHead(head); err != nil {
+		return nil, fmt.Errorf("torch: %w", err)
+	}
+	v, size, err := decodePickleFrom(&limitReader{r: br, left: MaxFileSize}, -1)
 	if err != nil {
 		return nil, fmt.Errorf("torch: %w", err)
 	}
-	v, err := decodePickle(data)
-	if err != nil {
-		return nil, fmt.Errorf("torch: %w", err)
-	}
-	traces, err := torchTraces(v, name, len(data))
+	traces, err := torchTraces(v, name, size)
 	if err != nil {
 		return nil, fmt.Errorf("torch: %w", err)
 	}

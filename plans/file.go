@@ -25,6 +25,9 @@ func Save(path string, f *File) error {
 // writeAtomic writes data to a temporary file beside path, syncs it and
 // renames it over path.
 func writeAtomic(path string, data []byte) error {
+	if path == "" {
+		return errors.New("plans: no file name given to write the plan to")
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return fmt.Errorf("plans: %s: %w", path, bare(err))
@@ -119,6 +122,11 @@ func readBounded(ctx context.Context, path string) ([]byte, error) {
 	case errors.Is(err, regfile.ErrNotRegular):
 		return nil, fmt.Errorf("plans: %s: %w: %w", path, ErrNotPlan, err)
 	case errors.Is(err, regfile.ErrTooLarge):
+		// Said once: "plan file too large: N bytes exceeds the limit of M".
+		var tl *regfile.TooLargeError
+		if errors.As(err, &tl) {
+			return nil, fmt.Errorf("plans: %s: %w: %d bytes exceeds the limit of %d", path, ErrTooLarge, tl.Size, tl.Limit)
+		}
 		return nil, fmt.Errorf("plans: %s: %w: %w", path, ErrTooLarge, err)
 	case err != nil:
 		return nil, fmt.Errorf("plans: %s: %w", path, err)

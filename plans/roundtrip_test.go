@@ -3,6 +3,7 @@ package plans
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -207,5 +208,27 @@ func TestSamePlanSameBytes(t *testing.T) {
 	}
 	if !bytes.Equal(ea, eb) {
 		t.Fatal("the same family plan planned in different times gives different files")
+	}
+}
+
+// TestFileMessages: a file too large says so once, with both sizes; a
+// save without a file name says that, not "rename: no such file".
+func TestFileMessages(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "huge.plan")
+	fh, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fh.Truncate(MaxFile + 1); err != nil {
+		t.Skip("cannot make a sparse file:", err)
+	}
+	fh.Close()
+	_, err = Load(path)
+	want := fmt.Sprintf("plans: %s: plan file too large: %d bytes exceeds the limit of %d", path, MaxFile+1, MaxFile)
+	if err == nil || err.Error() != want {
+		t.Errorf("Load: %v\nwant %s", err, want)
+	}
+	if err := writeAtomic("", []byte("x")); err == nil || !strings.Contains(err.Error(), "no file name") {
+		t.Errorf("save to \"\": %v, want it to say no file name was given", err)
 	}
 }

@@ -263,6 +263,7 @@ static void *go_alloc(size_t size, int device, void *stream) {
 	}
 	counted(device, size, 1);
 	pthread_mutex_unlock(&mu);
+	ap_hist_call(device); // after every lock: the host's hook may take its own
 	return p;
 }
 
@@ -297,7 +298,7 @@ void *arenaplan_alloc(size_t size, int device, void *stream) {
 static void double_free(void *ptr) {
 	char msg[160];
 	snprintf(msg, sizeof msg, "arenaplan: free of %p: freed already (a double free); ignored", ptr);
-	fprintf(stderr, "%s\n", msg);
+	ap_warn(msg);
 	ap_set_error(msg, 0);
 }
 

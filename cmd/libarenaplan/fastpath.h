@@ -57,4 +57,16 @@ AP_HIDDEN void ap_set_error(const char *msg, int oom);
 // owned by the thread. *oom says whether it was out of memory.
 AP_HIDDEN const char *ap_error_peek(int *oom);
 
+// ap_warn writes msg to standard error, the first few times; later
+// messages are counted and summed up (warn.c).
+AP_HIDDEN void ap_warn(const char *msg);
+// ap_warn_count returns how many messages ap_warn was given.
+AP_HIDDEN uint64_t ap_warn_count(void);
+
+// ap_hist_note keeps, for the calling thread, the history Seq of the
+// allocation Go just recorded; ap_hist_call hands it to the host's hook
+// (history.c).
+AP_HIDDEN void ap_hist_note(uint64_t seq);
+AP_HIDDEN void ap_hist_call(int device);
+
 #endif

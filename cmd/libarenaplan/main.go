@@ -44,7 +44,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"unsafe"
@@ -140,8 +139,12 @@ func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, grow
 	var p cuda.DevicePtr
 	ok := allocator("alloc", func(b *bridge.Bridge) error {
 		var keep bool
+		var seq uint64
 		var err error
-		p, keep, err = b.AllocCacheable(uint64(size), int(device), uintptr(stream), grow != 0)
+		p, keep, seq, err = b.AllocSeq(uint64(size), int(device), uintptr(stream), grow != 0)
+		if seq != 0 {
+			C.ap_hist_note(C.uint64_t(seq)) // for the host's hook, once the call is back in C
+		}
 		if errors.Is(err, arena.ErrWouldGrow) {
 			*wouldGrow = 1
 			return nil
@@ -201,8 +204,11 @@ func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream u
 	return boolInt(allocator("free", func(b *bridge.Bridge) error {
 		err := b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
 		if err != nil {
-			// PyTorch will not see it: say it where a person will.
-			fmt.Fprintln(os.Stderr, "arenaplan:", err)
+			// PyTorch will not see it: say it where a person will, without
+			// flooding the log when the host repeats it (warn.c).
+			cs := C.CString("arenaplan: " + err.Error())
+			C.ap_warn(cs)
+			C.free(unsafe.Pointer(cs))
 		}
 		return err
 	}))

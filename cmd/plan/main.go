@@ -31,6 +31,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/internal/interrupt"
+	"github.com/arenaplan/arenaplan/internal/term"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
@@ -39,14 +40,11 @@ import (
 
 func main() {
 	ctx, stop := interrupt.Notify(os.Stderr, "plan")
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, isTerminal(os.Stdout))
+	// The progress line goes to standard error: it is redrawn only where
+	// that is a terminal.
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, term.IsTerminal(os.Stderr))
 	stop()
 	os.Exit(code)
-}
-
-func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // usageError marks failures that exit with status 2.

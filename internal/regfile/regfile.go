@@ -23,8 +23,20 @@ import (
 // ErrNotRegular: the path is a directory, FIFO, socket or device.
 var ErrNotRegular = errors.New("not a regular file")
 
-// ErrTooLarge: the file is larger than the caller's limit.
+// ErrTooLarge: the file is larger than the caller's limit. The error
+// returned is a *TooLargeError.
 var ErrTooLarge = errors.New("file too large")
+
+// TooLargeError says how large the file is and what the limit was, so
+// that a caller with a sentinel of its own says it once.
+type TooLargeError struct{ Size, Limit int64 }
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("%v: %d bytes exceeds the limit of %d", ErrTooLarge, e.Size, e.Limit)
+}
+
+// Is makes errors.Is(err, ErrTooLarge) hold.
+func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
 
 // Open opens path for reading if it is a regular file of at most limit
 // bytes, and returns it with its size. Errors wrap ErrNotRegular,
@@ -64,7 +76,7 @@ func check(st os.FileInfo, limit int64) error {
 	case !st.Mode().IsRegular():
 		return fmt.Errorf("%w: %s", ErrNotRegular, st.Mode().Type())
 	case st.Size() > limit:
-		return fmt.Errorf("%w: %d bytes exceeds the limit of %d", ErrTooLarge, st.Size(), limit)
+		return &TooLargeError{Size: st.Size(), Limit: limit}
 	}
 	return nil
 }

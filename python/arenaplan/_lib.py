@@ -18,6 +18,21 @@ class PlanMismatchError(ArenaplanError, ValueError):
     """A plan file made for another step."""
 
 
+def torch_missing(module: str, err: ModuleNotFoundError) -> ModuleNotFoundError:
+    """The error an import of ``module`` raises where PyTorch is missing:
+    ``err`` itself when another module is missing, else one that says
+    what to do."""
+    if err.name not in ("torch", None) and not (err.name or "").startswith("torch."):
+        return err
+    return ModuleNotFoundError(
+        f"{module} needs PyTorch 2.4 or newer, which this Python cannot import ({err}): "
+        "install the build for your CUDA version (https://pytorch.org/get-started/locally/), "
+        "or `pip install 'arenaplan[torch]'`. Without PyTorch, arenaplan._lib drives the "
+        "library's C ABI (ARENAPLAN_DEVICE=sim runs it with no GPU).",
+        name="torch",
+    )
+
+
 def default_path() -> str:
     """The library: $ARENAPLAN_LIB, else the one installed with this package."""
     env = os.environ.get("ARENAPLAN_LIB")

@@ -24,15 +24,23 @@ allocator, so that ``torch.cuda._memory_viz`` draws it and arenaplan's
   ``segment_alloc`` / ``segment_free`` of spill segments and of planned
   arenas' regions (mapped or closed while recording), ``oom``.
 
-Stack frames are not recorded: allocations reach arenaplan from C++
-without Python, so every trace entry's frames are empty except the
-synthetic frame of a planned buffer.
+With ``_record_memory_history(stacks="python")`` or ``"all"`` (the
+default), the library calls back after each recorded allocation and the
+Python stack of the allocating thread is kept (innermost first, at most
+``MAX_FRAMES`` frames): the ``alloc`` entries and the live blocks they made
+carry it as ``frames``, after the synthetic frame of a planned buffer
+(``free_*`` entries carry none; C++ frames are not gathered). Blocks
+allocated before recording began have none, as in PyTorch. With history
+off nothing is called back.
 
 Nothing here imports torch: ``install`` is given the module.
 """
+import atexit
+import collections
 import ctypes
 import json
 import sys
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 # Bounds of the library's history ring (bridge.MaxHistoryEntries).
@@ -45,6 +53,59 @@ _REGION_FILE = "arenaplan region"
 PLANNED_BLOCKS = "arenaplan_planned_blocks"
 
 
+# The deepest Python stack kept per allocation.
+MAX_FRAMES = 64
+
+_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_uint64)
+
+
+class _Stacks:
+    """The Python stacks of recorded allocations by (device, seq), the
+    newest ``max`` kept; equal stacks are stored once."""
+
+    def __init__(self) -> None:
+        self.mu = threading.Lock()
+        self.by_seq: Dict[Tuple[int, int], tuple] = {}
+        self.order: collections.deque = collections.deque()
+        self.interned: Dict[tuple, tuple] = {}
+        self.max = 0
+        self.hook = _HOOK(self._record)  # kept alive while the library may call it
+        self.exit_hooked = False
+
+    def _record(self, device: int, seq: int) -> None:
+        try:
+            f = sys._getframe(1)  # the frame that called into the allocator
+        except ValueError:
+            return
+        frames = []
+        while f is not None and len(frames) < MAX_FRAMES:
+            code = f.f_code
+            frames.append((code.co_filename, f.f_lineno or 0, code.co_name))
+            f = f.f_back
+        stack = tuple(frames)
+        with self.mu:
+            stack = self.interned.setdefault(stack, stack)
+            key = (device, seq)
+            self.by_seq[key] = stack
+            self.order.append(key)
+            while len(self.order) > self.max > 0:
+                self.by_seq.pop(self.order.popleft(), None)
+
+    def clear(self) -> None:
+        with self.mu:
+            self.by_seq.clear()
+            self.order.clear()
+            self.interned.clear()
+
+    def frames(self, device: int, seq: int) -> List[Dict[str, Any]]:
+        with self.mu:
+            stack = self.by_seq.get((device, seq), ())
+        return [{"filename": fn, "line": line, "name": name} for fn, line, name in stack]
+
+
+_STACKS = _Stacks()
+
+
 def bind(lib) -> None:
     """Sets the C signatures of the snapshot exports on ``lib._lib`` (the
     CDLL of an ``arenaplan._lib.Library``)."""
@@ -54,6 +115,24 @@ def bind(lib) -> None:
     h.arenaplan_snapshot.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
     h.arenaplan_record_history.restype = err
     h.arenaplan_record_history.argtypes = [ctypes.c_int, ctypes.c_int]
+    h.arenaplan_history_hook.restype = None
+    h.arenaplan_history_hook.argtypes = [ctypes.c_void_p]
+
+
+def record_stacks(lib, enabled: bool, max_entries: int = 0) -> None:
+    """Keeps (or stops keeping, dropping those kept) the Python stack of
+    each allocation recorded in the history, the newest ``max_entries``."""
+    bind(lib)
+    if not enabled:
+        lib._lib.arenaplan_history_hook(None)
+        _STACKS.clear()
+        return
+    _STACKS.max = max(int(max_entries or 0), 0)
+    if not _STACKS.exit_hooked:
+        # No call into a finalizing interpreter: the hook goes before it.
+        atexit.register(lib._lib.arenaplan_history_hook, None)
+        _STACKS.exit_hooked = True
+    lib._lib.arenaplan_history_hook(ctypes.cast(_STACKS.hook, ctypes.c_void_p))
 
 
 def raw_snapshot(lib, device: int) -> Dict[str, Any]:
@@ -83,9 +162,28 @@ def _frames_of_block(b: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"filename": f"{_ARENA_FILE} {step}", "line": line, "name": buf}]
 
 
-def _torch_block(b: Dict[str, Any]) -> Dict[str, Any]:
+def _torch_block(b: Dict[str, Any], stack: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
     return {"address": int(b["address"]), "size": int(b["size"]), "requested_size": int(b.get("requested_size", 0)),
-            "state": b["state"], "frames": _frames_of_block(b)}
+            "state": b["state"], "frames": _frames_of_block(b) + (stack or [])}
+
+
+def _block_stack(device: int, live: Dict[int, int], b: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
+    """The Python stack of the allocation that made live block b, if kept."""
+    seq = live.get(int(b["address"])) if b["state"] == "active_allocated" else None
+    return _STACKS.frames(device, seq) if seq else None
+
+
+def _live_allocs(raw: Dict[str, Any]) -> Dict[int, int]:
+    """The seq of the alloc entry that made each block live at the end of
+    the recorded history, by address."""
+    live: Dict[int, int] = {}
+    for e in raw.get("trace") or []:
+        a = int(e["addr"])
+        if e["action"] == "alloc":
+            live[a] = int(e.get("seq", 0))
+        elif e["action"] == "free_completed":
+            live.pop(a, None)
+    return live
 
 
 def torch_segments(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -94,6 +192,7 @@ def torch_segments(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
     arena's also ``arenaplan_planned_blocks``). ``allocated_size``,
     ``active_size`` and ``requested_size`` count the segment's blocks."""
     device = int(raw["device"])
+    live = _live_allocs(raw) if _STACKS.by_seq else {}
     out = []
     for s in raw.get("segments") or []:
         blocks = []  # they tile the segment
@@ -107,7 +206,7 @@ def torch_segments(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
                 requested += req
             elif state == "active_pending_free":
                 active += size
-            blocks.append(_torch_block(b))
+            blocks.append(_torch_block(b, _block_stack(device, live, b)))
         frames = []
         kind, owner = s.get("kind"), s.get("owner")
         if kind == "arena" and owner:
@@ -123,26 +222,29 @@ def torch_segments(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
             "active_size": active,
             "requested_size": requested,
             "stream": int(s.get("stream", 0)),
-            "segment_type": "large",
+            "segment_type": "small" if s.get("small") else "large",
             "segment_pool_id": (int(pool[0]), int(pool[1])),
             "is_expandable": False,
             "frames": frames,
             "blocks": blocks,
         }
         if kind == "arena":
-            seg[PLANNED_BLOCKS] = [_torch_block(b) for b in s.get("planned_blocks") or []]
+            seg[PLANNED_BLOCKS] = [_torch_block(b, _block_stack(device, live, b)) for b in s.get("planned_blocks") or []]
         out.append(seg)
     return out
 
 
 def torch_trace(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The history of one device's raw snapshot as PyTorch's trace entries."""
+    device = int(raw["device"])
     out = []
     for e in raw.get("trace") or []:
         frames = []
         if e.get("step") and int(e.get("buffer", -1)) >= 0:
             k = int(e["buffer"])
             frames = [{"filename": f"{_ARENA_FILE} {e['step']}", "line": k, "name": f"t{k}"}]
+        if e["action"] == "alloc" and e.get("seq"):
+            frames = frames + _STACKS.frames(device, int(e["seq"]))
         out.append({
             "action": e["action"],
             "addr": int(e["addr"]),
@@ -226,28 +328,37 @@ def install(lib, torch) -> None:
                               clear_history=False, compile_context=False, global_record_annotations=False,
                               skip_actions=None, *rest):
         if enabled is None:
+            record_stacks(lib, False)
             record_history(lib, False)
             return
         if enabled not in ("all", "state"):
             raise ValueError(f"_record_memory_history: enabled={enabled!r}: want None, 'state' or 'all'")
         if clear_history:
+            record_stacks(lib, False)
             record_history(lib, False)
         if enabled == "state":
             # The state (segments and blocks) is always there; no trace.
+            record_stacks(lib, False)
             record_history(lib, False)
             return
-        record_history(lib, True, _history_entries(max_entries))
+        n = _history_entries(max_entries)
+        record_stacks(lib, stacks in ("python", "all"), n)
+        record_history(lib, True, n)
 
     def record_memory_history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
                                      trace_alloc_record_context=False, record_context_cpp=False,
                                      clear_history=False, compile_context=False,
                                      global_record_annotations=False, *rest):
         if not enabled:
+            record_stacks(lib, False)
             record_history(lib, False)
             return
         if clear_history:
+            record_stacks(lib, False)
             record_history(lib, False)
-        record_history(lib, True, _history_entries(max(int(trace_alloc_max_entries or 1), 1)))
+        n = _history_entries(max(int(trace_alloc_max_entries or 1), 1))
+        record_stacks(lib, bool(record_context), n)
+        record_history(lib, True, n)
 
     C._cuda_memorySnapshot = memory_snapshot
     C._cuda_record_memory_history = record_memory_history

@@ -109,7 +109,12 @@ import warnings
 import weakref
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as _err:  # say what to do, not only what is missing
+    from ._lib import torch_missing
+
+    raise torch_missing("arenaplan.compile", _err) from None
 
 __all__ = ["backend", "report", "reset", "CompileOptions"]
 

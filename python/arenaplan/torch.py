@@ -58,7 +58,12 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as _err:  # say what to do, not only what is missing
+    from ._lib import torch_missing
+
+    raise torch_missing("arenaplan.torch", _err) from None
 
 from . import _state
 from ._chain import GraphChain, chain

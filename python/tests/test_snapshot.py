@@ -230,6 +230,71 @@ class SnapshotSchemaTest(unittest.TestCase):
             C._cuda_record_memory_history("everything")
 
 
+def allocate_here(size, stream):
+    """An allocation made from a function of a known name."""
+    return LIB.alloc(size, 0, stream)
+
+
+class FramesTest(unittest.TestCase):
+    """With history recorded with stacks, alloc entries and the live blocks
+    they made carry the Python stack of the allocation; with stacks=None,
+    none; a block allocated before recording has none (as in PyTorch)."""
+
+    def test_python_frames(self):
+        torch = fake_torch()
+        snap.install(LIB, torch)
+        C = torch._C
+        before = LIB.alloc(3000, 0, 0x3310)
+        C._cuda_record_memory_history("all", "all", "python", 1000, True, False, False, [])
+        try:
+            p = allocate_here(5000, 0x3310)
+            q = allocate_here(2 << 20, 0x3310)  # a large segment of its own
+            got = C._cuda_memorySnapshot(None)
+        finally:
+            C._cuda_record_memory_history(None)
+        allocs = [e for e in got["device_traces"][0] if e["action"] == "alloc" and e["addr"] in (p, q)]
+        self.assertEqual(len(allocs), 2)
+        for e in allocs:
+            names = [f["name"] for f in e["frames"]]
+            self.assertEqual(names[:2], ["alloc", "allocate_here"], e["frames"][:3])
+            self.assertIn("test_python_frames", names)
+            self.assertTrue(all(isinstance(f["line"], int) and f["filename"] for f in e["frames"]))
+        blocks = {b["address"]: b for s in got["segments"] for b in s["blocks"]}
+        self.assertIn("allocate_here", [f["name"] for f in blocks[p]["frames"]])
+        self.assertEqual(blocks[before]["frames"], [])
+        types_ = {s["address"]: s["segment_type"] for s in got["segments"] if s["segment_pool_id"] == (0, 0)}
+        seg_of = lambda a: max(x for x in types_ if x <= a)  # noqa: E731
+        self.assertEqual(types_[seg_of(p)], "small")
+        self.assertEqual(types_[seg_of(q)], "large")
+        # stacks=None: history without frames.
+        C._cuda_record_memory_history("all", "all", None, 1000, True, False, False, [])
+        try:
+            r = allocate_here(5000, 0x3310)
+            got = C._cuda_memorySnapshot(None)
+        finally:
+            C._cuda_record_memory_history(None)
+        e = [e for e in got["device_traces"][0] if e["action"] == "alloc" and e["addr"] == r]
+        self.assertEqual(e[0]["frames"], [])
+        for a, n in ((before, 3000), (p, 5000), (q, 2 << 20), (r, 5000)):
+            LIB.free(a, n, 0, 0x3310)
+
+    def test_first_segment_has_its_event(self):
+        """Recording on a device that has mapped nothing yet: the first
+        allocation's segment_alloc comes before its alloc."""
+        torch = fake_torch(device_count=3)
+        snap.install(LIB, torch)
+        C = torch._C
+        C._cuda_record_memory_history("all", "all", "all", 1000, True, False, False, [])
+        try:
+            p = LIB.alloc(4096, 2, 0x3320)  # device 2 opens now
+            trace = C._cuda_memorySnapshot(None)["device_traces"][2]
+        finally:
+            C._cuda_record_memory_history(None)
+        actions = [e["action"] for e in trace]
+        self.assertEqual(actions[:2], ["segment_alloc", "alloc"], actions)
+        LIB.free(p, 4096, 2, 0x3320)
+
+
 class PlanReadsItBackTest(unittest.TestCase):
     def test_recorded_step_lower_bound(self):
         torch = fake_torch()
