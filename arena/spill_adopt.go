@@ -101,6 +101,7 @@ func (s *Spill) adopt(pool *Pool, st cuda.Stream, rsize uint64, small bool) *blo
 	}
 	if !clean {
 		if !s.orderAfter(seg.stream, st) {
+			s.st.Syncs++
 			if err := s.dev.Synchronize(); err != nil {
 				return nil // the segment stays with its stream
 			}

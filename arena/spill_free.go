@@ -71,6 +71,7 @@ func (s *Spill) RecordStream(p cuda.DevicePtr, st cuda.Stream) error {
 func (s *Spill) recordEvents(b *block) error {
 	b.state = stPending
 	s.st.Waiting += b.size
+	s.st.CrossStreamFrees++
 	for _, u := range b.uses {
 		var ev cuda.Event
 		if n := len(s.events); n > 0 {
@@ -94,6 +95,7 @@ func (s *Spill) recordEvents(b *block) error {
 // syncFallback waits for b's streams when an event could not be used.
 func (s *Spill) syncFallback(b *block, cause error) error {
 	for _, u := range b.uses {
+		s.st.Syncs++
 		if err := u.Synchronize(); err != nil {
 			// The block stays out of use: better leaked than reused early.
 			return fmt.Errorf("arena: Spill.Free(%#x): recording an event failed (%v) and so did waiting: %w", b.addr, cause, err)
@@ -112,6 +114,7 @@ func (s *Spill) processPending() error {
 	for _, b := range s.pending {
 		done := true
 		for _, ev := range b.events {
+			s.st.EventQueries++
 			if err := ev.Query(); err != nil {
 				done = false
 				if !errors.Is(err, cuda.ErrorNotReady) && first == nil {

@@ -201,6 +201,7 @@ func (s *Spill) trim(all bool) uint64 {
 		return 0
 	}
 	if !all {
+		s.st.Syncs++
 		if err := s.dev.Synchronize(); err != nil {
 			return 0 // better cached than unmapped under running work
 		}

@@ -33,6 +33,15 @@ type SpillStats struct {
 	// stream, or the device).
 	Adopted    uint64
 	AdoptWaits uint64
+	// CrossStreamFrees counts frees of blocks used on other streams too
+	// (record_stream): an event recorded on each, the block reusable once
+	// they completed; EventQueries the queries of those events; Syncs the
+	// waits for the whole device or a stream (a trim that unmaps, an
+	// adoption without an event, an event that could not be recorded).
+	// A steady eager step should add nothing to Grows, Unmaps and Syncs.
+	CrossStreamFrees uint64
+	EventQueries     uint64
+	Syncs            uint64
 	// FreeLists counts the per-pool, per-stream lists of free blocks: at
 	// most one per segment, whatever the number of streams seen.
 	FreeLists int

@@ -294,12 +294,16 @@ func TestSpillStreamsKeepTheirBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFree(t, s, c)
-	if st := s.Stats(); st.Waiting != 4096 {
-		t.Errorf("waiting %d after freeing a block s2 used", st.Waiting)
+	if st := s.Stats(); st.Waiting != 4096 || st.CrossStreamFrees != 1 || st.EventQueries != 0 {
+		t.Errorf("after freeing a block s2 used: waiting %d, cross-stream frees %d, event queries %d; want 4096, 1, 0",
+			st.Waiting, st.CrossStreamFrees, st.EventQueries)
 	}
 	mustValid(t, s)
 	if d := mustAlloc(t, s, 4096, s1); d != c {
 		t.Errorf("block not reused once s2's event completed: %#x, want %#x", d, c)
+	}
+	if st := s.Stats(); st.EventQueries != 1 || st.Syncs != 0 {
+		t.Errorf("the next Alloc queried %d events and waited %d times; want 1 query, no wait", st.EventQueries, st.Syncs)
 	}
 	mustValid(t, s)
 }

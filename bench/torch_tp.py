@@ -357,8 +357,9 @@ def eager_diag(torch, dist, step, ctl, a, r, ap):
             return round((x1 - x0) / n, 1)
         d["per_step"] = {"/".join(k): delta(k) for k in (
             ("Allocs",), ("Frees",), ("Spilled",), ("FastPath", "Hits"), ("FastPath", "Misses"),
-            ("FastPath", "Kept"), ("Spill", "Allocs"), ("Spill", "Frees"), ("Spill", "Grows"),
-            ("Spill", "Unmaps"))}
+            ("FastPath", "Kept"), ("FastPath", "GoAllocs"), ("FastPath", "GoFrees"), ("FastPath", "Drains"),
+            ("FastPath", "GrowthDrains"), ("Spill", "Allocs"), ("Spill", "Frees"), ("Spill", "Grows"),
+            ("Spill", "Unmaps"), ("Spill", "CrossStreamFrees"), ("Spill", "EventQueries"), ("Spill", "Syncs"))}
         d["after"] = {k: s1["Spill"][k] for k in ("Waiting", "Live", "Mapped", "Segments")}
         d["after"]["fastpath_blocks"] = s1["FastPath"]["Blocks"]
     from torch.profiler import ProfilerActivity, profile

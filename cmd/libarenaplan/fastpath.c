@@ -228,6 +228,9 @@ char *arenaplan_last_error(void) { return last_err != NULL ? strdup(last_err) : 
 static void *go_alloc(size_t size, int device, void *stream) {
 	pthread_mutex_lock(&mu);
 	int kept = counts.blocks > 0;
+	if ((unsigned)device < AP_MAX_DEVICES) {
+		dstats[device].go_allocs++;
+	}
 	pthread_mutex_unlock(&mu);
 	int keepable = 0, would_grow = 0;
 	void *p = arenaplan_go_alloc(size, device, stream, !kept, &keepable, &would_grow);
@@ -338,6 +341,9 @@ void arenaplan_free(void *ptr, size_t size, int device, void *stream) {
 			}
 			live_del(e);
 		}
+	}
+	if ((unsigned)device < AP_MAX_DEVICES) {
+		dstats[device].go_frees++;
 	}
 	pthread_mutex_unlock(&mu);
 	if (arenaplan_go_free(ptr, size, device, stream)) {

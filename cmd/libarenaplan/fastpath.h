@@ -29,9 +29,12 @@ typedef struct {
 typedef struct {
 	int64_t current, peak, allocated, freed;
 } ap_stat;
+// go_allocs and go_frees: the device's allocations and frees that called
+// into Go (fast path shut or missed, blocks not kept).
 typedef struct {
 	ap_stat allocation[3], allocated_bytes[3], requested_bytes[3];
 	uint64_t num_ooms, num_alloc_retries;
+	uint64_t go_allocs, go_frees;
 } ap_dev_stats;
 #define AP_MAX_DEVICES 64
 

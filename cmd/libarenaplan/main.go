@@ -399,28 +399,37 @@ func arenaplan_step_report(id C.int, out **C.char) *C.char {
 // served (Hits) or passed on to Go while open (Misses), the frees it kept
 // (Kept), the times a failed allocation (Drains) or one that would have
 // mapped more memory (GrowthDrains) made it give its blocks back, the
-// second frees of a kept block it refused (DoubleFrees), and what it holds
-// now (Blocks, Bytes).
-type FastPath struct{ Hits, Kept, Misses, Drains, GrowthDrains, DoubleFrees, Blocks, Bytes uint64 }
-
-func fastPathCounts() FastPath {
-	var c C.ap_fp_counts
-	C.ap_fp_read(&c)
-	return FastPath{uint64(c.hits), uint64(c.kept), uint64(c.misses), uint64(c.drains), uint64(c.growth_drains), uint64(c.double_frees),
-		uint64(c.blocks), uint64(c.bytes)}
+// second frees of a kept block it refused (DoubleFrees), what it holds
+// now (Blocks, Bytes); and the device's allocations and frees that called
+// into Go (GoAllocs, GoFrees). A steady eager step should be served by
+// Hits and Kept, with GrowthDrains and Drains unchanged.
+type FastPath struct {
+	Hits, Kept, Misses, Drains, GrowthDrains, DoubleFrees, Blocks, Bytes uint64
+	GoAllocs, GoFrees                                                    uint64
 }
 
-// arenaplan_stats sets *out to device's counters as JSON.
+func fastPathCounts(device int) FastPath {
+	var c C.ap_fp_counts
+	C.ap_fp_read(&c)
+	var d C.ap_dev_stats
+	C.ap_dev_read(C.int(device), &d)
+	return FastPath{uint64(c.hits), uint64(c.kept), uint64(c.misses), uint64(c.drains), uint64(c.growth_drains), uint64(c.double_frees),
+		uint64(c.blocks), uint64(c.bytes), uint64(d.go_allocs), uint64(d.go_frees)}
+}
+
+// arenaplan_stats sets *out to device's counters as JSON. It leaves the
+// fast path as it is (see reader): the spill allocator's in-use bytes
+// include the blocks the fast path keeps (FastPath.Bytes).
 //
 //export arenaplan_stats
 func arenaplan_stats(device C.int, out **C.char) *C.char {
-	return control("arenaplan_stats", func(b *bridge.Bridge) error {
+	return reader("arenaplan_stats", func(b *bridge.Bridge) error {
 		return setJSON("arenaplan_stats", out, func() (any, error) {
 			st, err := b.Stats(int(device))
 			return struct {
 				bridge.DeviceStats
 				FastPath FastPath
-			}{st, fastPathCounts()}, err
+			}{st, fastPathCounts(int(device))}, err
 		})
 	})
 }
@@ -453,6 +462,20 @@ func fenced(b *bridge.Bridge, f func() error) error {
 		C.ap_fp_set(1)
 	}
 	return errors.Join(errs...)
+}
+
+// reader runs a call of export that reads or resets counters and changes
+// nothing the fast path depends on: unlike control, it leaves the fast
+// path open with the blocks it keeps, so that a program that reads
+// torch.cuda.memory_allocated() (or resets a peak) every step does not
+// start every step with an empty fast path, each allocation a call into
+// Go. The C library's counts are exact at any time; the spill
+// allocator's count the kept blocks as in use.
+func reader(export string, f func(*bridge.Bridge) error) *C.char {
+	if err := call(export, f); err != nil {
+		return C.CString(err.Error())
+	}
+	return nil
 }
 
 // family runs f on family id.

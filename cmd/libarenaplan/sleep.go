@@ -26,7 +26,7 @@ func watchPauses(b *bridge.Bridge) {
 //
 //export arenaplan_paused
 func arenaplan_paused(device C.int, out **C.char) *C.char {
-	return control("arenaplan_paused", func(b *bridge.Bridge) error {
+	return reader("arenaplan_paused", func(b *bridge.Bridge) error {
 		if out == nil {
 			return errNil("arenaplan_paused", "out")
 		}

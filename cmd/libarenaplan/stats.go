@@ -25,11 +25,12 @@ func counts(device int) bridge.AllocatorCounts {
 
 // arenaplan_memory_stats sets *out to device's statistics as JSON, in the
 // schema of PyTorch's torch.cuda.memory_stats before flattening
-// (bridge.TorchMemoryStats).
+// (bridge.TorchMemoryStats). Like the other statistics calls here, it
+// leaves the fast path open (reader).
 //
 //export arenaplan_memory_stats
 func arenaplan_memory_stats(device C.int, out **C.char) *C.char {
-	return control("arenaplan_memory_stats", func(b *bridge.Bridge) error {
+	return reader("arenaplan_memory_stats", func(b *bridge.Bridge) error {
 		return setJSON("arenaplan_memory_stats", out, func() (any, error) {
 			st, err := b.Stats(int(device))
 			if err != nil {
@@ -45,7 +46,7 @@ func arenaplan_memory_stats(device C.int, out **C.char) *C.char {
 //
 //export arenaplan_reset_peak_stats
 func arenaplan_reset_peak_stats(device C.int) *C.char {
-	return control("arenaplan_reset_peak_stats", func(b *bridge.Bridge) error {
+	return reader("arenaplan_reset_peak_stats", func(b *bridge.Bridge) error {
 		C.ap_dev_reset_peak(device)
 		return b.ResetPeaks(int(device))
 	})
@@ -57,7 +58,7 @@ func arenaplan_reset_peak_stats(device C.int) *C.char {
 //
 //export arenaplan_reset_accumulated_stats
 func arenaplan_reset_accumulated_stats(device C.int) *C.char {
-	return control("arenaplan_reset_accumulated_stats", func(*bridge.Bridge) error {
+	return reader("arenaplan_reset_accumulated_stats", func(*bridge.Bridge) error {
 		C.ap_dev_reset_accumulated(device)
 		return nil
 	})

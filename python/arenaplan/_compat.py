@@ -83,14 +83,20 @@ def routed(kwargs: Dict[str, Any], why: str) -> Dict[str, Any]:
     return out
 
 
+def set_route(route: str) -> None:
+    """What a request for CUDA graphs on PyTorch's allocator gets from now
+    on: ``"arenaplan"`` (compiled on the backend) or ``"refuse"``."""
+    if route not in (ROUTE, REFUSE):
+        raise ValueError(f"arenaplan: reduce_overhead={route!r}: want {ROUTE!r} or {REFUSE!r}")
+    _route[0] = route
+
+
 def install(torch, route: str = ROUTE, register: Optional[Callable[[], None]] = None) -> None:
     """Wrap ``torch.compile`` so that a request for CUDAGraph Trees compiles
     on the ``arenaplan`` backend (``route="arenaplan"``; ``register``
     imports it) or raises :class:`CUDAGraphTreesError` when it is made
     (``route="refuse"``). Wraps once; a later call sets the route."""
-    if route not in (ROUTE, REFUSE):
-        raise ValueError(f"arenaplan: reduce_overhead={route!r}: want {ROUTE!r} or {REFUSE!r}")
-    _route[0] = route
+    set_route(route)
     compile_ = torch.compile
     if getattr(compile_, "_arenaplan", False):
         return

@@ -104,7 +104,7 @@ def install(library: Optional[str] = None, *, reduce_overhead: Optional[str] = N
         if library is not None and os.path.realpath(library) != _state.lib.path:
             raise ArenaplanError(f"arenaplan.torch.install({library!r}): {_state.lib.path} is installed already "
                                  "(one allocator per process; restart the process to use another library)")
-        _compat.install(torch, route, _register_backend)
+        _compat.set_route(route)
         return
     if torch.cuda.is_initialized():
         raise ArenaplanError("arenaplan.torch.install() must run before CUDA is initialised "
@@ -175,7 +175,14 @@ def stats(device: Optional[int] = None) -> dict:
     """arenaplan's own counters for a device, beside PyTorch's statistics
     (which install() answers too): allocations served from plans and by
     the spillover allocator, divergences, arena bytes, the spillover
-    allocator's mapped / in-use / cached bytes, and the C fast path's hits,
-    misses and what it holds."""
+    allocator's mapped / in-use / cached bytes, segments mapped and
+    unmapped (``Spill.Grows``, ``Unmaps``), frees of blocks other streams
+    used (``CrossStreamFrees``), the event queries and waits they cost
+    (``EventQueries``, ``Syncs``), and the C fast path's hits, misses,
+    drains, what it holds and the calls into Go (``FastPath.GoAllocs``,
+    ``GoFrees``). Two reads around a loop of steps give the counts per
+    step: a steady eager step should add nothing to ``Grows``, ``Unmaps``,
+    ``Syncs`` and the drains, and little to the calls into Go. Reading
+    them (or PyTorch's memory statistics) leaves the fast path as it is."""
     dev = torch.cuda.current_device() if device is None else device
     return _state.need().stats(dev)

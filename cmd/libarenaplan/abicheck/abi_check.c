@@ -337,7 +337,26 @@ int main(int argc, char **argv) {
     ap_free(x, 36864, 0, s1);
     fastpath_counts(stats, &h1, &k1, &m1);
     CHECK(k1 == k0, "fast path kept a block used on another stream (kept %llu->%llu)", k0, k1);
-    // A control call takes the kept blocks back: Go's in-use count drops.
+    // Reading or resetting statistics (a program that logs
+    // torch.cuda.memory_allocated() every step) leaves the kept blocks
+    // where they are: the next allocation of that size is still a hit.
+    {
+      char *(*mstats)(int, char **) = (char *(*)(int, char **))sym(lib, "arenaplan_memory_stats");
+      char *(*reset_peak)(int) = (char *(*)(int))sym(lib, "arenaplan_reset_peak_stats");
+      void *y = ap_alloc(45056, 0, s1);
+      ap_free(y, 45056, 0, s1);
+      char *mj = NULL;
+      ok(mstats(0, &mj), "memory_stats");
+      if (mj) ap_free_string(mj);
+      ok(reset_peak(0), "reset_peak_stats");
+      fastpath_counts(stats, &h0, &k0, &m0);
+      void *z = ap_alloc(45056, 0, s1);
+      fastpath_counts(stats, &h1, &k1, &m1);
+      CHECK(shut ? h1 == h0 : z == y && h1 == h0 + 1,
+            "statistics calls drained the fast path: freed %p, got %p after them; hits %llu->%llu", y, z, h0, h1);
+      if (!shut && z == y) printf("ok   statistics calls leave the fast path's blocks kept\n");
+      ap_free(z, 45056, 0, s1);
+    }
     char *js = NULL;
     ok(stats(0, &js), "stats");
     CHECK(js && strstr(js, "\"Kept\""), "stats: %s", js ? js : "(none)");
@@ -354,7 +373,9 @@ int main(int argc, char **argv) {
     void *b = ap_alloc(2 << 20, 0, s3);
     unsigned long long mapped1 = stat_after(stats, "\"Spill\"", "\"Mapped\":");
     unsigned long long grown1 = stat_after(stats, "\"FastPath\"", "\"GrowthDrains\":");
-    CHECK(a && b && mapped1 - mapped0 == 2 << 20 && grown1 == grown0 + !shut,
+    // (At least one: blocks kept earlier are still kept, statistics calls
+    // leave them, and a's own allocation may take them back too.)
+    CHECK(a && b && mapped1 - mapped0 == 2 << 20 && (shut ? grown1 == grown0 : grown1 > grown0),
           "kept block and growth: 1.5 MiB freed then 2 MiB asked on one stream mapped %llu bytes (want one 2 MiB "
           "segment), growth drains %llu->%llu",
           mapped1 - mapped0, grown0, grown1);
