@@ -86,6 +86,10 @@ type Spill struct {
 	adoptEv   cuda.Event // orders a taking stream after the segment's old one
 
 	st SpillStats
+	// mappedHigh is the most bytes mapped at once since the last
+	// EmptyCache (never reset by ResetPeaks): what an allocation told not
+	// to grow may still map back to (see regrow).
+	mappedHigh uint64
 	// intervalPeak is the most bytes mapped at once since MappedPeak last
 	// restarted its interval.
 	intervalPeak uint64
@@ -183,6 +187,22 @@ func (s *Spill) AllocDefault(size uint64, st cuda.Stream, grow bool) (cuda.Devic
 	return cuda.DevicePtr(b.addr), b.seg.pool == s.def, nil
 }
 
+// regrow says whether an allocation told not to grow may map a segment
+// for rsize all the same: the default pool's, and the bytes mapped after
+// it no more than this allocator held at once before (mappedHigh). Told
+// not to grow means its owner keeps freed blocks that it would rather give
+// back than have the allocator map more; mapping back to a level already
+// held adds nothing to the process's peak, and giving every kept block
+// back costs the owner a step of calls into the allocator (a steady eager
+// step whose blocks kept in C of one size leave no free block of another
+// would otherwise do so every step). s.mu is held.
+func (s *Spill) regrow(pool *Pool, rsize uint64) bool {
+	if pool != s.def {
+		return false
+	}
+	return s.st.Mapped+roundUp(rsize, s.cfg.chunk) <= s.mappedHigh
+}
+
 // alloc serves Alloc (in == nil: the default pool or the capture's) and
 // AllocIn (a region pool); s.mu is held.
 func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
@@ -231,7 +251,7 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*b
 	if b == nil {
 		b = s.adopt(pool, st, rsize, small) // maps nothing: allowed without grow
 	}
-	if b == nil && !grow {
+	if b == nil && !grow && !s.regrow(pool, rsize) {
 		return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, ErrWouldGrow)
 	}
 	if b == nil {

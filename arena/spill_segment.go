@@ -127,6 +127,7 @@ func (s *Spill) addSegment(seg *segment) *block {
 	s.st.Grows++
 	s.st.GrownBytes += size
 	s.st.PeakMapped = max(s.st.PeakMapped, s.st.Mapped)
+	s.mappedHigh = max(s.mappedHigh, s.st.Mapped)
 	s.intervalPeak = max(s.intervalPeak, s.st.Mapped)
 	return seg.first
 }
@@ -180,6 +181,7 @@ func (s *Spill) EmptyCache() error {
 		return fmt.Errorf("arena: Spill.EmptyCache: %w", err)
 	}
 	s.trim(false)
+	s.mappedHigh = s.st.Mapped // given back on request: not to be mapped again unasked
 	return nil
 }
 

@@ -8,6 +8,7 @@ mkdir -p .dev/torch
 CGO_ENABLED=1 go build -buildmode=c-shared -trimpath -o .dev/torch/libarenaplan.so ./cmd/libarenaplan
 gcc -O2 -Wall -o .dev/torch/abi_check cmd/libarenaplan/abicheck/abi_check.c -ldl -lpthread
 gcc -O2 -Wall -o .dev/torch/abuse cmd/libarenaplan/abicheck/abuse.c -ldl -lpthread
+gcc -O2 -Wall -o .dev/torch/eager_steps cmd/libarenaplan/abicheck/eager_steps.c -ldl
 # PyTorch's side of arenaplan_torch_alloc: c10::OutOfMemoryError, with a stand-in for libc10 and without.
 g++ -O2 -Wall -rdynamic -o .dev/torch/torch_oom_check cmd/libarenaplan/abicheck/torch_oom_check.cc -ldl
 g++ -O2 -Wall -DNO_C10 -o .dev/torch/torch_oom_check_nc10 cmd/libarenaplan/abicheck/torch_oom_check.cc -ldl

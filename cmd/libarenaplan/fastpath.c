@@ -222,9 +222,14 @@ static inline void clear_error(void) {
 char *arenaplan_last_error(void) { return last_err != NULL ? strdup(last_err) : NULL; }
 
 // go_alloc asks Go. While blocks are kept here Go may not map memory for
-// it: where it would have to, or where it fails, the kept blocks go back
-// to Go first and Go is asked once more, so that what the fast path keeps
-// never makes the process hold more memory nor fail an allocation.
+// it beyond what it held before: where it would have to, the kept blocks
+// that can make room (the same device, stream and size class: Go's
+// segments serve one stream and one class) go back to Go and Go is asked
+// again; where that is not enough, or where Go fails, every kept block
+// goes back and Go is asked once more, so that what the fast path keeps
+// never makes the process hold more memory nor fail an allocation. (A
+// steady step gave every kept block back before: each of its next
+// allocations then a call into Go.)
 static void *go_alloc(size_t size, int device, void *stream) {
 	pthread_mutex_lock(&mu);
 	int kept = counts.blocks > 0;
@@ -234,6 +239,14 @@ static void *go_alloc(size_t size, int device, void *stream) {
 	pthread_mutex_unlock(&mu);
 	int keepable = 0, would_grow = 0;
 	void *p = arenaplan_go_alloc(size, device, stream, !kept, &keepable, &would_grow);
+	if (p == NULL && would_grow && arenaplan_go_drain_like(ROUND(size) <= (int64_t)SMALL, device, stream) > 0) {
+		pthread_mutex_lock(&mu);
+		counts.like_drains++;
+		pthread_mutex_unlock(&mu);
+		keepable = 0;
+		would_grow = 0;
+		p = arenaplan_go_alloc(size, device, stream, 0, &keepable, &would_grow);
+	}
 	if (p == NULL) {
 		pthread_mutex_lock(&mu);
 		uint64_t held = counts.blocks;
@@ -387,6 +400,27 @@ int ap_fp_take(ap_fp_entry *out, int max) {
 	}
 	if (n < max) {
 		memset(bins, 0, sizeof bins); // all taken: forget the keys
+	}
+	pthread_mutex_unlock(&mu);
+	return n;
+}
+
+int ap_fp_take_like(int device, void *stream, int small, ap_fp_entry *out, int max) {
+	int n = 0;
+	pthread_mutex_lock(&mu);
+	for (unsigned i = 0; i < BIN_N && n < max; i++) {
+		bin *b = &bins[i];
+		if (!b->used || b->device != device || b->stream != stream || (ROUND(b->size) <= (int64_t)SMALL) != !!small) {
+			continue;
+		}
+		while (b->n > 0 && n < max) {
+			uintptr_t p = b->ptr[--b->n];
+			live_entry *e = live_find(p);
+			counts.blocks--;
+			counts.bytes -= e->size;
+			live_del(e);
+			out[n++] = (ap_fp_entry){p, b->device};
+		}
 	}
 	pthread_mutex_unlock(&mu);
 	return n;

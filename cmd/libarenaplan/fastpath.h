@@ -17,9 +17,13 @@ typedef struct {
 // The fast path's counters since the library loaded; Blocks and Bytes are
 // what it holds now. Drains: kept blocks given back after Go failed an
 // allocation; growth_drains: before Go would have mapped more memory.
+// like_drains: the kept blocks of one stream and size class given back
+// before Go would have mapped more memory (growth_drains count the times
+// that was not enough and every kept block went back).
 typedef struct {
 	uint64_t hits, kept, misses, drains, growth_drains, double_frees;
 	uint64_t blocks, bytes;
+	uint64_t like_drains;
 } ap_fp_counts;
 
 // PyTorch's memory statistics a device's allocations keep, counted in C
@@ -50,6 +54,11 @@ AP_HIDDEN void ap_dev_reset_accumulated(int device);
 AP_HIDDEN void ap_fp_set(int on);
 // ap_fp_take moves up to max kept blocks into out and returns how many.
 AP_HIDDEN int ap_fp_take(ap_fp_entry *out, int max);
+// ap_fp_take_like moves up to max kept blocks of device and stream whose
+// size class is small's (small: at most 1 MiB once rounded to 512 bytes,
+// as the spill allocator splits its segments) into out and returns how
+// many.
+AP_HIDDEN int ap_fp_take_like(int device, void *stream, int small, ap_fp_entry *out, int max);
 // ap_fp_read copies the counters.
 AP_HIDDEN void ap_fp_read(ap_fp_counts *out);
 

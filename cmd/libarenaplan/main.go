@@ -193,6 +193,31 @@ func arenaplan_go_drain() {
 	allocator("drain", func(b *bridge.Bridge) error { return fenced(b, func() error { return nil }) })
 }
 
+// arenaplan_go_drain_like gives the kept blocks of device and stream of
+// one size class (small: at most 1 MiB) back to the bridge, for an
+// allocation of that class that would otherwise map more memory, and
+// returns how many; the fast path stays open.
+//
+//export arenaplan_go_drain_like
+func arenaplan_go_drain_like(small C.int, device C.int, stream unsafe.Pointer) C.int {
+	n := 0
+	allocator("drain", func(b *bridge.Bridge) error {
+		var errs []error
+		var buf [256]C.ap_fp_entry
+		for {
+			k := int(C.ap_fp_take_like(device, stream, small, &buf[0], C.int(len(buf))))
+			for _, e := range buf[:k] {
+				errs = append(errs, b.Free(cuda.DevicePtr(e.ptr), int(e.device)))
+			}
+			n += k
+			if k < len(buf) {
+				return errors.Join(errs...)
+			}
+		}
+	})
+	return C.int(n)
+}
+
 // arenaplan_go_free serves arenaplan_free (fastpath.c) for the blocks its
 // fast path does not keep.
 //
@@ -406,6 +431,10 @@ func arenaplan_step_report(id C.int, out **C.char) *C.char {
 type FastPath struct {
 	Hits, Kept, Misses, Drains, GrowthDrains, DoubleFrees, Blocks, Bytes uint64
 	GoAllocs, GoFrees                                                    uint64
+	// LikeDrains: the kept blocks of one stream and size class given back
+	// before Go would have mapped more (GrowthDrains: every kept block,
+	// where that was not enough).
+	LikeDrains uint64
 }
 
 func fastPathCounts(device int) FastPath {
@@ -414,7 +443,7 @@ func fastPathCounts(device int) FastPath {
 	var d C.ap_dev_stats
 	C.ap_dev_read(C.int(device), &d)
 	return FastPath{uint64(c.hits), uint64(c.kept), uint64(c.misses), uint64(c.drains), uint64(c.growth_drains), uint64(c.double_frees),
-		uint64(c.blocks), uint64(c.bytes), uint64(d.go_allocs), uint64(d.go_frees)}
+		uint64(c.blocks), uint64(c.bytes), uint64(d.go_allocs), uint64(d.go_frees), uint64(c.like_drains)}
 }
 
 // arenaplan_stats sets *out to device's counters as JSON. It leaves the
