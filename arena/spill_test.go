@@ -593,3 +593,42 @@ func hasSegment(s *Spill, p *Pool, h uintptr) bool {
 	}
 	return false
 }
+
+// TestSpillRegrow: an allocation told not to grow (its owner keeps freed
+// blocks) may map back up to the most the allocator held before, never
+// past it; EmptyCache lowers that mark to what stays mapped.
+func TestSpillRegrow(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	st := e.stream(t)
+	x := mustAlloc(t, s, 4*MiB, st)
+	y := mustAlloc(t, s, 4*MiB, st)
+	mustFree(t, s, x)
+	mustFree(t, s, y)
+	if _, _, err := s.AllocDefault(6*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
+		t.Fatalf("6 MiB with two free 4 MiB segments at the high mark: %v, want ErrWouldGrow", err)
+	}
+	if err := s.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats().Mapped; got != 0 {
+		t.Fatalf("mapped %d after EmptyCache", got)
+	}
+	if _, _, err := s.AllocDefault(6*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
+		t.Fatalf("after EmptyCache, 6 MiB told not to grow: %v, want ErrWouldGrow (nothing held since)", err)
+	}
+	a := mustAlloc(t, s, 8*MiB, st) // held once: 8 MiB
+	mustFree(t, s, a)
+	s.mu.Lock()
+	s.trim(true) // unmapped without EmptyCache (as a released pool's segments are): the mark stays
+	s.mu.Unlock()
+	p, _, err := s.AllocDefault(6*MiB, st, false)
+	if err != nil {
+		t.Fatalf("6 MiB told not to grow, under the 8 MiB held before: %v", err)
+	}
+	if _, _, err := s.AllocDefault(4*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
+		t.Fatalf("4 MiB more would pass the 8 MiB held before: %v, want ErrWouldGrow", err)
+	}
+	mustFree(t, s, p)
+	mustValid(t, s)
+}
