@@ -14,7 +14,7 @@
 #
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/{libarenaplan.so,abi_check}
 #
-# carry .dev/torch (and the BEFORE library's folder) to the GPU machine and
+# copy .dev/torch (and the BEFORE library's folder) to the GPU machine and
 # run scripts/gpu-compat.sh. Logs and JSON go to $OUT (default
 # /tmp/gpu-compat), with a memory snapshot of the compatibility program
 # (snapshot-{torch,ours}.pickle, for torch.cuda._memory_viz); the tables last.

@@ -6,7 +6,7 @@
 #
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/libarenaplan.so
 #
-# carry .dev/torch to the GPU machine and run scripts/gpu-compile.sh.
+# copy .dev/torch to the GPU machine beside the checkout and run scripts/gpu-compile.sh.
 # MODELS= (default: tiny tiny-dyn vit bert), TRAIN= the training models of
 # bench/torch_compile_train.py (default: mlp mlp-last gpt2 vit gpt2-eff), MODES= (reduce-overhead ours),
 # TIMEOUT= seconds a process (default 240), DEADLINE= seconds after which no

@@ -8,7 +8,7 @@
 #   CGO_ENABLED=0 go build -o .dev/run ./cmd/run
 #   CGO_ENABLED=0 go build -o .dev/plan ./cmd/plan
 #
-# and carry .dev to the GPU machine; there run scripts/gpu-family.sh.
+# and copy .dev to the GPU machine beside the checkout; there run scripts/gpu-family.sh.
 # Logs and JSON go to $OUT (default /tmp/gpu-family). TORCH=0 skips the
 # PyTorch twin.
 set -u

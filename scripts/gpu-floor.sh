@@ -7,7 +7,7 @@
 #
 #   CGO_ENABLED=0 go build -o .dev/run ./cmd/run
 #
-# carry .dev, and run from the repository root there:
+# copy .dev to the GPU machine beside the checkout, and run from the repository root there:
 #
 #   scripts/gpu-floor.sh
 #

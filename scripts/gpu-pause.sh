@@ -6,7 +6,7 @@
 #
 #   CGO_ENABLED=0 go build -o .dev/pause/run ./cmd/run
 #
-# and carry .dev/pause to the GPU machine; there run scripts/gpu-pause.sh.
+# and copy .dev/pause to the GPU machine beside the checkout; there run scripts/gpu-pause.sh.
 # Logs and JSON go to $OUT (default /tmp/gpu-pause); a table last.
 set -u
 OUT=${OUT:-/tmp/gpu-pause}

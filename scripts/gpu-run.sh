@@ -6,7 +6,7 @@
 #   CGO_ENABLED=0 go build -o .dev/run ./cmd/run
 #   go run ./cmd/plan --workload gpt2-decode -o .dev/gpt2.plan   (optional)
 #
-# and carry .dev to the GPU machine. Then, there:
+# and copy .dev to the GPU machine beside the checkout. Then, on it:
 #
 #   scripts/gpu-run.sh smoke          short runs with --check
 #   scripts/gpu-run.sh full           every case of BENCHMARKS.md, sanitizer, PyTorch

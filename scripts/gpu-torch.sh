@@ -6,7 +6,7 @@
 #
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/{libarenaplan.so,abi_check}
 #
-# carry .dev/torch to the GPU machine and run
+# copy .dev/torch to the GPU machine beside the checkout and run
 # scripts/gpu-torch.sh [all|models|family|eager|sanitizer|diag|plain|chunk].
 # Logs and JSON go to $OUT (default /tmp/gpu-torch); a table last.
 # models: MODELS= (bench/torch_bridge.py's names), MODES= (torch ours

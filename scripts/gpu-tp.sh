@@ -10,7 +10,7 @@
 #
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/libarenaplan.so
 #
-# carry .dev/torch to the GPU machine and run scripts/gpu-tp.sh. Logs and
+# copy .dev/torch to the GPU machine beside the checkout and run scripts/gpu-tp.sh. Logs and
 # JSON (one line per rank per run) go to $OUT (default /tmp/gpu-tp); a
 # table per rank last. WORLDS overrides the world sizes, MODELS the models
 # (llama mlp), TP_ARGS adds bench flags (say --layers 4), PAUSE the

@@ -11,4 +11,4 @@ This package is a thin layer over the shared library built from the Go
 project (``libarenaplan.so``); it holds no memory logic of its own.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.6.0.dev0"  # after 0.5.0 (CHANGELOG.md)
