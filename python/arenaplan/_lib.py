@@ -41,6 +41,70 @@ def default_path() -> str:
     return os.path.realpath(os.path.join(os.path.dirname(__file__), "_lib", "libarenaplan.so"))
 
 
+# Every export the package calls, as cmd/libarenaplan/arenaplan.h declares
+# it: (return type, argument types), in C. The one table of the ABI on the
+# Python side (python/tests/test_lib.py checks it against the header).
+SIGNATURES = {
+    "arenaplan_alloc": ("void *", ["size_t", "int", "void *"]),
+    "arenaplan_free": ("void", ["void *", "size_t", "int", "void *"]),
+    "arenaplan_last_error": ("char *", []),
+    "arenaplan_captures_underway": ("void", ["int"]),
+    "arenaplan_free_string": ("void", ["char *"]),
+    "arenaplan_step_new": ("char *", ["int", "char *", "int *"]),
+    "arenaplan_step_record": ("char *", ["int", "void *"]),
+    "arenaplan_step_serve": ("char *", ["int", "void *", "int"]),
+    "arenaplan_step_join_capture": ("char *", ["int"]),
+    "arenaplan_step_end": ("char *", ["int", "int"]),
+    "arenaplan_step_plan": ("char *", ["int", "double"]),
+    "arenaplan_step_replan": ("char *", ["int", "double"]),
+    "arenaplan_step_save": ("char *", ["int", "char *"]),
+    "arenaplan_step_load": ("char *", ["int", "char *"]),
+    "arenaplan_step_close": ("char *", ["int"]),
+    "arenaplan_step_report": ("char *", ["int", "char **"]),
+    "arenaplan_stats": ("char *", ["int", "char **"]),
+    "arenaplan_memory_stats": ("char *", ["int", "char **"]),
+    "arenaplan_reset_peak_stats": ("char *", ["int"]),
+    "arenaplan_reset_accumulated_stats": ("char *", ["int"]),
+    "arenaplan_snapshot": ("char *", ["int", "char **"]),
+    "arenaplan_record_history": ("char *", ["int", "int"]),
+    "arenaplan_history_hook": ("void", ["uintptr_t"]),
+    "arenaplan_family_new": ("char *", ["int", "char *", "int *"]),
+    "arenaplan_chain_new": ("char *", ["int", "char *", "int *"]),
+    "arenaplan_family_member": ("char *", ["int", "char *", "int *"]),
+    "arenaplan_family_plan": ("char *", ["int", "double"]),
+    "arenaplan_family_plan_member": ("char *", ["int", "int", "double"]),
+    "arenaplan_family_save": ("char *", ["int", "char *"]),
+    "arenaplan_family_load": ("char *", ["int", "char *"]),
+    "arenaplan_family_close": ("char *", ["int"]),
+    "arenaplan_family_report": ("char *", ["int", "char **"]),
+    "arenaplan_region_begin": ("char *", ["int", "long int", "char *", "int"]),
+    "arenaplan_region_end": ("char *", ["int", "long int"]),
+    "arenaplan_pause": ("char *", ["int", "char *"]),
+    "arenaplan_resume": ("char *", ["int", "char *"]),
+    "arenaplan_paused": ("char *", ["int", "char **"]),
+    "arenaplan_mempool_new": ("char *", ["uintptr_t", "uintptr_t", "int *"]),
+    "arenaplan_mempool_begin": ("char *", ["int", "long int", "int"]),
+    "arenaplan_mempool_end": ("char *", ["int", "long int", "int"]),
+    "arenaplan_mempool_release": ("char *", ["int"]),
+    "arenaplan_mempool_stats": ("char *", ["int", "char **"]),
+}
+
+_CTYPES = {"void": None, "void *": ctypes.c_void_p, "size_t": ctypes.c_size_t,
+           "uintptr_t": ctypes.c_void_p,  # an address: None, an int or a c_void_p
+           "int": ctypes.c_int, "long int": ctypes.c_long, "double": ctypes.c_double,
+           "int *": ctypes.POINTER(ctypes.c_int), "char **": ctypes.POINTER(ctypes.c_void_p)}
+
+
+def ctype(c: str, owned: bool):
+    """The ctypes type of C type c. A char * the library hands out (a
+    return value) or takes back to free (arenaplan_free_string's argument)
+    is an address, not c_char_p, which would copy and drop it; any other
+    char * argument is a string passed in."""
+    if c == "char *":
+        return ctypes.c_void_p if owned else ctypes.c_char_p
+    return _CTYPES[c]
+
+
 class Library:
     """The exported C functions of one loaded libarenaplan.so.
 
@@ -57,44 +121,10 @@ class Library:
                 "`python3 -m pip install --no-build-isolation ./python` (needs Go), or set ARENAPLAN_LIB")
         lib = ctypes.CDLL(self.path)
         self._lib = lib
-        vp, ci, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p
-        err = ctypes.c_void_p  # a char* we must free, so not c_char_p
-        sig = {
-            "arenaplan_alloc": (vp, [ctypes.c_size_t, ci, vp]),
-            "arenaplan_free": (None, [vp, ctypes.c_size_t, ci, vp]),
-            "arenaplan_last_error": (err, []),
-            "arenaplan_captures_underway": (None, [ci]),
-            "arenaplan_free_string": (None, [vp]),
-            "arenaplan_step_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
-            "arenaplan_step_record": (err, [ci, vp]),
-            "arenaplan_step_serve": (err, [ci, vp, ci]),
-            "arenaplan_step_join_capture": (err, [ci]),
-            "arenaplan_step_end": (err, [ci, ci]),
-            "arenaplan_step_plan": (err, [ci, ctypes.c_double]),
-            "arenaplan_step_replan": (err, [ci, ctypes.c_double]),
-            "arenaplan_step_save": (err, [ci, ctypes.c_char_p]),
-            "arenaplan_step_load": (err, [ci, ctypes.c_char_p]),
-            "arenaplan_step_close": (err, [ci]),
-            "arenaplan_step_report": (err, [ci, ctypes.POINTER(cp)]),
-            "arenaplan_stats": (err, [ci, ctypes.POINTER(cp)]),
-            "arenaplan_family_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
-            "arenaplan_chain_new": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
-            "arenaplan_family_member": (err, [ci, ctypes.c_char_p, ctypes.POINTER(ci)]),
-            "arenaplan_family_plan": (err, [ci, ctypes.c_double]),
-            "arenaplan_family_plan_member": (err, [ci, ci, ctypes.c_double]),
-            "arenaplan_family_save": (err, [ci, ctypes.c_char_p]),
-            "arenaplan_family_load": (err, [ci, ctypes.c_char_p]),
-            "arenaplan_family_close": (err, [ci]),
-            "arenaplan_family_report": (err, [ci, ctypes.POINTER(cp)]),
-            "arenaplan_region_begin": (err, [ci, ctypes.c_long, ctypes.c_char_p, ci]),
-            "arenaplan_region_end": (err, [ci, ctypes.c_long]),
-            "arenaplan_pause": (err, [ci, ctypes.c_char_p]),
-            "arenaplan_resume": (err, [ci, ctypes.c_char_p]),
-            "arenaplan_paused": (err, [ci, ctypes.POINTER(cp)]),
-        }
-        for name, (res, args) in sig.items():
+        for name, (res, args) in SIGNATURES.items():
             f = getattr(lib, name)
-            f.restype, f.argtypes = res, args
+            f.restype = ctype(res, True)
+            f.argtypes = [ctype(a, name == "arenaplan_free_string") for a in args]
         # Moves on every pause and resume: what paused() answered holds
         # while it stays (read without a call, for replays).
         self._pause_gen = ctypes.c_uint64.in_dll(lib, "arenaplan_pause_generation")

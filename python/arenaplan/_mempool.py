@@ -69,18 +69,6 @@ class Pools:
 
     def __init__(self, lib) -> None:
         self._lib = lib
-        c = lib._lib
-        vp, ci, up = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t  # uintptr_t is size_t wide on Linux
-        sig = {
-            "arenaplan_mempool_new": [up, up, ctypes.POINTER(ci)],
-            "arenaplan_mempool_begin": [ci, ctypes.c_long, ci],
-            "arenaplan_mempool_end": [ci, ctypes.c_long, ci],
-            "arenaplan_mempool_release": [ci],
-            "arenaplan_mempool_stats": [ci, ctypes.POINTER(vp)],
-        }
-        for name, args in sig.items():
-            f = getattr(c, name)
-            f.restype, f.argtypes = vp, args
 
     def new(self, alloc_fn: int = 0, free_fn: int = 0) -> int:
         """A new pool (with its own allocator's C function addresses, or
@@ -278,6 +266,5 @@ def _segments_reader(lib):
     snapshot schema (arenaplan._snapshot)."""
     def read(device: int) -> List[Dict[str, Any]]:
         from . import _snapshot
-        _snapshot.bind(lib)
         return _snapshot.torch_segments(_snapshot.raw_snapshot(lib, device))
     return read

@@ -106,23 +106,9 @@ class _Stacks:
 _STACKS = _Stacks()
 
 
-def bind(lib) -> None:
-    """Sets the C signatures of the snapshot exports on ``lib._lib`` (the
-    CDLL of an ``arenaplan._lib.Library``)."""
-    h = lib._lib
-    err = ctypes.c_void_p  # a char* the caller frees
-    h.arenaplan_snapshot.restype = err
-    h.arenaplan_snapshot.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
-    h.arenaplan_record_history.restype = err
-    h.arenaplan_record_history.argtypes = [ctypes.c_int, ctypes.c_int]
-    h.arenaplan_history_hook.restype = None
-    h.arenaplan_history_hook.argtypes = [ctypes.c_void_p]
-
-
 def record_stacks(lib, enabled: bool, max_entries: int = 0) -> None:
     """Keeps (or stops keeping, dropping those kept) the Python stack of
     each allocation recorded in the history, the newest ``max_entries``."""
-    bind(lib)
     if not enabled:
         lib._lib.arenaplan_history_hook(None)
         _STACKS.clear()
@@ -306,7 +292,6 @@ def install(lib, torch) -> None:
     at call time, so ``_snapshot``, ``_dump_snapshot``, ``memory_snapshot``
     and ``_record_memory_history`` all reach these). ``lib`` is the
     ``arenaplan._lib.Library``, ``torch`` the torch module."""
-    bind(lib)
     C = torch._C
 
     def device_count() -> int:

@@ -31,13 +31,6 @@ class Stats:
 
     def __init__(self, lib) -> None:
         self._lib = lib
-        c = lib._lib
-        vp, ci = ctypes.c_void_p, ctypes.c_int
-        c.arenaplan_memory_stats.restype = vp
-        c.arenaplan_memory_stats.argtypes = [ci, ctypes.POINTER(vp)]
-        for name in ("arenaplan_reset_peak_stats", "arenaplan_reset_accumulated_stats"):
-            f = getattr(c, name)
-            f.restype, f.argtypes = vp, [ci]
 
     def memory_stats(self, device: int) -> Dict[str, Any]:
         """Device's statistics as PyTorch's nested dict (before flattening)."""

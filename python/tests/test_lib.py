@@ -199,3 +199,43 @@ class FamilyAndSleepTest(unittest.TestCase):
             LIB.resume(0, ["pyweights"])
         LIB.free(w)
         LIB.free(kv)
+
+
+class HeaderTest(unittest.TestCase):
+    """arenaplan._lib.SIGNATURES, the package's one table of the C ABI,
+    against the library's public header: every export the package calls
+    is declared there with the same types."""
+
+    HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "cmd", "libarenaplan", "arenaplan.h")
+
+    @staticmethod
+    def prototypes(text):
+        import re
+        text = re.sub(r"//[^\n]*", "", text)
+        out = {}
+        for m in re.finditer(r"([A-Za-z_][\w ]*?[\s*]+)(arenaplan_\w+)\s*\(([^)]*)\)\s*;", text):
+            ret = " ".join(m.group(1).replace("*", " * ").split()).replace(" *", " *")
+            args = []
+            for a in m.group(3).split(","):
+                a = a.strip()
+                if a in ("", "void"):
+                    continue
+                a = re.sub(r"\b\w+$", "", a).strip()  # drop the parameter's name
+                args.append(" ".join(a.replace("*", " * ").split()).replace("* *", "**"))
+            out[m.group(2)] = (ret.replace("* *", "**"), args)
+        return out
+
+    def test_signatures_match_the_header(self):
+        from arenaplan import _lib
+        with open(self.HEADER) as f:
+            decl = self.prototypes(f.read())
+        self.assertIn("arenaplan_alloc", decl, "the header parses")
+        for name, (ret, args) in _lib.SIGNATURES.items():
+            self.assertIn(name, decl, f"{name} is not in arenaplan.h")
+            self.assertEqual(decl[name], (ret, args), f"{name}: the package's signature differs from arenaplan.h's")
+
+    def test_a_wrong_signature_is_seen(self):
+        decl = self.prototypes("char *arenaplan_x(int device, char **out);\nvoid arenaplan_y(uintptr_t fn);")
+        self.assertEqual(decl["arenaplan_x"], ("char *", ["int", "char **"]))
+        self.assertEqual(decl["arenaplan_y"], ("void", ["uintptr_t"]))
+        self.assertNotEqual(decl["arenaplan_x"], ("char *", ["int", "char *"]))

@@ -27,7 +27,6 @@ from arenaplan import _snapshot as snap  # noqa: E402
 from arenaplan._lib import Library  # noqa: E402
 
 LIB = Library()
-snap.bind(LIB)
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(REPO, "..", "shared", "data", "torch")
 STREAM = 0x3301
