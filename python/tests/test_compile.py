@@ -93,14 +93,16 @@ def _import_compile():
     mods = {"torch": torch, "torch._dynamo": types.ModuleType("torch._dynamo"),
             "torch._dynamo.backends": types.ModuleType("torch._dynamo.backends"),
             "torch._dynamo.backends.registry": registry}
-    saved = {k: sys.modules.get(k) for k in list(mods) + ["arenaplan.compile"]}
+    ours = [k for k in sys.modules if k == "arenaplan.compile" or k.startswith("arenaplan.compile.")]
+    saved = {k: sys.modules.get(k) for k in list(mods) + ours}
     sys.modules.update(mods)
-    sys.modules.pop("arenaplan.compile", None)
+    for k in ours:
+        sys.modules.pop(k, None)
     try:
         import arenaplan.compile as apc
     finally:
         for k, v in saved.items():
-            if k == "arenaplan.compile":
+            if k.startswith("arenaplan.compile"):
                 continue
             if v is None:
                 sys.modules.pop(k, None)

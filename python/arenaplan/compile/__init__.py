@@ -1,0 +1,255 @@
+"""torch.compile on arenaplan's graphs: a dynamo backend.
+
+::
+
+    import arenaplan.torch as ap
+    import arenaplan.compile                      # registers the backend "arenaplan"
+    ap.install()                                  # before anything touches CUDA
+    model = build().cuda().eval()
+    fast = torch.compile(model, backend="arenaplan")
+    with torch.no_grad():
+        out = fast(x)                             # compiles; runs inductor's code
+        out = fast(x)                             # captures once on a planned arena, then replays
+    print(arenaplan.compile.report())             # per compiled graph: arena, lower bound, captures, fallbacks
+
+What ``torch.compile(mode="reduce-overhead")`` (CUDAGraph Trees) does, on
+arenaplan's allocator, where CUDAGraph Trees cannot run (they need the
+caching allocator's private pools and checkpoints, which a plugged allocator
+refuses). The backend compiles with inductor, inductor's own CUDA graphs
+off, and wraps every compiled graph: its first ``warmup`` calls run
+inductor's code as it is (autotuning, lazy workspaces); the next call
+captures it with :func:`arenaplan.torch.graphs`: warm-up runs, one recorded,
+a plan at the lower bound of live bytes, one capture; every later call
+copies the inputs that are not parameters or buffers to their planned
+addresses and replays. Those inputs are buffers of the plan: allocated at
+the step's start, freed by inductor's code after their last use, so that
+an image a vision model reads once shares its memory with later
+activations, and no copy of an input is held outside the arena (a host
+copy of the first one is kept, for the runs before a later re-capture).
+An input already at its planned address (the previous call's output fed
+back) is not copied; one in memory that the copies write (an earlier
+output elsewhere in the arena) is cloned before them.
+Parameters and buffers (inductor's ``static_input_idxs``) are read
+in place; their addresses are checked on every call, and a call with other
+addresses is captured as another member. Outputs live at fixed addresses in
+the arena: the outputs a call returns are overwritten by the graph's next
+call, and reading those tensors after that raises, as CUDAGraph Trees'
+outputs do (views made of them do not raise: clone what must survive). ``torch.compiler.cudagraph_mark_step_begin()``
+may be called as with CUDAGraph Trees: every call of a captured graph starts
+a new step here, so it never has to be.
+
+Each call happens once, as far as the program can tell. The call that
+captures runs the graph more than once (warm-up runs, the recorded run, then
+the first replay), so the runs before the replay are undone: the inputs the
+graph writes in place (running statistics, an optimizer's parameters and
+moments: AOTAutograd's mutated inputs) are copied to the host before them
+and written back after, and the CUDA generator gets its state back, so that
+the replay draws the random numbers the call would have drawn without
+graphs and the generator advances as without them. A training loop's
+parameters, buffers, optimizer state and RNG state after N steps are then
+those of the same loop without graphs, bit for bit (see
+``bench/torch_train_loops.py``). A buffer planned for a copied input is
+allocated without the fill that ``torch.use_deterministic_algorithms``
+makes (captured, the fill would overwrite the input each replay copies in).
+
+Several shapes (a graph compiled with dynamic shapes and called at batch 32,
+8, 1): one member per shape, all members in ONE arena planned jointly (an
+:class:`arenaplan.torch.GraphFamily`), at most ``max_shapes`` of them; a
+shape beyond that runs inductor's code without a graph, with one warning.
+A new shape that fits in the family's arena (a smaller one after a larger)
+joins it with one capture of its own (:meth:`GraphFamily.add`); one that
+does not re-captures the family, every member once more, largest first.
+
+Training: AOTAutograd's forward and backward of a graph are captured
+together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
+forward and backward at a shape (each in a memory pool of its own, released
+when it returns, so that its activations go back to the driver as they are
+freed rather than stay cached beside the arena): one arena planned on one
+timeline, the activations the forward saves read in place by the backward
+and their memory reused once it frees them. The backward is captured at its
+first call, when its incoming gradients are there: one that another captured
+graph's backward made (a loss graph's gradient of the logits) is read in
+place, as CUDAGraph Trees read it; others are copied into placeholders. Each
+shape (the last, partial batch of an epoch) gets its own chain, up to
+``max_shapes``. Gradients the backward returned that are still held at the
+chain's next call (AccumulateGrad keeps one as ``.grad`` when the parameter
+had none: gradient accumulation, ``zero_grad(set_to_none=False)``) are moved
+out of the arena first, and from then on the backward's outputs are held
+until the next call, so that AccumulateGrad copies them into a ``.grad`` of
+its own: such loops replay. A forward while that shape's previous backward
+is still pending runs inductor's code without a graph (one warning); a
+backward whose saved activations a later forward overwrote raises. See
+:class:`_TrainPair`.
+
+Where a graph cannot be captured (tensors on the CPU, several devices, an
+input other than a parameter or buffer written in place, an operation CUDA
+graphs cannot hold, arenaplan not installed, a torch without
+``torch._C._construct_storage_from_data_pointer``), inductor's code runs
+without a graph and ONE warning names the reason.
+
+Options: ``torch.compile(model, backend="arenaplan", mode=..., options={...})``.
+``mode``: inductor's ("default", "max-autotune", "max-autotune-no-cudagraphs";
+"reduce-overhead" means "default", since the graphs are ours). ``options``:
+``warmup`` (plain calls before the capture, default 1), ``capture_warmup``
+(runs inside the capture step, the last one recorded, default 2),
+``max_shapes`` (default 8), ``budget`` (planning seconds, default 1.0),
+``strict`` (an allocation the plan cannot serve raises), ``capture``
+(False: never capture, for comparisons); every other key is an inductor
+config patch (``"max_autotune": True``, ...).
+
+Registered at import with ``torch._dynamo.register_backend``; installed
+packages also reach it through the ``torch_dynamo_backends`` entry point
+``arenaplan = "arenaplan.compile:backend"``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+try:
+    import torch  # noqa: F401 - a clear error where it is missing; the parts use it
+except ModuleNotFoundError as _err:  # say what to do, not only what is missing
+    from .._lib import torch_missing
+
+    raise torch_missing("arenaplan.compile", _err) from None
+
+# The parts, by what they run; tests and benchmarks reach the private ones here.
+from ._fx import _graph_device, _graph_reason, _mutated_inputs  # noqa: F401
+from ._infer import _Runner
+from ._ops import _no_fill, _Ops  # noqa: F401
+from ._options import NAME, CompileOptions
+from ._shared import _fixed_outputs, _runners  # noqa: F401
+from ._train import _TrainPair
+
+__all__ = ["backend", "report", "reset", "CompileOptions"]
+
+
+def report() -> List[Dict[str, Any]]:
+    """Per compiled graph, in compile order: whether it is captured (else the
+    reason), members (shapes), arena and lower bound (bytes, of the
+    family's largest member), graph bytes (arena mapped + spill held),
+    input bytes outside (copies of inputs that are not parameters or
+    buffers held outside the arena: a training graph's placeholders; an
+    inference graph's copies are planned in its arena, ``input_bytes_planned``
+    summed over its members), captures, plain calls (run without a graph)
+    and replays; a training backward's ``incoming_in_place``: incoming
+    gradients read where another captured graph made them. Costs one
+    library call per captured graph."""
+    return [r.report() for r in sorted(_runners, key=lambda r: r.order)]
+
+
+def reset() -> None:
+    """Destroy every graph the backend captured and give the arenas back
+    (compiled code stays; its next calls capture again). Call outside any
+    capture, with no output of those graphs in use."""
+    for r in list(_runners):
+        r.close()
+        r.seen.clear()
+        r.by_shape.clear()
+        if r.reason is None:
+            r.warned.clear()
+
+
+# Why a graph cannot be captured, read from the FX graph before inductor lowers it.
+
+_ops: Optional[_Ops] = None
+
+
+def _get_ops() -> _Ops:
+    global _ops
+    if _ops is None:
+        _ops = _Ops()
+    return _ops
+
+
+def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None):
+    """The dynamo backend: ``torch.compile(model, backend="arenaplan")``.
+
+    Compiles with inductor (its own CUDA graphs off) and wraps every graph
+    it compiles (see the module's documentation). Costs an inductor
+    compile; the capture comes at a graph's ``warmup + 1``-th call. Call
+    :func:`arenaplan.torch.install` before CUDA starts, or every graph runs
+    without a CUDA graph (one warning says so).
+    """
+    opts = CompileOptions(mode, options)
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    ops = _get_ops()
+    counter = [0]
+    pairs: Dict[Any, _TrainPair] = {}  # training graphs by graph id: the forward compiles first
+
+    def inner_compile(gm_, example_inputs_, **kw):
+        static = list(kw.get("static_input_idxs") or ())
+        backward = bool(kw.get("is_backward"))
+        training = backward or not kw.get("is_inference", False)
+        calls = sum(1 for n in gm_.graph.nodes if n.op == "call_function")
+        reason = None
+        if not opts.capture:
+            reason = "capture=False"
+        elif not ops.installed():
+            reason = "arenaplan is not PyTorch's allocator (call arenaplan.torch.install() before CUDA starts)"
+        else:
+            reason = _graph_reason(gm_, static)
+        device = _graph_device(gm_)
+        mutated = _mutated_inputs(gm_, [n for n in gm_.graph.nodes if n.op == "placeholder"])
+        compiled = compile_fx_inner(gm_, example_inputs_, **kw)
+        mutated |= set(getattr(compiled, "mutated_input_idxs", None) or ())
+        if calls == 0:
+            return compiled
+        gid = kw.get("graph_id")
+        if gid is None:
+            counter[0] += 1
+            gid = f"_{counter[0]}"
+        name = f"graph{gid}{'-bw' if backward else ''}"
+        if training and reason != "capture=False":
+            # A forward and its backward: captured together, as one chain.
+            r = _Runner(compiled, name, static, None, opts, ops, device, mutated)
+            if backward:
+                pair = pairs.get(gid) or pairs.get("last")
+                if pair is None or pair.bw is not None:
+                    pair = _TrainPair(name, opts, ops)
+                    pair._give_up("a backward whose forward this backend did not compile")
+            else:
+                pair = pairs[gid] = pairs["last"] = _TrainPair(name, opts, ops)
+            r.pair = pair
+            if backward:
+                pair.bw = r
+            else:
+                pair.fw = r
+            if reason is not None:
+                r.reason = reason
+                pair._give_up(f"{'backward' if backward else 'forward'}: {reason}")
+            return r
+        r = _Runner(compiled, name, static, None if reason == "capture=False" else reason, opts, ops, device,
+                    mutated)
+        if reason == "capture=False":
+            r.reason = reason  # asked for: no warning
+        return r
+
+    patches = opts.inductor_patches(list_mode_options)
+    # AOTAutograd's cache would hand back inductor's code without the
+    # wrapper on a hit (its key does not see inner_compile): off here.
+    import torch._functorch.config as fconfig
+    ctx = fconfig.patch(enable_autograd_cache=False) if hasattr(fconfig, "enable_autograd_cache") else _null()
+    with ctx:
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _register() -> None:
+    try:
+        from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    except ImportError:  # a torch without dynamo: nothing to register with
+        return
+    if NAME not in _BACKENDS:
+        register_backend(compiler_fn=backend, name=NAME)
+
+
+_register()

@@ -1,0 +1,338 @@
+"""A compiled graph run on arenaplan's graphs: one member per shape in one family arena (inference, and the graphs of a training loop that have no backward)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+from typing import TYPE_CHECKING
+
+from ._options import CompileOptions
+from ._ops import _Ops
+from ._shared import _Warns, _lock, _order, _runners, _unseen
+
+if TYPE_CHECKING:
+    from ._train import _TrainPair
+
+class _Member:
+    """One shape of a compiled graph: the inputs its capture reads.
+
+    ``args`` holds the parameters, buffers and values read as they are, and
+    None for each input copied (``copy_idxs``): that input's tensor is
+    allocated inside the member's step, a buffer of the plan, and each
+    replay copies the call's input to its planned address (``dst``).
+    ``host`` keeps a host copy of the input the member was first captured
+    with: the values its tensor takes in the runs before a later capture of
+    the family (indices a graph gathers with must stay in range)."""
+
+    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst")
+
+    def __init__(self, index: int, args: list, ptrs: list, copy_idxs: list, nbytes: int):
+        self.index = index  # its key in the family (short, for the library)
+        self.args, self.ptrs, self.copy_idxs, self.nbytes = args, ptrs, copy_idxs, nbytes
+        self.calls = 0
+        self.layouts: Dict[int, Any] = {}
+        self.host: Dict[int, Any] = {}
+        self.addrs: Dict[int, int] = {}  # from the member's last capture: the addresses replays use
+        self.dst: List[Tuple[int, Any, int, int]] = []  # (input, tensor at its address, start, end)
+
+
+
+
+class _Runner(_Warns):
+    """A compiled graph (inductor's boxed callable) run on arenaplan's graphs.
+
+    Called with a list of inputs, which it empties (AOTAutograd's boxed
+    convention, so that inputs can be freed early).
+    """
+
+    _boxed_call = True
+
+    def __init__(self, inner: Callable[[list], Any], name: str, static_idxs: Sequence[int],
+                 reason: Optional[str], opts: CompileOptions, ops: _Ops, device: Optional[int] = None,
+                 mutated: Sequence[int] = ()):
+        self.inner, self.name, self.opts, self.ops = inner, name, opts, ops
+        self.static = sorted(set(static_idxs))
+        self.mutated = sorted(set(mutated))  # inputs the graph writes in place (parameters and buffers only)
+        self.reason = reason  # why this graph never captures; None while it may
+        self.members: Dict[Hashable, _Member] = {}
+        self.by_shape: Dict[Hashable, Hashable] = {}  # shape key -> the member key used last
+        self.seen: Dict[Hashable, int] = {}  # plain calls made per shape key
+        self.family = None
+        self.device: Optional[int] = device
+        self.dyn: Optional[List[int]] = None  # indices of the inputs that are not parameters or buffers
+        self.next_index = 0
+        self.captures = 0  # members captured, re-captures included
+        self.family_builds = 0
+        self.plain_calls = 0  # calls that ran inductor's code without a graph
+        self.replays = 0
+        self.warned: set = set()
+        self._views: Dict[Hashable, Callable[[], List[Any]]] = {}
+        self._last: Optional[List[Any]] = None
+        self.input_bytes = 0  # the copied inputs' bytes, every member's, planned in the arena
+        self.pair: Optional[_TrainPair] = None  # a training graph's forward and backward
+        with _lock:
+            _order[0] += 1
+            self.order = _order[0]
+        _runners.add(self)
+        if reason is not None:
+            self._warn(reason, reason)
+
+    # The call.
+    def __call__(self, *args) -> Any:
+        # Boxed (one list, emptied so that inputs can be freed early), or
+        # unpacked where a wrapper drops _boxed_call (dynamo's disable()
+        # around AOTAutograd's backward).
+        if len(args) == 1 and type(args[0]) is list:
+            inputs = list(args[0])
+            args[0].clear()
+        else:
+            inputs = list(args)
+        if self.pair is not None:
+            return self.pair.call(self, inputs)
+        if self.reason is not None:
+            return self._plain(inputs)
+        shape = self._shape_key(inputs)
+        if shape is None:
+            return self._plain(inputs)
+        key = self.by_shape.get(shape)
+        m = self.members.get(key) if key is not None else None
+        if m is not None and self.static and not self.ops.ptrs_equal(inputs, m.ptrs, self.static):
+            m = None  # parameters or buffers elsewhere: another member
+        if m is None:
+            key = (shape, tuple(self.ops.data_ptr(inputs[i]) for i in self.static))
+            m = self.members.get(key)
+            if m is None:
+                n = self.seen.get(shape, 0)
+                if n < self.opts.warmup:
+                    self.seen[shape] = n + 1
+                    return self._plain(inputs)
+                m = self._add(key, inputs)
+                if m is None:
+                    return self._plain(inputs)
+            self.by_shape[shape] = key
+        return self._replay(m, inputs)
+
+    def _replay(self, m: _Member, inputs: list) -> Any:
+        ops, fam = self.ops, self.family
+        fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
+        if m.dst:
+            self._copy_in(m, inputs)
+        del inputs
+        if self._last is not None:
+            ops.deny(self._last)
+            self._last = None
+        fam.replay(m.index, prepared=True)
+        m.calls += 1
+        self.replays += 1
+        fresh = self._views[m.index]()  # _add gave up where torch cannot make them
+        self._last = fresh
+        return fresh
+
+    def _copy_in(self, m: _Member, inputs: list) -> None:
+        """Copy the call's inputs to their planned addresses. An input
+        already there (the previous call's output at that address, fed
+        back) is not copied; one whose memory a copy writes (an earlier
+        output elsewhere in the arena) is first cloned outside it, since
+        the copies would overwrite it before it is read."""
+        ops = self.ops
+        todo = [(d, inputs[i], lo, hi) for i, d, lo, hi in m.dst if ops.data_ptr(inputs[i]) != lo]
+        for k, (d, src, lo, hi) in enumerate(todo):
+            a, b = ops.extent(src)
+            if any(a < h and l < b for _, _, l, h in todo):
+                tmp = ops.empty(ops.layout(src))
+                ops.copy(tmp, src)
+                todo[k] = (d, tmp, lo, hi)
+        for d, src, _, _ in todo:
+            ops.copy(d, src)
+
+    def _plain(self, inputs: list) -> Any:
+        self.plain_calls += 1
+        return self.inner(inputs)
+
+    # Shapes and members.
+    def _shape_key(self, inputs: list) -> Optional[Hashable]:
+        """The key of a call's shape: the shape, strides, dtype and offset of
+        every input that is not a parameter or buffer, every other input's
+        value (parameters and buffers are checked by address instead); None
+        (and the graph given up) where the inputs cannot be captured."""
+        dyn = self.dyn
+        ops, key = self.ops, []
+        if dyn is None:
+            static = set(self.static)
+            self.static = [i for i in range(len(inputs)) if i in static and ops.is_tensor(inputs[i])]
+            dyn = self.dyn = [i for i in range(len(inputs)) if i not in self.static]
+        for i in dyn:
+            x = inputs[i]
+            if ops.is_tensor(x):
+                d = ops.device(x)
+                if d[0] != "cuda":
+                    self._give_up(f"an input is on the {d[0]} device")
+                    return None
+                if self.device is None:
+                    self.device = d[1]
+                elif d[1] != self.device:
+                    self._give_up(f"inputs on several devices (cuda:{self.device}, cuda:{d[1]})")
+                    return None
+                key.append(ops.shape_key(x))
+            else:
+                key.append(x if isinstance(x, (int, float, bool, str, type(None))) else repr(x))
+        return tuple(key)
+
+    def _add(self, key: Hashable, inputs: list) -> Optional[_Member]:
+        if len(self.members) >= self.opts.max_shapes:
+            self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes (or parameter addresses); "
+                                "this one and later new ones run without a graph")
+            return None
+        ops, static = self.ops, set(self.static)
+        if ops.views([]) is None:
+            self._give_up("this torch cannot make tensors at a graph's addresses "
+                          "(torch._C._construct_storage_from_data_pointer)")
+            return None
+        args, ptrs, copy_idxs, nbytes = [], [None] * len(inputs), [], 0
+        m = _Member(self.next_index, args, ptrs, copy_idxs, 0)
+        for i, x in enumerate(inputs):
+            if i in static and ops.is_tensor(x):
+                args.append(x)
+                ptrs[i] = ops.data_ptr(x)
+            elif ops.is_tensor(x):
+                args.append(None)  # allocated inside the step: see _step
+                copy_idxs.append(i)
+                m.layouts[i] = ops.layout(x)
+                m.host[i] = ops.host(x)
+                nbytes += ops.nbytes(x)
+            else:
+                args.append(x)
+        m.nbytes = nbytes
+        self.next_index += 1
+        self.members[key] = m
+        with _unseen(ops, self.device, self.written(inputs)):
+            if not self._grow(m, {i: inputs[i] for i in copy_idxs}):
+                return None
+        self.input_bytes += nbytes
+        return m
+
+    def written(self, inputs: list) -> List[Any]:
+        """The call's inputs that the graph writes in place."""
+        return [inputs[i] for i in self.mutated if i < len(inputs) and self.ops.is_tensor(inputs[i])]
+
+    def _grow(self, new: _Member, new_inputs: Dict[int, Any]) -> bool:
+        """Capture member new into the family's arena as it is (the others
+        keep their graphs, and the last call's outputs stay valid): when it
+        fits, which a smaller shape after a larger one does; else, or with
+        no family yet, capture every member again (:meth:`_build`)."""
+        fam, ops = self.family, self.ops
+        if fam is None:
+            return self._build(new, new_inputs)
+        new.addrs.clear()
+        try:
+            ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts)
+        except Exception:  # noqa: BLE001 - it does not fit, or its capture failed: capture every member again
+            return self._build(new, new_inputs)
+        if any(i not in new.addrs for i in new.copy_idxs):
+            return self._build(new, new_inputs)
+        self.captures += 1
+        self._views[new.index] = ops.views(fam.outputs[new.index])
+        new.dst = self._dst(new)
+        return True
+
+    def _dst(self, m: _Member) -> List[Tuple[int, Any, int, int]]:
+        """Where each copied input of member m goes: (input, a tensor at its
+        planned address, start, end)."""
+        dst = []
+        for i in m.copy_idxs:
+            nbytes = self.ops.nbytes(m.host[i])  # the bytes its tensor spans
+            if nbytes:
+                p = m.addrs[i]
+                dst.append((i, self.ops.at(p, m.layouts[i]), p, p + nbytes))
+        return dst
+
+    def _build(self, new: Optional[_Member] = None, new_inputs: Optional[Dict[int, Any]] = None) -> bool:
+        """(Re)capture every member into one family arena, the largest
+        (most input bytes) first; on failure give the graph up. The runs
+        before each capture take the copied inputs' values from new_inputs
+        for the member new, from the host copies for the others."""
+        ops = self.ops
+        if self.family is not None:
+            self.family.close()
+            self.family = None
+            self._views.clear()
+        if self._last is not None:
+            ops.deny(self._last)
+            self._last = None
+        order = sorted(self.members.values(), key=lambda m: -m.nbytes)
+        fns = {}
+        for m in order:
+            m.addrs.clear()
+            fns[m.index] = self._step(m, new_inputs if m is new and new_inputs else m.host)
+        try:
+            fam = ops.capture(fns, f"{self.name}", self.device, self.opts)
+        except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
+            self.members.clear()
+            self._give_up(f"capture failed: {type(e).__name__}: {e}")
+            return False
+        if any(i not in m.addrs for m in order for i in m.copy_idxs):
+            fam.close()
+            self.members.clear()
+            self._give_up("capture failed: a copied input was not allocated in its member's capture")
+            return False
+        self.family = fam
+        self.family_builds += 1
+        self.captures += len(fns)
+        for m in order:
+            self._views[m.index] = ops.views(fam.outputs[m.index])
+            m.dst = self._dst(m)
+        return True
+
+    def _step(self, m: _Member, src: Dict[int, Any]) -> Callable[[], Any]:
+        """Member m's step, as captured: each copied input is allocated at
+        the step's start (so that the plan places it in the arena, live
+        until inductor's code frees it after its last use: nothing else may
+        hold it), filled from src in the runs before the capture (not in
+        the capture: that would be a graph node reading src), and its
+        address kept from the capture (the last capture's is the one
+        replays use)."""
+        ops, inner, args, layouts = self.ops, self.inner, m.args, m.layouts
+
+        def step():
+            a = list(args)
+            capturing = ops.capturing()
+            for i in m.copy_idxs:
+                p = ops.empty(layouts[i])
+                if capturing:
+                    m.addrs[i] = ops.data_ptr(p)
+                else:
+                    ops.fill(p, src[i])
+                a[i] = p
+                p = None
+            return inner(a)
+        return step
+
+    # Reports.
+    def report(self) -> Dict[str, Any]:
+        if self.pair is not None:
+            return self.pair.report(self)
+        r: Dict[str, Any] = {"graph": self.name, "captured": self.family is not None, "reason": self.reason,
+                             "members": len(self.members), "captures": self.captures,
+                             "family_builds": self.family_builds, "replays": self.replays,
+                             "plain_calls": self.plain_calls, "input_bytes_planned": self.input_bytes,
+                             "input_bytes_outside": 0,
+                             "static_inputs": len(self.static), "other_inputs": len(self.dyn or ()),
+                             "from_mode": self.opts.from_mode}
+        if self.family is not None:
+            f = self.family.report()
+            for k in ("arena", "lower_bound", "ratio", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
+                if k in f:
+                    r[k] = f[k]
+            r["capture_ms"] = sum(f.get("capture_ms", {}).values())
+        return r
+
+    def close(self) -> None:
+        if self.pair is not None:
+            self.pair.close()
+        if self._last is not None:
+            self.ops.deny(self._last)
+            self._last = None
+        if self.family is not None:
+            self.family.close()
+            self.family = None
+        self.members.clear()
+        self._views.clear()

@@ -1,0 +1,299 @@
+"""What a compiled graph's wrapper asks of torch and arenaplan.torch (tests give it a stand-in), and the helpers over tensors it uses."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+try:
+    import torch
+except ModuleNotFoundError as _err:  # say what to do, not only what is missing
+    from .._lib import torch_missing
+
+    raise torch_missing("arenaplan.compile", _err) from None
+
+from ._options import CompileOptions
+
+_OVERWRITTEN = ("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run "
+                "(arenaplan.compile: a later call of the same compiled graph overwrote it); clone() outputs that "
+                "must outlive the next call")
+
+
+
+
+class _Ops:
+    """What a compiled graph's wrapper asks of torch and arenaplan.torch
+    (tests give it a stand-in)."""
+
+    def __init__(self):
+        self._streams: Dict[int, Any] = {}
+        self._ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+        self._storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+        self._tensor = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+        self._deny = getattr(torch._C, "_set_storage_access_error_msg", None)
+
+    def ap(self):
+        from .. import torch as ap  # imported late: it needs torch and loads nothing until install()
+        return ap
+
+    def installed(self) -> bool:
+        return self.ap().installed()
+
+    @staticmethod
+    def is_tensor(x) -> bool:
+        return isinstance(x, torch.Tensor)
+
+    @staticmethod
+    def device(t) -> Tuple[str, Optional[int]]:
+        return (t.device.type, t.device.index)
+
+    @staticmethod
+    def shape_key(t) -> Hashable:
+        return (tuple(t.shape), tuple(t.stride()), t.dtype)
+
+    @staticmethod
+    def data_ptr(t) -> int:
+        return t.data_ptr()
+
+    @staticmethod
+    def nbytes(t) -> int:
+        return t.numel() * t.element_size()
+
+    def ptrs_equal(self, args: list, ptrs: list, idxs: list) -> bool:
+        """Whether args[i] is at ptrs[i] for every i in idxs (one C++ call
+        where torch has it: CUDAGraph Trees' own check)."""
+        if self._ptrs_equal is not None:
+            return self._ptrs_equal(args, ptrs, idxs)
+        return all(args[i].data_ptr() == ptrs[i] for i in idxs)
+
+    @staticmethod
+    def placeholder(t):
+        """A tensor like t (shape, strides, dtype, device) to copy inputs into."""
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+    @staticmethod
+    def layout(t) -> Hashable:
+        """What :meth:`empty` and :meth:`at` make a tensor like: t's shape,
+        strides, dtype and device."""
+        return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+    @staticmethod
+    def empty(layout):
+        """A new tensor of that layout (inside a step: a planned buffer),
+        its memory left as it is even where deterministic algorithms fill
+        new memory (a fill inside a captured step would be a graph node,
+        writing over the input each replay copies there first)."""
+        shape, stride, dtype, device = layout
+        with _no_fill():
+            return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+    @staticmethod
+    def zero(t) -> None:
+        """Set t to zeros (allocates nothing)."""
+        with torch.no_grad():
+            t.zero_()
+
+    def at(self, ptr: int, layout):
+        """A tensor of that layout at ptr that owns nothing (an input's
+        planned address, written before each replay)."""
+        shape, stride, dtype, device = layout
+        nbytes = _span(shape, stride) * dtype.itemsize
+        return self._tensor({"dtype": dtype, "size": shape, "stride": stride, "storage_offset": 0},
+                            self._storage(ptr, device, nbytes))
+
+    @staticmethod
+    def capturing() -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    @staticmethod
+    def host(t):
+        """A host copy of the memory t spans (elements and the gaps between
+        them), for :meth:`fill`; no autograd history (which would keep t).
+        Waits for the device."""
+        with torch.no_grad():
+            return _flat(t).cpu()
+
+    @staticmethod
+    def fill(dst, src) -> None:
+        """Copy src (a tensor of dst's layout, or its :meth:`host` copy) over
+        dst: one contiguous copy, which allocates no device memory (a step's
+        recorded run allocates what its capture does)."""
+        with torch.no_grad():
+            _flat(dst).copy_(_flat(src))
+
+    @staticmethod
+    def rng_state(device: Optional[int]):
+        """The CUDA generator's state on device (seed and offset): what the
+        runs before a capture advance and :meth:`set_rng_state` undoes."""
+        return torch.cuda.get_rng_state("cuda" if device is None else device)
+
+    @staticmethod
+    def set_rng_state(state, device: Optional[int]) -> None:
+        torch.cuda.set_rng_state(state, "cuda" if device is None else device)
+
+    @staticmethod
+    def grad(x):
+        """x's ``.grad`` where x is a leaf that requires one (a parameter), else None."""
+        if isinstance(x, torch.Tensor) and x.is_leaf and x.requires_grad:
+            return x.grad
+        return None
+
+    @staticmethod
+    def move_out(ts: Sequence[Any]) -> bool:
+        """Give the tensors ts, all over one storage, memory of their own
+        outside the arena: one copy of that storage, which each then uses
+        (every holder of one sees the move: a parameter's ``.grad``). False,
+        nothing moved, where a tensor not in ts shares the storage (a view
+        of it would still read the arena)."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+        st = ts[0].untyped_storage()
+        ref = StorageWeakRef(st)
+        del st
+        if torch._C._storage_Use_Count(ref.cdata) != len(ts):
+            return False
+        with torch.no_grad():
+            whole = torch.empty(0, dtype=torch.uint8, device=ts[0].device).set_(ts[0].untyped_storage())
+            mine = whole.clone()
+            del whole
+            new = mine.untyped_storage()
+            del mine
+            for t in ts:
+                t.set_(new, t.storage_offset(), t.size(), t.stride())
+        return True
+
+    @staticmethod
+    def extent(t) -> Tuple[int, int]:
+        """The device addresses [start, end) of t's storage."""
+        st = t.untyped_storage()
+        p = st.data_ptr()
+        return p, p + st.nbytes()
+
+    @staticmethod
+    def copy(dst, src) -> None:
+        dst.copy_(src)
+
+    def stream(self, device: int):
+        """One capture stream per device for every graph the backend captures
+        (a stream used before eager steps keeps replays fast; see
+        arenaplan.torch.graph)."""
+        s = self._streams.get(device)
+        if s is None:
+            from .._graph import capture_stream  # imported late: it needs torch
+            s = self._streams[device] = capture_stream(device)
+        return s
+
+    @staticmethod
+    def warm_pool():
+        """A new memory pool (arenaplan's ``torch.cuda.MemPool``), or None
+        where arenaplan does not serve them (not installed)."""
+        mp = getattr(torch.cuda, "MemPool", None)
+        if getattr(mp, "__module__", "") != "arenaplan._mempool":
+            return None
+        return mp()
+
+    @staticmethod
+    def in_pool(pool, device: Optional[int]):
+        """Route this thread's allocations on device to pool (None: nowhere
+        else) for the block."""
+        if pool is None:
+            return contextlib.nullcontext()
+        return torch.cuda.use_mem_pool(pool, device=device)
+
+    @staticmethod
+    def close_pool(pool) -> None:
+        pool.close()
+
+    def capture(self, fns: Dict[Hashable, Callable[[], Any]], name: str, device: int, opts: CompileOptions):
+        return self.ap().graphs(fns, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                                name=name, device=device, stream=self.stream(device))
+
+    def add_member(self, fam, key: Hashable, fn: Callable[[], Any], device: int, opts: CompileOptions) -> None:
+        """GraphFamily.add on the backend's capture stream: raises when the
+        member does not fit in the family's arena."""
+        fam.add(key, fn, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                stream=self.stream(device))
+
+    def capture_chain(self, stages: List[Callable[[Optional[list]], Any]], name: str, device: int,
+                      opts: CompileOptions, capture: Optional[int] = None):
+        """A chain of the stages, its first ``capture`` captured (default
+        all); :meth:`GraphChain.capture` captures the others."""
+        return self.ap().chain(stages, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                               name=name, device=device, stream=self.stream(device), capture=capture)
+
+    @staticmethod
+    def meta(t) -> Hashable:
+        """What identifies a tensor handed from a forward to its backward."""
+        return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+    @staticmethod
+    def is_scalar(t) -> bool:
+        return t.dim() == 0
+
+    @staticmethod
+    def storage_ref(t):
+        """A weak reference to t's storage: expired() once nothing holds it."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+        return StorageWeakRef(t.untyped_storage())
+
+    @staticmethod
+    def storage_id(t) -> int:
+        """t's storage, by identity (unique while it lives)."""
+        return t.untyped_storage()._cdata
+
+    def views(self, outs: Sequence[Any]) -> Optional[Callable[[], List[Any]]]:
+        """A function making, on each call, fresh tensors over the memory of
+        ``outs`` (that own nothing, so that the previous call's can be made to
+        raise on access); None where torch lacks the means."""
+        if self._storage is None or self._tensor is None:
+            return None
+        recipe = []
+        for o in outs:
+            if isinstance(o, torch.Tensor) and o.is_cuda and o.numel() > 0:
+                st = o.untyped_storage()
+                recipe.append((True, st.data_ptr(), st.nbytes(), o.device,
+                               {"dtype": o.dtype, "size": tuple(o.shape), "stride": tuple(o.stride()),
+                                "storage_offset": o.storage_offset()}))
+            else:
+                recipe.append((False, o))
+        mk_storage, mk_tensor = self._storage, self._tensor
+
+        def make() -> List[Any]:
+            return [mk_tensor(r[4], mk_storage(r[1], r[3], r[2])) if r[0] else r[1] for r in recipe]
+        return make
+
+    def deny(self, outs: Sequence[Any]) -> None:
+        """Make reading ``outs`` raise (those tensors: views a caller made of
+        them are not reached, as with CUDAGraph Trees)."""
+        if self._deny is None:
+            return
+        for o in outs:
+            if isinstance(o, torch.Tensor):
+                self._deny(o, _OVERWRITTEN)
+
+
+@contextlib.contextmanager
+def _no_fill():
+    """A block in which new memory is not filled (what
+    ``torch.use_deterministic_algorithms(True)`` does to ``empty`` by
+    default)."""
+    det = getattr(getattr(torch, "utils", None), "deterministic", None)
+    prev = getattr(det, "fill_uninitialized_memory", None)
+    if prev is None or not prev:
+        yield
+        return
+    det.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = prev
+
+
+def _span(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements from a tensor's first to its last, gaps included."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+def _flat(t):
+    """t's span as one contiguous 1-D tensor over its memory."""
+    return t.as_strided((_span(t.shape, t.stride()),), (1,), t.storage_offset())
