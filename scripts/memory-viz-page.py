@@ -4,11 +4,13 @@ needs no network: MemoryViz.js (and its sibling modules) copied beside the
 pages, and every d3 URL it imports mapped, by an import map, to a shim over
 Debian's d3 5 (node-d3). Used by memory-viz-png.sh; stdlib only.
 
-    memory-viz-page.py SNAPSHOT.pickle OUTDIR MemoryViz.js d3.js
+    memory-viz-page.py SNAPSHOT.pickle OUTDIR MemoryViz.js d3.js [--select-largest]
 
 writes OUTDIR/trace.html ("Active Memory Timeline", what _memory_viz
 trace_plot shows) and OUTDIR/segments.html ("Allocator State History",
-segment_plot)."""
+segment_plot). --select-largest points at the largest allocation once the
+view is drawn, as a mouse would, so that the view shows its size and the
+stack that allocated it."""
 import base64
 import json
 import pickle
@@ -117,16 +119,39 @@ window.addEventListener('unhandledrejection', e => memory_viz_error(String(e.rea
 import {add_local_files} from "./viz/MemoryViz.js";
 const local_files = $SNAPSHOT;
 add_local_files(local_files, $VIEW);
+$SELECT
 </script>
 </body>
 </html>
 """
 
 
+# Points at the largest allocation drawn: the timeline's polygons carry
+# {elem, size}, the segment view's blocks {requested_size, frames}.
+SELECT = """
+function select_largest(tries) {
+  const shapes = [...document.querySelectorAll('polygon, rect')].filter(e => {
+    const d = e.__data__;
+    return d && (typeof d.elem === 'number' || d.frames !== undefined && d.requested_size !== undefined);
+  });
+  if (shapes.length === 0) {
+    if (tries > 0) setTimeout(() => select_largest(tries - 1), 200);
+    return;
+  }
+  const size = e => e.__data__.requested_size !== undefined ? e.__data__.requested_size : e.__data__.size;
+  shapes.sort((a, b) => size(b) - size(a));
+  shapes[0].dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+}
+setTimeout(() => select_largest(50), 200);
+"""
+
+
 def main():
-    if len(sys.argv) != 5:
-        fail("usage: memory-viz-page.py SNAPSHOT.pickle OUTDIR MemoryViz.js d3.js")
-    snapshot, out, viz_js, d3_js = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+    args = [a for a in sys.argv[1:] if a != "--select-largest"]
+    if len(args) != 4:
+        fail("usage: memory-viz-page.py SNAPSHOT.pickle OUTDIR MemoryViz.js d3.js [--select-largest]")
+    select = SELECT if "--select-largest" in sys.argv[1:] else ""
+    snapshot, out, viz_js, d3_js = args[0], Path(args[1]), Path(args[2]), Path(args[3])
     buf = read_snapshot(snapshot)
     buf += b"\x00" * (3 - len(buf) % 3)  # as _memory_viz._format_viz: its decoder wants no '=' padding
     urls, want = d3_imports(viz_js)
@@ -145,6 +170,7 @@ def main():
         page = (PAGE.replace("$TITLE", f"{view}: {Path(snapshot).name}")
                 .replace("$IMPORTMAP", importmap)
                 .replace("$VIEW", json.dumps(view))
+                .replace("$SELECT", select)
                 .replace("$SNAPSHOT", files))
         (out / f"{name}.html").write_text(page)
 

@@ -2,7 +2,7 @@
 # memory-viz-png.sh: PyTorch's memory_viz pictures of a snapshot pickle as
 # PNG, drawn by headless Chromium, with no PyTorch and no network needed.
 #
-#   scripts/memory-viz-png.sh [--memory-viz PATH] [--pages DIR] SNAPSHOT.pickle PREFIX
+#   scripts/memory-viz-png.sh [--memory-viz PATH] [--pages DIR] [--select-largest] SNAPSHOT.pickle PREFIX
 #
 # writes PREFIX-trace.png (the active-memory timeline, what _memory_viz
 # trace_plot shows) and PREFIX-segments.png (the allocator state at the last
@@ -16,22 +16,26 @@
 # viewer's d3 imports, from a CDN, are mapped onto it by
 # scripts/memory-viz-page.py. --pages DIR keeps the HTML pages (they open
 # offline in a browser); else they go to a temporary folder.
+# --select-largest points at the largest allocation in each view, so that
+# the picture shows its size and the stack that allocated it (recorded with
+# _record_memory_history(stacks="python")).
 # Needs: python3, chromium (apt-get install chromium), node-d3
 # (apt-get install node-d3; libjs-d3 is d3 3, too old).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 die() { echo "memory-viz-png: $*" >&2; exit 1; }
 
-viz=${MEMORY_VIZ_JS:-} pages=
+viz=${MEMORY_VIZ_JS:-} pages= select=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--memory-viz) viz=${2:?--memory-viz needs a path}; shift 2 ;;
 	--pages) pages=${2:?--pages needs a folder}; shift 2 ;;
+	--select-largest) select=--select-largest; shift ;;
 	-*) die "unknown option $1" ;;
 	*) break ;;
 	esac
 done
-[ $# -eq 2 ] || die "usage: $0 [--memory-viz PATH] [--pages DIR] SNAPSHOT.pickle PREFIX"
+[ $# -eq 2 ] || die "usage: $0 [--memory-viz PATH] [--pages DIR] [--select-largest] SNAPSHOT.pickle PREFIX"
 snapshot=$1 prefix=$2
 [ -f "$snapshot" ] || die "$snapshot: no such file"
 
@@ -54,7 +58,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pages=${pages:-$tmp/pages}
-python3 "$here/memory-viz-page.py" "$snapshot" "$pages" "$viz" "$d3"
+python3 "$here/memory-viz-page.py" "$snapshot" "$pages" "$viz" "$d3" $select
 pages=$(cd "$pages" && pwd)
 
 # Virtual time runs only while the page is idle, so the budget waits until
