@@ -240,6 +240,23 @@ func (d *Device) notePeak() {
 	d.reservedPeak = max(d.reservedPeak, d.spill.MappedPeak(true)+mapped)
 }
 
+// beforeArena readies the device for an arena about to be mapped: the
+// peak held so far is noted, and the spill allocator's wholly free
+// segments go back to the driver, so that what the step's warm-up and
+// recorded runs left cached and the arena are never held at once (the
+// reserved peak is the larger of the two, not their sum). Memory in use,
+// and segments during a capture, stay. d.mu is not held.
+func (d *Device) beforeArena() {
+	d.mu.Lock()
+	d.notePeak()
+	d.mu.Unlock()
+	// A failed trim leaves the cache mapped: more memory held, nothing wrong.
+	_ = d.spill.EmptyCache()
+	d.mu.Lock()
+	d.notePeak() // restarts the spill's interval at what stays mapped
+	d.mu.Unlock()
+}
+
 // arenas returns the planned bytes and the mapped bytes of the device's
 // open steps' arenas, and how many there are; d.mu is held.
 func (d *Device) arenas() (planned, mapped uint64, n int) {

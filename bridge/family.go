@@ -249,9 +249,7 @@ func (f *Family) install(fp *planner.FamilyPlan, from string, build func() (*are
 		return err
 	}
 	defer restore()
-	d.mu.Lock()
-	d.notePeak()
-	d.mu.Unlock()
+	d.beforeArena()
 	lay, err := build()
 	if err != nil {
 		return fmt.Errorf("bridge: family %d (%s): arena of %s: %w", f.id, f.name, fmtBytes(uint64(fp.Arena)), err)

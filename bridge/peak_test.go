@@ -47,3 +47,53 @@ func TestReservedPeakIsHeldAtOnce(t *testing.T) {
 		t.Fatalf("after ResetPeaks: reserved peak %d, want what is held now, %d", st.ReservedPeak, st.Spill.Mapped+st.ArenaMapped)
 	}
 }
+
+// TestArenaMappedAfterTheCacheGoesBack: what eager work left cached (a
+// step's warm-up and recorded runs, the program's own steps) goes back to
+// the driver before a step's arena is mapped, so that the two are never
+// held at once; memory in use stays.
+func TestArenaMappedAfterTheCacheGoesBack(t *testing.T) {
+	b := newTestBridge(t)
+	const big = 96 << 20
+	held, err := b.Alloc(1<<20, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.Alloc(big, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(p, 0); err != nil { // cached: no EmptyCache
+		t.Fatal(err)
+	}
+	s, err := b.NewStep(0, "step")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog := &program{t: t, b: b, stream: 0x99, layers: 6, scale: 64}
+	recordRun(t, s, prog)
+	before, err := b.Stats(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Spill.Mapped < big {
+		t.Fatalf("spill mapped %d before the plan: want the %d bytes freed still cached", before.Spill.Mapped, big)
+	}
+	if err := s.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Stats(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Spill.Mapped >= big || st.Spill.InUse < 1<<20 {
+		t.Fatalf("after the plan: spill mapped %d, in use %d: want the cache given back (under %d) and the held MiB kept",
+			st.Spill.Mapped, st.Spill.InUse, big)
+	}
+	if sum := before.Spill.Mapped + st.ArenaMapped; st.ReservedPeak >= sum {
+		t.Fatalf("reserved peak %d: the cache and the arena were held at once (%d)", st.ReservedPeak, sum)
+	}
+	if err := b.Free(held, 0); err != nil {
+		t.Fatal(err)
+	}
+}

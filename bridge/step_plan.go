@@ -254,9 +254,7 @@ func (s *Step) install(t *lifetime.Trace, p *planner.Plan, from string) error {
 		return err
 	}
 	defer restore()
-	d.mu.Lock()
-	d.notePeak()
-	d.mu.Unlock()
+	d.beforeArena()
 	l, err := arena.NewLayout(d.dev, t, p)
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): arena of %s for %d buffers: %w", s.id, s.name, fmtBytes(uint64(p.Arena)), len(t.Buffers), err)
