@@ -24,8 +24,8 @@ func (f Fingerprint) Short() string { return hex.EncodeToString(f[:8]) }
 // Workload describes what a trace was recorded from, so that an executor
 // can tell whether a plan still fits the workload it is about to run: the
 // workload's name, its shape (batch, sequence length, ...) and a
-// fingerprint of its kernels. The format keeps room for a family of
-// members (several shapes sharing one plan) in a later version.
+// fingerprint of its kernels. A family file (format version 2) may carry
+// one per member (Family.Workloads).
 type Workload struct {
 	Name string
 	// Shape holds the workload's dimensions in the order they were given

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/arenaplan/arenaplan/graph"
-	"github.com/arenaplan/arenaplan/internal/famreport"
+	"github.com/arenaplan/arenaplan/cmd/internal/famreport"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
 	"github.com/arenaplan/arenaplan/workloads"

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/internal/famreport"
+	"github.com/arenaplan/arenaplan/cmd/internal/famreport"
 	"github.com/arenaplan/arenaplan/plans"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
-	"github.com/arenaplan/arenaplan/internal/famreport"
+	"github.com/arenaplan/arenaplan/cmd/internal/famreport"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
