@@ -245,12 +245,12 @@ class _TrainPair(_Warns):
         ops = self.ops
         # AccumulateGrad keeps a detached alias of the gradient (another
         # tensor over its memory): found through the parameters.
-        held: Dict[int, Dict[int, Any]] = {}  # by storage address: the tensors over it, by identity
+        # By storage (two outputs at one address have storages of their
+        # own): the tensors over it, by identity.
+        held: Dict[int, Dict[int, Any]] = {}
         for t in [w() for w in m.grad_tensors] + [ops.grad(x) for x in m.fw_args]:
-            if t is not None and ops.is_tensor(t):
-                p = ops.extent(t)[0]
-                if p in m.grad_ptrs:
-                    held.setdefault(p, {})[id(t)] = t
+            if t is not None and ops.is_tensor(t) and ops.extent(t)[0] in m.grad_ptrs:
+                held.setdefault(ops.storage_id(t), {})[id(t)] = t
         for group in held.values():
             if not ops.move_out(list(group.values())):
                 break
