@@ -22,9 +22,10 @@ import (
 //     (skyline and placement rules in several orders, search_greedy.go),
 //     raced on Options.Workers goroutines;
 //  4. where a leaf is still above the lower bound: on long thin leaves
-//     (rollThin), the rolling search (rolling.go), the exact search one
-//     window of buffers at a time at the lower bound, under a node
-//     budget; then, for leaves up to
+//     (rollThin), within 1/stopGap of it, dives (one path of the exact
+//     search per order), then on long thin leaves the rolling search
+//     (rolling.go), the exact search one window of buffers at a time at
+//     the lower bound, under a node budget; then, for leaves up to
 //     bigLeaf buffers, the exact search (exact.go) at capacity = lower
 //     bound under node limits that double round by round, beside a
 //     descent that asks for capacities below the best plan so far; for

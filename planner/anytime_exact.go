@@ -131,7 +131,9 @@ func newExactSearch(d *leafData, target, best int64, offs []int64, at time.Durat
 // The stop rule (Options.FullBudget): a leaf's exact search ends once its
 // best height is within 1/stopGap of the leaf's target (the lower bound)
 // and it has searched stopBase + stopNodes × buffers nodes, counting only
-// jobs that ran to their end, since that height was found. A gap that
+// jobs that ran to their end, since that height was found; the nodes of
+// the dives and of the rolling search before it, which found nothing
+// lower, count too (leafSearch.stale). A gap that
 // small is worth less than the search it would take: on decode-step
 // traces (internal/tracegen.Decode), before the rolling search reached
 // their bound, the exact search found nothing below the greedy passes'

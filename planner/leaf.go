@@ -27,8 +27,12 @@ type leafSearch struct {
 	idle bool // nothing left to try
 
 	greedy, coreTried, rest, rolled bool // stages done
-	repairs                         uint64
-	ex                              *exactSearch
+	// stale is the nodes the dives and the rolling search spent without
+	// finding a plan below best: where the stop rule's count starts in
+	// the exact search.
+	stale   int64
+	repairs uint64
+	ex      *exactSearch
 }
 
 func (r *anytimeRun) newLeafSearch(p *problem, l *leaf) *leafSearch {
@@ -94,14 +98,31 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		timer := time.AfterFunc(time.Until(until), func() { stop.Store(true) })
 		stopCtx := context.AfterFunc(r.ctx, func() { stop.Store(true) })
 		perBuffer := int64(rollNodes)
-		if !r.opt.FullBudget && (ls.best-target)*stopGap <= target {
+		near := !r.opt.FullBudget && (ls.best-target)*stopGap <= target
+		if near {
 			perBuffer = rollNear
 		}
-		offs, complete := d.roll(target, r.p.times[ls.l.lo:], perBuffer, &stop)
+		// Near the bound, dives first (rolling.go): one path of the
+		// exact search costs less than the rolling search's windows.
+		var (
+			offs     []int64
+			nodes    int64
+			complete = true
+		)
+		if near {
+			offs, nodes, complete = d.dive(target, &stop)
+		}
+		if offs == nil && complete {
+			var n int64
+			offs, n, complete = d.roll(target, r.p.times[ls.l.lo:], perBuffer, &stop)
+			nodes += n
+		}
 		timer.Stop()
 		stopCtx()
 		if offs != nil {
 			better(height(d, offs), offs)
+		} else if complete {
+			ls.stale += nodes
 		}
 		// Cut off by the clock: it runs again, from the start, next turn.
 		ls.rolled = complete
@@ -127,6 +148,9 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 	default:
 		if ls.ex == nil {
 			ls.ex = newExactSearch(d, target, ls.best, ls.offs, ls.at)
+			// The stop rule counts the dives' and the rolling search's
+			// nodes too: they searched below the same best, in vain.
+			ls.ex.doneNodes = ls.stale
 		}
 		ls.best, ls.offs, ls.at, ls.done, ls.idle = r.exact(ls.ex, until)
 	}

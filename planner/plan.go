@@ -110,11 +110,12 @@ type Options struct {
 	Budget time.Duration
 	// FullBudget turns the stop rule off: the search goes on until the
 	// budget is spent, unless it reaches the lower bound or proves its
-	// arena optimal. The rule: a leaf's exact search stops once its best
-	// arena is within 1/256 of the lower bound and it has searched 4
-	// nodes per buffer, plus 1024, without finding a lower one. It counts
-	// search nodes, not time, so with Workers == 1 it stops at the same
-	// point on every machine.
+	// arena optimal. The rule: a leaf's search stops once its best arena
+	// is within 1/256 of the lower bound and it has searched 4 nodes per
+	// buffer, plus 1024, without finding a lower one (the dives, the
+	// rolling search and the exact search together). It counts search
+	// nodes, not time, so with Workers == 1 it stops at the same point on
+	// every machine.
 	FullBudget bool
 	// Workers is how many goroutines a search may use (0: GOMAXPROCS).
 	// Workers == 1 makes every algorithm deterministic.

@@ -63,37 +63,82 @@ const (
 // PyTorch records it, internal/tracegen.TorchDecode with the
 // memory-efficient attention) 256 nodes a buffer took 250 to 450 ms of
 // a plan found in 5, for nothing. No floor of rollLimit nodes here.
+// Near the bound the dives come first.
 const rollNear = 4
+
+// diveOrders are the preorders of the dives: the exact search's first
+// lower-bound jobs, each cut to one path down the tree.
+var diveOrders = exactHeuristics[:2]
+
+// dive runs the exact search at capacity c along about one path for
+// each of diveOrders (k + diveSlack nodes): where the greedy passes end
+// just above the bound, the exact search's pruning often finds a packing
+// at it without backtracking (a decode step as PyTorch records it, math
+// attention in bf16: TAW in as many nodes as buffers), while the rolling
+// search, which packs the leaf window by window, fails there. It returns
+// the plan (nil if none), the nodes searched, and false when stop cut it
+// short.
+func (d *leafData) dive(c int64, stop *atomic.Bool) ([]int64, int64, bool) {
+	var used int64
+	for _, o := range diveOrders {
+		s := newDFS(d, c, o, int64(d.k)+diveSlack, stop)
+		res := s.solve()
+		used += s.nodes
+		switch {
+		case res == found:
+			return s.sol, used, true
+		case stop.Load():
+			return nil, used, false
+		}
+	}
+	return nil, used, true
+}
+
+const diveSlack = 64
 
 // roll runs the rolling search at capacity c: rounds of attempts, one per
 // window size, until one packs the leaf or perBuffer nodes a buffer (at
-// least rollLimit) are spent. It returns the plan (nil if none), and
-// false when stop cut it short: the outcome then depends on the clock,
-// and the stage must run again from the start. times maps the leaf's
-// sections to trace times (for the preorders).
-func (d *leafData) roll(c int64, times []int64, perBuffer int64, stop *atomic.Bool) ([]int64, bool) {
+// least rollLimit) are spent. A window size whose attempt ended in a
+// window proven infeasible is not tried again: its earlier windows come
+// out the same under any limit, so a larger one changes nothing. It
+// returns the plan (nil if none), the nodes it searched, and false when
+// stop cut it short: the outcome then depends on the clock, and the stage
+// must run again from the start. times maps the leaf's sections to trace
+// times (for the preorders).
+func (d *leafData) roll(c int64, times []int64, perBuffer int64, stop *atomic.Bool) ([]int64, int64, bool) {
 	budget := perBuffer * int64(d.k)
 	if perBuffer >= rollNodes {
 		budget = max(budget, rollLimit)
 	}
 	var used int64
+	failed := make([]bool, len(rollWindows))
 	for round := 0; used < budget; round++ {
-		for _, w := range rollWindows {
+		tried := false
+		for x, w := range rollWindows {
+			if failed[x] {
+				continue
+			}
 			limit := min(int64(rollLimit)<<round, budget-used)
 			if limit <= 0 {
-				return nil, true
+				return nil, used, true
 			}
+			tried = true
 			offs, nodes, res := d.rollOnce(c, w, limit, times, stop)
 			used += nodes
 			switch {
 			case res == found:
-				return offs, true
+				return offs, used, true
 			case stop.Load():
-				return nil, false
+				return nil, used, false
+			case res == notFound:
+				failed[x] = true
 			}
 		}
+		if !tried {
+			break
+		}
 	}
-	return nil, true
+	return nil, used, true
 }
 
 // rollOnce packs the leaf under capacity c with windows of w buffers and
@@ -118,9 +163,11 @@ func (d *leafData) rollOnce(c int64, w int, limit int64, times []int64, stop *at
 		return cmp.Compare(a, b)
 	})
 	var (
-		nodes int64
-		seen  = make([]bool, d.k)
-		all   []int32
+		nodes    int64
+		seen     = make([]bool, d.k)
+		all      []int32
+		cuts     []int32
+		subTimes []int64
 	)
 	for at := 0; at < len(order); {
 		end := min(at+w, len(order))
@@ -136,14 +183,34 @@ func (d *leafData) rollOnce(c int64, w int, limit int64, times []int64, stop *at
 		}
 		q := &problem{unit: 1, items: make([]item, len(all))}
 		ids := make([]int32, len(all))
+		// The window's sections: those of its own buffers. A placed buffer
+		// matters only where it meets one of them, so it is cut to them;
+		// a long-lived one would otherwise stretch every node's work over
+		// the whole leaf.
 		lo, hi := int32(d.nsec), int32(0)
-		for x, j := range all {
-			seen[j] = false
-			q.items[x] = item{id: int32(x), lo: d.lo[j], hi: d.hi[j], size: d.size[j], align: d.align[j], fixed: offs[j]}
-			ids[x] = int32(x)
+		for _, j := range order[at:end] {
 			lo, hi = min(lo, d.lo[j]), max(hi, d.hi[j])
 		}
-		sub := newLeafData(q, &leaf{items: ids, base: d.base, lo: lo, hi: hi}, times)
+		// Sections where none of them starts or ends hold the same
+		// buffers as their neighbours: they are merged, numbered anew.
+		cuts = cuts[:0]
+		for _, j := range all {
+			cuts = append(cuts, max(d.lo[j], lo), min(d.hi[j], hi))
+		}
+		slices.Sort(cuts)
+		cuts = slices.Compact(cuts)
+		subTimes = subTimes[:0]
+		for _, c := range cuts {
+			subTimes = append(subTimes, times[c])
+		}
+		for x, j := range all {
+			seen[j] = false
+			l, _ := slices.BinarySearch(cuts, max(d.lo[j], lo))
+			h, _ := slices.BinarySearch(cuts, min(d.hi[j], hi))
+			q.items[x] = item{id: int32(x), lo: int32(l), hi: int32(h), size: d.size[j], align: d.align[j], fixed: offs[j]}
+			ids[x] = int32(x)
+		}
+		sub := newLeafData(q, &leaf{items: ids, base: d.base, lo: 0, hi: int32(len(cuts) - 1)}, subTimes)
 		s := newDFS(sub, c, "TWA", limit-nodes, stop)
 		res := s.solve()
 		nodes += s.nodes

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"math/rand/v2"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 )
@@ -91,5 +92,44 @@ func TestRollingAgainstBruteForce(t *testing.T) {
 	}
 	if packed < 1000 {
 		t.Fatalf("only %d packings checked", packed)
+	}
+}
+
+// thinLeaf returns the largest leaf of a testdata trace at alignment 256.
+func thinLeaf(t *testing.T, file string) (*problem, *leaf, *leafData) {
+	t.Helper()
+	tr, err := readTestCSV(filepath.Join("testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newProblem(tr, DefaultAlign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaves := p.decompose(make([]int64, len(p.items)))
+	l := &leaves[0]
+	for k := range leaves {
+		if len(leaves[k].items) > len(l.items) {
+			l = &leaves[k]
+		}
+	}
+	return p, l, newLeafData(p, l, p.times)
+}
+
+// TestDiveAtBound: on a decode step as PyTorch records it with the math
+// attention in bf16, every greedy pass ends above the peak and the
+// rolling search fails, but a dive packs the leaf at the peak.
+func TestDiveAtBound(t *testing.T) {
+	_, _, d := thinLeaf(t, "torch-decode-math16-b8.csv")
+	var stop atomic.Bool
+	offs, nodes, complete := d.dive(d.lb, &stop)
+	if offs == nil || !complete {
+		t.Fatalf("no dive packed the leaf at its peak %d (%d nodes)", d.lb, nodes)
+	}
+	if h := height(d, offs); h > d.lb {
+		t.Fatalf("dive: height %d above the capacity %d", h, d.lb)
+	}
+	if max := int64(len(diveOrders)) * (int64(d.k) + diveSlack); nodes > max {
+		t.Fatalf("dives searched %d nodes, more than %d", nodes, max)
 	}
 }
