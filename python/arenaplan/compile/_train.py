@@ -33,6 +33,7 @@ class _TrainMember:
         self.tan: Dict[int, Any] = {}  # what the backward stage gets as its incoming gradients
         self.bw_stage: Optional[Callable[[list], Any]] = None
         self.saved_cuda: List[int] = []
+        self.rep: Optional[int] = None  # the forward output whose storage stands for every saved activation
         self.make_fw = self.make_bw = None
         self.gen = self.bw_gen = 0
         self.saved_refs: list = []
@@ -139,9 +140,13 @@ class _TrainPair(_Warns):
         fresh = m.make_fw()
         m.gen += 1
         self.replays["forward"] += 1
-        saved = [fresh[j] for j in self.saved_idxs if ops.device(fresh[j])[0] == "cuda"]
-        m.saved_refs = [ops.storage_ref(t) for t in saved]
-        m.saved_ids = {ops.storage_id(t) for t in saved}
+        # One saved activation stands for all of them: the call's autograd
+        # node holds them together and frees them together (one reference
+        # and one id a call, not one per activation).
+        if m.rep is not None:
+            t = fresh[m.rep]
+            m.saved_refs, m.saved_ids = [ops.storage_ref(t)], {ops.storage_id(t)}
+            del t
         m.user_refs = [weakref.ref(t) for j, t in enumerate(fresh) if ops.is_tensor(t) and j not in self.saved_set]
         return fresh
 
@@ -156,7 +161,7 @@ class _TrainPair(_Warns):
                 self._learn(inputs, self.plain_shape)
                 return self._plain_bw(inputs, warm=True)
             return self._plain_bw(inputs)
-        for i in m.saved_cuda:
+        for i in m.saved_cuda[:1]:  # the one that stands for all (see forward)
             if ops.storage_id(inputs[i]) not in m.saved_ids:
                 raise RuntimeError(f"arenaplan.compile: {self.name}: this backward's saved activations were "
                                    "overwritten by a later replay of its forward (retain_graph=True, then another "
@@ -378,6 +383,7 @@ class _TrainPair(_Warns):
         # call checks they are the last forward replay's.
         m.saved_cuda = [i for i, (kind, v) in enumerate(bw_map)
                         if kind == "fw" and ops.device(ch.outputs[0][v])[0] == "cuda"]
+        m.rep = bw_map[m.saved_cuda[0]][1] if m.saved_cuda else None
         m.bw_ptrs = [None] * len(bw_map)
         for i, (kind, v) in enumerate(bw_map):
             if kind == "fw":
