@@ -34,6 +34,7 @@ class _TrainMember:
         self.bw_stage: Optional[Callable[[list], Any]] = None
         self.saved_cuda: List[int] = []
         self.rep: Optional[int] = None  # the forward output whose storage stands for every saved activation
+        self.user_idx: List[int] = []  # the forward's tensor outputs that are the program's (not saved)
         self.make_fw = self.make_bw = None
         self.gen = self.bw_gen = 0
         self.saved_refs: list = []
@@ -147,7 +148,7 @@ class _TrainPair(_Warns):
             t = fresh[m.rep]
             m.saved_refs, m.saved_ids = [ops.storage_ref(t)], {ops.storage_id(t)}
             del t
-        m.user_refs = [weakref.ref(t) for j, t in enumerate(fresh) if ops.is_tensor(t) and j not in self.saved_set]
+        m.user_refs = [weakref.ref(fresh[j]) for j in m.user_idx]
         return fresh
 
     def backward(self, inputs: list) -> Any:
@@ -384,6 +385,7 @@ class _TrainPair(_Warns):
         m.saved_cuda = [i for i, (kind, v) in enumerate(bw_map)
                         if kind == "fw" and ops.device(ch.outputs[0][v])[0] == "cuda"]
         m.rep = bw_map[m.saved_cuda[0]][1] if m.saved_cuda else None
+        m.user_idx = [j for j, o in enumerate(ch.outputs[0]) if ops.is_tensor(o) and j not in saved]
         m.bw_ptrs = [None] * len(bw_map)
         for i, (kind, v) in enumerate(bw_map):
             if kind == "fw":
