@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Hugging Face generate with a static cache (bench/torch_hf_generate.py) on
+# a GPU, unmodified, three ways, a process each: reduce-overhead on
+# PyTorch's allocator, arenaplan installed (the same program: its
+# reduce-overhead compile lands on arenaplan's backend), and eager. Builds
+# no Go: first, where Go is,
+#
+#   scripts/build-torch-bridge.sh          # writes .dev/torch/libarenaplan.so
+#
+# copy .dev/torch to the GPU machine beside the checkout, then run this.
+# MODELS= (default: gpt2 llama), NEW= new tokens a call (default: 64 256),
+# TIMEOUT= seconds a process (default 240). Logs and JSON lines go to $OUT
+# (default /tmp/gpu-hf-generate); the table last.
+set -u
+OUT=${OUT:-/tmp/gpu-hf-generate}
+mkdir -p "$OUT"
+export ARENAPLAN_LIB=${ARENAPLAN_LIB:-$PWD/.dev/torch/libarenaplan.so}
+export PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inductor-cache}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+for m in ${MODELS:-gpt2 llama}; do
+	for n in ${NEW:-64 256}; do
+		for mode in ro ours eager; do
+			echo "== $mode $m $n $(date +%T)"
+			timeout "${TIMEOUT:-240}" python3 bench/torch_hf_generate.py --mode $mode --model $m --new $n \
+				--out "$OUT" >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $m $n ($?)" | tee -a "$OUT/log.txt"
+		done
+	done
+done
+python3 bench/torch_hf_generate.py --summary "$OUT/results.jsonl" --out "$OUT" | tee "$OUT/summary.txt"
+exit 0
