@@ -244,14 +244,20 @@ func (d *Device) notePeak() {
 // peak held so far is noted, and the spill allocator's wholly free
 // segments go back to the driver, so that what the step's warm-up and
 // recorded runs left cached and the arena are never held at once (the
-// reserved peak is the larger of the two, not their sum). Memory in use,
-// and segments during a capture, stay. d.mu is not held.
+// reserved peak is the larger of the two, not their sum). Memory in use
+// stays, and so does everything while a capture may be underway (the
+// trim waits for the device, which a capture forbids). d.mu is not held.
 func (d *Device) beforeArena() {
 	d.mu.Lock()
 	d.notePeak()
 	d.mu.Unlock()
-	// A failed trim leaves the cache mapped: more memory held, nothing wrong.
-	_ = d.spill.EmptyCache()
+	d.b.mu.Lock()
+	quiet := d.b.captures == 0 // the host counts captures, and none is underway
+	d.b.mu.Unlock()
+	if quiet {
+		// A failed trim leaves the cache mapped: more memory held, nothing wrong.
+		_ = d.spill.EmptyCache()
+	}
 	d.mu.Lock()
 	d.notePeak() // restarts the spill's interval at what stays mapped
 	d.mu.Unlock()
