@@ -1,4 +1,5 @@
-"""Why a graph cannot be captured, read from the FX graph before inductor lowers it."""
+"""Why a graph cannot be captured, read from the FX graph before inductor
+lowers it."""
 from __future__ import annotations
 
 from typing import Optional, Sequence

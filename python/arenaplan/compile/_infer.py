@@ -1,9 +1,9 @@
-"""A compiled graph run on arenaplan's graphs: one member per shape in one family arena (inference, and the graphs of a training loop that have no backward)."""
+"""A compiled graph run on arenaplan's graphs: one member per shape in one
+family arena (inference, and the graphs of a training loop that have no
+backward)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ._options import CompileOptions
 from ._ops import _Ops

@@ -1,4 +1,5 @@
-"""What a compiled graph's wrapper asks of torch and arenaplan.torch (tests give it a stand-in), and the helpers over tensors it uses."""
+"""What a compiled graph's wrapper asks of torch and arenaplan.torch (tests
+give it a stand-in), and the helpers over tensors it uses."""
 from __future__ import annotations
 
 import contextlib

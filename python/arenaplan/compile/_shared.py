@@ -1,13 +1,13 @@
-"""What the inference and training wrappers share: the captured graphs of the process, the blocks their captures run in (warm-up pools, runs the program must not see), and one warning per kind."""
+"""What the inference and training wrappers share: the captured graphs of the
+process, the blocks their captures run in (warm-up pools, runs the program
+must not see), and one warning per kind."""
 from __future__ import annotations
 
 import contextlib
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, Optional, Sequence
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from ._ops import _Ops
 

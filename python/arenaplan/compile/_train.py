@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ._options import CompileOptions
 from ._ops import _Ops
