@@ -239,7 +239,7 @@ static void *go_alloc(size_t size, int device, void *stream) {
 	pthread_mutex_unlock(&mu);
 	int keepable = 0, would_grow = 0;
 	void *p = arenaplan_go_alloc(size, device, stream, !kept, &keepable, &would_grow);
-	if (p == NULL && would_grow && arenaplan_go_drain_like(ROUND(size) <= (int64_t)SMALL, device, stream) > 0) {
+	if (p == NULL && would_grow && arenaplan_go_drain_like(ROUND(size) <= (int64_t)SMALL, device, (uintptr_t)stream) > 0) {
 		pthread_mutex_lock(&mu);
 		counts.like_drains++;
 		pthread_mutex_unlock(&mu);
@@ -405,12 +405,13 @@ int ap_fp_take(ap_fp_entry *out, int max) {
 	return n;
 }
 
-int ap_fp_take_like(int device, void *stream, int small, ap_fp_entry *out, int max) {
+int ap_fp_take_like(int device, uintptr_t stream, int small, ap_fp_entry *out, int max) {
 	int n = 0;
 	pthread_mutex_lock(&mu);
 	for (unsigned i = 0; i < BIN_N && n < max; i++) {
 		bin *b = &bins[i];
-		if (!b->used || b->device != device || b->stream != stream || (ROUND(b->size) <= (int64_t)SMALL) != !!small) {
+		if (!b->used || b->device != device || (uintptr_t)b->stream != stream ||
+		    (ROUND(b->size) <= (int64_t)SMALL) != !!small) {
 			continue;
 		}
 		while (b->n > 0 && n < max) {

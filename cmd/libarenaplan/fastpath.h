@@ -58,7 +58,7 @@ AP_HIDDEN int ap_fp_take(ap_fp_entry *out, int max);
 // size class is small's (small: at most 1 MiB once rounded to 512 bytes,
 // as the spill allocator splits its segments) into out and returns how
 // many.
-AP_HIDDEN int ap_fp_take_like(int device, void *stream, int small, ap_fp_entry *out, int max);
+AP_HIDDEN int ap_fp_take_like(int device, uintptr_t stream, int small, ap_fp_entry *out, int max);
 // ap_fp_read copies the counters.
 AP_HIDDEN void ap_fp_read(ap_fp_counts *out);
 

@@ -136,12 +136,13 @@ func allocator(export string, f func(*bridge.Bridge) error) bool {
 //
 //export arenaplan_go_alloc
 func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, grow C.int, keepable, wouldGrow *C.int) unsafe.Pointer {
+	h := handle(stream)
 	var p cuda.DevicePtr
 	ok := allocator("alloc", func(b *bridge.Bridge) error {
 		var keep bool
 		var seq uint64
 		var err error
-		p, keep, seq, err = b.AllocSeq(uint64(size), int(device), uintptr(stream), grow != 0)
+		p, keep, seq, err = b.AllocSeq(uint64(size), int(device), h, grow != 0)
 		if seq != 0 {
 			C.ap_hist_note(C.uint64_t(seq)) // for the host's hook, once the call is back in C
 		}
@@ -196,10 +197,12 @@ func arenaplan_go_drain() {
 // arenaplan_go_drain_like gives the kept blocks of device and stream of
 // one size class (small: at most 1 MiB) back to the bridge, for an
 // allocation of that class that would otherwise map more memory, and
-// returns how many; the fast path stays open.
+// returns how many; the fast path stays open. The stream is a handle, not
+// a Go pointer: a small one (a host's own stream numbers) held as
+// unsafe.Pointer across a stack copy is fatal to the runtime.
 //
 //export arenaplan_go_drain_like
-func arenaplan_go_drain_like(small C.int, device C.int, stream unsafe.Pointer) C.int {
+func arenaplan_go_drain_like(small C.int, device C.int, stream C.uintptr_t) C.int {
 	n := 0
 	allocator("drain", func(b *bridge.Bridge) error {
 		var errs []error
@@ -226,8 +229,9 @@ func arenaplan_go_drain_like(small C.int, device C.int, stream unsafe.Pointer) C
 //
 //export arenaplan_go_free
 func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) C.int {
+	p := cuda.DevicePtr(handle(ptr))
 	return boolInt(allocator("free", func(b *bridge.Bridge) error {
-		err := b.Free(cuda.DevicePtr(uintptr(ptr)), int(device))
+		err := b.Free(p, int(device))
 		if err != nil {
 			// PyTorch will not see it: say it where a person will, without
 			// flooding the log when the host repeats it (warn.c).
@@ -251,10 +255,18 @@ func boolInt(v bool) C.int {
 //
 //export arenaplan_go_record_stream
 func arenaplan_go_record_stream(ptr unsafe.Pointer, stream unsafe.Pointer) {
+	p, h := cuda.DevicePtr(handle(ptr)), handle(stream)
 	allocator("record_stream", func(b *bridge.Bridge) error {
-		return b.RecordStreamAny(cuda.DevicePtr(uintptr(ptr)), uintptr(stream))
+		return b.RecordStreamAny(p, h)
 	})
 }
+
+// handle turns a C pointer that is a handle or a device address (a
+// stream, a block), never a Go pointer, into a number at once: kept as an
+// unsafe.Pointer while the goroutine's stack is copied, a small one (a
+// host's stream numbered 0x101) is fatal to the runtime ("invalid pointer
+// found on stack").
+func handle(p unsafe.Pointer) uintptr { return uintptr(p) }
 
 //export arenaplan_torch_empty_cache
 func arenaplan_torch_empty_cache() {
@@ -324,12 +336,14 @@ func step(export string, id C.int, f func(*bridge.Step) error) *C.char {
 
 //export arenaplan_step_record
 func arenaplan_step_record(id C.int, stream unsafe.Pointer) *C.char {
-	return step("arenaplan_step_record", id, func(s *bridge.Step) error { return s.Record(uintptr(stream)) })
+	h := handle(stream)
+	return step("arenaplan_step_record", id, func(s *bridge.Step) error { return s.Record(h) })
 }
 
 //export arenaplan_step_serve
 func arenaplan_step_serve(id C.int, stream unsafe.Pointer, strict C.int) *C.char {
-	return step("arenaplan_step_serve", id, func(s *bridge.Step) error { return s.Serve(uintptr(stream), strict != 0) })
+	h := handle(stream)
+	return step("arenaplan_step_serve", id, func(s *bridge.Step) error { return s.Serve(h, strict != 0) })
 }
 
 //export arenaplan_step_join_capture
