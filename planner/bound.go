@@ -120,12 +120,17 @@ func (p *problem) windowBound(ceil, budget int64, stop *atomic.Bool) (int64, int
 		// is the lowest capacity not ruled out, hi one found feasible or
 		// left undecided (an aborted search proves nothing).
 		lo, hi := bound, ceil
+		var s *dfs
 		for first := true; lo < hi && (stop == nil || !stop.Load()); first = false {
 			c := lo + (hi-lo)/2
 			if first || hi-lo == 1 {
 				c = lo
 			}
-			s := newDFS(d, c, "TWA", min(boundNodes, budget-nodes), stop)
+			if s == nil {
+				s = newDFS(d, c, "TWA", min(boundNodes, budget-nodes), stop)
+			} else {
+				s.reset(c, "TWA", min(boundNodes, budget-nodes), stop)
+			}
 			res := s.solve()
 			nodes += s.nodes
 			if res != notFound {

@@ -223,3 +223,29 @@ func BenchmarkDecodeFamily(b *testing.B) {
 		b.ReportMetric(float64(n), "stop-"+string(s))
 	}
 }
+
+// BenchmarkTorchDecodeEfficient plans the two decode steps as PyTorch
+// records them with the memory-efficient attention, the ones the stop
+// rule ends (their search runs its full node count), with one worker (the
+// same nodes every run) and with default options, and reports
+// milliseconds per plan. Target: 20 ms.
+func BenchmarkTorchDecodeEfficient(b *testing.B) {
+	for _, f := range []string{"torch-decode-efficient-b1.csv", "torch-decode-efficient-b64.csv"} {
+		tr, err := readTestCSV(filepath.Join("testdata", f))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, workers := range []int{1, 0} {
+			b.Run(fmt.Sprintf("%s/workers=%d", f, workers), func(b *testing.B) {
+				var p *Plan
+				for b.Loop() {
+					if p, err = Run(context.Background(), Auto, tr, Options{Workers: workers}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/plan")
+				b.ReportMetric(1, "stop-"+string(p.Stop))
+			})
+		}
+	}
+}

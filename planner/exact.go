@@ -43,6 +43,7 @@ type leafData struct {
 	secAt, secIt []int32 // items live in section s: secIt[secAt[s]:secAt[s+1]]
 	secPosAt     []int32 // the position of item j in section s is kept at secPosAt[j]+s-lo[j]
 	align1       bool    // no item needs an offset alignment
+	anyFixed     bool    // some item has a fixed offset
 }
 
 // maxPairs bounds the conflict lists a leaf may build (memory and time);
@@ -113,6 +114,7 @@ func newLeafData(p *problem, l *leaf, times []int64) *leafData {
 	d.align1 = true
 	for j := range k {
 		d.align1 = d.align1 && d.align[j] == 1
+		d.anyFixed = d.anyFixed || d.fixed[j] >= 0
 	}
 	d.secPosAt = make([]int32, k+1)
 	for j := range k {
@@ -198,6 +200,18 @@ func (d *leafData) rank(order preorder) []int32 {
 // in the preorder, where 'T' reads the section loads tot. It reorders
 // items.
 func (d *leafData) rankItems(order preorder, items []int32, tot []int64, rank []int32) {
+	d.rankItemsBuf(order, items, tot, rank, nil)
+}
+
+// rankKey is an item with its preorder keys.
+type rankKey struct {
+	j int32
+	k [4]int64
+}
+
+// rankItemsBuf is rankItems sorting in buf (grown as needed), which it
+// returns for the next call.
+func (d *leafData) rankItemsBuf(order preorder, items []int32, tot []int64, rank []int32, buf []rankKey) []rankKey {
 	key := func(j int32, c byte) int64 {
 		w := d.end[j] - d.start[j]
 		switch c {
@@ -225,18 +239,14 @@ func (d *leafData) rankItems(order preorder, items []int32, tot []int64, rank []
 		}
 		return 0
 	}
-	type keyed struct {
-		j int32
-		k [4]int64
-	}
-	ks := make([]keyed, len(items))
+	ks := slices.Grow(buf[:0], len(items))[:len(items)]
 	for x, j := range items {
 		ks[x].j = j
 		for i := 0; i < len(order) && i < 4; i++ {
 			ks[x].k[i] = key(j, order[i])
 		}
 	}
-	slices.SortFunc(ks, func(a, b keyed) int {
+	slices.SortFunc(ks, func(a, b rankKey) int {
 		for i := 0; i < len(order) && i < 4; i++ {
 			if c := cmp.Compare(b.k[i], a.k[i]); c != 0 {
 				return c
@@ -248,6 +258,7 @@ func (d *leafData) rankItems(order preorder, items []int32, tot []int64, rank []
 		items[r] = x.j
 		rank[x.j] = int32(r)
 	}
+	return ks
 }
 
 // Search outcomes.
@@ -274,7 +285,6 @@ type dfs struct {
 	secList []int32
 	secN    []int32
 	secPos  []int32 // see leafData.secPosAt
-	total   maxTree // the same, for range maxima
 	cuts    []int32 // cuts[s]: unplaced items live in both s and s+1
 	pos     []int32 // position of an item in its partition's list
 
@@ -284,6 +294,14 @@ type dfs struct {
 	offUndo   []undo
 	floorUndo []undo
 	cand      []int32
+
+	// Scratch kept across nodes: the preorder keys, the ranks a partition
+	// restores (a stack), the items of the parts and the cut points of
+	// searchParts (stacks too).
+	keys    []rankKey
+	saved   []undo
+	partBuf []int32
+	cutBuf  []int32
 }
 
 type undo struct {
@@ -300,10 +318,8 @@ type partition struct {
 }
 
 func newDFS(d *leafData, capacity int64, order preorder, limit int64, stop *atomic.Bool) *dfs {
-	s := &dfs{d: d, cap: capacity, order: order, limit: limit, stop: stop}
-	if len(order) > 0 && order[0] == 's' {
-		s.static, s.order = true, order[1:]
-	}
+	s := &dfs{d: d}
+	s.reset(capacity, order, limit, stop)
 	s.rank = make([]int32, d.k)
 	s.off = make([]int64, d.k)
 	s.minOff = make([]int64, d.k)
@@ -335,7 +351,6 @@ func newDFS(d *leafData, capacity int64, order preorder, limit int64, stop *atom
 	for i := range s.floor {
 		s.floor[i] = d.base
 	}
-	s.total = newMaxTree(d.secLoad)
 	s.cuts = make([]int32, max(d.nsec-1, 0))
 	diff := make([]int32, d.nsec+1)
 	for j := range d.k {
@@ -350,6 +365,18 @@ func newDFS(d *leafData, capacity int64, order preorder, limit int64, stop *atom
 		s.cuts[i] = run
 	}
 	return s
+}
+
+// reset readies s for another search of its leaf, as newDFS would make
+// it, without allocating: a search undoes every change it makes (only the
+// order of the items within secList's sections differs, which no outcome
+// depends on) and s.sol is overwritten item by item.
+func (s *dfs) reset(capacity int64, order preorder, limit int64, stop *atomic.Bool) {
+	s.cap, s.order, s.limit, s.stop = capacity, order, limit, stop
+	s.static, s.stop2, s.nodes = false, nil, 0
+	if len(order) > 0 && order[0] == 's' {
+		s.static, s.order = true, order[1:]
+	}
 }
 
 func alignUp(v, a int64) int64 {
@@ -391,19 +418,20 @@ func (s *dfs) subSolve(items []int32, lo, hi int32) int {
 		}
 		return s.search(p, -1, -1)
 	}
-	saved := make([]undo, len(items))
-	for x, j := range items {
-		saved[x] = undo{j, int64(s.rank[j])}
+	mark := len(s.saved)
+	for _, j := range items {
+		s.saved = append(s.saved, undo{j, int64(s.rank[j])})
 	}
-	s.d.rankItems(s.order, items, s.tot, s.rank)
+	s.keys = s.d.rankItemsBuf(s.order, items, s.tot, s.rank, s.keys)
 	p := &partition{lo: lo, hi: hi, items: items, n: len(items)}
 	for x, j := range items {
 		s.pos[j] = int32(x)
 	}
 	st := s.search(p, -1, -1)
-	for _, u := range saved {
+	for _, u := range s.saved[mark:] {
 		s.rank[u.i] = int32(u.v)
 	}
+	s.saved = s.saved[:mark]
 	return st
 }
 
@@ -432,6 +460,23 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 		return found
 	}
 	d := s.d
+	base := len(s.cand)
+	if !d.anyFixed {
+		// The loops below without the tests of fixed offsets: the same
+		// candidates, at less cost per node.
+		minHeight := int64(1) << 62
+		for _, j := range p.items[:p.n] {
+			minHeight = min(minHeight, s.minOff[j]+d.size[j])
+		}
+		for _, j := range p.items[:p.n] {
+			o := s.minOff[j]
+			if o >= minHeight || o < lastOff || (o == lastOff && s.rank[j] < lastRank) {
+				continue
+			}
+			s.cand = append(s.cand, j)
+		}
+		return s.tryCands(p, base, lastOff)
+	}
 	// Dominance counts only movable items: a fixed one cannot drop into
 	// the hole below.
 	minHeight := int64(1) << 62
@@ -440,7 +485,6 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 			minHeight = min(minHeight, s.minOff[j]+d.size[j])
 		}
 	}
-	base := len(s.cand)
 	for _, j := range p.items[:p.n] {
 		o := s.minOff[j]
 		if o >= minHeight && d.fixed[j] < 0 {
@@ -454,6 +498,12 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 		}
 		s.cand = append(s.cand, j)
 	}
+	return s.tryCands(p, base, lastOff)
+}
+
+// tryCands places the candidates s.cand[base:] in (lowest offset, rank)
+// order until one succeeds, and drops them.
+func (s *dfs) tryCands(p *partition, base int, lastOff int64) int {
 	n := len(s.cand) - base
 	status := notFound
 	for x := range n {
@@ -520,7 +570,6 @@ func (s *dfs) place(p *partition, c int32, lastOff int64) (status int, hatless b
 		}
 	}
 	lo, hi := d.lo[c], d.hi[c]
-	s.total.add(int(lo), int(hi), -d.size[c])
 	pc := d.secPosAt[c] - lo
 	for sec := lo; sec < hi; sec++ {
 		// Move c behind the unplaced items of the section.
@@ -571,14 +620,24 @@ func (s *dfs) place(p *partition, c int32, lastOff int64) (status int, hatless b
 	// The offset only grows along a path, so the bytes left anywhere in
 	// the partition must fit above it; unchanged since the parent unless
 	// the offset rose.
-	if ok && o > lastOff && o+s.total.max(int(p.lo), int(p.hi)) > s.cap {
-		ok = false
+	if ok && o > lastOff {
+		// A scan, not a range-maximum tree: the check runs at about one
+		// node in three and stops at the first section that overflows,
+		// while a tree costs two updates at every node.
+		if p.lo >= p.hi {
+			ok = o <= s.cap
+		}
+		for _, t := range s.tot[p.lo:p.hi] {
+			if o+t > s.cap {
+				ok = false
+				break
+			}
+		}
 	}
 	status = notFound
 	if ok {
 		status = s.decompose(p, c, o)
 	}
-	s.total.add(int(lo), int(hi), d.size[c])
 	for sec := lo; sec < hi; sec++ {
 		s.tot[sec] += d.size[c]
 		s.secN[sec]++ // c sits right behind the unplaced items still
@@ -621,30 +680,56 @@ func (s *dfs) decompose(p *partition, c int32, o int64) int {
 }
 
 func (s *dfs) searchParts(p *partition) int {
-	// Cut points inside the partition's range.
-	cuts := []int32{p.lo}
+	// Cut points inside the partition's range, then the parts' items in
+	// the partition's order, both on stacks kept across nodes (nested
+	// calls push above them and may move them: index, never hold).
+	cm, pm := len(s.cutBuf), len(s.partBuf)
+	s.cutBuf = append(s.cutBuf, p.lo)
 	for sec := p.lo; sec+1 < p.hi; sec++ {
 		if s.cuts[sec] == 0 {
-			cuts = append(cuts, sec+1)
+			s.cutBuf = append(s.cutBuf, sec+1)
 		}
 	}
-	cuts = append(cuts, p.hi)
-	parts := make([][]int32, len(cuts)-1)
+	s.cutBuf = append(s.cutBuf, p.hi)
+	nc := len(s.cutBuf) - cm
+	// Part k's items go to partBuf[pm+at[k] : pm+at[k+1]], at kept behind
+	// the cuts.
+	for range nc {
+		s.cutBuf = append(s.cutBuf, 0)
+	}
+	cuts, at := s.cutBuf[cm:cm+nc], s.cutBuf[cm+nc:cm+2*nc]
 	for _, j := range p.items[:p.n] {
 		// An unplaced item crosses no zero cut: it lies in one part.
 		k, _ := slices.BinarySearch(cuts, s.d.lo[j]+1)
-		parts[k-1] = append(parts[k-1], j)
+		at[k]++
 	}
+	for k := 1; k < nc; k++ {
+		at[k] += at[k-1]
+	}
+	s.partBuf = slices.Grow(s.partBuf, p.n)[:pm+p.n]
+	for _, j := range p.items[:p.n] {
+		k, _ := slices.BinarySearch(cuts, s.d.lo[j]+1)
+		s.partBuf[pm+int(at[k-1])] = j
+		at[k-1]++
+	}
+	// at[k-1] is now where part k ends.
 	status := found
-	for k, part := range parts {
-		if len(part) == 0 {
+	for k := 1; k < nc; k++ {
+		var from int32
+		if k > 1 {
+			from = s.cutBuf[cm+nc+k-2]
+		}
+		to := s.cutBuf[cm+nc+k-1]
+		if from == to {
 			continue
 		}
-		if st := s.subSolve(part, cuts[k], cuts[k+1]); st != found {
+		part := s.partBuf[pm+int(from) : pm+int(to)]
+		if st := s.subSolve(part, s.cutBuf[cm+k-1], s.cutBuf[cm+k]); st != found {
 			status = st
 			break
 		}
 	}
+	s.cutBuf, s.partBuf = s.cutBuf[:cm], s.partBuf[:pm]
 	// Restore the positions of the parent's items.
 	for x, j := range p.items {
 		s.pos[j] = int32(x)
@@ -652,16 +737,15 @@ func (s *dfs) searchParts(p *partition) int {
 	return status
 }
 
-// maxTree is a segment tree over sections with range add and range max.
+// maxTree is a segment tree over sections for range maxima.
 type maxTree struct {
-	n    int
-	mx   []int64 // max over the node's range, including its own add
-	lazy []int64
+	n  int
+	mx []int64 // max over the node's range
 }
 
 func newMaxTree(v []int64) maxTree {
 	n := max(len(v), 1)
-	t := maxTree{n: n, mx: make([]int64, 4*n), lazy: make([]int64, 4*n)}
+	t := maxTree{n: n, mx: make([]int64, 4*n)}
 	t.build(1, 0, n, v)
 	return t
 }
@@ -677,28 +761,6 @@ func (t *maxTree) build(node, l, r int, v []int64) {
 	t.build(2*node, l, m, v)
 	t.build(2*node+1, m, r, v)
 	t.mx[node] = max(t.mx[2*node], t.mx[2*node+1])
-}
-
-func (t *maxTree) add(lo, hi int, delta int64) {
-	if lo < hi {
-		t.upd(1, 0, t.n, lo, hi, delta)
-	}
-}
-
-func (t *maxTree) upd(node, l, r, lo, hi int, delta int64) {
-	if lo <= l && r <= hi {
-		t.mx[node] += delta
-		t.lazy[node] += delta
-		return
-	}
-	m := (l + r) / 2
-	if lo < m {
-		t.upd(2*node, l, m, lo, hi, delta)
-	}
-	if hi > m {
-		t.upd(2*node+1, m, r, lo, hi, delta)
-	}
-	t.mx[node] = max(t.mx[2*node], t.mx[2*node+1]) + t.lazy[node]
 }
 
 func (t *maxTree) max(lo, hi int) int64 {
@@ -720,5 +782,5 @@ func (t *maxTree) qry(node, l, r, lo, hi int) int64 {
 	if hi > m {
 		res = max(res, t.qry(2*node+1, m, r, lo, hi))
 	}
-	return res + t.lazy[node]
+	return res
 }

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/arenaplan/arenaplan/lifetime"
@@ -117,4 +118,48 @@ func TestExactAgainstBruteForce(t *testing.T) {
 			_ = failedBelow
 		}
 	}
+}
+
+// TestDFSReset checks that a search readied by reset, after searches
+// that found, failed or were cut short, does what a new one does: the
+// same outcome, nodes and offsets.
+func TestDFSReset(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var seen [3]int
+	for iter := range 300 {
+		tr := randomSmallTrace(rng, 4+rng.IntN(40), iter%3 == 0)
+		p, err := newProblem(tr, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs := make([]int64, len(p.items))
+		for _, l := range p.decompose(offs) {
+			d := newLeafData(p, &l, p.times)
+			var reused *dfs
+			for range 8 {
+				capacity := d.lb + rng.Int64N(d.lb/4+2)
+				order := exactHeuristics[rng.IntN(len(exactHeuristics))]
+				limit := int64(1 + rng.IntN(4*d.k+8))
+				fresh := newDFS(d, capacity, order, limit, nil)
+				want := fresh.solve()
+				if reused == nil {
+					reused = newDFS(d, capacity, order, limit, nil)
+				} else {
+					reused.reset(capacity, order, limit, nil)
+				}
+				got := reused.solve()
+				seen[want]++
+				if got != want || reused.nodes != fresh.nodes {
+					t.Fatalf("iter %d: after reset status %d in %d nodes, new: %d in %d", iter, got, reused.nodes, want, fresh.nodes)
+				}
+				if want == found && !slices.Equal(reused.sol, fresh.sol) {
+					t.Fatalf("iter %d: after reset offsets %v, new: %v", iter, reused.sol, fresh.sol)
+				}
+			}
+		}
+	}
+	if seen[found] == 0 || seen[notFound] == 0 || seen[aborted] == 0 {
+		t.Fatalf("found, not found, aborted: %v; want each", seen)
+	}
+	t.Logf("found, not found, aborted: %v", seen)
 }

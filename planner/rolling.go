@@ -80,8 +80,13 @@ var diveOrders = exactHeuristics[:2]
 // short.
 func (d *leafData) dive(c int64, stop *atomic.Bool) ([]int64, int64, bool) {
 	var used int64
+	var s *dfs
 	for _, o := range diveOrders {
-		s := newDFS(d, c, o, int64(d.k)+diveSlack, stop)
+		if s == nil {
+			s = newDFS(d, c, o, int64(d.k)+diveSlack, stop)
+		} else {
+			s.reset(c, o, int64(d.k)+diveSlack, stop) // the last search found nothing: its sol is no one's
+		}
 		res := s.solve()
 		used += s.nodes
 		switch {
