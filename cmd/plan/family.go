@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/cmd/internal/famreport"
+	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
 	"github.com/arenaplan/arenaplan/workloads"

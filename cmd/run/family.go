@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/arenaplan/arenaplan/cmd/internal/famreport"
 	"github.com/arenaplan/arenaplan/graph"
 	"github.com/arenaplan/arenaplan/graphexec"
-	"github.com/arenaplan/arenaplan/cmd/internal/famreport"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 	"github.com/arenaplan/arenaplan/plans"
