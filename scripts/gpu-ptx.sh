@@ -1,6 +1,6 @@
 #!/bin/bash
-# Rebuild the committed PTX from the CUDA sources on a GPU machine (nvcc is
-# there; Go is not needed), and the record that ties them together:
+# Rebuild the committed PTX from the CUDA sources on a GPU machine (it has
+# nvcc; Go is not needed), and the record that ties them together:
 #
 #   OUT=/some/dir scripts/gpu-ptx.sh      (from the repository root)
 #   cp $OUT/kernels.ptx $OUT/kernels_90.ptx $OUT/spill.ptx $OUT/ptx.sum kernels/
