@@ -35,15 +35,15 @@ var decodeCases = []struct {
 	gen     func() (*lifetime.Trace, error)
 	atBound bool
 }{
-	{"decode-b8-s512.csv", decode(tracegen.DecodeOptions{Batch: 8, Context: 512, FreeDelay: 20, Seed: 1, StaticCache: true}), true},
-	{"decode-b8-s1024.csv", decode(tracegen.DecodeOptions{Batch: 8, Context: 1024, FreeDelay: 20, Seed: 8, StaticCache: true}), true},
-	{"decode-b64-l11.csv", decode(tracegen.DecodeOptions{Batch: 64, Layers: 11, Context: 512, FreeDelay: 20, Seed: 1, StaticCache: true}), true},
+	{"decode-b8-s512.csv", decode(tracegen.DecodeOptions{Model: tracegen.Model{Batch: 8, Context: 512}, FreeDelay: 20, Seed: 1, StaticCache: true}), true},
+	{"decode-b8-s1024.csv", decode(tracegen.DecodeOptions{Model: tracegen.Model{Batch: 8, Context: 1024}, FreeDelay: 20, Seed: 8, StaticCache: true}), true},
+	{"decode-b64-l11.csv", decode(tracegen.DecodeOptions{Model: tracegen.Model{Batch: 64, Layers: 11, Context: 512}, FreeDelay: 20, Seed: 1, StaticCache: true}), true},
 	{"window-1024-512k.csv", func() (*lifetime.Trace, error) {
 		return tracegen.Window(tracegen.WindowOptions{Buffers: 1024, MinSize: 512 << 10, Seed: 1})
 	}, true},
-	{"torch-decode-math16-b8.csv", torchDecode(tracegen.TorchDecodeOptions{Batch: 8, Attention: "math16"}), true},
-	{"torch-decode-efficient-b1.csv", torchDecode(tracegen.TorchDecodeOptions{Batch: 1, Attention: "efficient"}), false},
-	{"torch-decode-efficient-b64.csv", torchDecode(tracegen.TorchDecodeOptions{Batch: 64, Attention: "efficient"}), false},
+	{"torch-decode-math16-b8.csv", torchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: 8}, Attention: "math16"}), true},
+	{"torch-decode-efficient-b1.csv", torchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: 1}, Attention: "efficient"}), false},
+	{"torch-decode-efficient-b64.csv", torchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: 64}, Attention: "efficient"}), false},
 }
 
 func torchDecode(opt tracegen.TorchDecodeOptions) func() (*lifetime.Trace, error) {
@@ -55,7 +55,7 @@ func torchDecode(opt tracegen.TorchDecodeOptions) func() (*lifetime.Trace, error
 func torchDecodeFamily(attention string) []Member {
 	var ms []Member
 	for _, b := range tracegen.DecodeFamilyBatches {
-		tr, _ := tracegen.TorchDecode(tracegen.TorchDecodeOptions{Batch: b, Attention: attention})
+		tr, _ := tracegen.TorchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: b}, Attention: attention})
 		ms = append(ms, Member{Name: fmt.Sprintf("b%d", b), Trace: tr})
 	}
 	return ms
@@ -69,7 +69,7 @@ func decode(opt tracegen.DecodeOptions) func() (*lifetime.Trace, error) {
 func decodeStepFamily() []Member {
 	var ms []Member
 	for _, b := range tracegen.DecodeFamilyBatches {
-		tr, _ := tracegen.Decode(tracegen.DecodeOptions{Batch: b, Context: 512, FreeDelay: 20, Seed: 1, StaticCache: true})
+		tr, _ := tracegen.Decode(tracegen.DecodeOptions{Model: tracegen.Model{Batch: b, Context: 512}, FreeDelay: 20, Seed: 1, StaticCache: true})
 		ms = append(ms, Member{Name: fmt.Sprintf("b%d", b), Trace: tr})
 	}
 	return ms
@@ -160,7 +160,7 @@ func TestTorchDecodeReference(t *testing.T) {
 		t.Skip("the exact reference searches without the stop rule")
 	}
 	for layers := 1; layers <= 3; layers++ {
-		tr, err := tracegen.TorchDecode(tracegen.TorchDecodeOptions{Batch: 1, Layers: layers, Attention: "efficient"})
+		tr, err := tracegen.TorchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: 1, Layers: layers}, Attention: "efficient"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,38 @@ import (
 	"github.com/arenaplan/arenaplan/lifetime"
 )
 
+// Model is the transformer a decode trace is drawn from. The zero value of
+// every field picks the default: a Qwen2.5-1.5B shape cut to 8 layers,
+// batch 1, 1024 tokens of context.
+type Model struct {
+	Layers  int // default 8
+	Batch   int // default 1
+	Context int // tokens in the KV cache, the positions attention reads (default 1024)
+	Hidden  int // default 1536
+	Heads   int // query heads (default 12)
+	KVHeads int // key/value heads (default 2)
+	HeadDim int // default 128
+	MLP     int // the MLP's inner width (default 8960)
+	Vocab   int // default 151936
+}
+
+func (m *Model) defaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&m.Layers, 8)
+	def(&m.Batch, 1)
+	def(&m.Context, 1024)
+	def(&m.Hidden, 1536)
+	def(&m.Heads, 12)
+	def(&m.KVHeads, 2)
+	def(&m.HeadDim, 128)
+	def(&m.MLP, 8960)
+	def(&m.Vocab, 151936)
+}
+
 // DecodeOptions shape the trace of one decode step of a grouped-query
 // attention transformer whose attention expands each layer's KV cache to
 // every query head (Hugging Face's repeat_kv) before it reads it. The
@@ -17,15 +49,7 @@ import (
 // field picks the default: a Qwen2.5-1.5B-shaped model cut to 8 layers,
 // bf16, batch 1, 1024 tokens of context.
 type DecodeOptions struct {
-	Layers     int   // default 8
-	Batch      int   // default 1
-	Context    int   // tokens in the KV cache (default 1024)
-	Hidden     int   // default 1536
-	Heads      int   // query heads (default 12)
-	KVHeads    int   // key/value heads (default 2)
-	HeadDim    int   // default 128
-	MLP        int   // the MLP's inner width (default 8960)
-	Vocab      int   // default 151936
+	Model
 	Elem       int64 // bytes per element of activations (default 2, bf16)
 	Lag        int   // expansions each expansion outlives (default 2)
 	WithLogits bool  // end with the language-model head and its logits
@@ -47,21 +71,10 @@ type DecodeOptions struct {
 }
 
 func (o *DecodeOptions) defaults() {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
+	o.Model.defaults()
+	if o.Lag <= 0 {
+		o.Lag = 2
 	}
-	def(&o.Layers, 8)
-	def(&o.Batch, 1)
-	def(&o.Context, 1024)
-	def(&o.Hidden, 1536)
-	def(&o.Heads, 12)
-	def(&o.KVHeads, 2)
-	def(&o.HeadDim, 128)
-	def(&o.MLP, 8960)
-	def(&o.Vocab, 151936)
-	def(&o.Lag, 2)
 	if o.Elem <= 0 {
 		o.Elem = 2
 	}

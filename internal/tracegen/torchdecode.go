@@ -20,15 +20,7 @@ import (
 // bytes), which an alignment of 256 rounds up. The zero value of every
 // field picks the default: 8 layers, batch 1, 1024 cached positions.
 type TorchDecodeOptions struct {
-	Layers  int // default 8
-	Batch   int // default 1
-	Context int // cached positions the attention reads (default 1024)
-	Hidden  int // default 1536
-	Heads   int // query heads (default 12)
-	KVHeads int // key/value heads (default 2)
-	HeadDim int // default 128
-	MLP     int // the MLP's inner width (default 8960)
-	Vocab   int // default 151936
+	Model
 	// Attention is the path scaled_dot_product_attention takes: "math"
 	// (the default: q, k and v upcast to float32), "math16" (the math
 	// path in bf16) or "efficient" (the memory-efficient kernel).
@@ -61,20 +53,7 @@ func (r *recorder) free(ids ...int) {
 // (see TorchDecodeOptions); about 48 buffers a layer. It is fully
 // determined by its options.
 func TorchDecode(opt TorchDecodeOptions) (*lifetime.Trace, error) {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&opt.Layers, 8)
-	def(&opt.Batch, 1)
-	def(&opt.Context, 1024)
-	def(&opt.Hidden, 1536)
-	def(&opt.Heads, 12)
-	def(&opt.KVHeads, 2)
-	def(&opt.HeadDim, 128)
-	def(&opt.MLP, 8960)
-	def(&opt.Vocab, 151936)
+	opt.Model.defaults()
 	if opt.Heads%opt.KVHeads != 0 {
 		return nil, fmt.Errorf("tracegen: %d heads is not a multiple of %d key/value heads", opt.Heads, opt.KVHeads)
 	}

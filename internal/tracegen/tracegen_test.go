@@ -72,7 +72,7 @@ func TestWindow(t *testing.T) {
 
 func TestTorchDecode(t *testing.T) {
 	for _, att := range []string{"", "math16", "efficient"} {
-		a, err := TorchDecode(TorchDecodeOptions{Batch: 4, Attention: att})
+		a, err := TorchDecode(TorchDecodeOptions{Model: Model{Batch: 4}, Attention: att})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +82,7 @@ func TestTorchDecode(t *testing.T) {
 		if n := len(a.Buffers); n < 300 || n > 400 {
 			t.Errorf("%q: %d buffers, want about 48 a layer", att, n)
 		}
-		b, _ := TorchDecode(TorchDecodeOptions{Batch: 4, Attention: att})
+		b, _ := TorchDecode(TorchDecodeOptions{Model: Model{Batch: 4}, Attention: att})
 		for i := range a.Buffers {
 			x, y := a.Buffers[i], b.Buffers[i]
 			if x.Size != y.Size || x.Start != y.Start || x.End != y.End || x.Name != y.Name {
@@ -90,7 +90,7 @@ func TestTorchDecode(t *testing.T) {
 			}
 		}
 	}
-	for _, bad := range []TorchDecodeOptions{{Heads: 12, KVHeads: 5}, {Attention: "flash"}} {
+	for _, bad := range []TorchDecodeOptions{{Model: Model{Heads: 12, KVHeads: 5}}, {Attention: "flash"}} {
 		if _, err := TorchDecode(bad); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
