@@ -384,19 +384,25 @@ void ap_fp_set(int v) {
 	pthread_mutex_unlock(&mu);
 }
 
+// take_bin moves bin b's kept blocks into out[n:max] and returns the new
+// n; mu is held.
+static int take_bin(bin *b, ap_fp_entry *out, int n, int max) {
+	while (b->n > 0 && n < max) {
+		uintptr_t p = b->ptr[--b->n];
+		live_entry *e = live_find(p);
+		counts.blocks--;
+		counts.bytes -= e->size;
+		live_del(e);
+		out[n++] = (ap_fp_entry){p, b->device};
+	}
+	return n;
+}
+
 int ap_fp_take(ap_fp_entry *out, int max) {
 	int n = 0;
 	pthread_mutex_lock(&mu);
 	for (unsigned i = 0; i < BIN_N && n < max; i++) {
-		bin *b = &bins[i];
-		while (b->n > 0 && n < max) {
-			uintptr_t p = b->ptr[--b->n];
-			live_entry *e = live_find(p);
-			counts.blocks--;
-			counts.bytes -= e->size;
-			live_del(e);
-			out[n++] = (ap_fp_entry){p, b->device};
-		}
+		n = take_bin(&bins[i], out, n, max);
 	}
 	if (n < max) {
 		memset(bins, 0, sizeof bins); // all taken: forget the keys
@@ -410,17 +416,9 @@ int ap_fp_take_like(int device, uintptr_t stream, int small, ap_fp_entry *out, i
 	pthread_mutex_lock(&mu);
 	for (unsigned i = 0; i < BIN_N && n < max; i++) {
 		bin *b = &bins[i];
-		if (!b->used || b->device != device || (uintptr_t)b->stream != stream ||
-		    (ROUND(b->size) <= (int64_t)SMALL) != !!small) {
-			continue;
-		}
-		while (b->n > 0 && n < max) {
-			uintptr_t p = b->ptr[--b->n];
-			live_entry *e = live_find(p);
-			counts.blocks--;
-			counts.bytes -= e->size;
-			live_del(e);
-			out[n++] = (ap_fp_entry){p, b->device};
+		if (b->used && b->device == device && (uintptr_t)b->stream == stream &&
+		    (ROUND(b->size) <= (int64_t)SMALL) == !!small) {
+			n = take_bin(b, out, n, max);
 		}
 	}
 	pthread_mutex_unlock(&mu);
