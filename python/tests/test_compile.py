@@ -192,6 +192,7 @@ class _FakeOps(apc._Ops):
     def __init__(self, fail=None, captures=1):
         self.families, self.denied, self.fail = [], [], fail
         self.view_calls = 0
+        self.cached = set()  # ids of the tensors registered as cached outputs
         self.captures = captures
         self.capturing_now, self.cursor, self.kernels = False, 0, []
         self.arenas = 0
@@ -312,11 +313,36 @@ class _FakeOps(apc._Ops):
     def add_member(fam, key, fn, device, opts):
         fam.add(key, fn)
 
-    def views(self, outs):
-        def make():
-            self.view_calls += 1
-            return [_Tensor(o.shape, o.device, o.ptr) for o in outs]
-        return make
+    def output_makers(self, outs):
+        def maker(o):
+            def make():
+                self.view_calls += 1
+                return self.output(o), True
+            return make
+        return [maker(o) for o in outs]
+
+    @staticmethod
+    def output(o):
+        return _Tensor(o.shape, o.device, o.ptr)
+
+    @staticmethod
+    def can_make_outputs():
+        return True
+
+    @staticmethod
+    def held_outputs(slots, tokens):
+        # Held: a reference besides the list's and the argument's, to the
+        # tensor or (a view) to its storage.
+        return [i for i, tok in enumerate(tokens) if tok is not None and
+                (sys.getrefcount(slots[i]) > 2 or
+                 (getattr(slots[i], "storage", None) is not None and sys.getrefcount(slots[i].storage) > 2))]
+
+    @staticmethod
+    def can_cache():
+        return True
+
+    def set_cached(self, t, on):
+        (self.cached.add if on else self.cached.discard)(id(t))
 
     def deny(self, outs):
         for o in outs:
@@ -383,6 +409,20 @@ class RegistrationTest(unittest.TestCase):
 
 
 class RunnerTest(unittest.TestCase):
+    def test_outputs_reused_while_nothing_holds_them(self):
+        r, inner, ops = _runner(warmup=0)
+        w0, w1 = _Tensor((4, 4)), _Tensor((4,))
+        first = id(r([w0, w1, _Tensor((8, 4)), 3])[0])  # captured and replayed
+        made = ops.view_calls
+        for _ in range(3):
+            self.assertEqual(id(r([w0, w1, _Tensor((8, 4)), 3])[0]), first, "not held: the same tensor again")
+        self.assertEqual(ops.view_calls, made)
+        held = r([w0, w1, _Tensor((8, 4)), 3])
+        again = r([w0, w1, _Tensor((8, 4)), 3])
+        self.assertIsNot(held[0], again[0], "held by the caller: a new one")
+        self.assertTrue(held[0].denied)
+        self.assertEqual(held[0].ptr, again[0].ptr)
+
     def test_warmup_capture_replay(self):
         r, inner, ops = _runner()
         w0, w1, x = _Tensor((4, 4)), _Tensor((4,)), _Tensor((8, 4), value="x")
@@ -717,7 +757,7 @@ class PlannedInputTest(unittest.TestCase):
 
     def test_torch_without_tensors_at_addresses_gives_up(self):
         r, g, ops = self.runner()
-        ops.views = lambda outs: None
+        ops.can_make_outputs = lambda: False
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             for _ in range(3):
@@ -798,7 +838,11 @@ class _TrainOps(_FakeOps):
         return getattr(x, "grad", None)
 
     @staticmethod
-    def move_out(ts):
+    def extra_refs(token):
+        return 0
+
+    @staticmethod
+    def move_out(ts, extra=0):
         """Refused where a view shares their storage (the test marks it), or
         where they are not all over one storage (as the real count of the
         storage's holders would not match)."""
@@ -850,15 +894,11 @@ class _TrainOps(_FakeOps):
         self.chains.append(ch)
         return ch
 
-    def views(self, outs):
-        def make():
-            res = []
-            for o in outs:
-                t = _Tensor(o.shape, o.device, o.ptr)
-                t.storage = _Storage()
-                res.append(t)
-            return res
-        return make
+    @staticmethod
+    def output(o):
+        t = _Tensor(o.shape, o.device, o.ptr)
+        t.storage = _Storage()
+        return t
 
 
 def _tensor(shape, ptr=None):
@@ -1065,13 +1105,13 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual(again[0].ptr, arena_ptr, "the replay's gradient is at the arena's address")
         self.assertEqual(self.pair.grads_moved, 1)
         m = next(iter(self.pair.members.values()))
-        self.assertIs(m.pinned, again, "from now on the backward's outputs are held until the next call")
+        self.assertTrue(m.pin)
+        self.assertNotIn(id(again[0]), self.ops.cached,
+                         "from now on the backward's outputs are not cached outputs: AccumulateGrad copies them")
         del grads, again
         self.step()
         self.assertEqual(self.ops.chains[0].replays, [0, 1] * 3)
         self.assertEqual(self.pair.grads_moved, 1, "gradients released before the step are not moved")
-        self.forward()
-        self.assertIsNone(m.pinned, "released at the next call")
 
     def test_gradient_kept_as_an_alias_is_found_through_the_parameter(self):
         # AccumulateGrad keeps a detached alias of the gradient (another
@@ -1131,6 +1171,25 @@ class TrainPairTest(unittest.TestCase):
         del grads
         self.step()
         self.assertEqual(self.ops.chains[0].replays, [0, 1, 0, 1])
+
+    def test_outputs_reused_while_nothing_holds_them(self):
+        self.step()
+        self.step()  # captured
+        made = self.ops.view_calls
+        ids = None
+        for _ in range(3):
+            outs, grads = self.step()
+            now = ([id(t) for t in outs], [id(t) for t in grads])
+            self.assertTrue(ids is None or now == ids, "the same tensors from replay to replay")
+            ids = now
+            self.assertIn(id(grads[0]), self.ops.cached, "gradients registered as cached outputs")
+            del outs, grads
+        self.assertEqual(self.ops.view_calls, made, "made once, at the first replay")
+        kept = self.forward()[0]  # the program keeps the loss
+        self.backward([None, self.pair.members[next(iter(self.pair.members))].fw_out.current(1)])
+        loss = self.forward()[0]
+        self.assertIsNot(loss, kept, "a held output is replaced by a new tensor")
+        self.assertTrue(getattr(kept, "denied", False), "and the held one raises when read")
 
     def test_backward_of_an_overwritten_forward_raises(self):
         self.step()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional,
 
 from ._options import CompileOptions
 from ._ops import _Ops
-from ._shared import _Warns, _lock, _order, _runners, _unseen
+from ._shared import _Outputs, _Warns, _lock, _order, _runners, _unseen
 
 if TYPE_CHECKING:
     from ._train import _TrainPair
@@ -65,8 +65,8 @@ class _Runner(_Warns):
         self.plain_calls = 0  # calls that ran inductor's code without a graph
         self.replays = 0
         self.warned: set = set()
-        self._views: Dict[Hashable, Callable[[], List[Any]]] = {}
-        self._last: Optional[List[Any]] = None
+        self._outs: Dict[Hashable, _Outputs] = {}  # per member: its outputs
+        self._last: Optional[_Outputs] = None  # the outputs of the last replay
         self.input_bytes = 0  # the copied inputs' bytes, every member's, planned in the arena
         self.pair: Optional[_TrainPair] = None  # a training graph's forward and backward
         with _lock:
@@ -112,20 +112,19 @@ class _Runner(_Warns):
         return self._replay(m, inputs)
 
     def _replay(self, m: _Member, inputs: list) -> Any:
-        ops, fam = self.ops, self.family
+        fam = self.family
         fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
         if m.dst:
             self._copy_in(m, inputs)
         del inputs
-        if self._last is not None:
-            ops.deny(self._last)
-            self._last = None
+        outs = self._outs[m.index]
+        if self._last is not None and self._last is not outs:
+            self._last.release()  # another member's outputs: the replay overwrites those held
         fam.replay(m.index, prepared=True)
         m.calls += 1
         self.replays += 1
-        fresh = self._views[m.index]()  # _add gave up where torch cannot make them
-        self._last = fresh
-        return fresh
+        self._last = outs
+        return outs.take()
 
     def _copy_in(self, m: _Member, inputs: list) -> None:
         """Copy the call's inputs to their planned addresses. An input
@@ -183,7 +182,7 @@ class _Runner(_Warns):
                                 "this one and later new ones run without a graph")
             return None
         ops, static = self.ops, set(self.static)
-        if ops.views([]) is None:
+        if not ops.can_make_outputs():
             self._give_up("this torch cannot make tensors at a graph's addresses "
                           "(torch._C._construct_storage_from_data_pointer)")
             return None
@@ -230,7 +229,7 @@ class _Runner(_Warns):
         if any(i not in new.addrs for i in new.copy_idxs):
             return self._build(new, new_inputs)
         self.captures += 1
-        self._views[new.index] = ops.views(fam.outputs[new.index])
+        self._outs[new.index] = _Outputs(ops, fam.outputs[new.index])
         new.dst = self._dst(new)
         return True
 
@@ -254,10 +253,7 @@ class _Runner(_Warns):
         if self.family is not None:
             self.family.close()
             self.family = None
-            self._views.clear()
-        if self._last is not None:
-            ops.deny(self._last)
-            self._last = None
+        self._release_outputs()
         order = sorted(self.members.values(), key=lambda m: -m.nbytes)
         fns = {}
         for m in order:
@@ -278,7 +274,7 @@ class _Runner(_Warns):
         self.family_builds += 1
         self.captures += len(fns)
         for m in order:
-            self._views[m.index] = ops.views(fam.outputs[m.index])
+            self._outs[m.index] = _Outputs(ops, fam.outputs[m.index])
             m.dst = self._dst(m)
         return True
 
@@ -328,11 +324,16 @@ class _Runner(_Warns):
     def close(self) -> None:
         if self.pair is not None:
             self.pair.close()
-        if self._last is not None:
-            self.ops.deny(self._last)
-            self._last = None
+        self._release_outputs()
         if self.family is not None:
             self.family.close()
             self.family = None
         self.members.clear()
-        self._views.clear()
+
+    def _release_outputs(self) -> None:
+        """Make the outputs still held unreadable (the graphs that wrote them
+        are going), and forget every member's."""
+        for o in self._outs.values():
+            o.release()
+        self._outs.clear()
+        self._last = None

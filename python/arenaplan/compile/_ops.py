@@ -3,6 +3,7 @@ give it a stand-in), and the helpers over tensors it uses."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 try:
@@ -31,6 +32,10 @@ class _Ops:
         self._storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
         self._tensor = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
         self._deny = getattr(torch._C, "_set_storage_access_error_msg", None)
+        self._cache_add = getattr(torch._C, "_add_cached_tensor", None)
+        self._cache_remove = getattr(torch._C, "_remove_cached_tensor", None)
+        self._cache_enable = getattr(torch._C, "_set_cached_tensors_enabled", None)
+        self._cache_enabled = False
 
     def ap(self):
         from .. import torch as ap  # imported late: it needs torch and loads nothing until install()
@@ -139,17 +144,19 @@ class _Ops:
         return None
 
     @staticmethod
-    def move_out(ts: Sequence[Any]) -> bool:
+    def move_out(ts: Sequence[Any], extra: int = 0) -> bool:
         """Give the tensors ts, all over one storage, memory of their own
         outside the arena: one copy of that storage, which each then uses
         (every holder of one sees the move: a parameter's ``.grad``). False,
         nothing moved, where a tensor not in ts shares the storage (a view
-        of it would still read the arena)."""
+        of it would still read the arena). ``extra``: references to the
+        storage known to be no tensor's (what torch keeps beside a tensor
+        made over a graph's output)."""
         from torch.multiprocessing.reductions import StorageWeakRef
         st = ts[0].untyped_storage()
         ref = StorageWeakRef(st)
         del st
-        if torch._C._storage_Use_Count(ref.cdata) != len(ts):
+        if torch._C._storage_Use_Count(ref.cdata) != len(ts) + extra:
             return False
         with torch.no_grad():
             whole = torch.empty(0, dtype=torch.uint8, device=ts[0].device).set_(ts[0].untyped_storage())
@@ -240,26 +247,67 @@ class _Ops:
         """t's storage, by identity (unique while it lives)."""
         return t.untyped_storage()._cdata
 
-    def views(self, outs: Sequence[Any]) -> Optional[Callable[[], List[Any]]]:
-        """A function making, on each call, fresh tensors over the memory of
-        ``outs`` (that own nothing, so that the previous call's can be made to
-        raise on access); None where torch lacks the means."""
-        if self._storage is None or self._tensor is None:
-            return None
-        recipe = []
+    def can_make_outputs(self) -> bool:
+        """Whether this torch can make tensors over a graph's outputs' memory."""
+        return self._storage is not None and self._tensor is not None
+
+    def output_makers(self, outs: Sequence[Any]) -> List[Optional[Callable[[], Tuple[Any, Any]]]]:
+        """Per output of a captured stage: a function making a new tensor
+        over its memory that owns nothing (so that one still held can be
+        made to raise on access), with the token :meth:`held_outputs` reads;
+        None for an output returned as it is (not a device tensor, or
+        empty)."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+        mk_storage, mk_tensor, count = self._storage, self._tensor, torch._C._storage_Use_Count
+        makers: List[Optional[Callable[[], Tuple[Any, Any]]]] = []
         for o in outs:
             if isinstance(o, torch.Tensor) and o.is_cuda and o.numel() > 0:
                 st = o.untyped_storage()
-                recipe.append((True, st.data_ptr(), st.nbytes(), o.device,
-                               {"dtype": o.dtype, "size": tuple(o.shape), "stride": tuple(o.stride()),
-                                "storage_offset": o.storage_offset()}))
-            else:
-                recipe.append((False, o))
-        mk_storage, mk_tensor = self._storage, self._tensor
+                args = (st.data_ptr(), o.device, st.nbytes())
+                meta = {"dtype": o.dtype, "size": tuple(o.shape), "stride": tuple(o.stride()),
+                        "storage_offset": o.storage_offset()}
 
-        def make() -> List[Any]:
-            return [mk_tensor(r[4], mk_storage(r[1], r[3], r[2])) if r[0] else r[1] for r in recipe]
-        return make
+                def make(args=args, meta=meta):
+                    t = mk_tensor(meta, mk_storage(*args))
+                    ref = StorageWeakRef(t.untyped_storage())
+                    # What holds the storage now (the tensor, and whatever
+                    # torch keeps beside it): more later means a view.
+                    return t, (ref.cdata, count(ref.cdata), ref)
+                makers.append(make)
+            else:
+                makers.append(None)
+        return makers
+
+    @staticmethod
+    def held_outputs(slots: List[Any], tokens: List[Any]) -> List[int]:
+        """The indices of the made tensors that something besides the list
+        holds: another reference to the tensor object, to its TensorImpl
+        (autograd saved it, a parameter's ``.grad`` is it) or to its storage
+        (a view, AccumulateGrad's detached alias)."""
+        ref, count = sys.getrefcount, torch._C._storage_Use_Count
+        # slots[i] as an argument: the list's reference and the argument's;
+        # the TensorImpl: the tensor object's; the storage: as when made.
+        return [i for i, tok in enumerate(tokens) if tok is not None and
+                (ref(slots[i]) > 2 or slots[i]._use_count() > 1 or count(tok[0]) > tok[1])]
+
+    @staticmethod
+    def extra_refs(token) -> int:
+        return token[1] - 1
+
+    def can_cache(self) -> bool:
+        return self._cache_add is not None and self._cache_remove is not None and self._cache_enable is not None
+
+    def set_cached(self, t, on: bool) -> None:
+        """Register t with autograd as a cached output (a reference held
+        outside the program, ignored where autograd decides whether it may
+        take a gradient as it is), or no longer."""
+        if on:
+            if not self._cache_enabled:
+                self._cache_enable(True)  # process-wide; what CUDAGraph Trees turn on
+                self._cache_enabled = True
+            self._cache_add(t)
+        else:
+            self._cache_remove(t)
 
     def deny(self, outs: Sequence[Any]) -> None:
         """Make reading ``outs`` raise (those tensors: views a caller made of

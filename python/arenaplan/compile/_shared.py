@@ -7,7 +7,7 @@ import contextlib
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from ._ops import _Ops
 
@@ -90,3 +90,86 @@ class _Warns:
         self.warned.add(kind)
         warnings.warn(f"arenaplan.compile: {self.name}: {reason}: inductor's code runs without a CUDA graph",
                       RuntimeWarning, stacklevel=4)
+
+
+class _Outputs:
+    """The tensors a captured stage returns, over its outputs' memory at
+    fixed addresses. As CUDAGraph Trees do, the same tensor objects come
+    back from replay to replay while nothing else holds them (a new tensor
+    costs microseconds, per output and call: a training step's forward
+    returns every saved activation); one still held when the stage
+    replays again (the caller kept it or a view of it, autograd saved it,
+    it is a parameter's ``.grad``) is replaced by a new one and, where the
+    caller says so, made to raise when read (it is overwritten).
+
+    ``cached``: register the tensors with autograd as cached outputs, so
+    that AccumulateGrad takes a gradient as it would take a new tensor
+    (without, the reference kept here makes it copy every gradient)."""
+
+    __slots__ = ("ops", "makers", "slots", "tokens", "cached")
+
+    def __init__(self, ops: "_Ops", outs: Sequence[Any], cached: bool = False):
+        self.ops = ops
+        self.makers = ops.output_makers(outs)  # per output: a maker, or None where the value is fixed
+        self.slots: List[Any] = [None if mk is not None else o for mk, o in zip(self.makers, outs)]
+        self.tokens: List[Any] = [None] * len(outs)  # per made tensor: what tells whether its memory is held
+        self.cached = cached and ops.can_cache()
+
+    def take(self, deny: Optional[Iterable[int]] = None) -> List[Any]:
+        """The outputs after a replay: the tensors of the last one where
+        nothing else holds them, new ones where something does (those held
+        made unreadable where their index is in ``deny``; None: all)."""
+        slots, tokens = self.slots, self.tokens
+        held = self.ops.held_outputs(slots, tokens)
+        if held:
+            deny = None if deny is None else set(deny)
+            for i in held:
+                self._drop(i, deny is None or i in deny)
+        for i, mk in enumerate(self.makers):
+            if mk is not None and slots[i] is None:
+                slots[i], tokens[i] = mk()
+                if self.cached:
+                    self.ops.set_cached(slots[i], True)
+        return list(slots)
+
+    def held(self) -> List[int]:
+        """The indices of the tensors something else holds."""
+        return self.ops.held_outputs(self.slots, self.tokens)
+
+    def current(self, i: int) -> Any:
+        return self.slots[i]
+
+    def extra_refs(self, i: int) -> int:
+        """References to output i's storage beside its tensor's when it was
+        made (see :meth:`_Ops.move_out`)."""
+        tok = self.tokens[i]
+        return self.ops.extra_refs(tok) if tok is not None else 0
+
+    def forget(self, i: int) -> None:
+        """Drop output i's tensor without touching it (it was given memory
+        of its own): the next take makes a new one."""
+        self._drop(i, False)
+
+    def uncache(self) -> None:
+        """From now on, do not register the tensors as cached outputs."""
+        if self.cached:
+            for t, tok in zip(self.slots, self.tokens):
+                if tok is not None:
+                    self.ops.set_cached(t, False)
+            self.cached = False
+
+    def release(self, deny: bool = True) -> None:
+        """Drop every tensor, those held made unreadable (``deny``): the
+        memory is about to be overwritten or given back."""
+        held = set(self.held()) if deny else set()
+        for i, tok in enumerate(self.tokens):
+            if tok is not None:
+                self._drop(i, i in held)
+
+    def _drop(self, i: int, deny: bool) -> None:
+        t = self.slots[i]
+        if self.cached:
+            self.ops.set_cached(t, False)
+        if deny:
+            self.ops.deny([t])
+        self.slots[i] = self.tokens[i] = None

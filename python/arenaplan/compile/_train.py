@@ -1,12 +1,11 @@
 """A training graph: AOTAutograd's forward and backward captured as one chain."""
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ._options import CompileOptions
 from ._ops import _Ops
-from ._shared import _Warns, _fixed_outputs, _lock, _unseen, _warm_pool
+from ._shared import _Outputs, _Warns, _fixed_outputs, _lock, _unseen, _warm_pool
 
 if TYPE_CHECKING:
     from ._infer import _Runner
@@ -33,16 +32,12 @@ class _TrainMember:
         self.saved_cuda: List[int] = []
         self.rep: Optional[int] = None  # the forward output whose storage stands for every saved activation
         self.user_idx: List[int] = []  # the forward's tensor outputs that are the program's (not saved)
-        self.make_fw = self.make_bw = None
+        self.fw_out: Optional[_Outputs] = None
+        self.bw_out: Optional[_Outputs] = None
         self.gen = self.bw_gen = 0
-        self.saved_refs: list = []
-        self.saved_ids: set = set()
-        self.grad_refs: list = []
-        self.grad_tensors: list = []  # weak references to the tensors the last backward replay returned
+        self.saved_id: Optional[int] = None  # the storage of the last forward replay's saved activation (rep)
         self.grad_ptrs: set = set()  # the addresses of the backward's outputs' memory
-        self.pin = False  # hold the backward's outputs until the next call (gradients are kept across calls)
-        self.pinned: Optional[list] = None
-        self.user_refs: list = []
+        self.pin = False  # gradients are kept across calls: AccumulateGrad copies the backward's outputs
         self.placeholder_bytes = 0
 
 
@@ -120,11 +115,10 @@ class _TrainPair(_Warns):
             self._warn("params", "a training graph is captured for one set of parameter addresses; calls with "
                                  "others run without a graph")
             return self._plain_fw(inputs, None)
-        if m.gen > m.bw_gen and self._alive(m.saved_refs):
+        if m.gen > m.bw_gen and m.rep is not None and m.rep in m.fw_out.held():
             self._warn("pending", "a forward ran while the previous forward's saved activations still wait for "
                                   "their backward; such forwards (and their backwards) run without a graph")
             return self._plain_fw(inputs, None)
-        m.pinned = None
         if not self._release_grads(m):
             return self._plain_fw(inputs, None)
         for i in fw.dyn or ():
@@ -132,21 +126,17 @@ class _TrainPair(_Warns):
             if i not in m.fw_inplace and ops.is_tensor(src) and ops.data_ptr(dst) != ops.data_ptr(src):
                 ops.copy(dst, src)
         del inputs
-        prev = [t for t in (w() for w in m.user_refs) if t is not None]
-        if prev:
-            ops.deny(prev)
         m.chain.replay(0)
-        fresh = m.make_fw()
+        # The program's outputs still held are overwritten: they raise when
+        # read. Saved activations still held (by a graph kept with
+        # retain_graph=True) are not: their backward raises (see backward).
+        fresh = m.fw_out.take(m.user_idx)
         m.gen += 1
         self.replays["forward"] += 1
         # One saved activation stands for all of them: the call's autograd
-        # node holds them together and frees them together (one reference
-        # and one id a call, not one per activation).
+        # node holds them together and frees them together.
         if m.rep is not None:
-            t = fresh[m.rep]
-            m.saved_refs, m.saved_ids = [ops.storage_ref(t)], {ops.storage_id(t)}
-            del t
-        m.user_refs = [weakref.ref(fresh[j]) for j in m.user_idx]
+            m.saved_id = ops.storage_id(fresh[m.rep])
         return fresh
 
     def backward(self, inputs: list) -> Any:
@@ -161,15 +151,14 @@ class _TrainPair(_Warns):
                 return self._plain_bw(inputs, warm=True)
             return self._plain_bw(inputs)
         for i in m.saved_cuda[:1]:  # the one that stands for all (see forward)
-            if ops.storage_id(inputs[i]) not in m.saved_ids:
+            if ops.storage_id(inputs[i]) != m.saved_id:
                 raise RuntimeError(f"arenaplan.compile: {self.name}: this backward's saved activations were "
                                    "overwritten by a later replay of its forward (retain_graph=True, then another "
                                    "forward): run the backward before the next forward")
         m.bw_gen = m.gen
-        m.pinned = None
         if not self._release_grads(m):
             return self._plain_bw(inputs)
-        if m.make_bw is None and not self._capture_bw(m, inputs):
+        if m.bw_out is None and not self._capture_bw(m, inputs):
             return self._plain_bw(inputs)
         for i, p in m.tangent_inplace.items():
             if ops.data_ptr(inputs[i]) != p or ops.layout(inputs[i]) != m.tangent_layouts[i]:
@@ -182,16 +171,8 @@ class _TrainPair(_Warns):
                 ops.copy(dst, inputs[i])
         del inputs
         m.chain.replay(1)
-        fresh = m.make_bw()
         self.replays["backward"] += 1
-        m.grad_refs = [ops.storage_ref(t) for t in fresh if ops.is_tensor(t)]
-        m.grad_tensors = [weakref.ref(t) for t in fresh if ops.is_tensor(t)]
-        if m.pin:
-            # Held until the next call of the chain: AccumulateGrad then
-            # sees another reference and copies each gradient into a
-            # ``.grad`` of its own instead of keeping the arena's memory.
-            m.pinned = fresh
-        return fresh
+        return m.bw_out.take(())
 
     def _takes(self, m: _TrainMember, inputs: list) -> bool:
         """Whether inputs are for member m's backward: its saved activations
@@ -222,10 +203,6 @@ class _TrainPair(_Warns):
         with _warm_pool(self.ops, self.bw.device):
             return self.bw.inner(inputs)
 
-    @staticmethod
-    def _alive(refs: list) -> bool:
-        return any(not w.expired() for w in refs)
-
     def _release_grads(self, m: _TrainMember) -> bool:
         """Whether m's chain may replay with respect to the gradients its
         last backward returned: those still held (AccumulateGrad keeps a
@@ -234,37 +211,51 @@ class _TrainPair(_Warns):
         arena first, into memory of their own, so that the replay, which
         writes there, leaves them as they are; later backwards' gradients
         are then added into them in place, as without graphs. From then on
-        the backward's outputs are held until the chain's next call, so
-        that AccumulateGrad copies them into a ``.grad`` of its own rather
-        than keep the arena's memory (one copy per accumulation, as the
-        move was). False (with one warning; that call runs without a graph)
+        the backward's outputs are no longer registered as cached, so that
+        AccumulateGrad copies them into a ``.grad`` of its own rather than
+        keep the arena's memory (one copy per accumulation, as the move
+        was). False (with one warning; that call runs without a graph)
         where one cannot be moved: a tensor not found shares its memory (a
         view of a ``.grad``)."""
-        if not self._alive(m.grad_refs):
+        out = m.bw_out
+        held = out.held() if out is not None else None
+        if not held:
             return True
-        # This loop keeps gradients across calls: from now on, the
-        # backward's outputs are held until the next call (see backward),
-        # so that none becomes a .grad in the arena.
         m.pin = True
+        out.uncache()
         ops = self.ops
         # AccumulateGrad keeps a detached alias of the gradient (another
         # tensor over its memory): found through the parameters.
         # By storage (two outputs at one address have storages of their
         # own): the tensors over it, by identity.
-        held: Dict[int, Dict[int, Any]] = {}
-        for t in [w() for w in m.grad_tensors] + [ops.grad(x) for x in m.fw_args]:
+        groups: Dict[int, Dict[int, Any]] = {}
+        extra: Dict[int, int] = {}
+        for i in held:
+            t = out.current(i)
+            if ops.extent(t)[0] in m.grad_ptrs:
+                k = ops.storage_id(t)
+                groups.setdefault(k, {})[id(t)] = t
+                extra[k] = out.extra_refs(i)
+        for t in [ops.grad(x) for x in m.fw_args]:
             if t is not None and ops.is_tensor(t) and ops.extent(t)[0] in m.grad_ptrs:
-                held.setdefault(ops.storage_id(t), {})[id(t)] = t
-        for group in held.values():
-            if not ops.move_out(list(group.values())):
+                groups.setdefault(ops.storage_id(t), {})[id(t)] = t
+        t = None
+        for k, group in groups.items():
+            if not ops.move_out(list(group.values()), extra.get(k, 0)):
                 break
-        held.clear()
-        if self._alive(m.grad_refs):
+        groups.clear()
+        # The outputs moved are the program's now; the next replay's are new.
+        left = False
+        for i in held:
+            if ops.extent(out.current(i))[0] in m.grad_ptrs:
+                left = True
+            else:
+                out.forget(i)
+        if left:
             self._warn("grads", "the previous backward's gradients are still held where they cannot be moved "
                                 "out of the arena (a view of one is held): calls run without a graph until they "
                                 "are released")
             return False
-        m.grad_refs, m.grad_tensors = [], []
         self.grads_moved += 1
         return True
 
@@ -317,7 +308,7 @@ class _TrainPair(_Warns):
 
     def _build(self, inputs: list, shape: Hashable) -> Optional[_TrainMember]:
         fw, bw, ops = self.fw, self.bw, self.ops
-        if ops.views([]) is None:
+        if not ops.can_make_outputs():
             self._give_up("this torch cannot make tensors over a graph's outputs "
                           "(torch._C._construct_storage_from_data_pointer)")
             return None
@@ -377,7 +368,7 @@ class _TrainPair(_Warns):
         self._fix(ch.outputs[0])
         m.tangent_layouts = {i: layout for i, (layout, _) in learned.items()}
         m.tangent_keys = {i: key for i, (_, key) in learned.items()}
-        m.make_fw = ops.views(ch.outputs[0])
+        m.fw_out = _Outputs(ops, ch.outputs[0])
         # The backward inputs that are the forward's device outputs: each
         # call checks they are the last forward replay's.
         m.saved_cuda = [i for i, (kind, v) in enumerate(bw_map)
@@ -435,7 +426,7 @@ class _TrainPair(_Warns):
             m.tan.clear()
         self._fix(out)
         m.grad_ptrs = {ops.extent(t)[0] for t in out if ops.is_tensor(t)}
-        m.make_bw = ops.views(out)
+        m.bw_out = _Outputs(ops, out, cached=True)
         m.placeholder_bytes += sum(ops.nbytes(t) for t in m.tangents.values())
         return True
 
@@ -463,9 +454,12 @@ class _TrainPair(_Warns):
 
     def close(self) -> None:
         for m in self.members.values():
-            prev = [t for t in (w() for w in m.user_refs) if t is not None]
-            if prev:
-                self.ops.deny(prev)
+            # Gradients still held as .grad keep their values (moved out);
+            # any other output still held raises when read.
+            self._release_grads(m)
+            for out in (m.fw_out, m.bw_out):
+                if out is not None:
+                    out.release()
             if m.chain is not None:
                 m.chain.close()
                 m.chain = None
