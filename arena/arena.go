@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devmem"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -156,10 +157,10 @@ func New(dev cuda.Device, t *lifetime.Trace, p *planner.Plan, opts ...Option) (*
 	// device, touch) everything before it.
 	if free, total, err := dev.MemGetInfo(); err == nil && a.resv > free {
 		return nil, fmt.Errorf("arena: New: trace %q: %w: the arena needs %s of device memory in %d regions, %s free of %s",
-			t.Name, ErrOutOfMemory, fmtBytes(a.resv), len(a.regions), fmtBytes(free), fmtBytes(total))
+			t.Name, ErrOutOfMemory, devmem.Bytes(a.resv), len(a.regions), devmem.Bytes(free), devmem.Bytes(total))
 	}
 	if a.base, err = dev.AddressReserve(a.resv, gran); err != nil {
-		return nil, fmt.Errorf("arena: New: trace %q: reserving %s of addresses: %w", t.Name, fmtBytes(a.resv), err)
+		return nil, fmt.Errorf("arena: New: trace %q: reserving %s of addresses: %w", t.Name, devmem.Bytes(a.resv), err)
 	}
 	at := a.base
 	for _, r := range a.regions {
@@ -453,13 +454,13 @@ func (a *Arena) mapError(r *region, err error) error {
 		free, total, ierr := a.dev.MemGetInfo()
 		have := ""
 		if ierr == nil {
-			have = fmt.Sprintf(", %s free of %s", fmtBytes(free), fmtBytes(total))
+			have = fmt.Sprintf(", %s free of %s", devmem.Bytes(free), devmem.Bytes(total))
 		}
 		return fmt.Errorf("%w: region [%s] needs %s of device memory (arena %s in %d regions, %s mapped%s): %w",
-			ErrOutOfMemory, strings.Join(r.tags, " "), fmtBytes(r.size), fmtBytes(a.resv), len(a.regions),
-			fmtBytes(a.mappedLocked()), have, err)
+			ErrOutOfMemory, strings.Join(r.tags, " "), devmem.Bytes(r.size), devmem.Bytes(a.resv), len(a.regions),
+			devmem.Bytes(a.mappedLocked()), have, err)
 	}
-	return fmt.Errorf("region [%s]: mapping %s: %w", strings.Join(r.tags, " "), fmtBytes(r.size), err)
+	return fmt.Errorf("region [%s]: mapping %s: %w", strings.Join(r.tags, " "), devmem.Bytes(r.size), err)
 }
 
 func (a *Arena) mappedLocked() uint64 {
@@ -468,20 +469,4 @@ func (a *Arena) mappedLocked() uint64 {
 		n += r.mapped()
 	}
 	return n
-}
-
-// fmtBytes prints n in the largest binary unit that keeps it >= 1.
-func fmtBytes(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, u := float64(n), 0
-	for v >= unit && u < 4 {
-		v /= unit
-		u++
-	}
-	s := fmt.Sprintf("%.2f", v)
-	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
-	return s + " " + [...]string{"B", "KiB", "MiB", "GiB", "TiB"}[u]
 }

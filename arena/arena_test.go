@@ -5,13 +5,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devtest"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )
@@ -21,6 +21,12 @@ const (
 	MiB = 1 << 20
 	GiB = 1 << 30
 )
+
+// env is the device a test runs on: the simulation, or the driver
+// (gpu_test.go).
+type env = devtest.Env
+
+func newSimEnv(t testing.TB, total uint64) *env { return devtest.NewSim(t, total) }
 
 // modelTrace is a small workload: weights and a KV cache that live
 // throughout, activations that come and go.
@@ -63,7 +69,7 @@ func fixedPlan(tr *lifetime.Trace, offsets []int64) *planner.Plan {
 
 func newArena(t testing.TB, e *env, tr *lifetime.Trace, p *planner.Plan, opts ...Option) *Arena {
 	t.Helper()
-	a, err := New(e.dev, tr, p, opts...)
+	a, err := New(e.Dev, tr, p, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +97,7 @@ func fillRandom(t testing.TB, e *env, a *Arena, tr *lifetime.Trace, seed uint64)
 		for j := range b {
 			b[j] = byte(rng.Uint32())
 		}
-		if err := e.dev.CopyHtoD(mustPtr(t, a, lifetime.ID(i)), b); err != nil {
+		if err := e.Dev.CopyHtoD(mustPtr(t, a, lifetime.ID(i)), b); err != nil {
 			t.Fatal(err)
 		}
 		out[i] = b
@@ -113,7 +119,7 @@ func fillRandom(t testing.TB, e *env, a *Arena, tr *lifetime.Trace, seed uint64)
 func readBuf(t testing.TB, e *env, a *Arena, tr *lifetime.Trace, id lifetime.ID) []byte {
 	t.Helper()
 	b := make([]byte, tr.Buffers[id].Size)
-	if err := e.dev.CopyDtoH(b, mustPtr(t, a, id)); err != nil {
+	if err := e.Dev.CopyDtoH(b, mustPtr(t, a, id)); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -144,10 +150,10 @@ func TestArena(t *testing.T) {
 }
 
 func testAddresses(t *testing.T, e *env, exact bool) {
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, pregs := groupedPlan(t, tr, int64(gran))
-	free0 := e.free(t)
+	free0 := e.Free(t)
 	a := newArena(t, e, tr, p)
 	if a.Size() != p.Arena {
 		t.Errorf("Size %d, plan %d", a.Size(), p.Arena)
@@ -169,7 +175,7 @@ func testAddresses(t *testing.T, e *env, exact bool) {
 	if a.Mapped() != mapped || mapped < uint64(p.Arena) {
 		t.Errorf("Mapped %d, regions %d, plan %d", a.Mapped(), mapped, p.Arena)
 	}
-	if drop := free0 - e.free(t); exact && drop != mapped {
+	if drop := free0 - e.Free(t); exact && drop != mapped {
 		t.Errorf("device free memory dropped by %d, mapped %d", drop, mapped)
 	}
 	for i := range tr.Buffers {
@@ -204,7 +210,7 @@ func regionOf(regs []RegionInfo, tag string) int {
 // testUnalignedRegions: a plan whose regions do not start on granule
 // boundaries still gives every pointer its offset's alignment.
 func testUnalignedRegions(t *testing.T, e *env, exact bool) {
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, 4096)
 	a := newArena(t, e, tr, p)
@@ -228,7 +234,7 @@ func testUnalignedRegions(t *testing.T, e *env, exact bool) {
 // testSeparation: regions have disjoint address windows and their own
 // physical memory: pausing one leaves the others readable and intact.
 func testSeparation(t *testing.T, e *env, exact bool) {
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, int64(gran))
 	a := newArena(t, e, tr, p)
@@ -257,9 +263,9 @@ func testSeparation(t *testing.T, e *env, exact bool) {
 			t.Errorf("buffer %d (%s) changed while act was paused", i, b.Name)
 		}
 	}
-	if e.sim != nil {
+	if e.Sim != nil {
 		// Nothing is mapped at a paused region's addresses.
-		if err := e.dev.CopyHtoD(act, []byte{1, 2, 3, 4}); err == nil {
+		if err := e.Dev.CopyHtoD(act, []byte{1, 2, 3, 4}); err == nil {
 			t.Error("copy into a paused region succeeded")
 		}
 	}
@@ -272,7 +278,7 @@ func testSeparation(t *testing.T, e *env, exact bool) {
 }
 
 func testPauseReleases(t *testing.T, e *env, exact bool) {
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, int64(gran))
 	a := newArena(t, e, tr, p, WithPolicy("weight", Backup))
@@ -281,11 +287,11 @@ func testPauseReleases(t *testing.T, e *env, exact bool) {
 		before[i] = mustPtr(t, a, lifetime.ID(i))
 	}
 	mapped := a.Mapped()
-	free0 := e.free(t)
+	free0 := e.Free(t)
 	if err := a.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	free1 := e.free(t)
+	free1 := e.Free(t)
 	if a.Mapped() != 0 {
 		t.Errorf("Mapped %d after pausing everything", a.Mapped())
 	}
@@ -298,7 +304,7 @@ func testPauseReleases(t *testing.T, e *env, exact bool) {
 	if err := a.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	checkDelta(t, "resume took", free1-e.free(t), mapped, exact)
+	checkDelta(t, "resume took", free1-e.Free(t), mapped, exact)
 	for i := range before {
 		if got := mustPtr(t, a, lifetime.ID(i)); got != before[i] {
 			t.Errorf("Ptr(%d) moved across pause/resume: %#x -> %#x", i, before[i], got)
@@ -309,11 +315,11 @@ func testPauseReleases(t *testing.T, e *env, exact bool) {
 	}
 	// Pausing one tag at a time returns that region's memory only.
 	for _, r := range a.Regions() {
-		f0 := e.free(t)
+		f0 := e.Free(t)
 		if err := a.Pause(r.Tags...); err != nil {
 			t.Fatal(err)
 		}
-		checkDelta(t, "pause "+r.Tags[0]+" returned", e.free(t)-f0, r.Size, exact)
+		checkDelta(t, "pause "+r.Tags[0]+" returned", e.Free(t)-f0, r.Size, exact)
 	}
 	if err := a.Resume("weight", "kv", "act"); err != nil {
 		t.Fatal(err)
@@ -338,7 +344,7 @@ func checkDelta(t *testing.T, what string, got, want uint64, exact bool) {
 }
 
 func testBackupAndDrop(t *testing.T, e *env, exact bool) {
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, int64(gran))
 	a := newArena(t, e, tr, p, WithPolicy("weight", Backup), WithPolicy("kv", Backup), WithPolicy("act", Drop))
@@ -362,20 +368,20 @@ func testBackupAndDrop(t *testing.T, e *env, exact bool) {
 			backed += uint64(r.Hi - r.Lo)
 			// The host copy exists before the first Pause, so that
 			// Pause only copies.
-			if r.Host != uint64(r.Hi-r.Lo) || e.sim != nil && !r.Pinned {
+			if r.Host != uint64(r.Hi-r.Lo) || e.Sim != nil && !r.Pinned {
 				t.Errorf("region %v: %d host bytes (pinned %v) before the first Pause, want %d pinned", r.Tags, r.Host, r.Pinned, r.Hi-r.Lo)
 			}
 		}
 	}
-	if e.sim != nil && e.sim.PinnedBytes() != backed {
-		t.Errorf("%d pinned bytes before the first Pause, want %d", e.sim.PinnedBytes(), backed)
+	if e.Sim != nil && e.Sim.PinnedBytes() != backed {
+		t.Errorf("%d pinned bytes before the first Pause, want %d", e.Sim.PinnedBytes(), backed)
 	}
 	if got := a.Mapped(); got != mapped {
 		t.Errorf("the host copies changed the device memory mapped: %d bytes, then %d", mapped, got)
 	}
-	if e.sim != nil {
+	if e.Sim != nil {
 		// Pinned memory is host memory: device memory is the arena's.
-		if free, total, err := e.dev.MemGetInfo(); err != nil || total-free != a.Reserved() {
+		if free, total, err := e.Dev.MemGetInfo(); err != nil || total-free != a.Reserved() {
 			t.Errorf("device memory in use %d (err %v), want the arena's %d", total-free, err, a.Reserved())
 		}
 	}
@@ -385,18 +391,18 @@ func testBackupAndDrop(t *testing.T, e *env, exact bool) {
 		}
 		// The backups are page-locked memory, pinned with the arena
 		// and kept from one Pause to the next.
-		if e.sim != nil && e.sim.PinnedBytes() != backed {
-			t.Errorf("round %d: %d pinned bytes while paused, want %d", round, e.sim.PinnedBytes(), backed)
+		if e.Sim != nil && e.Sim.PinnedBytes() != backed {
+			t.Errorf("round %d: %d pinned bytes while paused, want %d", round, e.Sim.PinnedBytes(), backed)
 		}
 		if err := a.Resume(); err != nil {
 			t.Fatal(err)
 		}
-		if e.sim != nil && e.sim.PinnedBytes() != backed {
-			t.Errorf("round %d: %d pinned bytes kept after Resume, want %d", round, e.sim.PinnedBytes(), backed)
+		if e.Sim != nil && e.Sim.PinnedBytes() != backed {
+			t.Errorf("round %d: %d pinned bytes kept after Resume, want %d", round, e.Sim.PinnedBytes(), backed)
 		}
 		var host uint64
 		for _, r := range a.Regions() {
-			if r.Policy == Backup && (!r.Pinned && e.sim != nil || r.Host != uint64(r.Hi-r.Lo)) {
+			if r.Policy == Backup && (!r.Pinned && e.Sim != nil || r.Host != uint64(r.Hi-r.Lo)) {
 				t.Errorf("round %d: region %v keeps %d host bytes (pinned %v), want %d pinned", round, r.Tags, r.Host, r.Pinned, r.Hi-r.Lo)
 			}
 			host += r.Host
@@ -412,7 +418,7 @@ func testBackupAndDrop(t *testing.T, e *env, exact bool) {
 				t.Errorf("round %d: Backup buffer %d (%s) not restored bit for bit", round, i, b.Name)
 			case b.Tag == "act" && bytes.Equal(got, want[i]):
 				t.Errorf("round %d: Drop buffer %d (%s) kept its contents", round, i, b.Name)
-			case b.Tag == "act" && e.sim != nil && !bytes.Equal(got, make([]byte, len(got))):
+			case b.Tag == "act" && e.Sim != nil && !bytes.Equal(got, make([]byte, len(got))):
 				t.Errorf("round %d: Drop buffer %d (%s) is not zero on the simulation", round, i, b.Name)
 			}
 		}
@@ -425,8 +431,8 @@ func testBackupAndDrop(t *testing.T, e *env, exact bool) {
 			t.Errorf("region %v keeps %d host bytes after ReleaseHost", r.Tags, r.Host)
 		}
 	}
-	if e.sim != nil && e.sim.PinnedBytes() != 0 {
-		t.Errorf("%d pinned bytes left after ReleaseHost", e.sim.PinnedBytes())
+	if e.Sim != nil && e.Sim.PinnedBytes() != 0 {
+		t.Errorf("%d pinned bytes left after ReleaseHost", e.Sim.PinnedBytes())
 	}
 	// Closed while paused: the backups go back too.
 	if err := a.Pause(); err != nil {
@@ -435,42 +441,42 @@ func testBackupAndDrop(t *testing.T, e *env, exact bool) {
 	if err := a.ReleaseHost(); err != nil {
 		t.Fatal(err)
 	}
-	if e.sim != nil && e.sim.PinnedBytes() != backed {
-		t.Errorf("ReleaseHost freed a paused region's backup: %d pinned bytes, want %d", e.sim.PinnedBytes(), backed)
+	if e.Sim != nil && e.Sim.PinnedBytes() != backed {
+		t.Errorf("ReleaseHost freed a paused region's backup: %d pinned bytes, want %d", e.Sim.PinnedBytes(), backed)
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if e.sim != nil && e.sim.PinnedBytes() != 0 {
-		t.Errorf("%d pinned bytes left after Close of a paused arena", e.sim.PinnedBytes())
+	if e.Sim != nil && e.Sim.PinnedBytes() != 0 {
+		t.Errorf("%d pinned bytes left after Close of a paused arena", e.Sim.PinnedBytes())
 	}
 }
 
 // testGraphAcrossPause captures act[a2] = weight[w1] + 7 and act[a3] =
 // kv + 1 over arena memory, replays, pauses, resumes, replays again.
 func testGraphAcrossPause(t *testing.T, e *env, exact bool) {
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, int64(gran))
 	a := newArena(t, e, tr, p, WithPolicy("weight", Backup), WithPolicy("kv", Backup))
-	s := e.stream(t)
+	s := e.Stream(t)
 	a.WatchStreams(s)
 	want := fillRandom(t, e, a, tr, 3)
 	n1 := uint32(tr.Buffers[1].Size / 4) // w1 -> a2 (a2 is larger)
 	n2 := uint32(tr.Buffers[5].Size / 4) // kv -> a3 (a3 is smaller)
-	if err := e.dev.BeginCapture(s, cuda.CaptureModeGlobal); err != nil {
+	if err := e.Dev.BeginCapture(s, cuda.CaptureModeGlobal); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Pause("act"); !errors.Is(err, ErrCapturing) {
 		t.Errorf("Pause during a capture on a watched stream: %v", err)
 	}
-	if err := e.launchAdd(s, mustPtr(t, a, 4), mustPtr(t, a, 1), 7, n1); err != nil {
+	if err := e.LaunchAdd(s, mustPtr(t, a, 4), mustPtr(t, a, 1), 7, n1); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.launchAdd(s, mustPtr(t, a, 5), mustPtr(t, a, 6), 1, n2); err != nil {
+	if err := e.LaunchAdd(s, mustPtr(t, a, 5), mustPtr(t, a, 6), 1, n2); err != nil {
 		t.Fatal(err)
 	}
-	g, err := e.dev.EndCapture(s)
+	g, err := e.Dev.EndCapture(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -518,10 +524,10 @@ func testGraphAcrossPause(t *testing.T, e *env, exact bool) {
 }
 
 func testMisuse(t *testing.T, e *env, exact bool) {
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, int64(gran))
-	a, err := New(e.dev, tr, p, WithPolicy("weight", Backup))
+	a, err := New(e.Dev, tr, p, WithPolicy("weight", Backup))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,7 +599,7 @@ func testMisuse(t *testing.T, e *env, exact bool) {
 		{"zero handle", []Option{WithHandleSize(0)}, "must be positive"},
 		{"odd handle", []Option{WithHandleSize(gran + 1)}, "not a multiple"},
 	} {
-		a, err := New(e.dev, tr, p, c.opts...)
+		a, err := New(e.Dev, tr, p, c.opts...)
 		if err == nil {
 			a.Close()
 			t.Errorf("%s: New succeeded", c.name)
@@ -642,29 +648,29 @@ func testSharedRegion(t *testing.T, e *env, exact bool) {
 
 func testInvalidPlan(t *testing.T, e *env, exact bool) {
 	tr := modelTrace()
-	free0 := e.free(t)
+	free0 := e.Free(t)
 	// a0 and a1 live together at [1, 3) and overlap in memory.
 	p := fixedPlan(tr, []int64{0, 2 * MiB, 3 * MiB, 3*MiB + 4096, 6 * MiB, 8 * MiB, 9 * MiB})
-	if _, err := New(e.dev, tr, p); err == nil || !strings.Contains(err.Error(), "overlap") {
+	if _, err := New(e.Dev, tr, p); err == nil || !strings.Contains(err.Error(), "overlap") {
 		t.Errorf("overlapping plan: %v", err)
 	}
 	p = fixedPlan(tr, []int64{0, 2 * MiB, 3 * MiB, 5 * MiB, 6 * MiB, 8 * MiB, 9 * MiB})
 	p.Offsets = p.Offsets[:3]
-	if _, err := New(e.dev, tr, p); err == nil {
+	if _, err := New(e.Dev, tr, p); err == nil {
 		t.Error("short plan accepted")
 	}
 	p = fixedPlan(tr, []int64{0, 2 * MiB, 3 * MiB, 5 * MiB, 6 * MiB, 8 * MiB, 9 * MiB})
 	p.Arena = 4 * MiB
-	if _, err := New(e.dev, tr, p); err == nil {
+	if _, err := New(e.Dev, tr, p); err == nil {
 		t.Error("plan with buffers beyond the arena accepted")
 	}
-	if got := e.free(t); exact && got != free0 {
+	if got := e.Free(t); exact && got != free0 {
 		t.Errorf("refused plans leaked %d bytes", free0-got)
 	}
 }
 
 func testSmallHandles(t *testing.T, e *env, exact bool) {
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, int64(gran))
 	a := newArena(t, e, tr, p, WithHandleSize(gran), WithPolicy("act", Backup))
@@ -691,7 +697,7 @@ func TestOutOfMemory(t *testing.T) {
 	e := newSimEnv(t, 4*MiB)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, 2*MiB)
-	_, err := New(e.dev, tr, p)
+	_, err := New(e.Dev, tr, p)
 	if err == nil {
 		t.Fatal("New on a 4 MiB device succeeded")
 	}
@@ -701,8 +707,8 @@ func TestOutOfMemory(t *testing.T) {
 		strings.Contains(msg, "\n") || !strings.Contains(msg, "regions") || !strings.Contains(msg, "free of 4 MiB") {
 		t.Errorf("OOM error %q", msg)
 	}
-	if e.free(t) != 4*MiB {
-		t.Errorf("failed New leaked: %d free of 4 MiB", e.free(t))
+	if e.Free(t) != 4*MiB {
+		t.Errorf("failed New leaked: %d free of 4 MiB", e.Free(t))
 	}
 }
 
@@ -717,7 +723,7 @@ func TestResumeOutOfMemory(t *testing.T) {
 	if err := a.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	hog, err := e.dev.Alloc(e.free(t) - 2*MiB)
+	hog, err := e.Dev.Alloc(e.Free(t) - 2*MiB)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -726,7 +732,7 @@ func TestResumeOutOfMemory(t *testing.T) {
 		t.Fatalf("Resume with no memory: %v", err)
 	}
 	t.Logf("%v", err)
-	if err := e.dev.Free(hog); err != nil {
+	if err := e.Dev.Free(hog); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Resume(); err != nil {
@@ -743,7 +749,7 @@ func TestResumeOutOfMemory(t *testing.T) {
 func TestEmptyTrace(t *testing.T) {
 	e := newSimEnv(t, 16*MiB)
 	tr := &lifetime.Trace{Name: "empty"}
-	a, err := New(e.dev, tr, &planner.Plan{Align: 256})
+	a, err := New(e.Dev, tr, &planner.Plan{Align: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -798,16 +804,6 @@ func TestConcurrent(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-}
-
-func TestFmtBytes(t *testing.T) {
-	for n, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1024: "1 KiB", 1536: "1.5 KiB",
-		2 * MiB: "2 MiB", 16 * GiB: "16 GiB", 3*GiB + 256*MiB: "3.25 GiB"} {
-		if got := fmtBytes(n); got != want {
-			t.Errorf("fmtBytes(%d) = %q, want %q", n, got, want)
-		}
-	}
-	_ = fmt.Sprint()
 }
 
 // TestRunByTagKeepsPoliciesApart: weights (backed up) and activations

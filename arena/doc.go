@@ -1,12 +1,14 @@
 // Package arena is the imported arena API: device memory laid out by a
 // verified plan, every planned buffer at its fixed address for as long as
 // the arena lives, pause and resume of physical memory at the same
-// addresses, and the spillover caching allocator for what the plan does
-// not cover.
+// addresses.
 //
 // It is not a planner: it takes plans as they are (after planner.Check)
 // and never moves a buffer. It knows nothing of graphs beyond what
-// cuda.Device reports about captures.
+// cuda.Device reports about captures. It is not the allocator for what a
+// plan does not cover: that is package spill, which returns the same
+// errors (ErrOutOfMemory, ErrPaused, ...) so that a caller of both
+// branches once.
 //
 // # Arena
 //
@@ -57,25 +59,6 @@
 // (ErrCapturing, when the caller told the arena how to see captures with
 // SetCaptureGuard or WatchStreams), anything after Close (ErrClosed).
 // Errors wrap context and keep *cuda.Error causes for errors.As.
-//
-// # Spillover
-//
-// Spill serves what the plan does not cover: a caching allocator over
-// address space reserved up front, growing by mapping physical chunks
-// (legal inside a global-mode capture, unlike cuMemAlloc), with free blocks
-// per (pool, stream, size class) in a btree ordered by (size, address),
-// best fit, splitting and coalescing; requests of at most 1 MiB
-// (SmallBlock) use segments of their own, as in PyTorch's caching
-// allocator. AllocDefault can be told not to grow (ErrWouldGrow), so that
-// a cache of freed blocks in front of it (the PyTorch bridge's C fast
-// path) gives them back before more memory is mapped. Captures begun with Spill.BeginCapture allocate
-// from a private pool that stays mapped while its graph lives; pools can be
-// shared by graphs replayed one after another in capture order
-// (NewSharedPool). Blocks that other streams used (RecordStream) and that
-// are freed during a capture are reused within it once the capture graph
-// proves their last uses precede the allocating stream's frontier (free
-// markers and a reverse walk cached per capture and stream, after PyTorch
-// PR #162186); see Capture.
 //
 // Nothing is freed by finalizers: call Close.
 package arena

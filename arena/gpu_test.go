@@ -4,11 +4,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devtest"
 	"github.com/arenaplan/arenaplan/lifetime"
 )
 
@@ -19,45 +18,14 @@ import (
 //	CGO_ENABLED=0 go test -c -o .dev/arena.test ./arena
 //	.dev/arena.test -test.run 'GPU' -test.v
 
-var gpu struct {
-	once sync.Once
-	dev  *cuda.Driver
-	err  error
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if gpu.dev != nil {
-		gpu.dev.Close()
-	}
-	os.Exit(code)
-}
-
-// gpuEnv returns the driver bound to the calling goroutine's thread, or
-// skips the test.
-func gpuEnv(t *testing.T) *env {
-	t.Helper()
-	gpu.once.Do(func() { gpu.dev, gpu.err = cuda.Open(0) })
-	if gpu.err != nil {
-		t.Skipf("no CUDA device: %v", gpu.err)
-	}
-	if err := gpu.dev.BindThread(); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{dev: gpu.dev}
-	e.load(t)
-	t.Cleanup(func() { e.mod.Close() })
-	return e
-}
+func TestMain(m *testing.M) { devtest.Main(m) }
 
 func TestGPUArena(t *testing.T) {
-	e := gpuEnv(t)
-	t.Logf("device %s", e.dev.Name())
+	e := devtest.GPU(t)
+	t.Logf("device %s", e.Dev.Name())
 	for _, c := range arenaCases {
 		t.Run(c.name, func(t *testing.T) {
-			if err := gpu.dev.BindThread(); err != nil {
-				t.Fatal(err)
-			}
+			devtest.BindGPU(t)
 			c.run(t, e, false)
 		})
 	}
@@ -67,7 +35,7 @@ func TestGPUArena(t *testing.T) {
 // memory the driver reports must rise by the arena size, and the region
 // must work again after Resume. It logs one canonical line per size.
 func TestGPUPauseLarge(t *testing.T) {
-	e := gpuEnv(t)
+	e := devtest.GPU(t)
 	for _, c := range []struct {
 		name   string
 		size   int64
@@ -78,16 +46,14 @@ func TestGPUPauseLarge(t *testing.T) {
 		{"1GiB", 1 * GiB, Backup},
 	} {
 		t.Run(c.name+"-"+c.policy.String(), func(t *testing.T) {
-			if err := gpu.dev.BindThread(); err != nil {
-				t.Fatal(err)
-			}
+			devtest.BindGPU(t)
 			pauseLarge(t, e, c.name, c.size, c.policy)
 		})
 	}
 }
 
 func pauseLarge(t *testing.T, e *env, name string, size int64, policy Policy) {
-	free, _, err := e.dev.MemGetInfo()
+	free, _, err := e.Dev.MemGetInfo()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,28 +64,28 @@ func pauseLarge(t *testing.T, e *env, name string, size int64, policy Policy) {
 		Size: size, Start: 0, End: 1}}}
 	p := fixedPlan(tr, []int64{0})
 	t0 := time.Now()
-	a, err := New(e.dev, tr, p, WithPolicy("big", policy))
+	a, err := New(e.Dev, tr, p, WithPolicy("big", policy))
 	if err != nil {
 		t.Fatal(err)
 	}
 	newMs := ms(time.Since(t0))
 	defer a.Close()
-	s := e.stream(t)
+	s := e.Stream(t)
 	ptr := mustPtr(t, a, 0)
 	words := uint64(size / 4)
-	if err := e.dev.Memset32(ptr, 0xab, words, s); err != nil {
+	if err := e.Dev.Memset32(ptr, 0xab, words, s); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	free0 := e.free(t)
+	free0 := e.Free(t)
 	t0 = time.Now()
 	if err := a.Pause(); err != nil {
 		t.Fatal(err)
 	}
 	pause := time.Since(t0)
-	free1 := e.free(t)
+	free1 := e.Free(t)
 	returned := free1 - free0
 	t0 = time.Now()
 	if err := a.Resume(); err != nil {
@@ -130,19 +96,19 @@ func pauseLarge(t *testing.T, e *env, name string, size int64, policy Policy) {
 	// The last word: restored for Backup, anything for Drop; then the
 	// memory must take new work at the same address.
 	last := make([]byte, 4)
-	if err := e.dev.CopyDtoH(last, ptr.Add(uint64(size)-4)); err != nil {
+	if err := e.Dev.CopyDtoH(last, ptr.Add(uint64(size)-4)); err != nil {
 		t.Fatal(err)
 	}
 	if v := binary.LittleEndian.Uint32(last); policy == Backup && v != 0xab {
 		t.Errorf("backup: last word %#x after resume, want 0xab", v)
 	}
-	if err := e.dev.Memset32(ptr, 0xcd, words, s); err != nil {
+	if err := e.Dev.Memset32(ptr, 0xcd, words, s); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.dev.CopyDtoH(last, ptr.Add(uint64(size)-4)); err != nil || binary.LittleEndian.Uint32(last) != 0xcd {
+	if err := e.Dev.CopyDtoH(last, ptr.Add(uint64(size)-4)); err != nil || binary.LittleEndian.Uint32(last) != 0xcd {
 		t.Errorf("after resume: last word %x, %v", last, err)
 	}
 	// A second cycle: a Backup region reuses the page-locked memory of
@@ -157,7 +123,7 @@ func pauseLarge(t *testing.T, e *env, name string, size int64, policy Policy) {
 		t.Fatal(err)
 	}
 	resume2 := time.Since(t0)
-	if err := e.dev.CopyDtoH(last, ptr.Add(uint64(size)-4)); err != nil {
+	if err := e.Dev.CopyDtoH(last, ptr.Add(uint64(size)-4)); err != nil {
 		t.Fatal(err)
 	}
 	if v := binary.LittleEndian.Uint32(last); policy == Backup && v != 0xcd {
@@ -174,35 +140,3 @@ func pauseLarge(t *testing.T, e *env, name string, size int64, policy Policy) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// TestGPUSpill runs the spillover allocator's capture cases, pools and
-// growth inside a global-mode capture on the driver: the same code walks
-// the driver's capture graph.
-func TestGPUSpill(t *testing.T) {
-	e := gpuEnv(t)
-	bind := func(t *testing.T) {
-		if err := gpu.dev.BindThread(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, reuse := range []bool{true, false} {
-		for _, cc := range captureCases {
-			t.Run(fmt.Sprintf("%s/reuse=%v", cc.name, reuse), func(t *testing.T) {
-				bind(t)
-				runCaptureCase(t, e, cc.run, cc.reuse, cc.off, reuse)
-			})
-		}
-	}
-	t.Run("private-pools", func(t *testing.T) { bind(t); testPrivatePools(t, e) })
-	t.Run("grow-in-capture", func(t *testing.T) { bind(t); testGrowInCapture(t, e) })
-	t.Run("capture-walk-cost", func(t *testing.T) {
-		bind(t)
-		for _, n := range []int{256, 2048} {
-			for _, mode := range []string{"off", "on", "fresh"} {
-				d, st := captureSteps(t, e, n, mode)
-				t.Logf("SPILL capture n=%d reuse=%s ns_per_alloc=%d nodes_visited=%d reused=%d mapped_MiB=%d",
-					n, mode, d.Nanoseconds()/int64(n), st.NodesVisited, st.CaptureReuses, st.PeakMapped>>20)
-			}
-		}
-	})
-}

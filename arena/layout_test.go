@@ -12,10 +12,10 @@ import (
 
 func TestLayout(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
-	gran, _ := e.dev.Granularity(false)
+	gran, _ := e.Dev.Granularity(false)
 	tr := modelTrace()
 	p, _ := groupedPlan(t, tr, int64(gran))
-	l, err := NewLayout(e.dev, tr, p, "weight", "kv", "nosuch")
+	l, err := NewLayout(e.Dev, tr, p, "weight", "kv", "nosuch")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,10 +81,10 @@ func TestLayoutRefusesBadPlan(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	tr := modelTrace()
 	p := fixedPlan(tr, make([]int64, len(tr.Buffers))) // everything at 0
-	if _, err := NewLayout(e.dev, tr, p); err == nil {
+	if _, err := NewLayout(e.Dev, tr, p); err == nil {
 		t.Fatal("NewLayout took a plan whose buffers overlap")
 	}
-	if free := e.free(t); free != 1*GiB {
+	if free := e.Free(t); free != 1*GiB {
 		t.Errorf("%d bytes free after a refused layout, want all", free)
 	}
 }
@@ -102,7 +102,7 @@ func TestPlace(t *testing.T) {
 	for i := range tr.Buffers {
 		tr.Buffers[i].Tag = "" // one region: a step's arena in the bridge
 	}
-	l, err := NewLayout(e.dev, tr, p)
+	l, err := NewLayout(e.Dev, tr, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestFamilyLayout(t *testing.T) {
 	// A plan that does not match its members is refused.
 	wrong := *fp
 	wrong.Members = fp.Members[:1]
-	if _, err := NewFamilyLayout(e.dev, members, &wrong); err == nil {
+	if _, err := NewFamilyLayout(e.Dev, members, &wrong); err == nil {
 		t.Error("NewFamilyLayout took a plan for another family")
 	}
 }
@@ -215,7 +215,7 @@ func familyLayout(t *testing.T, e *env, members []planner.Member) (*FamilyLayout
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := NewFamilyLayout(e.dev, members, fp)
+	f, err := NewFamilyLayout(e.Dev, members, fp)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devmem"
 )
 
 // SetCaptureGuard installs f, which reports whether a stream capture is
@@ -190,7 +191,7 @@ func (a *Arena) Pause(tags ...string) error {
 		}
 		if err := a.dev.CopyDtoH(r.host, r.window.Add(uint64(r.lo-r.wlo))); err != nil {
 			undo()
-			return fmt.Errorf("arena: Pause: backing up region [%s] (%s): %w", strings.Join(r.tags, " "), fmtBytes(n), err)
+			return fmt.Errorf("arena: Pause: backing up region [%s] (%s): %w", strings.Join(r.tags, " "), devmem.Bytes(n), err)
 		}
 	}
 	var errs []error

@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 // AllocCacheable is Alloc that also says whether the block came from the
@@ -17,7 +17,7 @@ import (
 // next request of the same size, device and stream without calling Alloc
 // (the C library's fast path), while FastPathAllowed holds. With grow
 // false, an allocation the spill allocator could serve only by mapping
-// more memory fails with arena.ErrWouldGrow (counted nowhere): a caller
+// more memory fails with spill.ErrWouldGrow (counted nowhere): a caller
 // keeping blocks gives them back (Free) and asks again with grow true, so
 // that what it keeps never makes the process hold more memory.
 func (b *Bridge) AllocCacheable(size uint64, ordinal int, stream uintptr, grow bool) (cuda.DevicePtr, bool, error) {
@@ -126,7 +126,7 @@ func (b *Bridge) EmptyCache() error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := d.spill.EmptyCache(); err != nil && !errors.Is(err, arena.ErrCapturing) {
+		if err := d.spill.EmptyCache(); err != nil && !errors.Is(err, spill.ErrCapturing) {
 			errs = append(errs, fmt.Errorf("bridge: device %d: %w", d.ordinal, err))
 		}
 		restore()
@@ -164,7 +164,7 @@ func (d *Device) alloc(size uint64, stream uintptr, cacheable, grow bool) (cuda.
 		return 0, false, err
 	}
 	p, def, err := d.spill.AllocDefault(size, st, grow)
-	if errors.Is(err, arena.ErrWouldGrow) {
+	if errors.Is(err, spill.ErrWouldGrow) {
 		d.st.Allocs--
 		return 0, false, err
 	}

@@ -32,7 +32,7 @@ type Config struct {
 	// device's VMM granularity, 2 MiB).
 	SpillChunk uint64
 	// SpillPlain grows the spill allocator with cuMemAlloc outside
-	// captures (arena.WithPlainSegments; ARENAPLAN_SPILL_PLAIN=1).
+	// captures (spill.WithPlainSegments; ARENAPLAN_SPILL_PLAIN=1).
 	SpillPlain bool
 	// Rank and WorldSize say which process of a tensor-parallel job this
 	// is (torchrun's RANK and WORLD_SIZE): plan files record them and a

@@ -9,6 +9,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 // capturing says whether a capture may be underway in the process: the
@@ -56,7 +57,7 @@ type Device struct {
 	b       *Bridge
 	ordinal int
 	dev     cuda.Device
-	spill   *arena.Spill
+	spill   *spill.Allocator
 	zero    *zeroTokens
 
 	mu      sync.Mutex
@@ -105,7 +106,7 @@ type DeviceStats struct {
 	// ReservedPeak is the most device memory held at once, spill and
 	// arenas together, since the last reset.
 	ReservedPeak uint64
-	Spill        arena.SpillStats
+	Spill        spill.Stats
 }
 
 // device returns the state of ordinal, opening it on first use.
@@ -177,23 +178,23 @@ func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
 		}
 		space = 4 * total
 	}
-	opts := []arena.SpillOption{arena.WithAddressSpace(space), arena.WithForeignCaptures(true)}
+	opts := []spill.Option{spill.WithAddressSpace(space), spill.WithForeignCaptures(true)}
 	if b.cfg.SpillPlain {
-		opts = append(opts, arena.WithPlainSegments(true))
+		opts = append(opts, spill.WithPlainSegments(true))
 	}
 	if b.cfg.SpillChunk != 0 {
-		opts = append(opts, arena.WithChunk(b.cfg.SpillChunk))
+		opts = append(opts, spill.WithChunk(b.cfg.SpillChunk))
 	}
-	spill, err := arena.NewSpill(dev, opts...)
+	sp, err := spill.New(dev, opts...)
 	if err != nil {
 		return nil, err
 	}
 	zero, err := newZeroTokens(dev)
 	if err != nil {
-		spill.Close()
+		sp.Close()
 		return nil, err
 	}
-	return &Device{b: b, ordinal: ordinal, dev: dev, spill: spill, zero: zero,
+	return &Device{b: b, ordinal: ordinal, dev: dev, spill: sp, zero: zero,
 		active: map[uintptr]*Step{}, planned: map[cuda.DevicePtr]slot{}, streams: map[uintptr]cuda.Stream{},
 		regions: map[string]*region{}, threadRegion: map[int]*region{}}, nil
 }

@@ -6,11 +6,11 @@
 //
 // A Bridge serves every allocation of the process, per device:
 //
-//   - Spill (arena.Spill) serves what no step plan covers: weights, inputs,
+//   - Spill (spill.Allocator) serves what no step plan covers: weights, inputs,
 //     KV caches, cuBLAS workspaces, and everything before a step is planned.
 //     It grows by VMM mapping, so it works inside a CUDA graph capture, and
 //     a capture that PyTorch begins gets a private pool of its own
-//     (arena.WithForeignCaptures), as PyTorch's own allocator does.
+//     (spill.WithForeignCaptures), as PyTorch's own allocator does.
 //   - Zero-byte requests get distinct addresses from a reserved range that
 //     is never mapped (PyTorch aborts when two live allocations share one).
 //   - A Step records one step of a model (the allocations made on its stream
@@ -70,7 +70,7 @@
 // them out again itself (AllocCacheable) while FastPathAllowed: no capture
 // underway as the host counts them, no step running, no region open. While
 // it keeps blocks it asks AllocCacheable not to grow, and gives them back
-// where serving would map more memory (arena.ErrWouldGrow): what it keeps
+// where serving would map more memory (spill.ErrWouldGrow): what it keeps
 // never makes the process hold more.
 //
 // A buffer that record_stream marks as used on another stream keeps its

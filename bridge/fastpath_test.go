@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/arena"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 // TestFastPathRules: a caller may keep a freed block and hand it out again
@@ -72,7 +72,7 @@ func TestFastPathRules(t *testing.T) {
 }
 
 // TestAllocCacheableWithoutGrowing: told not to grow, AllocCacheable
-// serves from mapped memory or says arena.ErrWouldGrow, counting no
+// serves from mapped memory or says spill.ErrWouldGrow, counting no
 // allocation and no out-of-memory.
 func TestAllocCacheableWithoutGrowing(t *testing.T) {
 	b := New(Config{Sim: true, SimMemory: 1 << 30, SpillAddressSpace: 256 << 20})
@@ -88,8 +88,8 @@ func TestAllocCacheableWithoutGrowing(t *testing.T) {
 	if _, _, err := b.AllocCacheable(1<<20, 0, 0x10, false); err != nil {
 		t.Fatalf("1 MiB in the mapped segment's rest: %v", err)
 	}
-	if _, _, err := b.AllocCacheable(1<<20, 0, 0x10, false); !errors.Is(err, arena.ErrWouldGrow) || errors.Is(err, arena.ErrOutOfMemory) {
-		t.Fatalf("a third 1 MiB without growing: %v, want arena.ErrWouldGrow", err)
+	if _, _, err := b.AllocCacheable(1<<20, 0, 0x10, false); !errors.Is(err, spill.ErrWouldGrow) || errors.Is(err, spill.ErrOutOfMemory) {
+		t.Fatalf("a third 1 MiB without growing: %v, want spill.ErrWouldGrow", err)
 	}
 	after, err := b.Stats(0)
 	if err != nil {

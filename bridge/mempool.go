@@ -6,8 +6,8 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 // Memory pools a program makes and routes a thread's allocations to
@@ -135,7 +135,7 @@ func (b *Bridge) beginMemPool(op string, p *memPool, d *Device, thread, id int) 
 	ordinal := d.ordinal
 	r := p.devices[ordinal]
 	if r == nil {
-		var src arena.SegmentSource
+		var src spill.SegmentSource
 		if p.alloc != nil {
 			src = poolSource{a: p.alloc, ordinal: ordinal}
 		}
@@ -239,7 +239,7 @@ type MemPoolStats struct {
 	Routing  int  // threads routing to it now
 	// Devices is, per device ordinal it was used on, its segments and
 	// live blocks.
-	Devices map[int]arena.UserPoolStats
+	Devices map[int]spill.UserPoolStats
 }
 
 // MemPoolStats returns pool id's state.
@@ -251,7 +251,7 @@ func (b *Bridge) MemPoolStats(id int) (MemPoolStats, error) {
 	if err != nil {
 		return MemPoolStats{}, err
 	}
-	st := MemPoolStats{ID: id, OwnAlloc: p.alloc != nil, Routing: p.routing, Devices: map[int]arena.UserPoolStats{}}
+	st := MemPoolStats{ID: id, OwnAlloc: p.alloc != nil, Routing: p.routing, Devices: map[int]spill.UserPoolStats{}}
 	for ord, r := range p.devices {
 		d, err := b.device(ord)
 		if err != nil {

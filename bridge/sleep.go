@@ -8,6 +8,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 // GraphsTag names, in Pause and Resume, the memory of the captured graphs:
@@ -18,7 +19,7 @@ const GraphsTag = "graphs"
 // region is memory a program set apart under a tag (BeginRegion).
 type region struct {
 	tag    string
-	pool   *arena.Pool
+	pool   *spill.Pool
 	backup bool
 	paused bool
 	mem    *memPool // the memory pool this region serves (mempool.go), if any
@@ -27,7 +28,7 @@ type region struct {
 // graphsPause is what Pause(GraphsTag) released, for Resume.
 type graphsPause struct {
 	arenas []*arena.Arena
-	pools  []*arena.Pool
+	pools  []*spill.Pool
 }
 
 // BeginRegion routes the allocations that thread makes on device ordinal
@@ -94,7 +95,7 @@ func (d *Device) regionAlloc(r *region, size uint64, stream uintptr) (cuda.Devic
 		return 0, err
 	}
 	p, err := d.spill.AllocIn(r.pool, size, st)
-	if errors.Is(err, arena.ErrPaused) {
+	if errors.Is(err, spill.ErrPaused) {
 		return 0, fmt.Errorf("bridge: device %d: allocating %d bytes in region %q: the region is paused (Resume it first): %w", d.ordinal, size, r.tag, err)
 	}
 	if err != nil {
@@ -195,7 +196,7 @@ func (b *Bridge) Pause(ordinal int, tags ...string) error {
 	}
 	defer restore()
 	defer b.pauseChanged()
-	var pools []*arena.Pool
+	var pools []*spill.Pool
 	for _, r := range regs {
 		pools = append(pools, r.pool)
 	}
@@ -247,7 +248,7 @@ func (d *Device) undoPause(cause error, regs []*region, graphs bool, gp *graphsP
 			errs = append(errs, fmt.Errorf("graph arena: %w", err))
 		}
 	}
-	var pools []*arena.Pool
+	var pools []*spill.Pool
 	for _, r := range regs {
 		pools = append(pools, r.pool)
 	}

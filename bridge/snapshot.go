@@ -12,6 +12,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 // Snapshots and allocation history, for PyTorch's memory tooling
@@ -95,7 +96,7 @@ type SegmentState struct {
 	Owner  string `json:"owner,omitempty"`
 	Paused bool   `json:"paused"`
 	// Small says the segment serves only requests of at most 1 MiB
-	// (arena.SmallBlock), PyTorch's small pool: segment_type "small".
+	// (spill.SmallBlock), PyTorch's small pool: segment_type "small".
 	Small bool `json:"small"`
 	// Blocks tile the segment, as PyTorch's do: in address order, each
 	// starting where the one before it ends, their sizes adding up to
@@ -266,7 +267,7 @@ func (d *Device) newHistory() *deviceHistory {
 	for _, sg := range d.spill.Segments() {
 		dh.segs[sg.Addr] = sg.Size
 		for _, bl := range sg.Blocks {
-			if bl.State == arena.BlockAllocated {
+			if bl.State == spill.BlockAllocated {
 				dh.live[bl.Addr] = liveAlloc{bl.Requested, sg.Stream}
 			}
 		}
@@ -476,9 +477,9 @@ func (b *Bridge) Snapshot(ordinal int) (*Snapshot, error) {
 		for _, bl := range sg.Blocks {
 			st := StateFree
 			switch bl.State {
-			case arena.BlockAllocated:
+			case spill.BlockAllocated:
 				st = StateActive
-			case arena.BlockFreeing:
+			case spill.BlockFreeing:
 				st = StatePending
 			}
 			blocks = append(blocks, BlockState{Address: bl.Addr, Size: bl.Size, Requested: bl.Requested, State: st})

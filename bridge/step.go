@@ -11,6 +11,7 @@ import (
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 // Step is one step of a program (a model's forward, a decode step, a
@@ -44,9 +45,9 @@ type Step struct {
 	taken  []bool // planned buffers served in the run underway
 	held   []int  // freed slots that another stream used: taken until End
 
-	capture  *arena.Capture // the capture of the run underway, if joined
-	pool     *arena.Pool    // private pool of the serving captures' spills
-	captures []*arena.Capture
+	capture  *spill.Capture // the capture of the run underway, if joined
+	pool     *spill.Pool    // private pool of the serving captures' spills
+	captures []*spill.Capture
 
 	runs, served, divergences uint64
 	firstDivergence           string
@@ -197,7 +198,7 @@ func (s *Step) JoinCapture() error {
 	if err != nil {
 		return err
 	}
-	var pool *arena.Pool
+	var pool *spill.Pool
 	if s.state == stepServing {
 		if s.pool == nil {
 			if s.pool, err = d.spill.NewSharedPool(); err != nil {

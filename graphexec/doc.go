@@ -18,7 +18,7 @@
 //	chain:  arena.NewChainLayout  ─► one Layout per stage  (Executor over the group's arena)
 //
 // Beyond one graph: tensors a workload marks SetUnplanned and workspaces
-// with SpillWorkspace come from arena's spillover allocator, also during
+// with SpillWorkspace come from package spill's allocator, also during
 // capture (capture-time reuse, side streams joined by events). A Family
 // runs several members (batch sizes) on one arena, shared tensors at one
 // address, one member at a time (pausing its arena backs the shared

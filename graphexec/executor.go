@@ -24,7 +24,7 @@ type Options struct {
 	// itself (New without a plan, Rebind).
 	Plan graph.PlanOptions
 	// NoCaptureReuse turns the spillover allocator's capture-time reuse
-	// off (arena.WithCaptureReuse(false)), for comparison.
+	// off (spill.WithCaptureReuse(false)), for comparison.
 	NoCaptureReuse bool
 	// NoPDL launches every kernel plainly, without programmatic dependent
 	// launch (see Executor.LaunchMode), for comparison.

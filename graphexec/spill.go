@@ -4,23 +4,23 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/graph"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 // Spillover in the executor.
 //
-// What the plan does not cover is served by arena.Spill, the spillover
+// What the plan does not cover is served by spill.Allocator, the spillover
 // caching allocator: tensors marked SetUnplanned (allocated right before
 // the first op that uses them, freed right after the last, as the dry run
 // would have done) and workspaces of ops with Launch.SpillWorkspace
 // (allocated before the launch, freed after it). A tensor used on a
 // stream other than the one it was allocated on is recorded on that
-// stream (Spill.RecordStream) before its free, so its memory comes back
+// stream (Allocator.RecordStream) before its free, so its memory comes back
 // only once that work is ordered before the reuse: outside a capture by
 // events, inside one by the capture graph (capture-time reuse, see
-// arena.Capture). The executor captures through Spill.BeginCapture, so a
+// spill.Capture). The executor captures through Allocator.BeginCapture, so a
 // captured graph's spillover lives in a private pool that stays mapped as
 // long as the graph does.
 //
@@ -38,7 +38,7 @@ type spillSlot struct {
 
 // spillState is an executor's spillover allocator and streams.
 type spillState struct {
-	spill   *arena.Spill
+	spill   *spill.Allocator
 	streams []cuda.Stream // [0] is the executor's stream (not owned)
 	ev      cuda.Event
 
@@ -49,9 +49,9 @@ type spillState struct {
 	home     []int         // by tensor: the stream that allocates it
 	users    [][]int       // by tensor: other streams that use it
 	args     []cuda.KernelArg
-	capture  *arena.Capture // the capture of the graph the exec runs
-	pending  *arena.Capture // a capture not yet adopted (Capture, Rebind)
-	capBase  arena.SpillStats
+	capture  *spill.Capture // the capture of the graph the exec runs
+	pending  *spill.Capture // a capture not yet adopted (Capture, Rebind)
+	capBase  spill.Stats
 	capPeak  uint64 // bytes held at the peak of the latest capture
 	runPeak  uint64 // bytes held at the peak of the executor's life
 	capTaken uint64 // bytes the latest capture mapped
@@ -78,7 +78,7 @@ type SpillReport struct {
 	CaptureReuses uint64
 	// CaptureReuse says whether capture-time reuse is on.
 	CaptureReuse bool
-	Stats        arena.SpillStats
+	Stats        spill.Stats
 }
 
 // SpillReport returns the spillover figures (zero when the graph needs no
@@ -114,7 +114,7 @@ func (e *Executor) bindSpill(g *graph.Graph) error {
 	}
 	sp := e.sp
 	if sp.spill == nil {
-		s, err := arena.NewSpill(e.dev, arena.WithCaptureReuse(!e.opt.NoCaptureReuse))
+		s, err := spill.New(e.dev, spill.WithCaptureReuse(!e.opt.NoCaptureReuse))
 		if err != nil {
 			return fmt.Errorf("graphexec: %s: %w", g.Label(), err)
 		}

@@ -5,16 +5,17 @@
 #
 # Build first, on a machine with Go, from the repository root:
 #   mkdir -p .dev
-#   for p in cuda arena graphexec; do
+#   for p in cuda arena spill graphexec; do
 #     [ -d "$p" ] && CGO_ENABLED=0 go test -c -o ".dev/$p.test" "./$p"
 #   done
 # then, on the GPU machine, from the repository root:
 #   scripts/gpu-check.sh            # logs under $OUT (or .dev/gpu-check)
 #
 # Every .dev/*.test runs (NAME.test runs in folder NAME, where its testdata
-# is; "a_b.test" runs in "a/b"). cuda.test and arena.test are expected; a
-# missing one is skipped with a note. For cuda.test the conformance lines of
-# the simulation and of the driver are compared (they must be equal).
+# is; "a_b.test" runs in "a/b"). cuda.test, arena.test and spill.test are
+# expected; a missing one is skipped with a note. For cuda.test the
+# conformance lines of the simulation and of the driver are compared (they
+# must be equal).
 # memcheck runs with --report-api-errors no: the conformance suite makes
 # failing driver calls on purpose (capture rules), and those are results,
 # not memory errors.
@@ -39,7 +40,7 @@ if command -v ptxas >/dev/null 2>&1 && [ -f cuda/cudatest/kernels.ptx ]; then
 	fi
 fi
 
-for want in cuda arena; do
+for want in cuda arena spill; do
 	[ -x ".dev/$want.test" ] || row "$want.test" SKIP "not built (.dev/$want.test missing)"
 done
 

@@ -3,7 +3,7 @@
 # (no Go is needed there), then run it there with .dev/spill carried:
 #
 #   mkdir -p .dev/spill && cp kernels/spill.cu .dev/spill/ && cp scripts/gpu-spill.sh .dev/spill/gpu.sh
-#   CGO_ENABLED=0 go test -c -o .dev/spill/arena.test ./arena
+#   CGO_ENABLED=0 go test -c -o .dev/spill/spill.test ./spill
 #   CGO_ENABLED=0 go build -o .dev/spill/run ./cmd/run
 #   # on the GPU machine, from the repository root, with OUT a writable folder:
 #   bash .dev/spill/gpu.sh
@@ -11,9 +11,9 @@ cd .dev/spill || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 nvcc --version | tail -2
 nvcc -ptx -arch=compute_80 -o $OUT/spill.ptx spill.cu && echo NVCC_OK
-echo "== arena spill cases on the driver"
-./arena.test -test.run 'GPUSpill' -test.v > $OUT/arena.log 2>&1; echo "arena.test rc=$?"
-grep -E "^(\s*--- |ok|FAIL|PASS)|SPILL|no CUDA" $OUT/arena.log | head -40
+echo "== spill cases on the driver"
+./spill.test -test.run 'GPUSpill' -test.v > $OUT/spill.log 2>&1; echo "spill.test rc=$?"
+grep -E "^(\s*--- |ok|FAIL|PASS)|SPILL|no CUDA" $OUT/spill.log | head -40
 echo "== run spill-demo"
 for a in "--iters 100" "--iters 100 --no-capture-reuse" "--iters 1000" "--iters 1000 --no-capture-reuse" \
          "--iters 100 --join-every 4" "--iters 100 --join-every 4 --no-capture-reuse" \

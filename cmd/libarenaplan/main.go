@@ -51,6 +51,7 @@ import (
 	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/bridge"
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/spill"
 )
 
 func main() {}
@@ -146,7 +147,7 @@ func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, grow
 		if seq != 0 {
 			C.ap_hist_note(C.uint64_t(seq)) // for the host's hook, once the call is back in C
 		}
-		if errors.Is(err, arena.ErrWouldGrow) {
+		if errors.Is(err, spill.ErrWouldGrow) {
 			*wouldGrow = 1
 			return nil
 		}

@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devmem"
 )
 
 // segment is physical memory mapped at one place, owned by one pool and
@@ -24,10 +25,10 @@ type segment struct {
 	small  bool    // holds only blocks of at most SmallBlock bytes
 	key    uintptr // its free list in the pool: freeKey(handle, small)
 	first  *block
-	doomed bool // in Spill.doomed: out of its pool's free lists, to be unmapped
-	// idle: wholly free in the default pool, in Spill.idle since the
+	doomed bool // in Allocator.doomed: out of its pool's free lists, to be unmapped
+	// idle: wholly free in the default pool, in Allocator.idle since the
 	// idleSeq-th such change, when the allocator had waited for the device
-	// idleGen times (spill_adopt.go).
+	// idleGen times (adopt.go).
 	idle             bool
 	idleSeq, idleGen uint64
 }
@@ -42,7 +43,7 @@ type vaRange struct{ lo, hi uint64 } // offsets into the reservation
 // grow maps a new segment of at least rsize bytes for (pool, st) and
 // returns its single free block, out of the tree. A small request (see
 // SmallBlock) gets a segment of one chunk that serves small requests only.
-func (s *Spill) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
+func (s *Allocator) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	size := roundUp(rsize, s.cfg.chunk)
 	if pool.user != nil && pool.user.src != nil {
 		size = userSegmentSize(rsize)
@@ -58,14 +59,14 @@ func (s *Spill) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	return b, err
 }
 
-func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bool) (*block, error) {
+func (s *Allocator) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bool) (*block, error) {
 	state := func() string {
 		return fmt.Sprintf("%s mapped (limit %s), %s in use, %s cached, of %s reserved addresses",
-			fmtBytes(s.st.Mapped), fmtBytes(s.cfg.limit), fmtBytes(s.st.InUse),
-			fmtBytes(s.st.Mapped-s.st.InUse), fmtBytes(s.cfg.addressSpace))
+			devmem.Bytes(s.st.Mapped), devmem.Bytes(s.cfg.limit), devmem.Bytes(s.st.InUse),
+			devmem.Bytes(s.st.Mapped-s.st.InUse), devmem.Bytes(s.cfg.addressSpace))
 	}
 	if s.st.Mapped+size > s.cfg.limit {
-		return nil, fmt.Errorf("%w: a new %s segment would pass the limit: %s", ErrOutOfMemory, fmtBytes(size), state())
+		return nil, fmt.Errorf("%w: a new %s segment would pass the limit: %s", ErrOutOfMemory, devmem.Bytes(size), state())
 	}
 	if pool.user != nil && pool.user.src != nil {
 		return s.externalSegment(pool, st, size)
@@ -74,9 +75,9 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bool) 
 	// allocator's ErrOutOfMemory with its state.
 	deviceErr := func(doing string, err error) error {
 		if errors.Is(err, cuda.ErrorOutOfMemory) {
-			return fmt.Errorf("%w: device has no %s for a new segment: %s: %w", ErrOutOfMemory, fmtBytes(size), state(), err)
+			return fmt.Errorf("%w: device has no %s for a new segment: %s: %w", ErrOutOfMemory, devmem.Bytes(size), state(), err)
 		}
-		return fmt.Errorf("%s a %s segment: %w", doing, fmtBytes(size), err)
+		return fmt.Errorf("%s a %s segment: %w", doing, devmem.Bytes(size), err)
 	}
 	if s.plainNow() && pool.region == "" {
 		addr, err := s.dev.Alloc(size)
@@ -87,7 +88,7 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bool) 
 	}
 	off, ok := s.takeVA(size)
 	if !ok {
-		return nil, fmt.Errorf("%w: no %s run of free reserved addresses left: %s", ErrOutOfMemory, fmtBytes(size), state())
+		return nil, fmt.Errorf("%w: no %s run of free reserved addresses left: %s", ErrOutOfMemory, devmem.Bytes(size), state())
 	}
 	addr := s.base.Add(off)
 	fail := func(err error) (*block, error) {
@@ -113,11 +114,11 @@ func (s *Spill) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bool) 
 // plainNow says whether a new segment may come from cuMemAlloc: plain
 // segments are asked for, and no capture can be underway (cuMemAlloc
 // invalidates a global-mode capture).
-func (s *Spill) plainNow() bool {
+func (s *Allocator) plainNow() bool {
 	return s.cfg.plain && len(s.captures) == 0 && (!s.cfg.foreign || (s.hinted && s.foreignN == 0))
 }
 
-func (s *Spill) addSegment(seg *segment) *block {
+func (s *Allocator) addSegment(seg *segment) *block {
 	size := seg.size
 	seg.key = freeKey(seg.handle, seg.small)
 	seg.first = &block{addr: uint64(seg.addr), size: size, seg: seg, state: stFree}
@@ -133,7 +134,7 @@ func (s *Spill) addSegment(seg *segment) *block {
 }
 
 // takeVA takes the lowest free run of size bytes of the reservation.
-func (s *Spill) takeVA(size uint64) (uint64, bool) {
+func (s *Allocator) takeVA(size uint64) (uint64, bool) {
 	for i, r := range s.vaFree {
 		if r.hi-r.lo >= size {
 			off := r.lo
@@ -149,7 +150,7 @@ func (s *Spill) takeVA(size uint64) (uint64, bool) {
 }
 
 // putVA returns [off, off+size) to the free runs, merging neighbours.
-func (s *Spill) putVA(off, size uint64) {
+func (s *Allocator) putVA(off, size uint64) {
 	i := sort.Search(len(s.vaFree), func(i int) bool { return s.vaFree[i].lo > off })
 	s.vaFree = append(s.vaFree, vaRange{})
 	copy(s.vaFree[i+1:], s.vaFree[i:])
@@ -168,17 +169,17 @@ func (s *Spill) putVA(off, size uint64) {
 // needs (the default pool's, and those of private pools whose graphs and
 // owner released them), giving the memory back to the driver. It refuses
 // during a capture (ErrCapturing).
-func (s *Spill) EmptyCache() error {
+func (s *Allocator) EmptyCache() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("arena: Spill.EmptyCache: %w", ErrClosed)
+		return fmt.Errorf("spill: EmptyCache: %w", ErrClosed)
 	}
 	if len(s.captures) > 0 {
-		return fmt.Errorf("arena: Spill.EmptyCache: %w", ErrCapturing)
+		return fmt.Errorf("spill: EmptyCache: %w", ErrCapturing)
 	}
 	if err := s.processPending(); err != nil {
-		return fmt.Errorf("arena: Spill.EmptyCache: %w", err)
+		return fmt.Errorf("spill: EmptyCache: %w", err)
 	}
 	s.trim(false)
 	s.mappedHigh = s.st.Mapped // given back on request: not to be mapped again unasked
@@ -190,7 +191,7 @@ func (s *Spill) EmptyCache() error {
 // segment must finish before it is unmapped (cuMemUnmap does not wait
 // for it): trim waits for the device first (Close has), and unmaps
 // nothing if that fails.
-func (s *Spill) trim(all bool) uint64 {
+func (s *Allocator) trim(all bool) uint64 {
 	var freed uint64
 	var segs []*segment
 	for seg := range s.segments {
@@ -250,7 +251,7 @@ func (s *Spill) trim(all bool) uint64 {
 // unmapSegment gives seg's memory back (to the pool's own allocator, the
 // driver, or the reserved addresses) and forgets it; its blocks are out of
 // every free list already; s.mu is held.
-func (s *Spill) unmapSegment(seg *segment) {
+func (s *Allocator) unmapSegment(seg *segment) {
 	s.unmarkIdle(seg)
 	switch {
 	case seg.external():

@@ -1,8 +1,8 @@
-package arena
+package spill
 
-// SpillStats are the allocator's counters. Mapped = InUse + Cached, and
+// Stats are the allocator's counters. Mapped = InUse + Cached, and
 // Waiting is the part of Cached not yet reusable.
-type SpillStats struct {
+type Stats struct {
 	AddressSpace  uint64 // virtual addresses reserved up front
 	Mapped        uint64 // physical bytes mapped in segments
 	InUse         uint64 // bytes of allocated blocks (rounded sizes)
@@ -48,7 +48,7 @@ type SpillStats struct {
 }
 
 // Stats returns the counters.
-func (s *Spill) Stats() SpillStats {
+func (s *Allocator) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.st
@@ -61,7 +61,7 @@ func (s *Spill) Stats() SpillStats {
 
 // ResetPeaks sets the peaks of in-use and mapped bytes to their current
 // values (PyTorch's reset_peak_memory_stats).
-func (s *Spill) ResetPeaks() {
+func (s *Allocator) ResetPeaks() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.PeakInUse, s.st.PeakMapped = s.st.InUse, s.st.Mapped
@@ -74,7 +74,7 @@ func (s *Spill) ResetPeaks() {
 // device (planned arenas) adds what it held during each interval, so
 // that its peak is what the device held at once, not the sum of peaks
 // reached at different times.
-func (s *Spill) MappedPeak(restart bool) uint64 {
+func (s *Allocator) MappedPeak(restart bool) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := max(s.intervalPeak, s.st.Mapped)

@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"testing"
@@ -12,13 +12,13 @@ import (
 // lives; the allocator notices the capture's end by itself.
 func TestSpillForeignCapture(t *testing.T) {
 	e := newSimEnv(t, 1<<30)
-	s, err := NewSpill(e.dev, WithAddressSpace(256<<20), WithForeignCaptures(true))
+	s, err := New(e.Dev, WithAddressSpace(256<<20), WithForeignCaptures(true))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	st := e.stream(t)
-	legacy, err := e.dev.Foreign(0)
+	st := e.Stream(t)
+	legacy, err := e.Dev.Foreign(0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestSpillForeignCapture(t *testing.T) {
 	if err := s.Free(eager); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.dev.BeginCapture(st, cuda.CaptureModeGlobal); err != nil {
+	if err := e.Dev.BeginCapture(st, cuda.CaptureModeGlobal); err != nil {
 		t.Fatal(err)
 	}
 	in, err := s.Alloc(4096, st)
@@ -54,7 +54,7 @@ func TestSpillForeignCapture(t *testing.T) {
 	if err := s.Free(again); err != nil {
 		t.Fatal(err)
 	}
-	g, err := e.dev.EndCapture(st)
+	g, err := e.Dev.EndCapture(st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,12 +81,12 @@ func TestSpillForeignCapture(t *testing.T) {
 // pool; Ended finishes it; misuse is an error.
 func TestSpillJoinCapture(t *testing.T) {
 	e := newSimEnv(t, 1<<30)
-	s, err := NewSpill(e.dev, WithAddressSpace(256<<20))
+	s, err := New(e.Dev, WithAddressSpace(256<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	st := e.stream(t)
+	st := e.Stream(t)
 	if _, err := s.JoinCapture(st, nil); err == nil {
 		t.Fatal("JoinCapture of a stream that is not capturing succeeded")
 	}
@@ -94,7 +94,7 @@ func TestSpillJoinCapture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.dev.BeginCapture(st, cuda.CaptureModeGlobal); err != nil {
+	if err := e.Dev.BeginCapture(st, cuda.CaptureModeGlobal); err != nil {
 		t.Fatal(err)
 	}
 	c, err := s.JoinCapture(st, pool)
@@ -111,7 +111,7 @@ func TestSpillJoinCapture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := e.dev.EndCapture(st)
+	g, err := e.Dev.EndCapture(st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,12 +151,12 @@ func TestSpillJoinCapture(t *testing.T) {
 // would invalidate the capture), and gives both kinds back.
 func TestSpillPlainSegments(t *testing.T) {
 	e := newSimEnv(t, 1<<30)
-	s, err := NewSpill(e.dev, WithAddressSpace(256<<20), WithPlainSegments(true))
+	s, err := New(e.Dev, WithAddressSpace(256<<20), WithPlainSegments(true))
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := e.stream(t)
-	free0 := e.free(t)
+	st := e.Stream(t)
+	free0 := e.Free(t)
 	p, err := s.Alloc(3<<20, st)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +186,7 @@ func TestSpillPlainSegments(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if e.free(t) != free0 {
-		t.Fatalf("after Close %d bytes are still allocated", free0-e.free(t))
+	if e.Free(t) != free0 {
+		t.Fatalf("after Close %d bytes are still allocated", free0-e.Free(t))
 	}
 }

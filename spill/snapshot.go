@@ -1,13 +1,13 @@
-package arena
+package spill
 
 import "sort"
 
-// SegmentInfo describes one segment of a Spill, as Segments reports it.
+// SegmentInfo describes one segment of an Allocator, as Segments reports it.
 type SegmentInfo struct {
 	Addr   uint64
 	Size   uint64
 	Stream uintptr // the CUstream handle its blocks are allocated on
-	// Pool is the pool's id (unique within the Spill; the default pool's
+	// Pool is the pool's id (unique within the Allocator; the default pool's
 	// is DefaultPoolID); Private says it is a capture's or a region's pool,
 	// Region the region pool's name ("" otherwise).
 	Pool    uint64
@@ -46,7 +46,7 @@ const DefaultPoolID = 1
 // Segments returns the allocator's segments in address order, each with
 // its blocks in address order, read under the allocator's lock (a copy:
 // later calls change nothing in it).
-func (s *Spill) Segments() []SegmentInfo {
+func (s *Allocator) Segments() []SegmentInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]SegmentInfo, 0, len(s.segments))

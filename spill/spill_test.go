@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"errors"
@@ -10,14 +10,27 @@ import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devtest"
 )
+
+const (
+	KiB = 1 << 10
+	MiB = 1 << 20
+	GiB = 1 << 30
+)
+
+// env is the device a test runs on: the simulation, or the driver
+// (gpu_test.go).
+type env = devtest.Env
+
+func newSimEnv(t testing.TB, total uint64) *env { return devtest.NewSim(t, total) }
 
 // validate checks every invariant of the allocator's state: segments are
 // tiled exactly by their blocks, free neighbours are coalesced, free
 // blocks (and only they) are in their trees, live blocks are in the live
 // map, the counters add up, and segments and free address runs tile the
 // reservation.
-func (s *Spill) validate() error {
+func (s *Allocator) validate() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var mapped, inUse, waiting uint64
@@ -123,9 +136,9 @@ func (s *Spill) validate() error {
 	return nil
 }
 
-func newSpill(t testing.TB, e *env, opts ...SpillOption) *Spill {
+func newSpill(t testing.TB, e *env, opts ...Option) *Allocator {
 	t.Helper()
-	s, err := NewSpill(e.dev, opts...)
+	s, err := New(e.Dev, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +146,7 @@ func newSpill(t testing.TB, e *env, opts ...SpillOption) *Spill {
 	return s
 }
 
-func mustAlloc(t testing.TB, s *Spill, size uint64, st cuda.Stream) cuda.DevicePtr {
+func mustAlloc(t testing.TB, s *Allocator, size uint64, st cuda.Stream) cuda.DevicePtr {
 	t.Helper()
 	p, err := s.Alloc(size, st)
 	if err != nil {
@@ -142,14 +155,14 @@ func mustAlloc(t testing.TB, s *Spill, size uint64, st cuda.Stream) cuda.DeviceP
 	return p
 }
 
-func mustFree(t testing.TB, s *Spill, p cuda.DevicePtr) {
+func mustFree(t testing.TB, s *Allocator, p cuda.DevicePtr) {
 	t.Helper()
 	if err := s.Free(p); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func mustValid(t testing.TB, s *Spill) {
+func mustValid(t testing.TB, s *Allocator) {
 	t.Helper()
 	if err := s.validate(); err != nil {
 		t.Fatal(err)
@@ -159,7 +172,7 @@ func mustValid(t testing.TB, s *Spill) {
 func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	a := mustAlloc(t, s, 1000, st)
 	b := mustAlloc(t, s, 1024, st)
 	c := mustAlloc(t, s, 1, st)
@@ -199,8 +212,8 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	if err := s.EmptyCache(); err != nil {
 		t.Fatal(err)
 	}
-	if st := s.Stats(); st.Mapped != 0 || st.Segments != 0 || e.free(t) != 1*GiB {
-		t.Errorf("after EmptyCache: %+v, device free %d", st, e.free(t))
+	if st := s.Stats(); st.Mapped != 0 || st.Segments != 0 || e.Free(t) != 1*GiB {
+		t.Errorf("after EmptyCache: %+v, device free %d", st, e.Free(t))
 	}
 	mustValid(t, s)
 	// Large requests take a segment of their own, rounded to the chunk.
@@ -218,7 +231,7 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 func TestSpillAllocDefaultWithoutGrowing(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	a := mustAlloc(t, s, 1*MiB, st)
 	if p, def, err := s.AllocDefault(512*KiB, st, false); err != nil || !def || p != a+1*MiB {
 		t.Fatalf("512 KiB in the mapped segment: %#x (default pool %v), %v; want %#x", p, def, err, a+1*MiB)
@@ -247,7 +260,7 @@ func TestSpillAllocDefaultWithoutGrowing(t *testing.T) {
 func TestSpillSizeClassesNeverFailWhatFits(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e, WithLimit(4*MiB))
-	st := e.stream(t)
+	st := e.Stream(t)
 	big := mustAlloc(t, s, 3*MiB, st) // a 4 MiB segment: the limit
 	small := mustAlloc(t, s, 4*KiB, st)
 	if got := s.Stats(); got.Mapped != 4*MiB || small < big || small >= big+4*MiB {
@@ -278,7 +291,7 @@ func TestSpillSizeClassesNeverFailWhatFits(t *testing.T) {
 func TestSpillStreamsKeepTheirBlocks(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	s1, s2 := e.stream(t), e.stream(t)
+	s1, s2 := e.Stream(t), e.Stream(t)
 	held := mustAlloc(t, s, 4096, s1) // s1's segment is not wholly free
 	a := mustAlloc(t, s, 4096, s1)
 	mustFree(t, s, a)
@@ -310,8 +323,8 @@ func TestSpillStreamsKeepTheirBlocks(t *testing.T) {
 
 func TestSpillOutOfMemory(t *testing.T) {
 	e := newSimEnv(t, 8*MiB)
-	st := e.stream(t)
-	check := func(s *Spill, size uint64, want ...string) {
+	st := e.Stream(t)
+	check := func(s *Allocator, size uint64, want ...string) {
 		t.Helper()
 		before := s.Stats()
 		_, err := s.Alloc(size, st)
@@ -320,7 +333,7 @@ func TestSpillOutOfMemory(t *testing.T) {
 		}
 		msg := err.Error()
 		t.Logf("%s", msg)
-		want = append(want, fmt.Sprintf("Spill.Alloc(%d)", size), "mapped", "in use", "reserved")
+		want = append(want, fmt.Sprintf("spill: Alloc(%d)", size), "mapped", "in use", "reserved")
 		for _, w := range want {
 			if !strings.Contains(msg, w) {
 				t.Errorf("error %q lacks %q", msg, w)
@@ -343,7 +356,7 @@ func TestSpillOutOfMemory(t *testing.T) {
 	// The reserved addresses, fragmented: [0, 4) unmapped, [4, 6) mapped,
 	// [6, 8) unmapped leave no run for a 6 MiB segment.
 	s = newSpill(t, e, WithAddressSpace(8*MiB))
-	st2 := e.stream(t)
+	st2 := e.Stream(t)
 	a = mustAlloc(t, s, 3*MiB, st)
 	b := mustAlloc(t, s, 1*MiB, st2)
 	mustFree(t, s, a)
@@ -375,7 +388,7 @@ var errOK = errors.New("ok")
 func TestSpillMisuse(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	p := mustAlloc(t, s, 100, st)
 	pool, err := s.NewSharedPool()
 	if err != nil {
@@ -404,8 +417,8 @@ func TestSpillMisuse(t *testing.T) {
 			}
 			continue
 		}
-		if err == nil || (c.want != nil && !errors.Is(err, c.want)) || !strings.HasPrefix(err.Error(), "arena: ") {
-			t.Errorf("%s: %v, want an arena error (%v)", c.name, err, c.want)
+		if err == nil || (c.want != nil && !errors.Is(err, c.want)) || !strings.HasPrefix(err.Error(), "spill: ") {
+			t.Errorf("%s: %v, want a spill error (%v)", c.name, err, c.want)
 		}
 	}
 	if c, err := s.Alloc(1, st); err != nil || s.Free(c) != nil {
@@ -416,7 +429,7 @@ func TestSpillMisuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st2 := e.stream(t)
+	st2 := e.Stream(t)
 	if _, err := s.BeginCapture(st2, cuda.CaptureModeGlobal, shared); err == nil {
 		t.Error("two captures into one pool at once")
 	}
@@ -457,11 +470,11 @@ func TestSpillMisuse(t *testing.T) {
 			t.Errorf("%s after Close: %v", name, err)
 		}
 	}
-	if e.free(t) != 1*GiB {
-		t.Errorf("Close leaked: %d free", e.free(t))
+	if e.Free(t) != 1*GiB {
+		t.Errorf("Close leaked: %d free", e.Free(t))
 	}
-	for _, o := range []SpillOption{WithAddressSpace(0), WithLimit(0), WithChunk(0), WithChunk(3 * MiB)} {
-		if s, err := NewSpill(e.dev, o); err == nil {
+	for _, o := range []Option{WithAddressSpace(0), WithLimit(0), WithChunk(0), WithChunk(3 * MiB)} {
+		if s, err := New(e.Dev, o); err == nil {
 			s.Close()
 			t.Error("bad option accepted")
 		}
@@ -482,7 +495,7 @@ func TestSpillRandom(t *testing.T) {
 func spillRandom(t *testing.T, seed uint64, steps int) {
 	e := newSimEnv(t, 256*MiB)
 	s := newSpill(t, e, WithLimit(40*MiB), WithAddressSpace(64*MiB))
-	streams := []cuda.Stream{e.stream(t), e.stream(t), e.stream(t)}
+	streams := []cuda.Stream{e.Stream(t), e.Stream(t), e.Stream(t)}
 	rng := rand.New(rand.NewPCG(seed, 99))
 	type alloc struct {
 		p    cuda.DevicePtr
@@ -526,7 +539,7 @@ func spillRandom(t *testing.T, seed uint64, steps int) {
 			}
 			tag := byte(rng.Uint32())
 			for _, at := range []cuda.DevicePtr{p, p + cuda.DevicePtr(size-1)} {
-				if err := e.dev.CopyHtoD(at, []byte{tag}); err != nil {
+				if err := e.Dev.CopyHtoD(at, []byte{tag}); err != nil {
 					t.Fatalf("step %d: block not writable: %v", step, err)
 				}
 			}
@@ -536,7 +549,7 @@ func spillRandom(t *testing.T, seed uint64, steps int) {
 			l := live[i]
 			for _, at := range []cuda.DevicePtr{l.p, l.p + cuda.DevicePtr(l.size-1)} {
 				got := []byte{0}
-				if err := e.dev.CopyDtoH(got, at); err != nil || got[0] != l.tag {
+				if err := e.Dev.CopyDtoH(got, at); err != nil || got[0] != l.tag {
 					t.Fatalf("step %d: block %#x lost its contents (%v, %v): another block overlapped it", step, l.p, got, err)
 				}
 			}
@@ -574,7 +587,7 @@ func spillRandom(t *testing.T, seed uint64, steps int) {
 func TestSpillLargerThanAddressSpace(t *testing.T) {
 	e := newSimEnv(t, 64*MiB)
 	s := newSpill(t, e, WithAddressSpace(32*MiB))
-	st := e.stream(t)
+	st := e.Stream(t)
 	if _, err := s.Alloc(64*MiB, st); !errors.Is(err, ErrOutOfMemory) {
 		t.Fatalf("64 MiB of a 32 MiB reservation: %v, want ErrOutOfMemory", err)
 	}
@@ -585,7 +598,7 @@ func TestSpillLargerThanAddressSpace(t *testing.T) {
 	mustValid(t, s)
 }
 
-func hasSegment(s *Spill, p *Pool, h uintptr) bool {
+func hasSegment(s *Allocator, p *Pool, h uintptr) bool {
 	for seg := range s.segments {
 		if seg.pool == p && seg.key == h {
 			return true
@@ -600,7 +613,7 @@ func hasSegment(s *Spill, p *Pool, h uintptr) bool {
 func TestSpillRegrow(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	x := mustAlloc(t, s, 4*MiB, st)
 	y := mustAlloc(t, s, 4*MiB, st)
 	mustFree(t, s, x)

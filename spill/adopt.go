@@ -1,4 +1,4 @@
-package arena
+package spill
 
 // Other streams' wholly free segments, taken over rather than mapping
 // more.
@@ -46,7 +46,7 @@ func lessIdle(a, b *segment) bool {
 }
 
 // markIdle notes that seg, a default-pool segment, is wholly free now.
-func (s *Spill) markIdle(seg *segment) {
+func (s *Allocator) markIdle(seg *segment) {
 	if seg.idle || seg.doomed || seg.pool != s.def {
 		return
 	}
@@ -61,7 +61,7 @@ func (s *Spill) markIdle(seg *segment) {
 
 // unmarkIdle notes that seg is no longer wholly free (a block of it was
 // taken) or is going away.
-func (s *Spill) unmarkIdle(seg *segment) {
+func (s *Allocator) unmarkIdle(seg *segment) {
 	if !seg.idle {
 		return
 	}
@@ -72,7 +72,7 @@ func (s *Spill) unmarkIdle(seg *segment) {
 
 // adoptable says whether another stream's idle segment may be taken now:
 // the default pool, and no capture can be underway.
-func (s *Spill) adoptable(pool *Pool) bool {
+func (s *Allocator) adoptable(pool *Pool) bool {
 	return pool == s.def && s.idle != nil && s.idle.Len() > 0 &&
 		len(s.captures) == 0 && (!s.cfg.foreign || (s.hinted && s.foreignN == 0))
 }
@@ -81,7 +81,7 @@ func (s *Spill) adoptable(pool *Pool) bool {
 // the size class small that holds rsize bytes, under the rules above, and
 // returns its single free block, out of every free list; nil if none may
 // be taken.
-func (s *Spill) adopt(pool *Pool, st cuda.Stream, rsize uint64, small bool) *block {
+func (s *Allocator) adopt(pool *Pool, st cuda.Stream, rsize uint64, small bool) *block {
 	if !s.adoptable(pool) {
 		return nil
 	}
@@ -121,7 +121,7 @@ func (s *Spill) adopt(pool *Pool, st cuda.Stream, rsize uint64, small bool) *blo
 
 // orderAfter makes later work on to wait for the work queued on from
 // until now, with an event; it says whether that worked.
-func (s *Spill) orderAfter(from, to cuda.Stream) bool {
+func (s *Allocator) orderAfter(from, to cuda.Stream) bool {
 	if s.adoptEv == nil {
 		ev, err := s.dev.NewEvent(false)
 		if err != nil {

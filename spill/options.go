@@ -1,8 +1,8 @@
-package arena
+package spill
 
 import "fmt"
 
-type spillConfig struct {
+type config struct {
 	addressSpace uint64
 	limit        uint64
 	chunk        uint64
@@ -12,29 +12,29 @@ type spillConfig struct {
 	freshWalk    bool // tests only: a new visited set per walk (PyTorch's first design)
 }
 
-// SpillOption configures NewSpill; a bad value makes NewSpill fail.
-type SpillOption func(*spillConfig) error
+// Option configures New; a bad value makes New fail.
+type Option func(*config) error
 
 // WithAddressSpace sets the virtual addresses reserved up front (default
 // 64 GiB): the most the allocator can ever map. Rounded up to the chunk.
-func WithAddressSpace(n uint64) SpillOption {
-	return positive("WithAddressSpace", n, func(c *spillConfig) { c.addressSpace = n })
+func WithAddressSpace(n uint64) Option {
+	return positive("WithAddressSpace", n, func(c *config) { c.addressSpace = n })
 }
 
 // WithLimit caps the physical bytes mapped (default: the address space).
-func WithLimit(n uint64) SpillOption {
-	return positive("WithLimit", n, func(c *spillConfig) { c.limit = n })
+func WithLimit(n uint64) Option {
+	return positive("WithLimit", n, func(c *config) { c.limit = n })
 }
 
 // WithChunk sets the unit in which memory grows (default the device
 // granularity); it must be a multiple of the granularity.
-func WithChunk(n uint64) SpillOption {
-	return positive("WithChunk", n, func(c *spillConfig) { c.chunk = n })
+func WithChunk(n uint64) Option {
+	return positive("WithChunk", n, func(c *config) { c.chunk = n })
 }
 
-// positive is a SpillOption that sets a size, refusing 0.
-func positive(name string, n uint64, set func(*spillConfig)) SpillOption {
-	return func(c *spillConfig) error {
+// positive is a Option that sets a size, refusing 0.
+func positive(name string, n uint64, set func(*config)) Option {
+	return func(c *config) error {
 		if n == 0 {
 			return fmt.Errorf("%s(0): must be positive", name)
 		}
@@ -46,8 +46,8 @@ func positive(name string, n uint64, set func(*spillConfig)) SpillOption {
 // WithCaptureReuse turns capture-time reuse of blocks that other streams
 // used on or off (default on). Off, such blocks wait for the end of the
 // capture, as PyTorch does without graph_capture_record_stream_reuse.
-func WithCaptureReuse(on bool) SpillOption {
-	return func(c *spillConfig) error {
+func WithCaptureReuse(on bool) Option {
+	return func(c *config) error {
 		c.noReuse = !on
 		return nil
 	}
@@ -61,8 +61,8 @@ func WithCaptureReuse(on bool) SpillOption {
 // the pool's memory is kept until Close; the capture's end is noticed at
 // the next allocation. It costs one capture query per allocation (none on
 // the legacy default stream, handle 0).
-func WithForeignCaptures(on bool) SpillOption {
-	return func(c *spillConfig) error {
+func WithForeignCaptures(on bool) Option {
+	return func(c *config) error {
 		c.foreign = on
 		return nil
 	}
@@ -75,8 +75,8 @@ func WithForeignCaptures(on bool) SpillOption {
 // price of memory that cannot be paused at a fixed address. With
 // WithForeignCaptures it applies only once ForeignCaptures has been told
 // that none is underway.
-func WithPlainSegments(on bool) SpillOption {
-	return func(c *spillConfig) error {
+func WithPlainSegments(on bool) Option {
+	return func(c *config) error {
 		c.plain = on
 		return nil
 	}

@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"errors"
@@ -8,14 +8,15 @@ import (
 	"github.com/google/btree"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devmem"
 )
 
-// Spill is the spillover caching allocator: it serves the allocations a
+// Allocator is the spillover caching allocator: it serves the allocations a
 // plan does not cover, on the same device, without ever calling
 // cuMemAlloc or cuMemFree (both fail and invalidate a global-mode
 // capture).
 //
-// Memory. NewSpill reserves one range of virtual addresses up front
+// Memory. New reserves one range of virtual addresses up front
 // (WithAddressSpace, default 64 GiB). Memory grows in segments: a run of
 // whole chunks (WithChunk, default the device granularity, 2 MiB on an
 // H100 or H200) mapped with one cuMemCreate + cuMemMap + cuMemSetAccess
@@ -36,7 +37,7 @@ import (
 // through the capture graph (see BeginCapture). A stream without a free
 // block of its own may take over a wholly free segment of another stream
 // of the default pool, ordered after that stream's work, rather than map
-// more (spill_adopt.go): what is mapped does not grow with the streams a
+// more (adopt.go): what is mapped does not grow with the streams a
 // program makes and drops.
 //
 // Pools. Allocations outside any capture come from the default pool.
@@ -51,12 +52,12 @@ import (
 // that no graph needs and tries once more; then a free block of the other
 // size class serves, if one holds the request.
 //
-// A Spill is safe for concurrent use; device calls happen under its lock.
-// It has no finalizers: Close it.
-type Spill struct {
+// An Allocator is safe for concurrent use; device calls happen under its
+// lock. It has no finalizers: Close it.
+type Allocator struct {
 	mu     sync.Mutex
 	dev    cuda.Device
-	cfg    spillConfig
+	cfg    config
 	gran   uint64
 	base   cuda.DevicePtr
 	closed bool
@@ -78,14 +79,14 @@ type Spill struct {
 	doomed    []doomed // released user pools' free segments, unmapped once the work queued on them is done
 
 	// The default pool's wholly free segments, taken over by streams
-	// without a free block of their own (spill_adopt.go).
+	// without a free block of their own (adopt.go).
 	idle      *btree.BTreeG[*segment]
 	idleSeq   uint64
 	idleBytes uint64
 	syncGen   uint64     // times the allocator waited for the whole device
 	adoptEv   cuda.Event // orders a taking stream after the segment's old one
 
-	st SpillStats
+	st Stats
 	// mappedHigh is the most bytes mapped at once since the last
 	// EmptyCache (never reset by ResetPeaks): what an allocation told not
 	// to grow may still map back to (see regrow).
@@ -105,33 +106,33 @@ type Spill struct {
 // CUDAGraph.capture_begin and capture_end, as PyTorch's own allocator
 // learns of captures). From the first call on, WithForeignCaptures skips
 // its per-allocation capture query while the count is 0.
-func (s *Spill) ForeignCaptures(n int) {
+func (s *Allocator) ForeignCaptures(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hinted, s.foreignN = true, max(n, 0)
 }
 
-// NewSpill reserves the address space. It maps nothing until the first
+// New reserves the address space. It maps nothing until the first
 // Alloc.
-func NewSpill(dev cuda.Device, opts ...SpillOption) (*Spill, error) {
+func New(dev cuda.Device, opts ...Option) (*Allocator, error) {
 	if dev == nil {
-		return nil, errors.New("arena: NewSpill: nil device")
+		return nil, errors.New("spill: New: nil device")
 	}
-	var cfg spillConfig
+	var cfg config
 	for _, o := range opts {
 		if err := o(&cfg); err != nil {
-			return nil, fmt.Errorf("arena: NewSpill: %w", err)
+			return nil, fmt.Errorf("spill: New: %w", err)
 		}
 	}
 	gran, err := dev.Granularity(false)
 	if err != nil {
-		return nil, fmt.Errorf("arena: NewSpill: %w", err)
+		return nil, fmt.Errorf("spill: New: %w", err)
 	}
 	if cfg.chunk == 0 {
 		cfg.chunk = gran
 	}
 	if cfg.chunk%gran != 0 {
-		return nil, fmt.Errorf("arena: NewSpill: WithChunk(%d) is not a multiple of the granularity %d", cfg.chunk, gran)
+		return nil, fmt.Errorf("spill: New: WithChunk(%d) is not a multiple of the granularity %d", cfg.chunk, gran)
 	}
 	if cfg.addressSpace == 0 {
 		cfg.addressSpace = defaultAddressSpace
@@ -142,9 +143,9 @@ func NewSpill(dev cuda.Device, opts ...SpillOption) (*Spill, error) {
 	}
 	base, err := dev.AddressReserve(cfg.addressSpace, gran)
 	if err != nil {
-		return nil, fmt.Errorf("arena: NewSpill: reserving %s of addresses: %w", fmtBytes(cfg.addressSpace), err)
+		return nil, fmt.Errorf("spill: New: reserving %s of addresses: %w", devmem.Bytes(cfg.addressSpace), err)
 	}
-	s := &Spill{
+	s := &Allocator{
 		dev: dev, cfg: cfg, gran: gran, base: base,
 		vaFree:   []vaRange{{0, cfg.addressSpace}},
 		pools:    map[*Pool]bool{},
@@ -164,7 +165,7 @@ func roundUp(n, a uint64) uint64 { return (n + a - 1) / a * a }
 // aligned (512-byte in fact). During a capture begun with BeginCapture, an
 // allocation on a stream of that capture comes from its pool; the
 // allocator may then grow by mapping memory, which the capture allows.
-func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
+func (s *Allocator) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.alloc(nil, size, st)
@@ -177,7 +178,7 @@ func (s *Spill) Alloc(size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 // maps no memory: where no free block fits it returns ErrWouldGrow, so
 // that an owner keeping freed blocks gives them back before the
 // allocator grows (what it keeps never adds to what is mapped).
-func (s *Spill) AllocDefault(size uint64, st cuda.Stream, grow bool) (cuda.DevicePtr, bool, error) {
+func (s *Allocator) AllocDefault(size uint64, st cuda.Stream, grow bool) (cuda.DevicePtr, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b, err := s.allocBlock(nil, size, st, grow)
@@ -196,7 +197,7 @@ func (s *Spill) AllocDefault(size uint64, st cuda.Stream, grow bool) (cuda.Devic
 // back costs the owner a step of calls into the allocator (a steady eager
 // step whose blocks kept in C of one size leave no free block of another
 // would otherwise do so every step). s.mu is held.
-func (s *Spill) regrow(pool *Pool, rsize uint64) bool {
+func (s *Allocator) regrow(pool *Pool, rsize uint64) bool {
 	if pool != s.def {
 		return false
 	}
@@ -205,7 +206,7 @@ func (s *Spill) regrow(pool *Pool, rsize uint64) bool {
 
 // alloc serves Alloc (in == nil: the default pool or the capture's) and
 // AllocIn (a region pool); s.mu is held.
-func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
+func (s *Allocator) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	b, err := s.allocBlock(in, size, st, true)
 	if err != nil {
 		return 0, err
@@ -215,24 +216,24 @@ func (s *Spill) alloc(in *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, er
 
 // allocBlock is alloc, returning the block; it maps memory only if grow;
 // s.mu is held.
-func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*block, error) {
+func (s *Allocator) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*block, error) {
 	if s.closed {
-		return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, ErrClosed)
+		return nil, fmt.Errorf("spill: Alloc(%d): %w", size, ErrClosed)
 	}
 	if st == nil {
-		return nil, fmt.Errorf("arena: Spill.Alloc(%d): nil stream", size)
+		return nil, fmt.Errorf("spill: Alloc(%d): nil stream", size)
 	}
 	if size == 0 {
-		return nil, fmt.Errorf("arena: Spill.Alloc(0): size must be positive")
+		return nil, fmt.Errorf("spill: Alloc(0): size must be positive")
 	}
 	if size > s.cfg.addressSpace {
-		return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w: more than the %s of addresses reserved", size, ErrOutOfMemory, fmtBytes(s.cfg.addressSpace))
+		return nil, fmt.Errorf("spill: Alloc(%d): %w: more than the %s of addresses reserved", size, ErrOutOfMemory, devmem.Bytes(s.cfg.addressSpace))
 	}
 	if len(s.captures) == 0 {
 		// Event queries are among the calls a global-mode capture forbids.
 		s.processDoomed()
 		if err := s.processPending(); err != nil {
-			return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+			return nil, fmt.Errorf("spill: Alloc(%d): %w", size, err)
 		}
 	}
 	pool := in
@@ -243,7 +244,7 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*b
 		}
 	}
 	if pool.paused {
-		return nil, fmt.Errorf("arena: Spill.Alloc(%d) in %s: %w", size, pool, ErrPaused)
+		return nil, fmt.Errorf("spill: Alloc(%d) in %s: %w", size, pool, ErrPaused)
 	}
 	rsize := roundUp(size, MinBlock)
 	small := pool.small(rsize)
@@ -252,7 +253,7 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*b
 		b = s.adopt(pool, st, rsize, small) // maps nothing: allowed without grow
 	}
 	if b == nil && !grow && !s.regrow(pool, rsize) {
-		return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, ErrWouldGrow)
+		return nil, fmt.Errorf("spill: Alloc(%d) on %s: %w", size, pool, ErrWouldGrow)
 	}
 	if b == nil {
 		var err error
@@ -260,10 +261,10 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*b
 			// Out of memory: a free block of the other size class serves
 			// rather than fail a request that fits in what is mapped.
 			if !errors.Is(err, ErrOutOfMemory) {
-				return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, err)
+				return nil, fmt.Errorf("spill: Alloc(%d) on %s: %w", size, pool, err)
 			}
 			if b = s.bestFit(pool, st, rsize, !small); b == nil {
-				return nil, fmt.Errorf("arena: Spill.Alloc(%d) on %s: %w", size, pool, err)
+				return nil, fmt.Errorf("spill: Alloc(%d) on %s: %w", size, pool, err)
 			}
 		}
 	}
@@ -281,17 +282,17 @@ func (s *Spill) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool) (*b
 // routePool picks the pool for an Alloc on st: the default one, or the
 // pool of the capture underway on st (joining a foreign capture when the
 // allocator was told to), after the capture-time reuse walk; s.mu is held.
-func (s *Spill) routePool(size uint64, st cuda.Stream) (*Pool, error) {
+func (s *Allocator) routePool(size uint64, st cuda.Stream) (*Pool, error) {
 	pool := s.def
 	if s.cfg.foreign && len(s.captures) > 0 {
 		if err := s.sweepJoined(); err != nil {
-			return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+			return nil, fmt.Errorf("spill: Alloc(%d): %w", size, err)
 		}
 	}
 	if len(s.captures) > 0 || (s.cfg.foreign && (!s.hinted || s.foreignN > 0)) {
 		info, err := s.dev.CaptureInfo(st)
 		if err != nil {
-			return nil, fmt.Errorf("arena: Spill.Alloc(%d): %w", size, err)
+			return nil, fmt.Errorf("spill: Alloc(%d): %w", size, err)
 		}
 		switch info.Status {
 		case cuda.CaptureActive:
@@ -303,16 +304,16 @@ func (s *Spill) routePool(size uint64, st cuda.Stream) (*Pool, error) {
 				c.joined, c.auto = true, true
 			}
 			if c == nil {
-				return nil, fmt.Errorf("arena: Spill.Alloc(%d): stream is capturing (capture %d) but the capture was not begun with Spill.BeginCapture or JoinCapture", size, info.ID)
+				return nil, fmt.Errorf("spill: Alloc(%d): stream is capturing (capture %d) but the capture was not begun with BeginCapture or JoinCapture", size, info.ID)
 			}
 			pool = c.pool
 			if !s.cfg.noReuse {
 				if err := s.reclaim(c, st, info); err != nil {
-					return nil, fmt.Errorf("arena: Spill.Alloc(%d): capture-time reuse: %w", size, err)
+					return nil, fmt.Errorf("spill: Alloc(%d): capture-time reuse: %w", size, err)
 				}
 			}
 		case cuda.CaptureInvalidated:
-			return nil, fmt.Errorf("arena: Spill.Alloc(%d): the stream's capture %d was invalidated: %w", size, info.ID,
+			return nil, fmt.Errorf("spill: Alloc(%d): the stream's capture %d was invalidated: %w", size, info.ID,
 				&cuda.Error{Op: "cuStreamGetCaptureInfo_v3", Code: cuda.ErrorStreamCaptureInvalidated})
 		}
 	}
@@ -321,14 +322,14 @@ func (s *Spill) routePool(size uint64, st cuda.Stream) (*Pool, error) {
 
 // Close unmaps everything and frees the address range. Blocks still
 // allocated are lost with it. It refuses during a capture.
-func (s *Spill) Close() error {
+func (s *Allocator) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("arena: Spill.Close: %w", ErrClosed)
+		return fmt.Errorf("spill: Close: %w", ErrClosed)
 	}
 	if len(s.captures) > 0 {
-		return fmt.Errorf("arena: Spill.Close: %w", ErrCapturing)
+		return fmt.Errorf("spill: Close: %w", ErrCapturing)
 	}
 	s.closed = true
 	var first error
@@ -357,13 +358,13 @@ func (s *Spill) Close() error {
 		first = err
 	}
 	if first != nil {
-		return fmt.Errorf("arena: Spill.Close: %w", first)
+		return fmt.Errorf("spill: Close: %w", first)
 	}
 	return nil
 }
 
 // Owns says whether p is a live allocation of this allocator.
-func (s *Spill) Owns(p cuda.DevicePtr) bool {
+func (s *Allocator) Owns(p cuda.DevicePtr) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.live[p] != nil

@@ -1,4 +1,8 @@
-package arena
+// Package devtest is the device that the tests of arena and spill run on:
+// the simulated device, or the CUDA driver where cuda.Open(0) succeeds,
+// with one hand-written kernel (arena_add_u32, kernels.ptx) and its Go
+// reference for the simulation. It is for tests only.
+package devtest
 
 import (
 	_ "embed"
@@ -8,7 +12,7 @@ import (
 	"github.com/arenaplan/arenaplan/cuda"
 )
 
-//go:embed testdata/kernels.ptx
+//go:embed kernels.ptx
 var testPTX []byte
 
 // addU32 is the Go reference of arena_add_u32: dst[i] = src[i] + add.
@@ -29,15 +33,16 @@ func addU32(mem cuda.SimMemory, grid, block cuda.Dim3, args []cuda.KernelArg) er
 	return nil
 }
 
-// env is one device under test: the simulation or the driver.
-type env struct {
-	dev cuda.Device
-	sim *cuda.Sim // nil on the driver
-	mod cuda.Module
-	add cuda.Function
+// Env is one device under test: the simulation or the driver.
+type Env struct {
+	Dev cuda.Device
+	Sim *cuda.Sim // nil on the driver
+	Mod cuda.Module
+	Add cuda.Function
 }
 
-func newSimEnv(t testing.TB, total uint64) *env {
+// NewSim opens a simulated device of total bytes, closed when t ends.
+func NewSim(t testing.TB, total uint64) *Env {
 	t.Helper()
 	sim, err := cuda.OpenSim(cuda.SimConfig{TotalMemory: total,
 		Kernels: map[string]cuda.KernelFunc{"arena_add_u32": addU32}})
@@ -45,14 +50,14 @@ func newSimEnv(t testing.TB, total uint64) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sim.Close() })
-	e := &env{dev: sim, sim: sim}
+	e := &Env{Dev: sim, Sim: sim}
 	e.load(t)
 	return e
 }
 
-func (e *env) load(t testing.TB) {
+func (e *Env) load(t testing.TB) {
 	t.Helper()
-	m, err := e.dev.LoadModule(testPTX)
+	m, err := e.Dev.LoadModule(testPTX)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,29 +65,31 @@ func (e *env) load(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.mod, e.add = m, f
+	e.Mod, e.Add = m, f
 }
 
-// launchAdd enqueues dst[i] = src[i] + add for n words on s.
-func (e *env) launchAdd(s cuda.Stream, dst, src cuda.DevicePtr, add, n uint32) error {
+// LaunchAdd enqueues dst[i] = src[i] + add for n words on s.
+func (e *Env) LaunchAdd(s cuda.Stream, dst, src cuda.DevicePtr, add, n uint32) error {
 	const block = 256
 	grid := (n + block - 1) / block
-	return e.dev.Launch(e.add, cuda.D1(grid), cuda.D1(block), 0, s,
+	return e.Dev.Launch(e.Add, cuda.D1(grid), cuda.D1(block), 0, s,
 		cuda.Ptr(dst), cuda.Ptr(src), cuda.U32(add), cuda.U32(n))
 }
 
-func (e *env) free(t testing.TB) uint64 {
+// Free returns the device's free memory.
+func (e *Env) Free(t testing.TB) uint64 {
 	t.Helper()
-	free, _, err := e.dev.MemGetInfo()
+	free, _, err := e.Dev.MemGetInfo()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return free
 }
 
-func (e *env) stream(t testing.TB) cuda.Stream {
+// Stream returns a new stream, closed when t ends.
+func (e *Env) Stream(t testing.TB) cuda.Stream {
 	t.Helper()
-	s, err := e.dev.NewStream()
+	s, err := e.Dev.NewStream()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,10 @@
-package arena
+package spill
 
 import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devmem"
 )
 
 // handleStream is a stream known only by its handle, as a host program's
@@ -15,7 +16,7 @@ func (s *handleStream) Synchronize() error           { return nil }
 func (s *handleStream) WaitEvent(e cuda.Event) error { return nil }
 func (s *handleStream) Close() error                 { return nil }
 
-func freeLists(s *Spill) int {
+func freeLists(s *Allocator) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -90,7 +91,7 @@ func TestSpillStreamsTakeOverIdleSegments(t *testing.T) {
 		n = 4000
 	}
 	for i := range n {
-		st, err := e.dev.Foreign(uintptr(0x10000 + 16*i))
+		st, err := e.Dev.Foreign(uintptr(0x10000 + 16*i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +100,7 @@ func TestSpillStreamsTakeOverIdleSegments(t *testing.T) {
 	}
 	st := s.Stats()
 	if st.Segments > 2 || st.Mapped > 4*MiB || st.Adopted < uint64(n-2) {
-		t.Errorf("%d streams: %d segments, %s mapped, %d taken over; want at most 2 segments", n, st.Segments, fmtBytes(st.Mapped), st.Adopted)
+		t.Errorf("%d streams: %d segments, %s mapped, %d taken over; want at most 2 segments", n, st.Segments, devmem.Bytes(st.Mapped), st.Adopted)
 	}
 	mustValid(t, s)
 }
@@ -111,9 +112,9 @@ func TestSpillStreamsTakeOverIdleSegments(t *testing.T) {
 func TestSpillTakeOverOrders(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	s1 := e.stream(t)
-	s2 := &waitCounting{Stream: e.stream(t)}
-	s3 := &waitCounting{Stream: e.stream(t)}
+	s1 := e.Stream(t)
+	s2 := &waitCounting{Stream: e.Stream(t)}
+	s3 := &waitCounting{Stream: e.Stream(t)}
 	a := mustAlloc(t, s, 4096, s1)
 	mustFree(t, s, a)
 	if b := mustAlloc(t, s, 4096, s2); b != a || s2.waits != 1 {
@@ -153,7 +154,7 @@ func TestSpillTakeOverOrders(t *testing.T) {
 func TestSpillTakeOverDeadStream(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	s1, err := e.dev.NewStream()
+	s1, err := e.Dev.NewStream()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestSpillTakeOverDeadStream(t *testing.T) {
 	if err := s1.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s2 := &waitCounting{Stream: e.stream(t)}
+	s2 := &waitCounting{Stream: e.Stream(t)}
 	if b := mustAlloc(t, s, 4096, s2); b != a || s2.waits != 0 || s.Stats().AdoptWaits != 1 {
 		t.Errorf("got %#x after %d event waits (%+v); want %#x after a device wait", b, s2.waits, s.Stats(), a)
 	}

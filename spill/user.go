@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devmem"
 )
 
 // User pools: pools a program makes and routes allocations to by itself
@@ -64,14 +65,14 @@ func userSegmentSize(rsize uint64) uint64 {
 // errors and snapshots. src, when not nil, supplies its segments (see
 // SegmentSource); otherwise they are the allocator's own. Release it with
 // ReleaseUserPool.
-func (s *Spill) NewUserPool(name string, src SegmentSource) (*Pool, error) {
+func (s *Allocator) NewUserPool(name string, src SegmentSource) (*Pool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("arena: Spill.NewUserPool(%q): %w", name, ErrClosed)
+		return nil, fmt.Errorf("spill: NewUserPool(%q): %w", name, ErrClosed)
 	}
 	if name == "" {
-		return nil, errors.New("arena: Spill.NewUserPool: empty name")
+		return nil, errors.New("spill: NewUserPool: empty name")
 	}
 	p := s.newPool(true)
 	p.user, p.refs = &userPool{name: name, src: src}, 1
@@ -88,17 +89,17 @@ func (s *Spill) NewUserPool(name string, src SegmentSource) (*Pool, error) {
 // later Alloc, or at EmptyCache, which waits for the device); blocks whose
 // free waited on other streams, at the next EmptyCache. It returns the
 // last failure of the source's FreeSegment.
-func (s *Spill) ReleaseUserPool(p *Pool) error {
+func (s *Allocator) ReleaseUserPool(p *Pool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p == nil || p.user == nil || p.s != s {
-		return fmt.Errorf("arena: Spill.ReleaseUserPool: %v is not a user pool of this allocator", p)
+		return fmt.Errorf("spill: ReleaseUserPool: %v is not a user pool of this allocator", p)
 	}
 	if s.closed {
-		return fmt.Errorf("arena: Spill.ReleaseUserPool(%s): %w", p, ErrClosed)
+		return fmt.Errorf("spill: ReleaseUserPool(%s): %w", p, ErrClosed)
 	}
 	if p.refs <= 0 {
-		return fmt.Errorf("arena: Spill.ReleaseUserPool(%s): %w (released already)", p, ErrUnknown)
+		return fmt.Errorf("spill: ReleaseUserPool(%s): %w (released already)", p, ErrUnknown)
 	}
 	p.refs--
 	segs := s.poolSegments(p)
@@ -126,7 +127,7 @@ func (s *Spill) ReleaseUserPool(p *Pool) error {
 		delete(s.pools, p)
 	}
 	if err := p.user.freeErr; err != nil {
-		return fmt.Errorf("arena: Spill.ReleaseUserPool(%s): %w", p, err)
+		return fmt.Errorf("spill: ReleaseUserPool(%s): %w", p, err)
 	}
 	return nil
 }
@@ -138,13 +139,13 @@ func (seg *segment) external() bool {
 
 // externalSegment asks pool's source for a segment of size bytes; s.mu is
 // held.
-func (s *Spill) externalSegment(pool *Pool, st cuda.Stream, size uint64) (*block, error) {
+func (s *Allocator) externalSegment(pool *Pool, st cuda.Stream, size uint64) (*block, error) {
 	if s.st.Mapped+size > s.cfg.limit {
-		return nil, fmt.Errorf("%w: a new %s segment of %s would pass the limit of %s", ErrOutOfMemory, fmtBytes(size), pool, fmtBytes(s.cfg.limit))
+		return nil, fmt.Errorf("%w: a new %s segment of %s would pass the limit of %s", ErrOutOfMemory, devmem.Bytes(size), pool, devmem.Bytes(s.cfg.limit))
 	}
 	addr, err := pool.user.src.AllocSegment(size, st)
 	if err != nil {
-		return nil, fmt.Errorf("%s's allocator, asked for a %s segment: %w", pool, fmtBytes(size), err)
+		return nil, fmt.Errorf("%s's allocator, asked for a %s segment: %w", pool, devmem.Bytes(size), err)
 	}
 	if addr == 0 || uint64(addr)%256 != 0 {
 		if addr != 0 {
@@ -153,16 +154,16 @@ func (s *Spill) externalSegment(pool *Pool, st cuda.Stream, size uint64) (*block
 			}
 		}
 		return nil, fmt.Errorf("%s's allocator, asked for a %s segment, returned %#x (want a non-zero address aligned to 256 bytes)",
-			pool, fmtBytes(size), uint64(addr))
+			pool, devmem.Bytes(size), uint64(addr))
 	}
 	return s.addSegment(&segment{addr: addr, size: size, pool: pool, stream: st, handle: st.Handle()}), nil
 }
 
 // freeExternal gives seg back to its source; the caller drops it from the
 // allocator's books.
-func (s *Spill) freeExternal(seg *segment) {
+func (s *Allocator) freeExternal(seg *segment) {
 	if err := seg.pool.user.src.FreeSegment(seg.addr, seg.size, seg.stream); err != nil {
-		seg.pool.user.freeErr = fmt.Errorf("giving back %s at %#x: %w", fmtBytes(seg.size), uint64(seg.addr), err)
+		seg.pool.user.freeErr = fmt.Errorf("giving back %s at %#x: %w", devmem.Bytes(seg.size), uint64(seg.addr), err)
 	}
 }
 
@@ -180,7 +181,7 @@ type doomed struct {
 // doomed: out of its pool's free lists, unmapped once the work queued on
 // it is done (processDoomed), since a block is freed as soon as its last
 // kernel is queued and cuMemUnmap does not wait for them; s.mu is held.
-func (s *Spill) dropReleased(seg *segment, done bool) {
+func (s *Allocator) dropReleased(seg *segment, done bool) {
 	if seg.paused || seg.doomed || !seg.wholeFree() || seg.pool.refs > 0 {
 		return
 	}
@@ -211,7 +212,7 @@ func (s *Spill) dropReleased(seg *segment, done bool) {
 // processDoomed unmaps the doomed segments whose work is done; outside
 // captures (event queries are among the calls a global-mode capture
 // forbids); s.mu is held.
-func (s *Spill) processDoomed() {
+func (s *Allocator) processDoomed() {
 	keep := s.doomed[:0]
 	for _, d := range s.doomed {
 		if d.ev == nil || d.ev.Query() != nil {
@@ -227,7 +228,7 @@ func (s *Spill) processDoomed() {
 
 // unmapReleased unmaps a doomed segment (its work done) and forgets its
 // pool once that has no segments left; s.mu is held.
-func (s *Spill) unmapReleased(seg *segment) {
+func (s *Allocator) unmapReleased(seg *segment) {
 	if seg.host != nil {
 		s.dropHost(seg)
 	}
@@ -247,11 +248,11 @@ type UserPoolStats struct {
 }
 
 // UserPoolStats returns what pool holds now.
-func (s *Spill) UserPoolStats(p *Pool) (UserPoolStats, error) {
+func (s *Allocator) UserPoolStats(p *Pool) (UserPoolStats, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p == nil || p.user == nil || p.s != s {
-		return UserPoolStats{}, fmt.Errorf("arena: Spill.UserPoolStats: %v is not a user pool of this allocator", p)
+		return UserPoolStats{}, fmt.Errorf("spill: UserPoolStats: %v is not a user pool of this allocator", p)
 	}
 	st := UserPoolStats{Released: p.refs <= 0}
 	for _, seg := range s.poolSegments(p) {

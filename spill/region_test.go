@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ func fill(n int, seed byte) []byte {
 func TestRegionPoolPauseResume(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	weights, err := s.NewRegionPool("weights", true)
 	if err != nil {
 		t.Fatal(err)
@@ -43,19 +43,19 @@ func TestRegionPoolPauseResume(t *testing.T) {
 	}
 	other := mustAlloc(t, s, 4096, st)
 	data1, data2 := fill(3*MiB, 1), fill(5000, 9)
-	if err := e.dev.CopyHtoD(w1, data1); err != nil {
+	if err := e.Dev.CopyHtoD(w1, data1); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.dev.CopyHtoD(w2, data2); err != nil {
+	if err := e.Dev.CopyHtoD(w2, data2); err != nil {
 		t.Fatal(err)
 	}
-	free0, _, _ := e.dev.MemGetInfo()
+	free0, _, _ := e.Dev.MemGetInfo()
 	mapped0 := s.Stats().Mapped
 
 	if err := s.PausePools(weights, kv); err != nil {
 		t.Fatal(err)
 	}
-	free1, _, _ := e.dev.MemGetInfo()
+	free1, _, _ := e.Dev.MemGetInfo()
 	st1 := s.Stats()
 	// weights: a 4 MiB segment (3 MiB) and a small one of 2 MiB (5000 B);
 	// kv: one of 2 MiB.
@@ -96,10 +96,10 @@ func TestRegionPoolPauseResume(t *testing.T) {
 		t.Errorf("after resume: paused %d mapped %d, want 0 and %d", st2.Paused, st2.Mapped, mapped0)
 	}
 	got1, got2 := make([]byte, len(data1)), make([]byte, len(data2))
-	if err := e.dev.CopyDtoH(got1, w1); err != nil {
+	if err := e.Dev.CopyDtoH(got1, w1); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.dev.CopyDtoH(got2, w2); err != nil {
+	if err := e.Dev.CopyDtoH(got2, w2); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got1, data1) || !bytes.Equal(got2, data2) {
@@ -120,7 +120,7 @@ func TestRegionPoolPauseResume(t *testing.T) {
 func TestRegionPoolCyclesFlat(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	w, err := s.NewRegionPool("weights", true)
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +130,7 @@ func TestRegionPoolCyclesFlat(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := fill(10*MiB, 3)
-	if err := e.dev.CopyHtoD(p, data); err != nil {
+	if err := e.Dev.CopyHtoD(p, data); err != nil {
 		t.Fatal(err)
 	}
 	var host0, free0 uint64
@@ -141,8 +141,8 @@ func TestRegionPoolCyclesFlat(t *testing.T) {
 		if err := s.ResumePools(w); err != nil {
 			t.Fatal(i, err)
 		}
-		free, _, _ := e.dev.MemGetInfo()
-		host := e.sim.HostBytes()
+		free, _, _ := e.Dev.MemGetInfo()
+		host := e.Sim.HostBytes()
 		if i == 1 {
 			host0, free0 = host, free
 		}
@@ -151,7 +151,7 @@ func TestRegionPoolCyclesFlat(t *testing.T) {
 		}
 	}
 	got := make([]byte, len(data))
-	if err := e.dev.CopyDtoH(got, p); err != nil {
+	if err := e.Dev.CopyDtoH(got, p); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, data) {
@@ -162,11 +162,11 @@ func TestRegionPoolCyclesFlat(t *testing.T) {
 // Closing the allocator with a pool paused releases nothing twice.
 func TestRegionPoolCloseWhilePaused(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
-	s, err := NewSpill(e.dev, WithAddressSpace(256*MiB))
+	s, err := New(e.Dev, WithAddressSpace(256*MiB))
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := e.stream(t)
+	st := e.Stream(t)
 	w, err := s.NewRegionPool("weights", true)
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +183,7 @@ func TestRegionPoolCloseWhilePaused(t *testing.T) {
 	if err := s.ResumePools(w); !errors.Is(err, ErrClosed) {
 		t.Errorf("ResumePools after Close: %v, want ErrClosed", err)
 	}
-	if free, total, _ := e.dev.MemGetInfo(); free != total {
+	if free, total, _ := e.Dev.MemGetInfo(); free != total {
 		t.Errorf("device free %d of %d after Close", free, total)
 	}
 	if err := s.PausePools(s.def); err == nil {
@@ -196,7 +196,7 @@ func TestRegionPoolCloseWhilePaused(t *testing.T) {
 func TestPausedPoolReleased(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	gp, err := s.NewSharedPool()
 	if err != nil {
 		t.Fatal(err)
@@ -230,7 +230,7 @@ func TestPausedPoolReleased(t *testing.T) {
 func TestRegionBackupPinnedBeforePause(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	weights, err := s.NewRegionPool("weights", true)
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +239,7 @@ func TestRegionBackupPinnedBeforePause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	free0, _, _ := e.dev.MemGetInfo()
+	free0, _, _ := e.Dev.MemGetInfo()
 	if _, err := s.AllocIn(weights, 3*MiB, st); err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestRegionBackupPinnedBeforePause(t *testing.T) {
 			t.Fatalf("kv segment at %#x has a host copy; its region drops its contents", uint64(seg.addr))
 		}
 	}
-	free1, _, _ := e.dev.MemGetInfo()
+	free1, _, _ := e.Dev.MemGetInfo()
 	if st := s.Stats(); free0-free1 != st.Mapped || st.Backup != 4*MiB {
 		t.Fatalf("device memory spent %d, mapped %d; backup %d, want %d", free0-free1, st.Mapped, st.Backup, 4*MiB)
 	}

@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"errors"
@@ -11,15 +11,15 @@ import (
 // becomes reusable once their work is ordered before its next use: see
 // the type's documentation. Freeing an address that is not allocated is an
 // error and changes nothing.
-func (s *Spill) Free(p cuda.DevicePtr) error {
+func (s *Allocator) Free(p cuda.DevicePtr) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("arena: Spill.Free(%#x): %w", p, ErrClosed)
+		return fmt.Errorf("spill: Free(%#x): %w", p, ErrClosed)
 	}
 	b := s.live[p]
 	if b == nil {
-		return fmt.Errorf("arena: Spill.Free(%#x): %w allocation (never allocated, or freed already)", p, ErrUnknown)
+		return fmt.Errorf("spill: Free(%#x): %w allocation (never allocated, or freed already)", p, ErrUnknown)
 	}
 	delete(s.live, p)
 	s.st.InUse -= b.size
@@ -44,15 +44,15 @@ func (s *Spill) Free(p cuda.DevicePtr) error {
 
 // RecordStream says that work on st uses the block at p (PyTorch's
 // record_stream): its free then waits for that work.
-func (s *Spill) RecordStream(p cuda.DevicePtr, st cuda.Stream) error {
+func (s *Allocator) RecordStream(p cuda.DevicePtr, st cuda.Stream) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("arena: Spill.RecordStream(%#x): %w", p, ErrClosed)
+		return fmt.Errorf("spill: RecordStream(%#x): %w", p, ErrClosed)
 	}
 	b := s.live[p]
 	if b == nil {
-		return fmt.Errorf("arena: Spill.RecordStream(%#x): %w allocation", p, ErrUnknown)
+		return fmt.Errorf("spill: RecordStream(%#x): %w allocation", p, ErrUnknown)
 	}
 	if st == nil || st.Handle() == b.seg.handle {
 		return nil
@@ -68,7 +68,7 @@ func (s *Spill) RecordStream(p cuda.DevicePtr, st cuda.Stream) error {
 
 // recordEvents records an event on every stream that used b, outside any
 // capture; b is reusable once they all completed.
-func (s *Spill) recordEvents(b *block) error {
+func (s *Allocator) recordEvents(b *block) error {
 	b.state = stPending
 	s.st.Waiting += b.size
 	s.st.CrossStreamFrees++
@@ -93,12 +93,12 @@ func (s *Spill) recordEvents(b *block) error {
 }
 
 // syncFallback waits for b's streams when an event could not be used.
-func (s *Spill) syncFallback(b *block, cause error) error {
+func (s *Allocator) syncFallback(b *block, cause error) error {
 	for _, u := range b.uses {
 		s.st.Syncs++
 		if err := u.Synchronize(); err != nil {
 			// The block stays out of use: better leaked than reused early.
-			return fmt.Errorf("arena: Spill.Free(%#x): recording an event failed (%v) and so did waiting: %w", b.addr, cause, err)
+			return fmt.Errorf("spill: Free(%#x): recording an event failed (%v) and so did waiting: %w", b.addr, cause, err)
 		}
 	}
 	s.events = append(s.events, b.events...)
@@ -108,7 +108,7 @@ func (s *Spill) syncFallback(b *block, cause error) error {
 }
 
 // processPending releases the pending blocks whose events completed.
-func (s *Spill) processPending() error {
+func (s *Allocator) processPending() error {
 	keep := s.pending[:0]
 	var first error
 	for _, b := range s.pending {

@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"errors"
@@ -47,8 +47,8 @@ func (d *devSource) FreeSegment(p cuda.DevicePtr, size uint64, st cuda.Stream) e
 func TestUserPoolExternalSegments(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
-	src := &devSource{dev: e.dev, live: map[cuda.DevicePtr]uint64{}}
+	st := e.Stream(t)
+	src := &devSource{dev: e.Dev, live: map[cuda.DevicePtr]uint64{}}
 	p, err := s.NewUserPool("pool 1", src)
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +144,7 @@ func TestUserPoolExternalSegments(t *testing.T) {
 }
 
 // segmentOf returns the base of the segment holding p.
-func segmentOf(t *testing.T, s *Spill, p cuda.DevicePtr) cuda.DevicePtr {
+func segmentOf(t *testing.T, s *Allocator, p cuda.DevicePtr) cuda.DevicePtr {
 	t.Helper()
 	for _, seg := range s.Segments() {
 		if uint64(p) >= seg.Addr && uint64(p) < seg.Addr+seg.Size {
@@ -162,8 +162,8 @@ func segmentOf(t *testing.T, s *Spill, p cuda.DevicePtr) cuda.DevicePtr {
 func TestUserPoolFailuresAndOwnMemory(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
-	src := &devSource{dev: e.dev, live: map[cuda.DevicePtr]uint64{}, fail: errors.New("no memory here")}
+	st := e.Stream(t)
+	src := &devSource{dev: e.Dev, live: map[cuda.DevicePtr]uint64{}, fail: errors.New("no memory here")}
 	p, err := s.NewUserPool("failing", src)
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func (b *badSource) FreeSegment(cuda.DevicePtr, uint64, cuda.Stream) error {
 func TestUserPoolMisalignedSegment(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	src := &badSource{}
 	p, err := s.NewUserPool("bad", src)
 	if err != nil {
@@ -297,12 +297,12 @@ func (e orderEvent) Query() error {
 func TestSpillUnmapsOnlyAfterQueuedWork(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	var log []string
-	s, err := NewSpill(orderLog{e.dev, &log})
+	s, err := New(orderLog{e.Dev, &log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	st := e.stream(t)
+	st := e.Stream(t)
 	p, err := s.NewUserPool("pool 1", nil)
 	if err != nil {
 		t.Fatal(err)

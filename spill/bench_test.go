@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 func BenchmarkSpillAllocFree(b *testing.B) {
 	e := newSimEnv(b, 4*GiB)
 	s := newSpill(b, e)
-	st := e.stream(b)
+	st := e.Stream(b)
 	rng := rand.New(rand.NewPCG(1, 2))
 	live := make([]cuda.DevicePtr, 0, 64)
 	b.ResetTimer()
@@ -42,9 +42,9 @@ func BenchmarkSpillAllocFree(b *testing.B) {
 // (no capture-time reuse), "on" (ours: visited set cached per capture and
 // stream) or "fresh" (a new visited set per allocation, as PyTorch's
 // first design walked). It returns the time of the n Alloc calls.
-func captureSteps(t testing.TB, e *env, n int, mode string) (time.Duration, SpillStats) {
+func captureSteps(t testing.TB, e *env, n int, mode string) (time.Duration, Stats) {
 	t.Helper()
-	s, err := NewSpill(e.dev, WithCaptureReuse(mode != "off"))
+	s, err := New(e.Dev, WithCaptureReuse(mode != "off"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func captureSteps(t testing.TB, e *env, n int, mode string) (time.Duration, Spil
 	}{s1: mustStream(t, e), s2: mustStream(t, e)}
 	defer c.s1.Close()
 	defer c.s2.Close()
-	if c.ev, err = e.dev.NewEvent(false); err != nil {
+	if c.ev, err = e.Dev.NewEvent(false); err != nil {
 		t.Fatal(err)
 	}
 	defer c.ev.Close()
@@ -72,7 +72,7 @@ func captureSteps(t testing.TB, e *env, n int, mode string) (time.Duration, Spil
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := e.dev.Memset32(x, 1, 1, c.s1); err != nil {
+		if err := e.Dev.Memset32(x, 1, 1, c.s1); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.ev.Record(c.s1); err != nil {
@@ -81,7 +81,7 @@ func captureSteps(t testing.TB, e *env, n int, mode string) (time.Duration, Spil
 		if err := c.s2.WaitEvent(c.ev); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.dev.Memset32(x, 2, 1, c.s2); err != nil {
+		if err := e.Dev.Memset32(x, 2, 1, c.s2); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.RecordStream(x, c.s2); err != nil {
@@ -109,7 +109,7 @@ func captureSteps(t testing.TB, e *env, n int, mode string) (time.Duration, Spil
 
 func mustStream(t testing.TB, e *env) cuda.Stream {
 	t.Helper()
-	s, err := e.dev.NewStream()
+	s, err := e.Dev.NewStream()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func BenchmarkCaptureAlloc(b *testing.B) {
 			b.Run(fmt.Sprintf("reuse=%s/n=%d", mode, n), func(b *testing.B) {
 				e := newSimEnv(b, 4*GiB)
 				var spent time.Duration
-				var st SpillStats
+				var st Stats
 				for i := 0; i < b.N; i++ {
 					d, s := captureSteps(b, e, n, mode)
 					spent += d
@@ -158,7 +158,7 @@ func BenchmarkSpillManyStreams(b *testing.B) {
 					b.StopTimer()
 					streams = streams[:0]
 					for j := range 4096 {
-						st, err := e.dev.Foreign(uintptr(0x10000 + 16*(i+j)))
+						st, err := e.Dev.Foreign(uintptr(0x10000 + 16*(i+j)))
 						if err != nil {
 							b.Fatal(err)
 						}

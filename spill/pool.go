@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 // private pool (captures into it). Every method of Pool is safe for
 // concurrent use.
 type Pool struct {
-	s         *Spill
+	s         *Allocator
 	id        uint64
 	private   bool
 	refs      int      // the owner's reference plus one per graph
@@ -32,7 +32,7 @@ type Pool struct {
 	lastT *btree.BTreeG[*block]
 }
 
-func (s *Spill) newPool(private bool) *Pool {
+func (s *Allocator) newPool(private bool) *Pool {
 	s.nextPool++
 	p := &Pool{s: s, id: s.nextPool, private: private, free: map[uintptr]*btree.BTreeG[*block]{}}
 	s.pools[p] = true
@@ -106,7 +106,7 @@ func (p *Pool) String() string {
 	return fmt.Sprintf("private pool %d", p.id)
 }
 
-func (s *Spill) poolHasSegments(p *Pool) bool {
+func (s *Allocator) poolHasSegments(p *Pool) bool {
 	for seg := range s.segments {
 		if seg.pool == p {
 			return true

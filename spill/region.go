@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/internal/devmem"
 )
 
 // Region pools: memory a program sets apart by purpose (weights, a KV
@@ -19,14 +20,14 @@ import (
 // contents (in page-locked host memory, kept from one pause to the next)
 // or drops them. Its segments are always mapped (never cuMemAlloc), so
 // that they can be paused.
-func (s *Spill) NewRegionPool(name string, backup bool) (*Pool, error) {
+func (s *Allocator) NewRegionPool(name string, backup bool) (*Pool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("arena: Spill.NewRegionPool(%q): %w", name, ErrClosed)
+		return nil, fmt.Errorf("spill: NewRegionPool(%q): %w", name, ErrClosed)
 	}
 	if name == "" {
-		return nil, errors.New("arena: Spill.NewRegionPool: empty name")
+		return nil, errors.New("spill: NewRegionPool: empty name")
 	}
 	p := s.newPool(true)
 	p.region, p.backup, p.refs = name, backup, 1
@@ -36,11 +37,11 @@ func (s *Spill) NewRegionPool(name string, backup bool) (*Pool, error) {
 // AllocIn serves size bytes for use on st from pool, a region pool or the
 // pool of a step's graphs (NewSharedPool), whatever the stream's capture
 // status. It fails with ErrPaused while the pool is paused.
-func (s *Spill) AllocIn(pool *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
+func (s *Allocator) AllocIn(pool *Pool, size uint64, st cuda.Stream) (cuda.DevicePtr, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if pool == nil {
-		return 0, fmt.Errorf("arena: Spill.AllocIn(%d): nil pool", size)
+		return 0, fmt.Errorf("spill: AllocIn(%d): nil pool", size)
 	}
 	if err := s.checkPool("AllocIn", pool); err != nil {
 		return 0, err
@@ -56,7 +57,7 @@ func (p *Pool) Paused() bool {
 }
 
 // poolSegments returns pool's segments in address order; s.mu is held.
-func (s *Spill) poolSegments(p *Pool) []*segment {
+func (s *Allocator) poolSegments(p *Pool) []*segment {
 	var segs []*segment
 	for seg := range s.segments {
 		if seg.pool == p {
@@ -78,35 +79,35 @@ func (s *Spill) poolSegments(p *Pool) []*segment {
 // Errors, with nothing changed: a pool already paused (ErrPaused), the
 // default pool or a pool a capture routes to, plain segments, a closed
 // allocator. A driver error while unmapping leaves the pool paused.
-func (s *Spill) PausePools(pools ...*Pool) error {
+func (s *Allocator) PausePools(pools ...*Pool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("arena: PausePools: %w", ErrClosed)
+		return fmt.Errorf("spill: PausePools: %w", ErrClosed)
 	}
 	for _, p := range pools {
 		if p == nil {
-			return fmt.Errorf("arena: PausePools: nil pool")
+			return fmt.Errorf("spill: PausePools: nil pool")
 		}
 		if err := s.checkPool("PausePools", p); err != nil {
 			return err
 		}
 		switch {
 		case !p.private:
-			return fmt.Errorf("arena: PausePools: %s cannot pause (its segments serve everything else)", p)
+			return fmt.Errorf("spill: PausePools: %s cannot pause (its segments serve everything else)", p)
 		case p.paused:
-			return fmt.Errorf("arena: PausePools: %s: %w", p, ErrPaused)
+			return fmt.Errorf("spill: PausePools: %s: %w", p, ErrPaused)
 		case p.capturing != nil:
-			return fmt.Errorf("arena: PausePools: %s: %w", p, ErrCapturing)
+			return fmt.Errorf("spill: PausePools: %s: %w", p, ErrCapturing)
 		}
 		for _, seg := range s.poolSegments(p) {
 			if seg.plain || seg.external() {
-				return fmt.Errorf("arena: PausePools: %s holds a cuMemAlloc or user allocator's segment, which cannot be paused", p)
+				return fmt.Errorf("spill: PausePools: %s holds a cuMemAlloc or user allocator's segment, which cannot be paused", p)
 			}
 		}
 	}
 	if err := s.dev.Synchronize(); err != nil {
-		return fmt.Errorf("arena: PausePools: %w", err)
+		return fmt.Errorf("spill: PausePools: %w", err)
 	}
 	// Back up: copies into page-locked memory are enqueued back to back
 	// on one stream and waited for once; others are synchronous.
@@ -134,13 +135,13 @@ func (s *Spill) PausePools(pools ...*Pool) error {
 				if cp != nil {
 					cp.Synchronize()
 				}
-				return fmt.Errorf("arena: PausePools: backing up %s (%s at %#x): %w", p, fmtBytes(seg.size), uint64(seg.addr), err)
+				return fmt.Errorf("spill: PausePools: backing up %s (%s at %#x): %w", p, devmem.Bytes(seg.size), uint64(seg.addr), err)
 			}
 		}
 	}
 	if cp != nil {
 		if err := cp.Synchronize(); err != nil {
-			return fmt.Errorf("arena: PausePools: backing up: %w", err)
+			return fmt.Errorf("spill: PausePools: backing up: %w", err)
 		}
 	}
 	var errs []error
@@ -151,10 +152,10 @@ func (s *Spill) PausePools(pools ...*Pool) error {
 			s.st.Mapped -= seg.size
 			s.st.Paused += seg.size
 			if err := s.dev.MemUnmap(seg.addr, seg.size); err != nil {
-				errs = append(errs, fmt.Errorf("arena: PausePools: %s: %w", p, err))
+				errs = append(errs, fmt.Errorf("spill: PausePools: %s: %w", p, err))
 			}
 			if err := s.dev.MemRelease(seg.h); err != nil {
-				errs = append(errs, fmt.Errorf("arena: PausePools: %s: %w", p, err))
+				errs = append(errs, fmt.Errorf("spill: PausePools: %s: %w", p, err))
 			}
 			seg.h = 0
 		}
@@ -167,23 +168,23 @@ func (s *Spill) PausePools(pools ...*Pool) error {
 // whatever the new memory holds. Errors: a pool not paused
 // (ErrNotPaused); device memory exhausted (ErrOutOfMemory), which leaves
 // the segments not yet mapped paused (call again when memory is free).
-func (s *Spill) ResumePools(pools ...*Pool) error {
+func (s *Allocator) ResumePools(pools ...*Pool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("arena: ResumePools: %w", ErrClosed)
+		return fmt.Errorf("spill: ResumePools: %w", ErrClosed)
 	}
 	for _, p := range pools {
 		if p == nil {
-			return fmt.Errorf("arena: ResumePools: nil pool")
+			return fmt.Errorf("spill: ResumePools: nil pool")
 		}
 		// A pool released while paused (its graph destroyed) still
 		// resumes: tensors made in it may be alive.
 		if p.s != s || !p.private || !s.pools[p] {
-			return fmt.Errorf("arena: ResumePools: %s is not a live pool of this allocator", p)
+			return fmt.Errorf("spill: ResumePools: %s is not a live pool of this allocator", p)
 		}
 		if !p.paused {
-			return fmt.Errorf("arena: ResumePools: %s: %w", p, ErrNotPaused)
+			return fmt.Errorf("spill: ResumePools: %s: %w", p, ErrNotPaused)
 		}
 	}
 	// Restores from page-locked memory are enqueued on one stream while
@@ -197,7 +198,7 @@ resume:
 				continue // mapped by an earlier call that stopped half way
 			}
 			if err = s.remap(seg, &cp); err != nil {
-				err = fmt.Errorf("arena: ResumePools: %s: %w", p, err)
+				err = fmt.Errorf("spill: ResumePools: %s: %w", p, err)
 				break resume
 			}
 		}
@@ -205,7 +206,7 @@ resume:
 	}
 	if cp != nil {
 		if serr := cp.Synchronize(); serr != nil && err == nil {
-			err = fmt.Errorf("arena: ResumePools: restoring: %w", serr)
+			err = fmt.Errorf("spill: ResumePools: restoring: %w", serr)
 		}
 	}
 	return err
@@ -213,7 +214,7 @@ resume:
 
 // copier sets *cp to the allocator's stream for host copies, made on first
 // use; false if it cannot be made (then copies are synchronous).
-func (s *Spill) copier(cp *cuda.Stream) bool {
+func (s *Allocator) copier(cp *cuda.Stream) bool {
 	if *cp != nil {
 		return true
 	}
@@ -230,11 +231,11 @@ func (s *Spill) copier(cp *cuda.Stream) bool {
 
 // remap maps new memory under a paused segment and restores its backup:
 // from page-locked memory enqueued on *cp (see copier), else at once.
-func (s *Spill) remap(seg *segment, cp *cuda.Stream) error {
+func (s *Allocator) remap(seg *segment, cp *cuda.Stream) error {
 	h, err := s.dev.MemCreate(seg.size)
 	if err != nil {
 		if errors.Is(err, cuda.ErrorOutOfMemory) {
-			return fmt.Errorf("%w: no %s for a segment: %w", ErrOutOfMemory, fmtBytes(seg.size), err)
+			return fmt.Errorf("%w: no %s for a segment: %w", ErrOutOfMemory, devmem.Bytes(seg.size), err)
 		}
 		return err
 	}
@@ -257,7 +258,7 @@ func (s *Spill) remap(seg *segment, cp *cuda.Stream) error {
 		if err != nil {
 			s.dev.MemUnmap(seg.addr, seg.size)
 			s.dev.MemRelease(h)
-			return fmt.Errorf("restoring %s at %#x: %w", fmtBytes(seg.size), uint64(seg.addr), err)
+			return fmt.Errorf("restoring %s at %#x: %w", devmem.Bytes(seg.size), uint64(seg.addr), err)
 		}
 		if !seg.pinned {
 			s.dropHost(seg) // Go memory: let the collector have it
@@ -270,7 +271,7 @@ func (s *Spill) remap(seg *segment, cp *cuda.Stream) error {
 }
 
 // dropHost lets go of a segment's backup.
-func (s *Spill) dropHost(seg *segment) {
+func (s *Allocator) dropHost(seg *segment) {
 	if seg.pinned {
 		s.dev.PinnedFree(seg.host)
 	}
@@ -281,7 +282,7 @@ func (s *Spill) dropHost(seg *segment) {
 // GraphPools returns the private pools that hold graphs' memory now:
 // those of NewSharedPool and of captures (joined or begun here) that map
 // segments, region pools excepted.
-func (s *Spill) GraphPools() []*Pool {
+func (s *Allocator) GraphPools() []*Pool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*Pool
@@ -300,7 +301,7 @@ func (s *Spill) GraphPools() []*Pool {
 // at 2.4-2.7 GiB/s, where later pauses ran at 25 GiB/s and more). It costs
 // host memory, no device memory. If page-locking fails, the first pause
 // tries again.
-func (s *Spill) pinBackup(seg *segment) {
+func (s *Allocator) pinBackup(seg *segment) {
 	if seg.host != nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"encoding/binary"
@@ -13,24 +13,24 @@ import (
 type twoStreams struct {
 	t      *testing.T
 	e      *env
-	s      *Spill
+	s      *Allocator
 	s1, s2 cuda.Stream
 	ev     cuda.Event
 }
 
-func newTwoStreams(t *testing.T, e *env, s *Spill) *twoStreams {
-	ev, err := e.dev.NewEvent(false)
+func newTwoStreams(t *testing.T, e *env, s *Allocator) *twoStreams {
+	ev, err := e.Dev.NewEvent(false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ev.Close() })
-	return &twoStreams{t: t, e: e, s: s, s1: e.stream(t), s2: e.stream(t), ev: ev}
+	return &twoStreams{t: t, e: e, s: s, s1: e.Stream(t), s2: e.Stream(t), ev: ev}
 }
 
 // use enqueues work on st that writes the first word of p: one node.
 func (c *twoStreams) use(st cuda.Stream, p cuda.DevicePtr, v uint32) {
 	c.t.Helper()
-	if err := c.e.dev.Memset32(p, v, 1, st); err != nil {
+	if err := c.e.Dev.Memset32(p, v, 1, st); err != nil {
 		c.t.Fatal(err)
 	}
 }
@@ -230,7 +230,7 @@ func TestSpillPrivatePools(t *testing.T) { testPrivatePools(t, newSimEnv(t, 1*Gi
 
 func testPrivatePools(t *testing.T, e *env) {
 	s := newSpill(t, e)
-	st := e.stream(t)
+	st := e.Stream(t)
 	pool, err := s.NewSharedPool()
 	if err != nil {
 		t.Fatal(err)
@@ -252,7 +252,7 @@ func testPrivatePools(t *testing.T, e *env) {
 	ca, ga := capture(func() {
 		tmpA = mustAlloc(t, s, 1*MiB, st)
 		outA = mustAlloc(t, s, 1*MiB, st)
-		if err := e.dev.Memset32(tmpA, 1, 1, st); err != nil {
+		if err := e.Dev.Memset32(tmpA, 1, 1, st); err != nil {
 			t.Fatal(err)
 		}
 		mustFree(t, s, tmpA) // no other stream: reusable at once
@@ -310,7 +310,7 @@ func TestSpillGrowInCapture(t *testing.T) { testGrowInCapture(t, newSimEnv(t, 1*
 
 func testGrowInCapture(t *testing.T, e *env) {
 	s := newSpill(t, e)
-	st, other := e.stream(t), e.stream(t)
+	st, other := e.Stream(t), e.Stream(t)
 	outside := mustAlloc(t, s, 4096, other)
 	c, err := s.BeginCapture(st, cuda.CaptureModeGlobal, nil)
 	if err != nil {
@@ -320,13 +320,13 @@ func testGrowInCapture(t *testing.T, e *env) {
 	src := mustAlloc(t, s, 4*n, st)
 	dst := mustAlloc(t, s, 4*n, st)
 	big := mustAlloc(t, s, 8*MiB, st)
-	if err := e.dev.Memset32(src, 41, n, st); err != nil {
+	if err := e.Dev.Memset32(src, 41, n, st); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.launchAdd(st, dst, src, 1, n); err != nil {
+	if err := e.LaunchAdd(st, dst, src, 1, n); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.dev.Memset32(big, 5, 2*MiB, st); err != nil {
+	if err := e.Dev.Memset32(big, 5, 2*MiB, st); err != nil {
 		t.Fatal(err)
 	}
 	// A block of the default pool used by a stream outside the capture.
@@ -354,7 +354,7 @@ func testGrowInCapture(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	out := make([]byte, 4*n)
-	if err := e.dev.CopyDtoH(out, dst); err != nil {
+	if err := e.Dev.CopyDtoH(out, dst); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < n; i++ {

@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import (
 	"fmt"
@@ -32,7 +32,7 @@ import (
 // streams' dependencies (a caller who replaces dependencies with
 // DepsSet, dropping nodes, voids the argument).
 type Capture struct {
-	s        *Spill
+	s        *Allocator
 	id       uint64
 	origin   cuda.Stream
 	pool     *Pool
@@ -55,11 +55,11 @@ type Capture struct {
 // allocator cannot check replay order; it checks that two captures do not
 // use one pool at once. Call Release when no more captures will use it;
 // its memory stays mapped while any graph captured into it is alive.
-func (s *Spill) NewSharedPool() (*Pool, error) {
+func (s *Allocator) NewSharedPool() (*Pool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("arena: Spill.NewSharedPool: %w", ErrClosed)
+		return nil, fmt.Errorf("spill: NewSharedPool: %w", ErrClosed)
 	}
 	p := s.newPool(true)
 	p.refs = 1
@@ -73,7 +73,7 @@ func (p *Pool) Release() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !p.private || p.refs <= 0 {
-		return fmt.Errorf("arena: Pool.Release: %s: %w (released already, or not a shared pool)", p, ErrUnknown)
+		return fmt.Errorf("spill: Pool.Release: %s: %w (released already, or not a shared pool)", p, ErrUnknown)
 	}
 	p.refs--
 	return nil
@@ -84,17 +84,17 @@ func (p *Pool) Release() error {
 // private pool when pool is nil. The capture holds a reference to the pool
 // for its graph: call Capture.Release once the graph and every exec made
 // from it are destroyed, and not before.
-func (s *Spill) BeginCapture(st cuda.Stream, mode cuda.CaptureMode, pool *Pool) (*Capture, error) {
+func (s *Allocator) BeginCapture(st cuda.Stream, mode cuda.CaptureMode, pool *Pool) (*Capture, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", ErrClosed)
+		return nil, fmt.Errorf("spill: BeginCapture: %w", ErrClosed)
 	}
 	if err := s.checkPool("BeginCapture", pool); err != nil {
 		return nil, err
 	}
 	if err := s.dev.BeginCapture(st, mode); err != nil {
-		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", err)
+		return nil, fmt.Errorf("spill: BeginCapture: %w", err)
 	}
 	info, err := s.dev.CaptureInfo(st)
 	if err != nil || info.Status != cuda.CaptureActive {
@@ -102,31 +102,31 @@ func (s *Spill) BeginCapture(st cuda.Stream, mode cuda.CaptureMode, pool *Pool) 
 		if err == nil {
 			err = fmt.Errorf("capture status %v right after BeginCapture", info.Status)
 		}
-		return nil, fmt.Errorf("arena: Spill.BeginCapture: %w", err)
+		return nil, fmt.Errorf("spill: BeginCapture: %w", err)
 	}
 	return s.register(st, info.ID, pool), nil
 }
 
 // checkPool checks that pool (nil: a new one) can take a capture now.
-func (s *Spill) checkPool(op string, pool *Pool) error {
+func (s *Allocator) checkPool(op string, pool *Pool) error {
 	if pool == nil {
 		return nil
 	}
 	if pool.s != s || !pool.private || !s.pools[pool] {
-		return fmt.Errorf("arena: Spill.%s: %s is not a live shared pool of this allocator", op, pool)
+		return fmt.Errorf("spill: %s: %s is not a live shared pool of this allocator", op, pool)
 	}
 	if pool.refs <= 0 {
-		return fmt.Errorf("arena: Spill.%s: %s was released", op, pool)
+		return fmt.Errorf("spill: %s: %s was released", op, pool)
 	}
 	if pool.capturing != nil {
-		return fmt.Errorf("arena: Spill.%s: %s is in use by capture %d; captures sharing a pool must run one after another",
+		return fmt.Errorf("spill: %s: %s is in use by capture %d; captures sharing a pool must run one after another",
 			op, pool, pool.capturing.id)
 	}
 	return nil
 }
 
 // register records capture id on st, allocating from pool (nil: new).
-func (s *Spill) register(st cuda.Stream, id uint64, pool *Pool) *Capture {
+func (s *Allocator) register(st cuda.Stream, id uint64, pool *Pool) *Capture {
 	if pool == nil {
 		pool = s.newPool(true)
 	}
@@ -154,25 +154,25 @@ func (c *Capture) End() (cuda.Graph, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c.ended {
-		return nil, fmt.Errorf("arena: Capture.End: capture %d ended already", c.id)
+		return nil, fmt.Errorf("spill: Capture.End: capture %d ended already", c.id)
 	}
 	if c.joined {
-		return nil, fmt.Errorf("arena: Capture.End: capture %d was begun by its owner, who ends it (then call Ended)", c.id)
+		return nil, fmt.Errorf("spill: Capture.End: capture %d was begun by its owner, who ends it (then call Ended)", c.id)
 	}
 	g, err := s.dev.EndCapture(c.origin)
 	rerr := s.finish(c, err != nil)
 	if err != nil {
-		return nil, fmt.Errorf("arena: Capture.End: capture %d: %w", c.id, err)
+		return nil, fmt.Errorf("spill: Capture.End: capture %d: %w", c.id, err)
 	}
 	if rerr != nil {
-		return g, fmt.Errorf("arena: Capture.End: capture %d: %w", c.id, rerr)
+		return g, fmt.Errorf("spill: Capture.End: capture %d: %w", c.id, rerr)
 	}
 	return g, nil
 }
 
 // Capturing says whether a capture this allocator knows of (begun or
 // joined here) is underway.
-func (s *Spill) Capturing() bool {
+func (s *Allocator) Capturing() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.captures) > 0
@@ -184,24 +184,24 @@ func (s *Spill) Capturing() bool {
 // pool is nil, as with BeginCapture. The owner ends the capture; call
 // Ended after that. It fails when st is not capturing or the capture is
 // known already.
-func (s *Spill) JoinCapture(st cuda.Stream, pool *Pool) (*Capture, error) {
+func (s *Allocator) JoinCapture(st cuda.Stream, pool *Pool) (*Capture, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("arena: Spill.JoinCapture: %w", ErrClosed)
+		return nil, fmt.Errorf("spill: JoinCapture: %w", ErrClosed)
 	}
 	if err := s.checkPool("JoinCapture", pool); err != nil {
 		return nil, err
 	}
 	info, err := s.dev.CaptureInfo(st)
 	if err != nil {
-		return nil, fmt.Errorf("arena: Spill.JoinCapture: %w", err)
+		return nil, fmt.Errorf("spill: JoinCapture: %w", err)
 	}
 	if info.Status != cuda.CaptureActive {
-		return nil, fmt.Errorf("arena: Spill.JoinCapture: the stream is not capturing (status %v)", info.Status)
+		return nil, fmt.Errorf("spill: JoinCapture: the stream is not capturing (status %v)", info.Status)
 	}
 	if c := s.captures[info.ID]; c != nil {
-		return nil, fmt.Errorf("arena: Spill.JoinCapture: capture %d is known already", info.ID)
+		return nil, fmt.Errorf("spill: JoinCapture: capture %d is known already", info.ID)
 	}
 	c := s.register(st, info.ID, pool)
 	c.joined = true
@@ -216,19 +216,19 @@ func (c *Capture) Ended(failed bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !c.joined {
-		return fmt.Errorf("arena: Capture.Ended: capture %d was begun with BeginCapture: call End", c.id)
+		return fmt.Errorf("spill: Capture.Ended: capture %d was begun with BeginCapture: call End", c.id)
 	}
 	if c.ended {
-		return fmt.Errorf("arena: Capture.Ended: capture %d ended already", c.id)
+		return fmt.Errorf("spill: Capture.Ended: capture %d ended already", c.id)
 	}
 	if err := s.finish(c, failed); err != nil {
-		return fmt.Errorf("arena: Capture.Ended: capture %d: %w", c.id, err)
+		return fmt.Errorf("spill: Capture.Ended: capture %d: %w", c.id, err)
 	}
 	return nil
 }
 
 // finish is the allocator's side of a capture's end.
-func (s *Spill) finish(c *Capture, failed bool) error {
+func (s *Allocator) finish(c *Capture, failed bool) error {
 	c.ended = true
 	delete(s.captures, c.id)
 	c.pool.capturing = nil
@@ -251,7 +251,7 @@ func (s *Spill) finish(c *Capture, failed bool) error {
 
 // sweepJoined finishes the captures that joinForeign joined and whose
 // owners have ended them (their stream no longer captures with that id).
-func (s *Spill) sweepJoined() error {
+func (s *Allocator) sweepJoined() error {
 	for _, c := range s.captures {
 		if !c.auto {
 			continue
@@ -278,9 +278,9 @@ func (c *Capture) Release() error {
 	defer s.mu.Unlock()
 	switch {
 	case !c.ended:
-		return fmt.Errorf("arena: Capture.Release: capture %d is still underway", c.id)
+		return fmt.Errorf("spill: Capture.Release: capture %d is still underway", c.id)
 	case c.released:
-		return fmt.Errorf("arena: Capture.Release: capture %d released already", c.id)
+		return fmt.Errorf("spill: Capture.Release: capture %d released already", c.id)
 	}
 	c.released = true
 	c.pool.refs--
@@ -289,7 +289,7 @@ func (c *Capture) Release() error {
 
 // flushUntilNone: no capture is underway any more; blocks that waited for
 // that now wait for events on their streams.
-func (s *Spill) flushUntilNone() error {
+func (s *Allocator) flushUntilNone() error {
 	list := s.untilNone
 	s.untilNone = nil
 	var first error
@@ -304,7 +304,7 @@ func (s *Spill) flushUntilNone() error {
 
 // deferFree handles the free, during a capture, of a block that other
 // streams used.
-func (s *Spill) deferFree(b *block) error {
+func (s *Allocator) deferFree(b *block) error {
 	b.state = stDeferred
 	s.st.Waiting += b.size
 	c := b.seg.pool.capturing
@@ -314,7 +314,7 @@ func (s *Spill) deferFree(b *block) error {
 		for _, st := range append([]cuda.Stream{b.seg.stream}, b.uses...) {
 			info, err := s.dev.CaptureInfo(st)
 			if err != nil {
-				return fmt.Errorf("arena: Spill.Free(%#x): %w", b.addr, err)
+				return fmt.Errorf("spill: Free(%#x): %w", b.addr, err)
 			}
 			if info.Status != cuda.CaptureActive || info.ID != c.id {
 				ok = false
@@ -351,7 +351,7 @@ func dedupNodes(ns []cuda.GraphNode) []cuda.GraphNode {
 
 // reclaim extends the visited set of (c, st) backwards from st's current
 // terminals and frees the deferred blocks of st whose markers it holds.
-func (s *Spill) reclaim(c *Capture, st cuda.Stream, info cuda.CaptureInfo) error {
+func (s *Allocator) reclaim(c *Capture, st cuda.Stream, info cuda.CaptureInfo) error {
 	h := st.Handle()
 	list := c.deferred[h]
 	if len(list) == 0 {

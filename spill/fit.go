@@ -1,4 +1,4 @@
-package arena
+package spill
 
 import "github.com/arenaplan/arenaplan/cuda"
 
@@ -20,7 +20,7 @@ type blockState uint8
 const (
 	stFree      blockState = iota
 	stAllocated            // handed out
-	stDeferred             // freed during a capture, waiting (Capture.deferred or Spill.untilNone)
+	stDeferred             // freed during a capture, waiting (Capture.deferred or Allocator.untilNone)
 	stPending              // waiting for events on other streams
 )
 
@@ -43,12 +43,12 @@ func lessBlock(a, b *block) bool {
 	return a.addr < b.addr
 }
 
-// maxSpare bounds the recycled block structs a Spill keeps.
+// maxSpare bounds the recycled block structs an Allocator keeps.
 const maxSpare = 4096
 
 // newBlock returns a zeroed block, recycled where one is spare: the
 // allocator's hot path then allocates nothing on the Go heap.
-func (s *Spill) newBlock() *block {
+func (s *Allocator) newBlock() *block {
 	if n := len(s.spare); n > 0 {
 		b := s.spare[n-1]
 		s.spare = s.spare[:n-1]
@@ -58,7 +58,7 @@ func (s *Spill) newBlock() *block {
 }
 
 // recycle keeps b, which nothing references any more, for newBlock.
-func (s *Spill) recycle(b *block) {
+func (s *Allocator) recycle(b *block) {
 	if len(s.spare) < maxSpare {
 		*b = block{}
 		s.spare = append(s.spare, b)
@@ -67,7 +67,7 @@ func (s *Spill) recycle(b *block) {
 
 // bestFit removes and returns the smallest free block of (pool, st) and
 // the size class small (SmallBlock) that holds rsize bytes.
-func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64, small bool) *block {
+func (s *Allocator) bestFit(pool *Pool, st cuda.Stream, rsize uint64, small bool) *block {
 	t := pool.lookTree(freeKey(st.Handle(), small))
 	if t == nil {
 		return nil
@@ -86,7 +86,7 @@ func (s *Spill) bestFit(pool *Pool, st cuda.Stream, rsize uint64, small bool) *b
 }
 
 // split cuts b (out of the tree) to rsize and frees the remainder.
-func (s *Spill) split(b *block, rsize uint64) {
+func (s *Allocator) split(b *block, rsize uint64) {
 	if b.size-rsize < MinBlock {
 		return
 	}
@@ -101,7 +101,7 @@ func (s *Spill) split(b *block, rsize uint64) {
 }
 
 // release makes b free: coalesce with free neighbours, put in its tree.
-func (s *Spill) release(b *block) {
+func (s *Allocator) release(b *block) {
 	t := b.seg.pool.tree(b.seg.key)
 	b.state, b.req, b.uses, b.markers, b.events = stFree, 0, nil, nil, nil
 	if p := b.prev; p != nil && p.state == stFree {
