@@ -290,6 +290,9 @@ type dfs struct {
 
 	nodes, limit int64
 	stop, stop2  *atomic.Bool // either set: abort
+	// park, if set, is called where the node limit would abort the
+	// search: true when it may go on (under a larger limit).
+	park func() bool
 
 	offUndo   []undo
 	floorUndo []undo
@@ -453,7 +456,7 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 	if s.stop != nil && s.stop.Load() || s.stop2 != nil && s.stop2.Load() {
 		return aborted
 	}
-	if s.nodes > s.limit {
+	if s.nodes > s.limit && (s.park == nil || !s.park()) {
 		return aborted
 	}
 	if p.n == 0 {
@@ -735,6 +738,57 @@ func (s *dfs) searchParts(p *partition) int {
 		s.pos[j] = int32(x)
 	}
 	return status
+}
+
+// parkedDFS is a search that waits at its node limit instead of giving
+// up, on a goroutine of its own, so that a later job of the same search
+// (leaf, capacity and preorder) under a larger limit goes on from there
+// rather than searching the same nodes again: a search cut off by its
+// node limit has searched exactly the first nodes of the same search
+// under a larger one. Its node count is the whole search's, as if it had
+// started afresh. Every parkedDFS must end with resume or drop.
+type parkedDFS struct {
+	s    *dfs
+	wake chan int64 // a larger limit, or 0: give up
+	out  chan int   // the outcome, or paused
+}
+
+// paused is a parkedDFS's outcome when it reached its node limit: it
+// waits, and its search went as far as an aborted one.
+const paused = -1
+
+// startParked runs the search of d at capacity c in the preorder under
+// limit until it ends or reaches the limit, and returns it with its
+// outcome (paused at the limit).
+func startParked(d *leafData, c int64, order preorder, limit int64, stop, stop2 *atomic.Bool) (*parkedDFS, int) {
+	pk := &parkedDFS{s: newDFS(d, c, order, limit, stop), wake: make(chan int64), out: make(chan int)}
+	pk.s.stop2 = stop2
+	pk.s.park = func() bool {
+		pk.out <- paused
+		l := <-pk.wake
+		if l <= pk.s.limit {
+			return false
+		}
+		pk.s.limit = l
+		return true
+	}
+	go func() { pk.out <- pk.s.solve() }()
+	return pk, <-pk.out
+}
+
+// resume goes on with a paused search under a larger limit and the
+// given stop flags, and returns its outcome (paused again at the limit).
+func (pk *parkedDFS) resume(limit int64, stop, stop2 *atomic.Bool) int {
+	// Set before the channel hands the search back: its goroutine sees them.
+	pk.s.stop, pk.s.stop2 = stop, stop2
+	pk.wake <- limit
+	return <-pk.out
+}
+
+// drop ends a paused search and frees its goroutine.
+func (pk *parkedDFS) drop() {
+	pk.wake <- 0
+	<-pk.out
 }
 
 // maxTree is a segment tree over sections for range maxima.
