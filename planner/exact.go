@@ -212,45 +212,66 @@ type rankKey struct {
 // rankItemsBuf is rankItems sorting in buf (grown as needed), which it
 // returns for the next call.
 func (d *leafData) rankItemsBuf(order preorder, items []int32, tot []int64, rank []int32, buf []rankKey) []rankKey {
-	key := func(j int32, c byte) int64 {
-		w := d.end[j] - d.start[j]
-		switch c {
-		case 'W':
-			return w
-		case 'A':
-			return w * d.size[j] // sizes and times here stay far below 2^63 for real traces
-		case 'T':
-			var t int64
-			for s := d.lo[j]; s < d.hi[j]; s++ {
-				t = max(t, tot[s])
-			}
-			return t
-		case 'Z':
-			return d.size[j]
-		case 'O':
-			return int64(d.adjAt[j+1] - d.adjAt[j])
-		case 'S':
-			return -d.start[j]
-		case 'L': // long-lived: half the leaf's time or more
-			if 2*(d.hi[j]-d.lo[j]) >= int32(d.nsec) {
-				return 1
-			}
-			return 0
-		}
-		return 0
-	}
 	ks := slices.Grow(buf[:0], len(items))[:len(items)]
 	for x, j := range items {
-		ks[x].j = j
-		for i := 0; i < len(order) && i < 4; i++ {
-			ks[x].k[i] = key(j, order[i])
+		ks[x] = rankKey{j: j}
+	}
+	// Key by key, each a loop of its own: this runs at every partition
+	// of the exact search. Keys past the preorder's stay 0 and tie.
+	for i := 0; i < len(order) && i < 4; i++ {
+		switch order[i] {
+		case 'W':
+			for x := range ks {
+				j := ks[x].j
+				ks[x].k[i] = d.end[j] - d.start[j]
+			}
+		case 'A':
+			for x := range ks {
+				j := ks[x].j
+				ks[x].k[i] = (d.end[j] - d.start[j]) * d.size[j] // sizes and times here stay far below 2^63 for real traces
+			}
+		case 'T':
+			for x := range ks {
+				j := ks[x].j
+				var t int64
+				for _, v := range tot[d.lo[j]:d.hi[j]] {
+					t = max(t, v)
+				}
+				ks[x].k[i] = t
+			}
+		case 'Z':
+			for x := range ks {
+				ks[x].k[i] = d.size[ks[x].j]
+			}
+		case 'O':
+			for x := range ks {
+				j := ks[x].j
+				ks[x].k[i] = int64(d.adjAt[j+1] - d.adjAt[j])
+			}
+		case 'S':
+			for x := range ks {
+				ks[x].k[i] = -d.start[ks[x].j]
+			}
+		case 'L': // long-lived: half the leaf's time or more
+			for x := range ks {
+				j := ks[x].j
+				if 2*(d.hi[j]-d.lo[j]) >= int32(d.nsec) {
+					ks[x].k[i] = 1
+				}
+			}
 		}
 	}
 	slices.SortFunc(ks, func(a, b rankKey) int {
-		for i := 0; i < len(order) && i < 4; i++ {
-			if c := cmp.Compare(b.k[i], a.k[i]); c != 0 {
-				return c
-			}
+		// Larger keys first, then the lower index.
+		switch {
+		case a.k[0] != b.k[0]:
+			return cmp.Compare(b.k[0], a.k[0])
+		case a.k[1] != b.k[1]:
+			return cmp.Compare(b.k[1], a.k[1])
+		case a.k[2] != b.k[2]:
+			return cmp.Compare(b.k[2], a.k[2])
+		case a.k[3] != b.k[3]:
+			return cmp.Compare(b.k[3], a.k[3])
 		}
 		return cmp.Compare(a.j, b.j)
 	})
