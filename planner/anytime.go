@@ -157,6 +157,13 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 	// it, until the deadline or until every leaf is done.
 	floor := r.best
 	states := make([]*leafSearch, len(leaves))
+	defer func() {
+		for _, s := range states {
+			if s != nil {
+				s.close()
+			}
+		}
+	}()
 	stop := StopBudget
 	for turn := 0; ; turn++ {
 		var open []int

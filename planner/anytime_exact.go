@@ -119,6 +119,39 @@ type exactSearch struct {
 	det   *descent
 	extra []*descent  // the descents of workers 1, 2, ...
 	redo  []*exactJob // jobs the clock stopped: they run first next turn
+	// The lower-bound searches stopped by their node limit, by preorder:
+	// the next job of the same preorder goes on from there.
+	parked map[preorder]*parkedDFS
+}
+
+// keep parks pk as the lower-bound search of its preorder, or drops it
+// where one that went further is parked already; under mu.
+func (st *exactSearch) keep(pk *parkedDFS) {
+	o := pk.s.order
+	if pk.s.static {
+		o = "s" + o
+	}
+	if old := st.parked[preorder(o)]; old != nil {
+		if old.s.limit >= pk.s.limit {
+			pk.drop()
+			return
+		}
+		old.drop()
+	}
+	if st.parked == nil {
+		st.parked = map[preorder]*parkedDFS{}
+	}
+	st.parked[preorder(o)] = pk
+}
+
+// close drops the parked searches.
+func (st *exactSearch) close() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for o, pk := range st.parked {
+		pk.drop()
+		delete(st.parked, o)
+	}
 }
 
 func newExactSearch(d *leafData, target, best int64, offs []int64, at time.Duration) *exactSearch {
@@ -197,12 +230,41 @@ func (r *anytimeRun) exact(st *exactSearch, until time.Time) (int64, []int64, ti
 	run := func(j *exactJob) int {
 		st.mu.Lock()
 		st.running[j] = true
+		// A lower-bound job goes on with the search of its preorder
+		// where an earlier one stopped at a smaller limit.
+		var pk *parkedDFS
+		if j.lbIndex >= 0 && j.cap == target {
+			if pk = st.parked[j.heur]; pk != nil && pk.s.limit < j.limit {
+				delete(st.parked, j.heur)
+			} else {
+				pk = nil
+			}
+		}
 		st.mu.Unlock()
-		s := newDFS(d, j.cap, j.heur, j.limit, &j.stop)
-		s.stop2 = &stopAll
-		res := s.solve()
+		var (
+			s   *dfs
+			res int
+		)
+		switch {
+		case pk != nil:
+			res = pk.resume(j.limit, &j.stop, &stopAll)
+		case j.lbIndex >= 0:
+			pk, res = startParked(d, j.cap, j.heur, j.limit, &j.stop, &stopAll)
+		default:
+			s = newDFS(d, j.cap, j.heur, j.limit, &j.stop)
+			s.stop2 = &stopAll
+			res = s.solve()
+		}
 		st.mu.Lock()
 		defer st.mu.Unlock()
+		if pk != nil {
+			s = pk.s
+			if res == paused {
+				// As a search under this limit alone: aborted.
+				res = aborted
+				st.keep(pk)
+			}
+		}
 		delete(st.running, j)
 		st.nodes += s.nodes
 		if res == aborted && stopAll.Load() && !j.stop.Load() && s.nodes <= j.limit {

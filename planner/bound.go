@@ -126,13 +126,34 @@ func (p *problem) windowBound(ceil, budget int64, stop *atomic.Bool) (int64, int
 			if first || hi-lo == 1 {
 				c = lo
 			}
-			if s == nil {
-				s = newDFS(d, c, "TWA", min(boundNodes, budget-nodes), stop)
-			} else {
-				s.reset(c, "TWA", min(boundNodes, budget-nodes), stop)
+			// Dives first (one path per order, as the leaves' dives):
+			// where the window fits under c, one of them usually packs
+			// it in as many nodes as it has buffers, where the search
+			// in one order alone may spend all its nodes and prove
+			// nothing (a decode step as PyTorch records it: 2048 nodes
+			// of TWA, 47 of TAW). A packing, or a search that ends
+			// within its dive, decides c as the full search would.
+			res := aborted
+			for _, o := range diveOrders {
+				if nodes >= budget {
+					break
+				}
+				if s == nil {
+					s = newDFS(d, c, o, min(int64(d.k)+diveSlack, budget-nodes), stop)
+				} else {
+					s.reset(c, o, min(int64(d.k)+diveSlack, budget-nodes), stop)
+				}
+				res = s.solve()
+				nodes += s.nodes
+				if res != aborted {
+					break
+				}
 			}
-			res := s.solve()
-			nodes += s.nodes
+			if res == aborted && nodes < budget {
+				s.reset(c, "TWA", min(boundNodes, budget-nodes), stop)
+				res = s.solve()
+				nodes += s.nodes
+			}
 			if res != notFound {
 				hi = c
 			} else {

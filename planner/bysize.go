@@ -49,13 +49,10 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 	if n == 0 {
 		return &Plan{Offsets: offsets}, nil
 	}
-	tr := newTimeTree(t)
 	order := make([]int, 0, n)
 	for i := range t.Buffers {
-		b := &t.Buffers[i]
-		if b.HasFixed {
+		if b := &t.Buffers[i]; b.HasFixed {
 			offsets[i] = b.Fixed
-			tr.insert(b.Start, b.End, memRange{b.Fixed, b.Fixed + req[i].size})
 			continue
 		}
 		order = append(order, i)
@@ -70,6 +67,15 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 		}
 		return cmp.Compare(x, y)
 	})
+	if n <= bySizeListed && !bySizeTreeAlways {
+		return bySizeList(ctx, t, req, order, offsets)
+	}
+	tr := newTimeTree(t)
+	for i := range t.Buffers {
+		if b := &t.Buffers[i]; b.HasFixed {
+			tr.insert(b.Start, b.End, memRange{b.Fixed, b.Fixed + req[i].size})
+		}
+	}
 	var scratch [][]memRange
 	for k, i := range order {
 		if k%1024 == 0 {
@@ -86,6 +92,61 @@ func planBySize(ctx context.Context, t *lifetime.Trace, opt Options) (*Plan, err
 		}
 		offsets[i] = off
 		tr.insert(b.Start, b.End, memRange{off, off + r.size})
+	}
+	return &Plan{Offsets: offsets}, nil
+}
+
+// bySizeListed is the most buffers bySizeList plans: below it, listing
+// the placed buffers live at the same time costs less than the time tree
+// (a decode step of 323 buffers: half the time; at 710 to 1024 buffers
+// both take about as long).
+const bySizeListed = 512
+
+// bySizeTreeAlways makes planBySize use the time tree on every trace
+// (tests compare the two).
+var bySizeTreeAlways bool
+
+// bySizeList is planBySize's placement loop, the textbook way: for each
+// buffer (fixed buffers placed already, then order), the spans of every
+// placed buffer live at the same time, sorted, as one run for bestGap,
+// which finds the same gap in them as in the time tree's merged sets.
+// Quadratic; for small traces.
+func bySizeList(ctx context.Context, t *lifetime.Trace, req []requirement, order []int, offsets []int64) (*Plan, error) {
+	// The placed buffers' lifetimes and memory, packed for the scans.
+	type placement struct {
+		start, end int64
+		m          memRange
+	}
+	placed := make([]placement, 0, len(t.Buffers))
+	for i := range t.Buffers {
+		if b := &t.Buffers[i]; b.HasFixed {
+			placed = append(placed, placement{b.Start, b.End, memRange{b.Fixed, b.Fixed + req[i].size}})
+		}
+	}
+	var spans []memRange
+	runs := make([][]memRange, 1)
+	for k, i := range order {
+		if k%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("bysize: %w", err)
+			}
+		}
+		b := &t.Buffers[i]
+		r := req[i]
+		spans = spans[:0]
+		for _, p := range placed {
+			if b.Start < p.end && p.start < b.End {
+				spans = append(spans, p.m)
+			}
+		}
+		slices.SortFunc(spans, func(x, y memRange) int { return cmp.Compare(x.lo, y.lo) })
+		runs[0] = spans
+		off := bestGap(runs[:1], r.size, r.align)
+		if off > lifetime.MaxSize-r.size {
+			return nil, fmt.Errorf("bysize: %s: arena would exceed %d bytes", lifetime.Label(i, b.Name), lifetime.MaxSize)
+		}
+		offsets[i] = off
+		placed = append(placed, placement{b.Start, b.End, memRange{off, off + r.size}})
 	}
 	return &Plan{Offsets: offsets}, nil
 }

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"context"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -103,6 +104,30 @@ func TestTimeTreeAgainstScan(t *testing.T) {
 			if got != want {
 				t.Fatalf("trace %d: memory in use during [%d, %d) differs from a scan", k, q.Start, q.End)
 			}
+		}
+	}
+}
+
+// TestBySizeListAgainstTree: the listing placement loop (small traces)
+// and the time tree give the same plan, buffer for buffer.
+func TestBySizeListAgainstTree(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for k := 0; k < 2000; k++ {
+		align := []int64{1, 4, 256}[rng.IntN(3)]
+		tr := genTrace(rng, genOptions{maxBuffers: 40, maxTime: 30, align: align})
+		opt := Options{Align: align}
+		list, err := planBySize(context.Background(), tr, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bySizeTreeAlways = true
+		tree, err := planBySize(context.Background(), tr, opt)
+		bySizeTreeAlways = false
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(list.Offsets, tree.Offsets) {
+			t.Fatalf("trace %d (%d buffers, align %d): listed %v, tree %v", k, len(tr.Buffers), align, list.Offsets, tree.Offsets)
 		}
 	}
 }

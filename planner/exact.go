@@ -212,45 +212,66 @@ type rankKey struct {
 // rankItemsBuf is rankItems sorting in buf (grown as needed), which it
 // returns for the next call.
 func (d *leafData) rankItemsBuf(order preorder, items []int32, tot []int64, rank []int32, buf []rankKey) []rankKey {
-	key := func(j int32, c byte) int64 {
-		w := d.end[j] - d.start[j]
-		switch c {
-		case 'W':
-			return w
-		case 'A':
-			return w * d.size[j] // sizes and times here stay far below 2^63 for real traces
-		case 'T':
-			var t int64
-			for s := d.lo[j]; s < d.hi[j]; s++ {
-				t = max(t, tot[s])
-			}
-			return t
-		case 'Z':
-			return d.size[j]
-		case 'O':
-			return int64(d.adjAt[j+1] - d.adjAt[j])
-		case 'S':
-			return -d.start[j]
-		case 'L': // long-lived: half the leaf's time or more
-			if 2*(d.hi[j]-d.lo[j]) >= int32(d.nsec) {
-				return 1
-			}
-			return 0
-		}
-		return 0
-	}
 	ks := slices.Grow(buf[:0], len(items))[:len(items)]
 	for x, j := range items {
-		ks[x].j = j
-		for i := 0; i < len(order) && i < 4; i++ {
-			ks[x].k[i] = key(j, order[i])
+		ks[x] = rankKey{j: j}
+	}
+	// Key by key, each a loop of its own: this runs at every partition
+	// of the exact search. Keys past the preorder's stay 0 and tie.
+	for i := 0; i < len(order) && i < 4; i++ {
+		switch order[i] {
+		case 'W':
+			for x := range ks {
+				j := ks[x].j
+				ks[x].k[i] = d.end[j] - d.start[j]
+			}
+		case 'A':
+			for x := range ks {
+				j := ks[x].j
+				ks[x].k[i] = (d.end[j] - d.start[j]) * d.size[j] // sizes and times here stay far below 2^63 for real traces
+			}
+		case 'T':
+			for x := range ks {
+				j := ks[x].j
+				var t int64
+				for _, v := range tot[d.lo[j]:d.hi[j]] {
+					t = max(t, v)
+				}
+				ks[x].k[i] = t
+			}
+		case 'Z':
+			for x := range ks {
+				ks[x].k[i] = d.size[ks[x].j]
+			}
+		case 'O':
+			for x := range ks {
+				j := ks[x].j
+				ks[x].k[i] = int64(d.adjAt[j+1] - d.adjAt[j])
+			}
+		case 'S':
+			for x := range ks {
+				ks[x].k[i] = -d.start[ks[x].j]
+			}
+		case 'L': // long-lived: half the leaf's time or more
+			for x := range ks {
+				j := ks[x].j
+				if 2*(d.hi[j]-d.lo[j]) >= int32(d.nsec) {
+					ks[x].k[i] = 1
+				}
+			}
 		}
 	}
 	slices.SortFunc(ks, func(a, b rankKey) int {
-		for i := 0; i < len(order) && i < 4; i++ {
-			if c := cmp.Compare(b.k[i], a.k[i]); c != 0 {
-				return c
-			}
+		// Larger keys first, then the lower index.
+		switch {
+		case a.k[0] != b.k[0]:
+			return cmp.Compare(b.k[0], a.k[0])
+		case a.k[1] != b.k[1]:
+			return cmp.Compare(b.k[1], a.k[1])
+		case a.k[2] != b.k[2]:
+			return cmp.Compare(b.k[2], a.k[2])
+		case a.k[3] != b.k[3]:
+			return cmp.Compare(b.k[3], a.k[3])
 		}
 		return cmp.Compare(a.j, b.j)
 	})
@@ -290,6 +311,9 @@ type dfs struct {
 
 	nodes, limit int64
 	stop, stop2  *atomic.Bool // either set: abort
+	// park, if set, is called where the node limit would abort the
+	// search: true when it may go on (under a larger limit).
+	park func() bool
 
 	offUndo   []undo
 	floorUndo []undo
@@ -453,7 +477,7 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 	if s.stop != nil && s.stop.Load() || s.stop2 != nil && s.stop2.Load() {
 		return aborted
 	}
-	if s.nodes > s.limit {
+	if s.nodes > s.limit && (s.park == nil || !s.park()) {
 		return aborted
 	}
 	if p.n == 0 {
@@ -735,6 +759,57 @@ func (s *dfs) searchParts(p *partition) int {
 		s.pos[j] = int32(x)
 	}
 	return status
+}
+
+// parkedDFS is a search that waits at its node limit instead of giving
+// up, on a goroutine of its own, so that a later job of the same search
+// (leaf, capacity and preorder) under a larger limit goes on from there
+// rather than searching the same nodes again: a search cut off by its
+// node limit has searched exactly the first nodes of the same search
+// under a larger one. Its node count is the whole search's, as if it had
+// started afresh. Every parkedDFS must end with resume or drop.
+type parkedDFS struct {
+	s    *dfs
+	wake chan int64 // a larger limit, or 0: give up
+	out  chan int   // the outcome, or paused
+}
+
+// paused is a parkedDFS's outcome when it reached its node limit: it
+// waits, and its search went as far as an aborted one.
+const paused = -1
+
+// startParked runs the search of d at capacity c in the preorder under
+// limit until it ends or reaches the limit, and returns it with its
+// outcome (paused at the limit).
+func startParked(d *leafData, c int64, order preorder, limit int64, stop, stop2 *atomic.Bool) (*parkedDFS, int) {
+	pk := &parkedDFS{s: newDFS(d, c, order, limit, stop), wake: make(chan int64), out: make(chan int)}
+	pk.s.stop2 = stop2
+	pk.s.park = func() bool {
+		pk.out <- paused
+		l := <-pk.wake
+		if l <= pk.s.limit {
+			return false
+		}
+		pk.s.limit = l
+		return true
+	}
+	go func() { pk.out <- pk.s.solve() }()
+	return pk, <-pk.out
+}
+
+// resume goes on with a paused search under a larger limit and the
+// given stop flags, and returns its outcome (paused again at the limit).
+func (pk *parkedDFS) resume(limit int64, stop, stop2 *atomic.Bool) int {
+	// Set before the channel hands the search back: its goroutine sees them.
+	pk.s.stop, pk.s.stop2 = stop, stop2
+	pk.wake <- limit
+	return <-pk.out
+}
+
+// drop ends a paused search and frees its goroutine.
+func (pk *parkedDFS) drop() {
+	pk.wake <- 0
+	<-pk.out
 }
 
 // maxTree is a segment tree over sections for range maxima.

@@ -33,6 +33,18 @@ type leafSearch struct {
 	stale   int64
 	repairs uint64
 	ex      *exactSearch
+	parked  []*parkedDFS // the dives' searches, for the exact search
+}
+
+// close drops the searches the leaf keeps parked (parkedDFS).
+func (ls *leafSearch) close() {
+	for _, pk := range ls.parked {
+		pk.drop()
+	}
+	ls.parked = nil
+	if ls.ex != nil {
+		ls.ex.close()
+	}
 }
 
 func (r *anytimeRun) newLeafSearch(p *problem, l *leaf) *leafSearch {
@@ -108,9 +120,10 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 			offs     []int64
 			nodes    int64
 			complete = true
+			parked   []*parkedDFS
 		)
 		if near {
-			offs, nodes, complete = d.dive(target, &stop)
+			offs, nodes, complete, parked = d.dive(target, &stop)
 		}
 		if offs == nil && complete {
 			var n int64
@@ -123,6 +136,16 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 			better(height(d, offs), offs)
 		} else if complete {
 			ls.stale += nodes
+		}
+		// The dives are the first lower-bound jobs' searches (the same
+		// preorders at the same capacity), cut short: the exact search
+		// goes on with them. A leaf cut off here runs its dives again.
+		for _, pk := range parked {
+			if complete && offs == nil {
+				ls.parked = append(ls.parked, pk)
+			} else {
+				pk.drop()
+			}
 		}
 		// Cut off by the clock: it runs again, from the start, next turn.
 		ls.rolled = complete
@@ -148,6 +171,10 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 	default:
 		if ls.ex == nil {
 			ls.ex = newExactSearch(d, target, ls.best, ls.offs, ls.at)
+			for _, pk := range ls.parked {
+				ls.ex.keep(pk)
+			}
+			ls.parked = nil
 			// The stop rule counts the dives' and the rolling search's
 			// nodes too: they searched below the same best, in vain.
 			ls.ex.doneNodes = ls.stale
@@ -155,6 +182,9 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		ls.best, ls.offs, ls.at, ls.done, ls.idle = r.exact(ls.ex, until)
 	}
 	ls.done = ls.done || ls.best <= target
+	if ls.done || ls.idle {
+		ls.close() // its search is over
+	}
 	for j, i := range d.ids {
 		r.offs[i] = ls.offs[j]
 	}

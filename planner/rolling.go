@@ -76,27 +76,29 @@ var diveOrders = exactHeuristics[:2]
 // at it without backtracking (a decode step as PyTorch records it, math
 // attention in bf16: TAW in as many nodes as buffers), while the rolling
 // search, which packs the leaf window by window, fails there. It returns
-// the plan (nil if none), the nodes searched, and false when stop cut it
-// short.
-func (d *leafData) dive(c int64, stop *atomic.Bool) ([]int64, int64, bool) {
-	var used int64
-	var s *dfs
+// the plan (nil if none), the nodes searched, false when stop cut it
+// short, and the searches that stopped at their node limit, parked, in
+// the order of diveOrders: the exact search's first lower-bound jobs,
+// the same searches under larger limits, go on with them. The caller
+// drops those it does not use.
+func (d *leafData) dive(c int64, stop *atomic.Bool) ([]int64, int64, bool, []*parkedDFS) {
+	var (
+		used   int64
+		parked []*parkedDFS
+	)
 	for _, o := range diveOrders {
-		if s == nil {
-			s = newDFS(d, c, o, int64(d.k)+diveSlack, stop)
-		} else {
-			s.reset(c, o, int64(d.k)+diveSlack, stop) // the last search found nothing: its sol is no one's
-		}
-		res := s.solve()
-		used += s.nodes
+		pk, res := startParked(d, c, o, int64(d.k)+diveSlack, stop, nil)
+		used += pk.s.nodes
 		switch {
+		case res == paused:
+			parked = append(parked, pk)
 		case res == found:
-			return s.sol, used, true
+			return pk.s.sol, used, true, parked
 		case stop.Load():
-			return nil, used, false
+			return nil, used, false, parked
 		}
 	}
-	return nil, used, true
+	return nil, used, true, parked
 }
 
 const diveSlack = 64

@@ -122,7 +122,10 @@ func thinLeaf(t *testing.T, file string) (*problem, *leaf, *leafData) {
 func TestDiveAtBound(t *testing.T) {
 	_, _, d := thinLeaf(t, "torch-decode-math16-b8.csv")
 	var stop atomic.Bool
-	offs, nodes, complete := d.dive(d.lb, &stop)
+	offs, nodes, complete, parked := d.dive(d.lb, &stop)
+	for _, pk := range parked {
+		pk.drop()
+	}
 	if offs == nil || !complete {
 		t.Fatalf("no dive packed the leaf at its peak %d (%d nodes)", d.lb, nodes)
 	}

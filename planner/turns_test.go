@@ -49,11 +49,13 @@ func TestExactTurnsResume(t *testing.T) {
 	}
 	r, ls := exactLeaf(t, "K", 1)
 	whole := newExactSearch(ls.d, ls.target, ls.best, ls.offs, 0)
+	defer whole.close()
 	h, offs, _, done, _ := r.exact(whole, time.Now().Add(time.Minute))
 	if !done || h != ls.target {
 		t.Fatalf("in one go: height %d (bound %d), done %v", h, ls.target, done)
 	}
 	cut := newExactSearch(ls.d, ls.target, ls.best, ls.offs, 0)
+	defer cut.close()
 	turns, redone := 0, 0
 	for turn := time.Millisecond; ; turn *= 2 {
 		turns++
@@ -85,6 +87,7 @@ func TestExactOneWorkerShare(t *testing.T) {
 	}
 	r, ls := exactLeaf(t, "D", 1)
 	st := newExactSearch(ls.d, ls.target, ls.best, ls.offs, 0)
+	defer st.close()
 	// Turns (each twice as long as the last: a job the clock stops starts
 	// again) until five lower-bound jobs past the first rounds have run,
 	// however long that takes on this machine (a minute at most).
