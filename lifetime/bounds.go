@@ -35,12 +35,12 @@ var (
 	gapBytes    = uint64(unsafe.Sizeof(Gap{}))
 )
 
-// spend counts n bytes for buffer i; it fails once the trace needs more
-// than maxTraceMemory.
-func (d *decodeBudget) spend(n uint64, i int, name string) error {
+// spendOn counts n bytes for what (a part of the input); it fails once
+// decoding needs more than maxTraceMemory.
+func (d *decodeBudget) spendOn(what string, n uint64) error {
 	d.used += n
 	if d.used > maxTraceMemory {
-		return traceMemoryError(i, name)
+		return fmt.Errorf("%s: the trace needs more than %d MiB of memory: refused", what, maxTraceMemory>>20)
 	}
 	return nil
 }

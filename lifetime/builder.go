@@ -18,11 +18,11 @@ import (
 // more is refused where it passes the bound and decoding never holds much
 // more than the bound.
 type traceBuilder struct {
-	used  uint64 // bytes allocated, or to be allocated by finish
-	n     int    // buffers added
-	rows  arena[byte]
-	text  arena[byte] // names, and tags not interned
-	gaps  arena[Gap]
+	used uint64 // bytes allocated, or to be allocated by finish
+	n    int    // buffers added
+	rows arena[byte]
+	text arena[byte] // names, and tags not interned
+	gaps arena[Gap]
 	// tags interns the first maxInternedTags distinct tags (a trace has a
 	// handful: weight, kv, ...); later ones are kept like names.
 	tags    map[string]uint32
@@ -280,6 +280,15 @@ func (a *arena[T]) add(s []T) uint64 {
 	c := &a.chunks[len(a.chunks)-1]
 	*c = append(*c, s...)
 	return cost
+}
+
+// lastString returns the piece of n bytes added to a last, as a string.
+func lastString(a *arena[byte], n int) string {
+	if n > arenaBigBytes {
+		return arenaString(a.big[len(a.big)-1])
+	}
+	c := a.chunks[len(a.chunks)-1]
+	return arenaString(c[len(c)-n:])
 }
 
 // arenaReader reads an arena's pieces back in order.

@@ -261,7 +261,20 @@ func addJSONBuffer(tb *traceBuilder, jb *JSONBuffer, gaps *[]Gap) error {
 	}
 	b.Gaps = *gaps
 	b.Name = jb.Name
+	// The strings encoding/json made for the name and the tag are left to
+	// the collector once the builder has copied or interned them: counted
+	// all the same, so that what decoding allocates stays within the bound.
+	tb.used += jsonStringBytes(jb.Name) + jsonStringBytes(jb.Tag)
 	return tb.add(&b, nil, prior)
+}
+
+// jsonStringBytes is what encoding/json allocated for s: its length
+// rounded up to the allocator's smallest size classes.
+func jsonStringBytes(s string) uint64 {
+	if s == "" {
+		return 0
+	}
+	return (uint64(len(s)) + 15) &^ 15
 }
 
 // WriteJSON writes t in arenaplan's JSON format, one buffer per line so
