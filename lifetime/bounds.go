@@ -30,10 +30,7 @@ const (
 // decodeBudget counts the memory of the buffers decoded so far.
 type decodeBudget struct{ used uint64 }
 
-var (
-	bufferBytes = uint64(unsafe.Sizeof(Buffer{}))
-	gapBytes    = uint64(unsafe.Sizeof(Gap{}))
-)
+var bufferBytes = uint64(unsafe.Sizeof(Buffer{}))
 
 // spendOn counts n bytes for what (a part of the input); it fails once
 // decoding needs more than maxTraceMemory.

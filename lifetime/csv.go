@@ -384,7 +384,7 @@ func csvBuffer(b *Buffer, gaps *[]Gap, fields [][]byte, cols *[numCSVColumns]int
 // from the live total. A cell without gaps returns nil.
 func parseGaps(dst []Gap, s []byte, inclusive bool) ([]Gap, error) {
 	gaps := dst
-	for tok := range fields(s) {
+	for tok := range spaceFields(s) {
 		bad := func() error { return fmt.Errorf("%q is not a gap (want a-b or a-b@x:y)", tok) }
 		span, window, hasWindow := bytes.Cut(tok, []byte("@"))
 		a, b, ok := bytes.Cut(span, []byte("-"))
@@ -427,9 +427,9 @@ func parseGaps(dst []Gap, s []byte, inclusive bool) ([]Gap, error) {
 	return gaps, nil
 }
 
-// fields yields the fields of s that white space separates, as
+// spaceFields yields the fields of s that white space separates, as
 // bytes.Fields does, without a slice of them.
-func fields(s []byte) func(yield func([]byte) bool) {
+func spaceFields(s []byte) func(yield func([]byte) bool) {
 	return func(yield func([]byte) bool) {
 		start := -1
 		for i := 0; i < len(s); {
