@@ -10,11 +10,13 @@ import (
 // as they decode (no copy of the file is kept), refuse an input where it
 // stops being possibly valid, and count what the decoded trace holds.
 
-// MaxTraceMemory bounds what the buffers decoded from one input may hold
-// (their structs, names, tags and gaps), 512 MiB: about 3.7 million
-// buffers without gaps. An input that would need more is refused where it
-// passes the bound, not after the whole file was read.
-const MaxTraceMemory = 512 << 20
+// MaxTraceMemory bounds what decoding one input may hold: the buffers'
+// structs, names, tags, gaps and prior offsets, and what the decoder keeps
+// of them until the trace is made (448 MiB: about 3 million buffers
+// without gaps). With the runtime's own memory, decoding any input stays
+// under 512 MB. An input that would need more is refused where it passes
+// the bound, not after the whole file was read.
+const MaxTraceMemory = 448 << 20
 
 // maxTraceMemory is MaxTraceMemory; tests lower it.
 var maxTraceMemory uint64 = MaxTraceMemory
@@ -28,18 +30,22 @@ const (
 // decodeBudget counts the memory of the buffers decoded so far.
 type decodeBudget struct{ used uint64 }
 
-var (
-	bufferBytes = uint64(unsafe.Sizeof(Buffer{}))
-	gapBytes    = uint64(unsafe.Sizeof(Gap{}))
-)
+var bufferBytes = uint64(unsafe.Sizeof(Buffer{}))
 
-// add counts b; it fails once the trace needs more than MaxTraceMemory.
-func (d *decodeBudget) add(b *Buffer) error {
-	d.used += bufferBytes + uint64(len(b.Name)+len(b.Tag)) + gapBytes*uint64(cap(b.Gaps))
+// spendOn counts n bytes for what (a part of the input); it fails once
+// decoding needs more than maxTraceMemory.
+func (d *decodeBudget) spendOn(what string, n uint64) error {
+	d.used += n
 	if d.used > maxTraceMemory {
-		return fmt.Errorf("%s: the trace needs more than %d MiB of memory (%d buffers so far): refused", Label(int(b.ID), b.Name), maxTraceMemory>>20, b.ID+1)
+		return fmt.Errorf("%s: the trace needs more than %d MiB of memory: refused", what, maxTraceMemory>>20)
 	}
 	return nil
+}
+
+// traceMemoryError refuses a trace at buffer i, where it passed
+// maxTraceMemory.
+func traceMemoryError(i int, name string) error {
+	return fmt.Errorf("%s: the trace needs more than %d MiB of memory (%d buffers so far): refused", Label(i, name), maxTraceMemory>>20, i+1)
 }
 
 // jsonFilter passes a JSON text on without the white space between its

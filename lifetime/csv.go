@@ -2,12 +2,18 @@ package lifetime
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
-	"sort"
+	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // This file reads and writes MiniMalloc's CSV form of a trace
@@ -80,7 +86,12 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 	sc := bufio.NewScanner(&limitReader{r: r, left: MaxFileSize})
 	sc.Buffer(make([]byte, 0, 64<<10), maxCSVLine)
 	t := &Trace{Name: name}
-	var budget decodeBudget
+	// Rows are read from the scanner's buffer without a string or an
+	// allocation of their own: what a row leaves behind is its encoded
+	// buffer and its name in the builder's arenas (traceBuilder).
+	var tb traceBuilder
+	// The id check (repeatedID) holds a slot table of 6 bytes a row.
+	tb.perBuffer = idCheckBytes
 	var (
 		cols      [numCSVColumns]int // field index of each column, -1 if absent
 		spelled   [numCSVColumns]string
@@ -88,31 +99,28 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 		inclusive bool
 		header    bool
 		line      int
-		lines     []int // the line of each row, for repeated ids
-		fields    []string
-		// Rows go into chunks of fixed size, joined once at the end:
-		// growing one slice of a million buffers by doubling copied each
-		// many times over and made the collector rescan it (1.4 s of 1.9 s
-		// for 1M rows).
-		chunks [][]Buffer
-		rows   int
+		lines     rowLines // the line of each row, for repeated ids
+		fields    [][]byte
+		gaps      []Gap // the row's gaps, copied by the builder
+		rows      int
 	)
 	// fail reports err, or a repeated id on an earlier line: ids are
 	// checked once all rows are in (a map grown row by row cost ~1 s of
 	// the 1.5 s that 1M rows take), and on the way out of an error.
 	fail := func(err error) (*Trace, error) {
-		if rep := repeatedID(chunks, lines, spelled[colID]); rep != nil {
+		names := tb.names()
+		if rep := repeatedID(len(names), func(i int) string { return names[i] }, &lines, spelled[colID]); rep != nil {
 			return nil, rep
 		}
 		return nil, err
 	}
 	for sc.Scan() {
 		line++
-		text := sc.Text()
+		text := sc.Bytes()
 		if line == 1 {
-			text = strings.TrimPrefix(text, "\ufeff") // a BOM some editors write
+			text = bytes.TrimPrefix(text, []byte("\ufeff")) // a BOM some editors write
 		}
-		if strings.TrimSpace(text) == "" {
+		if len(bytes.TrimSpace(text)) == 0 {
 			continue
 		}
 		fields = splitComma(fields[:0], text)
@@ -122,7 +130,7 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 				cols[c] = -1
 			}
 			for i, f := range fields {
-				h := strings.ToLower(strings.TrimSpace(f))
+				h := strings.ToLower(strings.TrimSpace(string(f)))
 				c, ok := csvAliases[h]
 				if !ok {
 					return nil, &csvError{line: line, err: fmt.Errorf("unknown column %q (want %s)", h, strings.Join(csvColumnNames[:], ", "))}
@@ -142,7 +150,7 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 			}
 			nfields = len(fields)
 			if cols[colOffset] >= 0 {
-				t.Prior = []int64{}
+				tb.wantPrior()
 			}
 			continue
 		}
@@ -152,7 +160,8 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 		if rows >= maxCSVRows {
 			return fail(&csvError{line: line, err: fmt.Errorf("more than %d rows", maxCSVRows)})
 		}
-		b, prior, err := csvBuffer(fields, &cols, &spelled, inclusive)
+		var b Buffer
+		prior, err := csvBuffer(&b, &gaps, fields, &cols, &spelled, inclusive)
 		if err != nil {
 			var ce *csvError
 			if errors.As(err, &ce) {
@@ -161,22 +170,16 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 			}
 			return fail(&csvError{line: line, err: err})
 		}
+		id := fields[cols[colID]]
 		b.ID = ID(rows)
 		if err := b.validate(); err != nil {
-			return fail(&csvError{line: line, err: fmt.Errorf("buffer %q: %w", b.Name, err)})
+			return fail(&csvError{line: line, err: fmt.Errorf("buffer %q: %w", id, err)})
 		}
-		if err := budget.add(&b); err != nil {
+		tb.used += lines.add(rows, line)
+		if err := tb.add(&b, id, prior); err != nil {
 			return fail(&csvError{line: line, err: err})
 		}
-		if rows%csvChunk == 0 {
-			chunks = append(chunks, make([]Buffer, 0, csvChunk))
-		}
-		chunks[len(chunks)-1] = append(chunks[len(chunks)-1], b)
 		rows++
-		lines = append(lines, line)
-		if t.Prior != nil {
-			t.Prior = append(t.Prior, prior)
-		}
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
@@ -187,43 +190,76 @@ func ReadCSV(r io.Reader, name string) (*Trace, error) {
 	if !header {
 		return nil, errors.New("csv: no header line (want id,lower,upper,size)")
 	}
-	if rep := repeatedID(chunks, lines, spelled[colID]); rep != nil {
+	t.Buffers, t.Prior = tb.finish()
+	if rep := repeatedID(len(t.Buffers), func(i int) string { return t.Buffers[i].Name }, &lines, spelled[colID]); rep != nil {
 		return nil, rep
-	}
-	if rows > 0 {
-		t.Buffers = make([]Buffer, 0, rows)
-		for _, c := range chunks {
-			t.Buffers = append(t.Buffers, c...)
-		}
 	}
 	return t, nil
 }
 
-// csvChunk is how many rows ReadCSV keeps per chunk.
-const csvChunk = 1 << 14
+// idCheckBytes is what repeatedID holds per row: a slot table at two
+// thirds full, of 4-byte slots.
+const idCheckBytes = 6
 
-// repeatedID returns the error for the first row whose id repeats an
-// earlier row's (lines[i] is row i's line), or nil.
-func repeatedID(chunks [][]Buffer, lines []int, column string) error {
-	seen := make(map[string]int, len(lines))
-	i := 0
-	for _, c := range chunks {
-		for k := range c {
-			name := c[k].Name
-			if first, ok := seen[name]; ok {
-				return &csvError{line: lines[i], column: column, err: fmt.Errorf("id %q repeats line %d", name, first)}
+// rowLines maps row indices to input lines: a row's line is its index
+// plus the offset of the last run before it, and a run begins only where
+// blank lines were skipped, so that a file without blank lines costs one
+// run, not an int a row.
+type rowLines struct {
+	row  []int // first row of each run
+	line []int // its line
+}
+
+// add records that row is on line and returns the bytes that took.
+func (l *rowLines) add(row, line int) uint64 {
+	if n := len(l.row); n > 0 && line-row == l.line[n-1]-l.row[n-1] {
+		return 0
+	}
+	l.row = append(l.row, row)
+	l.line = append(l.line, line)
+	return 2 * 8 * 2 // two ints, twice for the growth of their slices
+}
+
+// of returns the line of row i.
+func (l *rowLines) of(i int) int {
+	k, _ := slices.BinarySearch(l.row, i+1) // the first run after i
+	return l.line[k-1] + i - l.row[k-1]
+}
+
+// repeatedID returns the error for the first of n rows whose id (name(i))
+// repeats an earlier row's, or nil. It holds a table of 4-byte slots,
+// idCheckBytes a row, instead of a map of the names (about 40 bytes a
+// row).
+func repeatedID(n int, name func(int) string, lines *rowLines, column string) error {
+	if n == 0 {
+		return nil
+	}
+	slots := make([]uint32, n+n/2+1) // row+1; 0 is empty
+	seed := maphash.MakeSeed()
+	for i := range n {
+		id := name(i)
+		hi, _ := bits.Mul64(maphash.String(seed, id), uint64(len(slots)))
+		for k := int(hi); ; k++ {
+			if k == len(slots) {
+				k = 0
 			}
-			seen[name] = lines[i]
-			i++
+			j := int(slots[k]) - 1
+			if j < 0 {
+				slots[k] = uint32(i + 1)
+				break
+			}
+			if name(j) == id {
+				return &csvError{line: lines.of(i), column: column, err: fmt.Errorf("id %q repeats line %d", id, lines.of(j))}
+			}
 		}
 	}
 	return nil
 }
 
 // splitComma splits s at commas into dst, reusing its storage.
-func splitComma(dst []string, s string) []string {
+func splitComma(dst [][]byte, s []byte) [][]byte {
 	for {
-		i := strings.IndexByte(s, ',')
+		i := bytes.IndexByte(s, ',')
 		if i < 0 {
 			return append(dst, s)
 		}
@@ -232,18 +268,41 @@ func splitComma(dst []string, s string) []string {
 	}
 }
 
-// csvBuffer builds the buffer of one row; errors are *csvError without a
-// line number.
-func csvBuffer(fields []string, cols *[numCSVColumns]int, spelled *[numCSVColumns]string, inclusive bool) (Buffer, int64, error) {
-	var b Buffer
+// parseInt is strconv.ParseInt(string(s), 10, 64) without making a
+// string of s where s is a plain number.
+func parseInt(s []byte) (int64, error) {
+	d := s
+	if len(d) > 0 && (d[0] == '-' || d[0] == '+') {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 18 {
+		return strconv.ParseInt(string(s), 10, 64)
+	}
+	var v int64
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return strconv.ParseInt(string(s), 10, 64)
+		}
+		v = v*10 + int64(c-'0')
+	}
+	if s[0] == '-' {
+		v = -v
+	}
+	return v, nil
+}
+
+// csvBuffer fills b (all but its name and ID) from the fields of one row,
+// its gaps in *gaps, and returns the row's prior offset; errors are
+// *csvError without a line number.
+func csvBuffer(b *Buffer, gaps *[]Gap, fields [][]byte, cols *[numCSVColumns]int, spelled *[numCSVColumns]string, inclusive bool) (int64, error) {
 	prior := NoOffset
-	fail := func(c csvColumn, format string, args ...any) (Buffer, int64, error) {
-		return Buffer{}, 0, &csvError{column: spelled[c], err: fmt.Errorf(format, args...)}
+	fail := func(c csvColumn, format string, args ...any) (int64, error) {
+		return 0, &csvError{column: spelled[c], err: fmt.Errorf(format, args...)}
 	}
 	// num parses an integer field and checks it lies in [lo, hi].
 	num := func(c csvColumn, lo, hi int64) (int64, error) {
-		s := strings.TrimSpace(fields[cols[c]])
-		v, err := strconv.ParseInt(s, 10, 64)
+		s := bytes.TrimSpace(fields[cols[c]])
+		v, err := parseInt(s)
 		if err != nil {
 			return 0, &csvError{column: spelled[c], err: fmt.Errorf("%q is not an integer", s)}
 		}
@@ -261,43 +320,43 @@ func csvBuffer(fields []string, cols *[numCSVColumns]int, spelled *[numCSVColumn
 	}
 	// optOffset parses an offset or hint cell: empty or -1 means none.
 	optOffset := func(c csvColumn) (int64, error) {
-		s := strings.TrimSpace(fields[cols[c]])
-		if s == "" || s == "-1" {
+		s := bytes.TrimSpace(fields[cols[c]])
+		if len(s) == 0 || string(s) == "-1" {
 			return NoOffset, nil
 		}
 		return num(c, 0, MaxSize)
 	}
 
-	b.Name = fields[cols[colID]]
-	if b.Name == "" {
+	id := fields[cols[colID]]
+	if len(id) == 0 {
 		return fail(colID, "empty id")
 	}
-	if strings.ContainsRune(b.Name, '\r') {
+	if bytes.IndexByte(id, '\r') >= 0 {
 		// WriteCSV could not write it back.
-		return fail(colID, "%q has a carriage return", b.Name)
+		return fail(colID, "%q has a carriage return", id)
 	}
 	var err error
 	if b.Start, err = num(colLower, 0, MaxSize); err != nil {
-		return Buffer{}, 0, err
+		return 0, err
 	}
 	if b.End, err = num(colUpper, 0, MaxSize); err != nil {
-		return Buffer{}, 0, err
+		return 0, err
 	}
 	if inclusive {
 		b.End++
 	}
 	if b.Size, err = num(colSize, 1, MaxSize); err != nil {
-		return Buffer{}, 0, err
+		return 0, err
 	}
 	if cols[colAlignment] >= 0 {
 		if b.Align, err = num(colAlignment, 1, MaxSize); err != nil {
-			return Buffer{}, 0, err
+			return 0, err
 		}
 	}
 	if cols[colHint] >= 0 {
 		hint, err := optOffset(colHint)
 		if err != nil {
-			return Buffer{}, 0, err
+			return 0, err
 		}
 		if hint != NoOffset {
 			b.Hint, b.HasHint = hint, true
@@ -305,63 +364,93 @@ func csvBuffer(fields []string, cols *[numCSVColumns]int, spelled *[numCSVColumn
 	}
 	if cols[colOffset] >= 0 {
 		if prior, err = optOffset(colOffset); err != nil {
-			return Buffer{}, 0, err
+			return 0, err
 		}
 	}
 	if cols[colGaps] >= 0 {
-		if b.Gaps, err = parseGaps(fields[cols[colGaps]], inclusive); err != nil {
-			return Buffer{}, 0, &csvError{column: spelled[colGaps], err: err}
+		if *gaps, err = parseGaps((*gaps)[:0], fields[cols[colGaps]], inclusive); err != nil {
+			return 0, &csvError{column: spelled[colGaps], err: err}
 		}
+		b.Gaps = *gaps
 	}
-	return b, prior, nil
+	return prior, nil
 }
 
-// parseGaps parses MiniMalloc's gaps cell: space-separated "a-b" or
-// "a-b@x:y" entries, each an inactive sub-interval [a, b) (b inclusive
+// parseGaps parses MiniMalloc's gaps cell into dst: space-separated "a-b"
+// or "a-b@x:y" entries, each an inactive sub-interval [a, b) (b inclusive
 // when the trace uses an end column) during which the buffer keeps only
 // the window [x, y) of its bytes, or none. Gaps are returned sorted and
 // must not overlap: overlapping gaps would subtract a buffer's bytes twice
-// from the live total.
-func parseGaps(s string, inclusive bool) ([]Gap, error) {
-	var gaps []Gap
-	for _, tok := range strings.Fields(s) {
-		bad := fmt.Errorf("%q is not a gap (want a-b or a-b@x:y)", tok)
-		span, window, hasWindow := strings.Cut(tok, "@")
-		a, b, ok := strings.Cut(span, "-")
+// from the live total. A cell without gaps returns nil.
+func parseGaps(dst []Gap, s []byte, inclusive bool) ([]Gap, error) {
+	gaps := dst
+	for tok := range spaceFields(s) {
+		bad := func() error { return fmt.Errorf("%q is not a gap (want a-b or a-b@x:y)", tok) }
+		span, window, hasWindow := bytes.Cut(tok, []byte("@"))
+		a, b, ok := bytes.Cut(span, []byte("-"))
 		if !ok {
-			return nil, bad
+			return nil, bad()
 		}
 		var g Gap
 		var err1, err2 error
-		g.Start, err1 = strconv.ParseInt(a, 10, 64)
-		g.End, err2 = strconv.ParseInt(b, 10, 64)
+		g.Start, err1 = parseInt(a)
+		g.End, err2 = parseInt(b)
 		if err1 != nil || err2 != nil || g.Start < 0 || g.End < 0 || g.End > MaxSize {
-			return nil, bad
+			return nil, bad()
 		}
 		if inclusive {
 			g.End++
 		}
 		if hasWindow {
-			x, y, ok := strings.Cut(window, ":")
+			x, y, ok := bytes.Cut(window, []byte(":"))
 			if !ok {
-				return nil, bad
+				return nil, bad()
 			}
 			g.HasWindow = true
-			g.Lo, err1 = strconv.ParseInt(x, 10, 64)
-			g.Hi, err2 = strconv.ParseInt(y, 10, 64)
+			g.Lo, err1 = parseInt(x)
+			g.Hi, err2 = parseInt(y)
 			if err1 != nil || err2 != nil {
-				return nil, bad
+				return nil, bad()
 			}
 		}
 		gaps = append(gaps, g)
 	}
-	sort.Slice(gaps, func(i, j int) bool { return gaps[i].Start < gaps[j].Start })
+	if len(gaps) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(gaps, func(x, y Gap) int { return cmp.Compare(x.Start, y.Start) })
 	for i := 1; i < len(gaps); i++ {
 		if gaps[i].Start < gaps[i-1].End {
 			return nil, fmt.Errorf("gaps [%d, %d) and [%d, %d) overlap", gaps[i-1].Start, gaps[i-1].End, gaps[i].Start, gaps[i].End)
 		}
 	}
 	return gaps, nil
+}
+
+// spaceFields yields the fields of s that white space separates, as
+// bytes.Fields does, without a slice of them.
+func spaceFields(s []byte) func(yield func([]byte) bool) {
+	return func(yield func([]byte) bool) {
+		start := -1
+		for i := 0; i < len(s); {
+			r, n := rune(s[i]), 1
+			if r >= utf8.RuneSelf {
+				r, n = utf8.DecodeRune(s[i:])
+			}
+			if unicode.IsSpace(r) {
+				if start >= 0 && !yield(s[start:i]) {
+					return
+				}
+				start = -1
+			} else if start < 0 {
+				start = i
+			}
+			i += n
+		}
+		if start >= 0 {
+			yield(s[start:])
+		}
+	}
 }
 
 // WriteCSV writes t in MiniMalloc's CSV form: id, lower, upper, size, then

@@ -104,7 +104,13 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 		return nil, err
 	}
 	t := &Trace{}
-	var budget decodeBudget
+	// Buffers are decoded into one JSONBuffer, kept in a traceBuilder
+	// and made into Trace.Buffers once all are in.
+	var (
+		tb   traceBuilder
+		jb   JSONBuffer
+		gaps []Gap
+	)
 	seenFormat, seenVersion, seenBuffers := false, false, false
 	for dec.More() {
 		tok, err := dec.Token()
@@ -149,14 +155,14 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 				return nil, err
 			}
 			for dec.More() {
-				var jb JSONBuffer
+				// Reused: gaps decoded into elements past the length keep
+				// what they held, so those are cleared first.
+				clear(jb.Gaps[:cap(jb.Gaps)])
+				jb = JSONBuffer{Gaps: jb.Gaps[:0]}
 				if err := dec.Decode(&jb); err != nil {
-					return nil, fmt.Errorf("%s: %w", Label(len(t.Buffers), ""), err)
+					return nil, fmt.Errorf("%s: %w", Label(tb.n, ""), err)
 				}
-				if err := addJSONBuffer(t, &jb); err != nil {
-					return nil, err
-				}
-				if err := budget.add(&t.Buffers[len(t.Buffers)-1]); err != nil {
+				if err := addJSONBuffer(&tb, &jb, &gaps); err != nil {
 					return nil, err
 				}
 			}
@@ -191,11 +197,7 @@ func readJSON(r io.Reader, name string) (*Trace, error) {
 	if t.Name == "" {
 		t.Name = name
 	}
-	if t.Prior != nil {
-		for len(t.Prior) < len(t.Buffers) {
-			t.Prior = append(t.Prior, NoOffset)
-		}
-	}
+	t.Buffers, t.Prior = tb.finish()
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
@@ -214,12 +216,12 @@ func jsonDelim(dec *json.Decoder, want json.Delim, what string) error {
 	return nil
 }
 
-// addJSONBuffer appends jb to t, checking what Validate does not.
-func addJSONBuffer(t *Trace, jb *JSONBuffer) error {
-	i := len(t.Buffers)
-	t.Buffers = append(t.Buffers, Buffer{ID: ID(i), Name: jb.Name, Size: jb.Size, Align: jb.Align, Start: jb.Start,
-		End: jb.End, Stream: jb.Stream, Tag: jb.Tag})
-	b := &t.Buffers[i]
+// addJSONBuffer adds jb to tb, checking what Validate does not; *gaps is
+// scratch for its gaps.
+func addJSONBuffer(tb *traceBuilder, jb *JSONBuffer, gaps *[]Gap) error {
+	i := tb.n
+	b := Buffer{ID: ID(i), Size: jb.Size, Align: jb.Align, Start: jb.Start,
+		End: jb.End, Stream: jb.Stream, Tag: jb.Tag}
 	if jb.Fixed != nil {
 		if *jb.Fixed < 0 {
 			return fmt.Errorf("%s: fixed offset %d is negative", Label(i, jb.Name), *jb.Fixed)
@@ -232,21 +234,18 @@ func addJSONBuffer(t *Trace, jb *JSONBuffer) error {
 		}
 		b.Hint, b.HasHint = *jb.Hint, true
 	}
+	prior := NoOffset
 	if jb.Prior != nil {
 		if *jb.Prior < 0 || *jb.Prior > MaxSize {
 			return fmt.Errorf("%s: prior offset %d is invalid", Label(i, jb.Name), *jb.Prior)
 		}
-		for len(t.Prior) < i {
-			t.Prior = append(t.Prior, NoOffset)
-		}
-		t.Prior = append(t.Prior, *jb.Prior)
+		prior = *jb.Prior
+		tb.wantPrior()
 	}
 	if jb.Start < 0 {
 		return fmt.Errorf("%s: start %d is negative", Label(i, jb.Name), jb.Start)
 	}
-	if len(jb.Gaps) > 0 {
-		b.Gaps = make([]Gap, 0, len(jb.Gaps))
-	}
+	*gaps = (*gaps)[:0]
 	for k, g := range jb.Gaps {
 		if (g.Lo == nil) != (g.Hi == nil) {
 			return fmt.Errorf("%s: gap %d has only one of lo and hi", Label(i, jb.Name), k)
@@ -255,12 +254,27 @@ func addJSONBuffer(t *Trace, jb *JSONBuffer) error {
 		if g.Lo != nil {
 			gap.HasWindow, gap.Lo, gap.Hi = true, *g.Lo, *g.Hi
 		}
-		if k > 0 && gap.Start < b.Gaps[k-1].End {
+		if k > 0 && gap.Start < (*gaps)[k-1].End {
 			return fmt.Errorf("%s: gap %d starts before gap %d ends (gaps must be sorted and disjoint)", Label(i, jb.Name), k, k-1)
 		}
-		b.Gaps = append(b.Gaps, gap)
+		*gaps = append(*gaps, gap)
 	}
-	return nil
+	b.Gaps = *gaps
+	b.Name = jb.Name
+	// The strings encoding/json made for the name and the tag are left to
+	// the collector once the builder has copied or interned them: counted
+	// all the same, so that what decoding allocates stays within the bound.
+	tb.used += jsonStringBytes(jb.Name) + jsonStringBytes(jb.Tag)
+	return tb.add(&b, nil, prior)
+}
+
+// jsonStringBytes is what encoding/json allocated for s: its length
+// rounded up to the allocator's smallest size classes.
+func jsonStringBytes(s string) uint64 {
+	if s == "" {
+		return 0
+	}
+	return (uint64(len(s)) + 15) &^ 15
 }
 
 // WriteJSON writes t in arenaplan's JSON format, one buffer per line so

@@ -53,7 +53,7 @@ func load(ctx context.Context, path, format string) ([]*Trace, error) {
 	default:
 		return nil, fmt.Errorf("unknown format %q (want csv, torch or json)", format)
 	}
-	fh, _, err := regfile.Open(path, MaxFileSize)
+	fh, size, err := regfile.Open(path, MaxFileSize)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +74,7 @@ func load(ctx context.Context, path, format string) ([]*Trace, error) {
 		}
 		return []*Trace{t}, nil
 	default:
-		ts, err := ReadTorchSnapshot(f, name)
+		ts, err := readTorchSnapshot(f, name, int(size))
 		if err == nil {
 			err = ctx.Err() // decoding itself does not look at ctx
 		}

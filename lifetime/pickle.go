@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // This file is a small, safe decoder for the subset of Python's pickle
@@ -136,52 +137,69 @@ type pickleDecoder struct {
 	stack   []any
 	marks   []int
 	memo    []any
-	cost    uint64 // what the decoded values hold, about (maxPickleDecode)
+	cost    uint64 // what decoding allocated, about (maxPickleDecode)
+	owned   bool   // the last take returned an allocation of its own
 }
 
 // Bounds of one decode, far beyond a real snapshot's needs: the memory
-// the decoded values may hold (counted per opcode and string byte), and
-// the longest string or bytes value.
+// decoding may allocate (counted per opcode, string byte and slice grown),
+// and the longest string or bytes value.
 const (
 	maxPickleDecode = 256 << 20
 	maxPickleValue  = 16 << 20
-	pickleOpCost    = 48 // an opcode's value on the stack, in a list or dict, boxed
+	pickleOpCost    = 16 // an opcode's value boxed (the slices it goes in count as they grow)
+	pickleDictCost  = 64 // a pickleDict
+	pickleListCost  = 32 // a pickleList
+	pickleSmallCost = 16 // a short string's rounding to its allocation
 )
 
 // decodePickle decodes one pickle that must span all of data.
 func decodePickle(data []byte) (any, error) {
-	v, _, err := decodePickleFrom(bytes.NewReader(data), len(data))
+	v, _, _, err := decodePickleFrom(bytes.NewReader(data), len(data))
 	return v, err
 }
 
 // decodePickleFrom decodes one pickle that must span all of r (of size
-// bytes, or -1 where unknown) and returns it and the bytes it read.
-func decodePickleFrom(r io.Reader, size int) (any, int, error) {
-	d := &pickleDecoder{r: bufio.NewReaderSize(r, 64<<10), size: size, stack: make([]any, 0, 256)}
+// bytes, or -1 where unknown) and returns it, the bytes it read and about
+// what it allocated.
+func decodePickleFrom(r io.Reader, size int) (any, int, uint64, error) {
+	d := &pickleDecoder{r: bufio.NewReaderSize(r, 64<<10), size: size, stack: make([]any, 0, 256), cost: 256 * 16}
 	v, err := d.run()
 	if err != nil {
-		return nil, d.pos, fmt.Errorf("pickle: %w", err)
+		return nil, d.pos, d.cost, fmt.Errorf("pickle: %w", err)
 	}
-	return v, d.pos, nil
+	return v, d.pos, d.cost, nil
 }
 
 func (d *pickleDecoder) errorf(at int, format string, args ...any) error {
 	return fmt.Errorf("offset %d: %s", at, fmt.Sprintf(format, args...))
 }
 
-// spend counts n bytes of decoded values against maxPickleDecode.
+// spend counts n bytes that decoding allocates against maxPickleDecode.
+// The bound is maxTraceMemory where that is lower (in tests): the decoded
+// pickle is counted with its conversion into traces.
 func (d *pickleDecoder) spend(at int, n uint64) error {
 	d.cost += n
-	if d.cost > maxPickleDecode {
-		return d.errorf(at, "decoding needs more than %d MiB of memory: refused", maxPickleDecode>>20)
+	if limit := min(maxPickleDecode, maxTraceMemory); d.cost > limit {
+		return d.errorf(at, "decoding needs more than %d MiB of memory: refused", limit>>20)
 	}
 	return nil
 }
 
+// grew counts a slice of elem-byte items that grew from capacity was to
+// now: the new array is allocated whole, the old one left to the collector.
+func (d *pickleDecoder) grew(at int, was, now int, elem uint64) error {
+	if now == was {
+		return nil
+	}
+	return d.spend(at, uint64(now)*elem)
+}
+
 // take returns the next n bytes, or an error when fewer remain: a forged
 // length never allocates memory the input cannot fill. The slice is valid
-// until the next take.
+// until the next take, unless d.owned says it is an allocation of its own.
 func (d *pickleDecoder) take(at int, n uint64) ([]byte, error) {
+	d.owned = false
 	if d.size >= 0 && n > uint64(d.size-d.pos) {
 		return nil, d.errorf(at, "%s needs %d bytes, only %d remain", pickleOpName(d.op), n, d.size-d.pos)
 	}
@@ -196,18 +214,33 @@ func (d *pickleDecoder) take(at int, n uint64) ([]byte, error) {
 		}
 		return d.scratch[:n], nil
 	}
-	if err := d.spend(at, n); err != nil {
+	// Where the input's size is known, n was checked against what
+	// remains and is allocated once. Otherwise the value grows as its
+	// bytes arrive, by doubling from 1 MiB, so that a forged length costs
+	// what is there: up to twice n in all.
+	c := n
+	if d.size < 0 {
+		c = min(n, 1<<20)
+		if err := d.spend(at, 2*n); err != nil {
+			return nil, err
+		}
+	} else if err := d.spend(at, n); err != nil {
 		return nil, err
 	}
-	// Grown as the bytes arrive: a forged length costs what is there.
-	var buf bytes.Buffer
-	k, err := buf.ReadFrom(io.LimitReader(d.r, int64(n)))
-	d.pos += int(k)
-	if err != nil || uint64(k) < n {
-		return nil, d.errorf(at, "%s needs %d bytes, only %d remain", pickleOpName(d.op), n, k)
+	buf := make([]byte, 0, c)
+	for uint64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(cap(buf), int(n)-len(buf)))
+		}
+		k, err := d.r.Read(buf[len(buf):min(cap(buf), int(n))])
+		buf = buf[:len(buf)+k]
+		d.pos += k
+		if err != nil && uint64(len(buf)) < n {
+			return nil, d.errorf(at, "%s needs %d bytes, only %d remain", pickleOpName(d.op), n, len(buf))
+		}
 	}
-	b := buf.Bytes()
-	return b, nil
+	d.owned = true
+	return buf, nil
 }
 
 func (d *pickleDecoder) pop(at int) (any, error) {
@@ -251,6 +284,7 @@ func (d *pickleDecoder) memoPut(at int, idx uint64) error {
 	if idx >= maxPickleMemo || idx > uint64(d.pos) {
 		return d.errorf(at, "memo index %d is out of range", idx)
 	}
+	was := cap(d.memo)
 	if n := uint64(len(d.memo)); idx >= n {
 		if err := d.spend(at, 16*(idx+1-n)); err != nil {
 			return err
@@ -258,6 +292,9 @@ func (d *pickleDecoder) memoPut(at int, idx uint64) error {
 	}
 	for uint64(len(d.memo)) <= idx {
 		d.memo = append(d.memo, pickleUnset{})
+	}
+	if err := d.grew(at, was, cap(d.memo), 16); err != nil {
+		return err
 	}
 	d.memo[idx] = v
 	return nil
@@ -292,6 +329,13 @@ func (d *pickleDecoder) run() (any, error) {
 		if err := d.spend(at, pickleOpCost); err != nil {
 			return nil, err
 		}
+		if len(d.stack) == cap(d.stack) {
+			// Every opcode pushes at most one value: the stack grows here.
+			d.stack = slices.Grow(d.stack, 1)
+			if err := d.grew(at, 0, cap(d.stack), 16); err != nil {
+				return nil, err
+			}
+		}
 		switch op {
 		case 0x80: // PROTO
 			b, err := d.take(at, 1)
@@ -306,8 +350,14 @@ func (d *pickleDecoder) run() (any, error) {
 				return nil, err
 			}
 		case '}':
+			if err := d.spend(at, pickleDictCost); err != nil {
+				return nil, err
+			}
 			d.stack = append(d.stack, &pickleDict{})
 		case ']':
+			if err := d.spend(at, pickleListCost); err != nil {
+				return nil, err
+			}
 			d.stack = append(d.stack, &pickleList{})
 		case ')':
 			d.stack = append(d.stack, pickleTuple(nil))
@@ -333,8 +383,12 @@ func (d *pickleDecoder) run() (any, error) {
 			if !ok {
 				return nil, d.errorf(at, "SETITEM on a %s, not a dict", pickleTypeName(t))
 			}
+			was := cap(dict.keys)
 			dict.keys = append(dict.keys, k)
 			dict.vals = append(dict.vals, v)
+			if err := d.grew(at, was, cap(dict.keys), 32); err != nil {
+				return nil, err
+			}
 		case 'u': // SETITEMS
 			items, err := d.popMark(at)
 			if err != nil {
@@ -352,8 +406,12 @@ func (d *pickleDecoder) run() (any, error) {
 				return nil, d.errorf(at, "SETITEMS on a %s, not a dict", pickleTypeName(t))
 			}
 			// Size the dict once: SETITEMS usually fills a fresh EMPTY_DICT.
+			was := cap(dict.keys)
 			dict.keys = slices.Grow(dict.keys, len(items)/2)
 			dict.vals = slices.Grow(dict.vals, len(items)/2)
+			if err := d.grew(at, was, cap(dict.keys), 32); err != nil {
+				return nil, err
+			}
 			for i := 0; i < len(items); i += 2 {
 				dict.keys = append(dict.keys, items[i])
 				dict.vals = append(dict.vals, items[i+1])
@@ -371,7 +429,11 @@ func (d *pickleDecoder) run() (any, error) {
 			if !ok {
 				return nil, d.errorf(at, "APPEND to a %s, not a list", pickleTypeName(t))
 			}
+			was := cap(list.items)
 			list.items = append(list.items, v)
+			if err := d.grew(at, was, cap(list.items), 16); err != nil {
+				return nil, err
+			}
 		case 'e': // APPENDS
 			items, err := d.popMark(at)
 			if err != nil {
@@ -385,7 +447,11 @@ func (d *pickleDecoder) run() (any, error) {
 			if !ok {
 				return nil, d.errorf(at, "APPENDS to a %s, not a list", pickleTypeName(t))
 			}
+			was := cap(list.items)
 			list.items = append(list.items, items...)
+			if err := d.grew(at, was, cap(list.items), 16); err != nil {
+				return nil, err
+			}
 		case 0x8c, 'X', 0x8d: // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
 			n, err := d.length(at, op)
 			if err != nil {
@@ -398,7 +464,16 @@ func (d *pickleDecoder) run() (any, error) {
 			if !utf8.Valid(b) {
 				return nil, d.errorf(at, "%s is not valid UTF-8", pickleOpName(op))
 			}
-			d.stack = append(d.stack, string(b))
+			if d.owned {
+				// A long value read into its own array, never written
+				// again: the string keeps it instead of a copy.
+				d.stack = append(d.stack, unsafe.String(&b[0], len(b)))
+			} else {
+				if err := d.spend(at, uint64(len(b))+pickleSmallCost); err != nil {
+					return nil, err
+				}
+				d.stack = append(d.stack, string(b))
+			}
 		case 'C', 'B', 0x8e: // SHORT_BINBYTES, BINBYTES, BINBYTES8
 			n, err := d.length(at, op)
 			if err != nil {
@@ -408,7 +483,13 @@ func (d *pickleDecoder) run() (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			d.stack = append(d.stack, append([]byte(nil), b...))
+			if !d.owned {
+				if err := d.spend(at, uint64(len(b))+pickleSmallCost); err != nil {
+					return nil, err
+				}
+				b = append([]byte(nil), b...)
+			}
+			d.stack = append(d.stack, b)
 		case 'J': // BININT: 4-byte signed little-endian
 			b, err := d.take(at, 4)
 			if err != nil {
@@ -454,12 +535,18 @@ func (d *pickleDecoder) run() (any, error) {
 			if len(d.stack) < n || (len(d.marks) > 0 && d.marks[len(d.marks)-1] > len(d.stack)-n) {
 				return nil, d.errorf(at, "%s needs %d items on the stack", pickleOpName(op), n)
 			}
+			if err := d.spend(at, 16*uint64(n)); err != nil {
+				return nil, err
+			}
 			t := make(pickleTuple, n)
 			copy(t, d.stack[len(d.stack)-n:])
 			d.stack = append(d.stack[:len(d.stack)-n], t)
 		case 't': // TUPLE
 			items, err := d.popMark(at)
 			if err != nil {
+				return nil, err
+			}
+			if err := d.spend(at, 16*uint64(len(items))); err != nil {
 				return nil, err
 			}
 			d.stack = append(d.stack, append(pickleTuple(nil), items...))

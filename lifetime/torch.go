@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"unsafe"
 )
 
 // This file turns a PyTorch memory snapshot (the pickle that
@@ -85,6 +87,18 @@ type torchEvent struct {
 	stream int64
 }
 
+// What converting a snapshot holds, counted against maxTraceMemory with
+// the decoded pickle: an event, an entry of torchConverter.events, the
+// maps of torchTrace's replay per event (up to two keys of 40 bytes with
+// the maps' slack), a segment, a block.
+var (
+	torchEventBytes    = uint64(unsafe.Sizeof(torchEvent{}))
+	torchEventMapBytes = uint64(64)
+	torchReplayBytes   = uint64(96)
+	torchSegmentBytes  = uint64(unsafe.Sizeof(torchSegment{}))
+	torchBlockBytes    = uint64(unsafe.Sizeof(torchBlock{}))
+)
+
 // torchSegment is one segment of the snapshot, the fields we use.
 type torchSegment struct {
 	device    int64
@@ -103,6 +117,12 @@ type torchBlock struct {
 // order. Each trace's Torch field says what the caching allocator reserved.
 // With several devices the names are name + "[cuda:N]".
 func ReadTorchSnapshot(r io.Reader, name string) ([]*Trace, error) {
+	return readTorchSnapshot(r, name, -1)
+}
+
+// readTorchSnapshot is ReadTorchSnapshot of an input of size bytes, or -1
+// where unknown.
+func readTorchSnapshot(r io.Reader, name string, size int) ([]*Trace, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	head, err := br.Peek(headBytes)
 	if err != nil && err != io.EOF && err != bufio.ErrBufferFull {
@@ -111,11 +131,12 @@ func ReadTorchSnapshot(r io.Reader, name string) ([]*Trace, error) {
 	if err := checkPickleHead(head); err != nil {
 		return nil, fmt.Errorf("torch: %w", err)
 	}
-	v, size, err := decodePickleFrom(&limitReader{r: br, left: MaxFileSize}, -1)
+	v, size, cost, err := decodePickleFrom(&limitReader{r: br, left: MaxFileSize}, size)
 	if err != nil {
 		return nil, fmt.Errorf("torch: %w", err)
 	}
-	traces, err := torchTraces(v, name, size)
+	// What the decoded pickle holds is still held while it is converted.
+	traces, err := torchTraces(v, name, size, &decodeBudget{used: cost})
 	if err != nil {
 		return nil, fmt.Errorf("torch: %w", err)
 	}
@@ -162,7 +183,7 @@ func (b *torchBudget) spend(n int, what string) error {
 	return nil
 }
 
-func torchTraces(v any, name string, size int) ([]*Trace, error) {
+func torchTraces(v any, name string, size int, mem *decodeBudget) ([]*Trace, error) {
 	budget := newTorchBudget(size)
 	top, ok := v.(*pickleDict)
 	if !ok {
@@ -187,9 +208,18 @@ func torchTraces(v any, name string, size int) ([]*Trace, error) {
 		if segs, err = torchSegments(segv, budget); err != nil {
 			return nil, err
 		}
+		// The segments, and their copies by device below.
+		if err := mem.spendOn("segments", 2*torchSegmentBytes*uint64(len(segs))); err != nil {
+			return nil, err
+		}
+		for i := range segs {
+			if err := mem.spendOn("segments", torchBlockBytes*uint64(len(segs[i].blocks))); err != nil {
+				return nil, err
+			}
+		}
 	}
 
-	conv := torchConverter{events: map[*pickleDict]torchEvent{}}
+	conv := torchConverter{events: map[*pickleDict]torchEvent{}, mem: mem}
 	type devEvents struct {
 		dev    int
 		events []torchEvent
@@ -227,7 +257,7 @@ func torchTraces(v any, name string, size int) ([]*Trace, error) {
 		if len(devs) > 1 {
 			n = fmt.Sprintf("%s[cuda:%d]", name, d.dev)
 		}
-		t, err := torchTrace(n, d.dev, d.events, byDev[int64(d.dev)], hasSegs)
+		t, err := torchTrace(n, d.dev, d.events, byDev[int64(d.dev)], hasSegs, mem)
 		if err != nil {
 			return nil, err
 		}
@@ -242,11 +272,16 @@ func torchTraces(v any, name string, size int) ([]*Trace, error) {
 type torchConverter struct {
 	events map[*pickleDict]torchEvent
 	total  int
+	mem    *decodeBudget
 }
 
 func (c *torchConverter) eventList(l *pickleList, dev int) ([]torchEvent, error) {
 	if c.total += len(l.items); c.total > maxTorchEvents {
 		return nil, fmt.Errorf("more than %d trace events", maxTorchEvents)
+	}
+	// The events, and what replaying them holds (torchTrace).
+	if err := c.mem.spendOn(fmt.Sprintf("device_traces[%d]", dev), (torchEventBytes+torchReplayBytes)*uint64(len(l.items))); err != nil {
+		return nil, err
 	}
 	evs := make([]torchEvent, len(l.items))
 	for i, ev := range l.items {
@@ -261,6 +296,9 @@ func (c *torchConverter) eventList(l *pickleList, dev int) ([]torchEvent, error)
 		e, err := torchEventOf(d)
 		if err != nil {
 			return nil, fmt.Errorf("device_traces[%d][%d]: %w", dev, i, err)
+		}
+		if err := c.mem.spendOn(fmt.Sprintf("device_traces[%d][%d]", dev, i), torchEventMapBytes); err != nil {
+			return nil, err
 		}
 		c.events[d] = e
 		evs[i] = e
@@ -296,6 +334,14 @@ func torchEventOf(d *pickleDict) (torchEvent, error) {
 		return e, err
 	}
 	return e, nil
+}
+
+// absInt is |v| as an unsigned number (MinInt64 included).
+func absInt(v int64) uint64 {
+	if v < 0 {
+		return -uint64(v)
+	}
+	return uint64(v)
 }
 
 // torchInt returns an int field of a dict; a missing optional field is 0.
@@ -393,8 +439,27 @@ func torchSegments(v any, budget *torchBudget) ([]torchSegment, error) {
 
 // torchTrace replays one device's events into a trace and its TorchStats;
 // segs are the segments of that device.
-func torchTrace(name string, dev int, evs []torchEvent, segs []torchSegment, hasSegs bool) (*Trace, error) {
+func torchTrace(name string, dev int, evs []torchEvent, segs []torchSegment, hasSegs bool, mem *decodeBudget) (*Trace, error) {
 	t := &Trace{Name: name}
+	// The buffers are counted first, so that Buffers is made once, of
+	// exactly their number, and names go into an arena: the trace holds
+	// 128 bytes a buffer and its name's, nothing more.
+	nb := 0
+	for _, e := range evs {
+		if e.action == torchAlloc && e.size > 0 {
+			nb++
+		}
+	}
+	if nb > 0 {
+		if err := mem.spendOn(name, bufferBytes*uint64(nb)); err != nil {
+			return nil, err
+		}
+		t.Buffers = make([]Buffer, 0, nb)
+	}
+	var (
+		names   arena[byte]
+		nameBuf []byte
+	)
 	var (
 		now       int64 = 0               // counted events so far
 		lastAlloc int64 = -1              // time of the latest alloc
@@ -421,10 +486,22 @@ func torchTrace(name string, dev int, evs []torchEvent, segs []torchSegment, has
 				delete(live, e.addr)
 			}
 			if e.size > 0 {
-				live[e.addr] = len(t.Buffers)
+				j := len(t.Buffers)
+				live[e.addr] = j
+				// The name is fmt's "0x%x@alloc#%d" of the address and i.
+				nameBuf = append(nameBuf[:0], "0x"...)
+				if e.addr < 0 {
+					nameBuf = append(nameBuf, '-')
+				}
+				nameBuf = strconv.AppendUint(nameBuf, absInt(e.addr), 16)
+				nameBuf = append(nameBuf, "@alloc#"...)
+				nameBuf = strconv.AppendInt(nameBuf, int64(i), 10)
+				if mem.used += names.add(nameBuf); mem.used > maxTraceMemory {
+					return nil, fmt.Errorf("%s: %w", name, traceMemoryError(j, string(nameBuf)))
+				}
 				t.Buffers = append(t.Buffers, Buffer{
-					ID:     ID(len(t.Buffers)),
-					Name:   fmt.Sprintf("0x%x@alloc#%d", e.addr, i),
+					ID:     ID(j),
+					Name:   lastString(&names, len(nameBuf)),
 					Size:   e.size,
 					Start:  now,
 					Stream: e.stream,
