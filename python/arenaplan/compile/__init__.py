@@ -34,7 +34,11 @@ in place; their addresses are checked on every call, and a call with other
 addresses is captured as another member. Outputs live at fixed addresses in
 the arena: the outputs a call returns are overwritten by the graph's next
 call, and reading those tensors after that raises, as CUDAGraph Trees'
-outputs do (views made of them do not raise: clone what must survive). ``torch.compiler.cudagraph_mark_step_begin()``
+outputs do (views made of them do not raise: clone what must survive).
+While nothing holds them, the same output tensors are handed back from
+call to call (as CUDAGraph Trees do; making them anew costs microseconds
+per output and call); one still held is replaced by a new tensor before
+the call returns. ``torch.compiler.cudagraph_mark_step_begin()``
 may be called as with CUDAGraph Trees: every call of a captured graph starts
 a new step here, so it never has to be.
 
