@@ -321,7 +321,14 @@ def summary(out):
             for line in open(os.path.join(out, f)):
                 if line.startswith("{"):
                     r = json.loads(line)
-                    rows.setdefault(r["loop"], {})[r["mode"]] = r
+                    rows.setdefault(r["loop"], {}).setdefault(r["mode"], []).append(r)
+    # Several processes of a mode (REPEAT in scripts/gpu-train-loops.sh):
+    # the first one's row, with the median of their step times.
+    for d in rows.values():
+        for mode, rs in list(d.items()):
+            steps = [r["step_ms"] for r in rs if r.get("step_ms")]
+            d[mode] = dict(rs[0], step_ms=round(statistics.median(steps), 3) if steps else None,
+                           processes=len(rs))
 
     def state(loop, mode):
         p = os.path.join(out, f"state-{loop}-{mode}.pt")

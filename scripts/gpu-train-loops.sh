@@ -12,7 +12,10 @@
 #   scripts/build-torch-bridge.sh          # writes .dev/torch/libarenaplan.so
 #
 # copy .dev/torch to the GPU machine beside the checkout, then run this.
-# LOOPS= (space-separated, default all), STEPS= (default 30), TIMEOUT=
+# LOOPS= (space-separated, default all), STEPS= (default 30), REPEAT=
+# processes a loop and mode (default 1; the table takes the median of their
+# step times: two processes of one mode differ by up to 30% on a host-bound
+# step), TIMEOUT=
 # seconds a process (default 150), DEADLINE= seconds after which no process
 # starts (default 540), so that the table comes. Logs, JSON lines and states
 # go to $OUT (default /tmp/gpu-train-loops); the table last.
@@ -44,10 +47,12 @@ group mlp-dropout whole-step accum train-eval zero-keep &
 group resnet-bn bert-clip &
 group gpt2-bf16 gpt2-fp16-scaler &
 wait
-for l in $LOOPS; do
-	echo "== $l $(date +%T)"
-	one ours "$l"
-	one ro "$l"
+for k in $(seq "${REPEAT:-1}"); do
+	for l in $LOOPS; do
+		echo "== $l $(date +%T) ($k)"
+		one ours "$l"
+		one ro "$l"
+	done
 done
 cat "$OUT"/*-*.jsonl >"$OUT/all.jsonl.txt" 2>/dev/null
 python3 bench/torch_train_loops.py --summary "$OUT" | tee "$OUT/summary.txt"
