@@ -626,6 +626,29 @@ class PlannedInputTest(unittest.TestCase):
         self.assertTrue(ops.families[0].closed)
         self.assertTrue(any("was not allocated in its member's capture" in str(m.message) for m in caught))
 
+    def test_members_keep_no_buffer_alive(self):
+        # A static KV cache made anew for each generate call: each call is a
+        # member, and no member keeps an earlier cache alive.
+        r, g, ops = self.runner(static=(0, 1))
+        ops.arenas = 0x300  # addresses no other test's arena uses (the stand-in memory is shared)
+        w = _Tensor((4,))
+        gone = []
+        for n in range(3):
+            cache = _Tensor((16,), value=f"c{n}")
+            out = r([w, cache, _Tensor((32,), value=f"x{n}")])
+            self.assertEqual(out[0].value, ("f", f"c{n}", f"x{n}"))
+            gone.append(weakref.ref(cache))
+            del cache, out
+        gc.collect()
+        self.assertEqual([c() for c in gone], [None] * 3, "no cache kept alive by a member")
+        self.assertEqual(len(r.members), 3)
+        # A capture of the whole family again drops the members whose
+        # buffers are gone and captures the live ones.
+        cache = _Tensor((16,), value="c3")
+        r([w, cache, _Tensor((64,), value="y")])  # a larger shape: the family is captured anew
+        self.assertEqual(len(r.members), 1)
+        self.assertEqual(r([w, cache, _Tensor((64,), value="z")])[0].value, ("f", "c3", "z"))
+
     def test_inputs_reach_the_graph_every_call(self):
         r, g, ops = self.runner()
         w = _Tensor((4,))
@@ -639,7 +662,7 @@ class PlannedInputTest(unittest.TestCase):
         self.assertEqual(g.freed, [True] * 3, "the step holds no reference once inductor's code emptied its list")
         self.assertNoneHeld(ops)
         m = next(iter(r.members.values()))
-        self.assertEqual(m.args, [w, None])
+        self.assertEqual([x() if isinstance(x, weakref.ref) else x for x in m.args], [w, None])
         self.assertEqual(m.dst[0][2:], (fam.base, fam.base + 32))
         rep = r.report()
         self.assertEqual((rep["input_bytes_planned"], rep["input_bytes_outside"]), (32, 0))

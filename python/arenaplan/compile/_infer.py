@@ -3,6 +3,7 @@ family arena (inference, and the graphs of a training loop that have no
 backward)."""
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ._options import CompileOptions
@@ -21,7 +22,13 @@ class _Member:
     replay copies the call's input to its planned address (``dst``).
     ``host`` keeps a host copy of the input the member was first captured
     with: the values its tensor takes in the runs before a later capture of
-    the family (indices a graph gathers with must stay in range)."""
+    the family (indices a graph gathers with must stay in range).
+
+    Between captures the parameters and buffers are held by weak
+    references (:meth:`let_go`): a member keeps no tensor of the program's
+    alive (a static KV cache made anew for each ``generate`` call would
+    otherwise stay, one per member). Its graph still reads their
+    addresses; a call with tensors at those addresses replays it."""
 
     __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst")
 
@@ -33,6 +40,22 @@ class _Member:
         self.host: Dict[int, Any] = {}
         self.addrs: Dict[int, int] = {}  # from the member's last capture: the addresses replays use
         self.dst: List[Tuple[int, Any, int, int]] = []  # (input, tensor at its address, start, end)
+
+    def let_go(self, static: Sequence[int]) -> None:
+        """Hold the tensors among args at indices static by weak references."""
+        for i in static:
+            x = self.args[i]
+            if x is not None and type(x) is not weakref.ref:
+                self.args[i] = weakref.ref(x)
+
+    def hold(self) -> bool:
+        """Hold args' tensors again, for a capture; False (nothing changed)
+        where one of them is gone."""
+        strong = [x() if type(x) is weakref.ref else x for x in self.args]
+        if any(x is None and type(w) is weakref.ref for x, w in zip(strong, self.args)):
+            return False
+        self.args[:] = strong
+        return True
 
 
 
@@ -231,6 +254,7 @@ class _Runner(_Warns):
         self.captures += 1
         self._outs[new.index] = _Outputs(ops, fam.outputs[new.index])
         new.dst = self._dst(new)
+        new.let_go(self.static)
         return True
 
     def _dst(self, m: _Member) -> List[Tuple[int, Any, int, int]]:
@@ -254,6 +278,10 @@ class _Runner(_Warns):
             self.family.close()
             self.family = None
         self._release_outputs()
+        # A member whose parameters or buffers are gone cannot be captured
+        # again: dropped (a call with its shape is captured anew).
+        for k in [k for k, m in self.members.items() if not m.hold()]:
+            del self.members[k]
         order = sorted(self.members.values(), key=lambda m: -m.nbytes)
         fns = {}
         for m in order:
@@ -276,6 +304,7 @@ class _Runner(_Warns):
         for m in order:
             self._outs[m.index] = _Outputs(ops, fam.outputs[m.index])
             m.dst = self._dst(m)
+            m.let_go(self.static)
         return True
 
     def _step(self, m: _Member, src: Dict[int, Any]) -> Callable[[], Any]:
