@@ -207,7 +207,7 @@ class _Runner(_Warns):
         ops, static = self.ops, set(self.static)
         if not ops.can_make_outputs():
             self._give_up("this torch cannot make tensors at a graph's addresses "
-                          "(torch._C._construct_storage_from_data_pointer)")
+                          "(torch._C._construct_storage_from_data_pointer, Tensor._use_count)")
             return None
         args, ptrs, copy_idxs, nbytes = [], [None] * len(inputs), [], 0
         m = _Member(self.next_index, args, ptrs, copy_idxs, 0)

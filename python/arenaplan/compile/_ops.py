@@ -248,8 +248,10 @@ class _Ops:
         return t.untyped_storage()._cdata
 
     def can_make_outputs(self) -> bool:
-        """Whether this torch can make tensors over a graph's outputs' memory."""
-        return self._storage is not None and self._tensor is not None
+        """Whether this torch can make tensors over a graph's outputs' memory
+        and tell whether anything holds one (:meth:`held_outputs`)."""
+        return (self._storage is not None and self._tensor is not None and
+                hasattr(torch.Tensor, "_use_count") and hasattr(torch._C, "_storage_Use_Count"))
 
     def output_makers(self, outs: Sequence[Any]) -> List[Optional[Callable[[], Tuple[Any, Any]]]]:
         """Per output of a captured stage: a function making a new tensor

@@ -310,7 +310,7 @@ class _TrainPair(_Warns):
         fw, bw, ops = self.fw, self.bw, self.ops
         if not ops.can_make_outputs():
             self._give_up("this torch cannot make tensors over a graph's outputs "
-                          "(torch._C._construct_storage_from_data_pointer)")
+                          "(torch._C._construct_storage_from_data_pointer, Tensor._use_count)")
             return None
         m = _TrainMember(shape)
         static = set(fw.static)
