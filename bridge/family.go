@@ -58,7 +58,7 @@ func (b *Bridge) Family(id int) (*Family, error) { return lookup(b, b.families, 
 func (f *Family) ID() int { return f.id }
 
 func (f *Family) errorf(format string, args ...any) error {
-	return fmt.Errorf("bridge: family %d (%s): %s", f.id, f.name, fmt.Sprintf(format, args...))
+	return fmt.Errorf("bridge: family %d (%s): "+format, append([]any{f.id, f.name}, args...)...)
 }
 
 // NewMember adds a member step; members are planned in the order they
@@ -77,7 +77,7 @@ func (f *Family) NewMember(name string) (*Step, error) {
 		return nil, f.errorf("NewMember after Close, or after a chain's Plan")
 	}
 	if dup >= 0 {
-		return nil, fmt.Errorf("bridge: family %d (%s): member %q: %w (member %d has it)", f.id, f.name, name, ErrDuplicateMember, dup)
+		return nil, f.errorf("member %q: %w (member %d has it)", name, ErrDuplicateMember, dup)
 	}
 	s, err := f.b.NewStep(f.d.ordinal, name)
 	if err != nil {
@@ -104,6 +104,16 @@ func (f *Family) memberLocked(name string) int {
 	return -1
 }
 
+// membersLocked returns the members as planner members, each with its
+// trace so far; d.mu is held.
+func (f *Family) membersLocked() []planner.Member {
+	ms := make([]planner.Member, len(f.members))
+	for i, s := range f.members {
+		ms[i] = planner.Member{Name: s.name, Trace: s.trace}
+	}
+	return ms
+}
+
 // Members returns the member steps in order.
 func (f *Family) Members() []*Step {
 	f.d.mu.Lock()
@@ -127,7 +137,7 @@ func (f *Family) Plan(budget time.Duration) error {
 	}
 	fp, err := planner.PlanFamily(context.Background(), "auto", members, planner.Options{Budget: budget})
 	if err != nil {
-		return fmt.Errorf("bridge: family %d (%s): planning: %w", f.id, f.name, err)
+		return f.errorf("planning: %w", err)
 	}
 	return f.installFamily(members, fp, "")
 }
@@ -156,10 +166,7 @@ func (f *Family) recorded() ([]planner.Member, error) {
 func (f *Family) Save(path string) error {
 	f.d.mu.Lock()
 	fp := f.plan
-	ms := make([]planner.Member, len(f.members))
-	for i, s := range f.members {
-		ms[i] = planner.Member{Name: s.name, Trace: s.trace}
-	}
+	ms := f.membersLocked()
 	f.d.mu.Unlock()
 	if fp == nil {
 		return f.errorf("has no plan to save")
@@ -175,7 +182,7 @@ func (f *Family) Save(path string) error {
 		ws[i] = f.b.workload()
 	}
 	if err := plans.SaveFamily(path, &plans.Family{Members: ms, Plan: fp, Workloads: ws}); err != nil {
-		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
+		return f.errorf("%w", err)
 	}
 	return nil
 }
@@ -191,7 +198,7 @@ func (f *Family) Load(path string) error {
 	}
 	ff, err := plans.LoadFamily(path)
 	if err != nil {
-		return fmt.Errorf("bridge: family %d (%s): %w", f.id, f.name, err)
+		return f.errorf("%w", err)
 	}
 	for i := range ff.Members {
 		if err := f.b.checkRank(path, ff.Workload(i)); err != nil {
@@ -252,7 +259,7 @@ func (f *Family) install(fp *planner.FamilyPlan, from string, build func() (*are
 	d.beforeArena()
 	lay, err := build()
 	if err != nil {
-		return fmt.Errorf("bridge: family %d (%s): arena of %s: %w", f.id, f.name, fmtBytes(uint64(fp.Arena)), err)
+		return f.errorf("arena of %s: %w", fmtBytes(uint64(fp.Arena)), err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -288,17 +295,14 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 	}
 	i := slices.Index(f.members, s)
 	fp := f.plan.WithMember(i, p)
-	ms := make([]planner.Member, len(f.members))
-	for j, m := range f.members {
-		ms[j] = planner.Member{Name: m.name, Trace: m.trace}
-	}
+	ms := f.membersLocked()
 	ms[i].Trace = t
 	if err := planner.CheckFamily(ms, fp); err != nil {
-		return fmt.Errorf("bridge: family %d (%s): member %q replanned: %w", f.id, f.name, s.name, err)
+		return f.errorf("member %q replanned: %w", s.name, err)
 	}
 	l, err := f.ar.Place(t, p)
 	if err != nil {
-		return fmt.Errorf("bridge: family %d (%s): member %q replanned: %w", f.id, f.name, s.name, err)
+		return f.errorf("member %q replanned: %w", s.name, err)
 	}
 	restore, err := makeCurrent(d.dev)
 	if err != nil {
@@ -306,7 +310,7 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 	}
 	defer restore()
 	if err := s.dropCaptures(); err != nil {
-		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
+		return f.errorf("member %q: %w", s.name, err)
 	}
 	s.replace(l, nil)
 	f.plan = fp
@@ -355,25 +359,21 @@ func (f *Family) PlanMember(s *Step, budget time.Duration) (err error) {
 	}()
 	p, _, err := planner.RunByTag(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
 	if err != nil {
-		return fmt.Errorf("bridge: family %d (%s): member %q: planning: %w", f.id, f.name, s.name, err)
+		return f.errorf("member %q: planning: %w", s.name, err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if p.Arena > f.plan.Arena {
-		return fmt.Errorf("bridge: family %d (%s): member %q needs %s: %w (%s)", f.id, f.name, s.name,
-			fmtBytes(uint64(p.Arena)), ErrDoesNotFit, fmtBytes(uint64(f.plan.Arena)))
+		return f.errorf("member %q needs %s: %w (%s)", s.name, fmtBytes(uint64(p.Arena)), ErrDoesNotFit, fmtBytes(uint64(f.plan.Arena)))
 	}
 	fp := f.plan.WithAdded(s.name, p)
-	ms := make([]planner.Member, len(f.members))
-	for j, m := range f.members {
-		ms[j] = planner.Member{Name: m.name, Trace: m.trace}
-	}
+	ms := f.membersLocked()
 	if err := planner.CheckFamily(ms, fp); err != nil {
-		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
+		return f.errorf("member %q: %w", s.name, err)
 	}
 	l, err := f.ar.Place(t, p)
 	if err != nil {
-		return fmt.Errorf("bridge: family %d (%s): member %q: %w", f.id, f.name, s.name, err)
+		return f.errorf("member %q: %w", s.name, err)
 	}
 	s.setPlan(l, "")
 	f.plan = fp

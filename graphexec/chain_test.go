@@ -49,7 +49,7 @@ func testChainOrder(t *testing.T, dev cuda.Device) {
 	}
 	// Nothing is copied: the consumer's input is the producer's output.
 	for _, l := range links {
-		from, to := c.Stage(l.From), c.Stage(l.To)
+		from, to := c.Member(l.From), c.Member(l.To)
 		if a, b := from.Ptr(tensor(t, from.Graph(), l.FromTensor)), to.Ptr(tensor(t, to.Graph(), l.ToTensor)); a != b {
 			t.Errorf("%s: producer at %x, consumer reads %x", l.FromTensor, a, b)
 		}
@@ -94,12 +94,12 @@ func testChainOrder(t *testing.T, dev cuda.Device) {
 	// overwrite is reported first.
 	refused(2, false)
 	ok(1, 2)
-	if got := output(t, c.Stage(2)); !bytes.Equal(got, want) {
+	if got := output(t, c.Member(2)); !bytes.Equal(got, want) {
 		t.Fatal("chained replay's y differs from the whole mlp's eager y")
 	}
 	// A consumer may run again on the same input; the next round is fine.
 	ok(2, 0, 1, 2)
-	if got := output(t, c.Stage(2)); !bytes.Equal(got, want) {
+	if got := output(t, c.Member(2)); !bytes.Equal(got, want) {
 		t.Fatal("second round: y differs")
 	}
 	// A Pause keeps the stages' weights and constant input, as an
@@ -114,7 +114,7 @@ func testChainOrder(t *testing.T, dev cuda.Device) {
 		t.Fatal(err)
 	}
 	ok(0, 1, 2)
-	if got := output(t, c.Stage(2)); !bytes.Equal(got, want) {
+	if got := output(t, c.Member(2)); !bytes.Equal(got, want) {
 		t.Fatal("after Pause and Resume: y differs")
 	}
 	// Eager steps go through the same guard: stage 2 reused h2's bytes,
@@ -129,7 +129,7 @@ func testChainOrder(t *testing.T, dev cuda.Device) {
 			t.Fatal(err)
 		}
 	}
-	if got := output(t, c.Stage(2)); !bytes.Equal(got, want) {
+	if got := output(t, c.Member(2)); !bytes.Equal(got, want) {
 		t.Fatal("eager chain: y differs")
 	}
 	if err := c.ResetState(); err != nil {

@@ -19,13 +19,14 @@
 //
 // Beyond one graph: tensors a workload marks SetUnplanned and workspaces
 // with SpillWorkspace come from package spill's allocator, also during
-// capture (capture-time reuse, side streams joined by events). A Family
-// runs several members (batch sizes) on one arena, shared tensors at one
-// address, one member at a time (pausing its arena backs the shared
-// tensors up and drops the members' private memory); a Chain runs stages
-// planned on one timeline (pausing its arena backs up the stages' weights
-// and state, as an Executor's) and refuses, through the plan's guard, a
-// replay order that would overwrite memory a later stage still needs.
+// capture (capture-time reuse, side streams joined by events). A Group
+// runs several graphs laid on one joint timeline in one arena: a family's
+// members (batch sizes), shared tensors at one address, one member at a
+// time (pausing its arena backs the shared tensors up and drops the
+// members' private memory), or a chain's stages planned on one timeline
+// (pausing its arena backs up the stages' weights and state, as an
+// Executor's), refusing through the plan's guard a replay order that would
+// overwrite memory a later stage still needs.
 //
 // It holds no workloads, no kernels and no command-line flags (package
 // workloads has the built-in demos), and it is not a file format and not a

@@ -48,7 +48,7 @@ type Executor struct {
 	// lay is the checked plan, its arena and every buffer's address. In a
 	// family or a chain (group set) the layout is the group's member or
 	// stage, placed in the group's arena; the arena, stream and modules
-	// then belong to the group (family.go, chain.go).
+	// then belong to the group (group.go).
 	lay    *arena.Layout
 	group  string
 	mods   []cuda.Module

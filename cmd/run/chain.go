@@ -116,7 +116,7 @@ func executeChain(ctx context.Context, c *config) (*report, error) {
 			return nil
 		}
 	}
-	last := ch.Stage(len(gs) - 1)
+	last := ch.Member(len(gs) - 1)
 	l := loop{ctx: ctx, en: ch, fresh: true}
 	m, err := l.eagerThenReplay(c.warmup, c.steps, step(ch.Eager), step(ch.Replay), func() ([][]byte, error) {
 		out, err := outputs(last)

@@ -11,8 +11,8 @@ import (
 )
 
 // engine is what run executes on one arena, whatever its shape: one
-// workload (graphexec.Executor), the members of a family (Family) or the
-// stages of a chain (Chain).
+// workload (graphexec.Executor), or the members of a family or the stages
+// of a chain (graphexec.Group).
 type engine interface {
 	Init() error
 	ResetState() error
@@ -23,8 +23,7 @@ type engine interface {
 
 var (
 	_ engine = (*graphexec.Executor)(nil)
-	_ engine = (*graphexec.Family)(nil)
-	_ engine = (*graphexec.Chain)(nil)
+	_ engine = (*graphexec.Group)(nil)
 )
 
 // loop runs an engine's steps and times them.

@@ -174,12 +174,7 @@ def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2,
             cap_ms.append((time.perf_counter() - t) * 1e3)
     except BaseException:
         handed[0] = None
-        for g in gs:
-            g.reset()
-        try:
-            lib.family_close(fid)
-        except ArenaplanError:
-            pass
+        _family._abandon(lib, fid, gs)
         raise
     n = range(len(stages))
     ch = GraphChain(lib, fid, dict(zip(n, gs)), dict(zip(n, outs)), dict(zip(n, sids)), dict(zip(n, cap_ms)),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
 
@@ -207,16 +207,22 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
             ncap[key] = n + (0 if eager_rec or plan is not None else 1)
             parts[key] = list(_capture_parts)
     except BaseException:
-        for g in gs.values():
-            g.reset()
-        try:
-            lib.family_close(fid)
-        except ArenaplanError:
-            pass
+        _abandon(lib, fid, gs.values())
         raise
     fam = GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
     fam.record_ms, fam.captures, fam.capture_parts_ms = rec_ms, ncap, parts
     return fam
+
+
+def _abandon(lib: Library, fid: int, graphs: Iterable["torch.cuda.CUDAGraph"]) -> None:
+    """Undo a family or chain whose capture failed: reset its graphs and
+    close it (an error closing it is dropped: the capture's is raised)."""
+    for g in graphs:
+        g.reset()
+    try:
+        lib.family_close(fid)
+    except ArenaplanError:
+        pass
 
 
 class _CudaArray:
