@@ -142,6 +142,7 @@ def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2,
 
     fid = lib.chain_new(dev, name or "chain")
     gs: List["torch.cuda.CUDAGraph"] = []
+    handed: List[Optional[list]] = [None]  # the box the next stage is called with
     try:
         sids = [lib.family_member(fid, str(i)) for i in range(len(stages))]
         # The eager passes run on the current stream, where the program's
@@ -159,7 +160,6 @@ def chain(stages: Sequence[Callable[[Optional[list]], Any]], *, warmup: int = 2,
         lib.family_plan(fid, budget)
         t2 = time.perf_counter()
         outs, cap_ms = [], []
-        handed: List[Optional[list]] = [None]  # the box the next stage is called with
         for i, fn in enumerate(stages[:ncap]):
             t = time.perf_counter()
             g = torch.cuda.CUDAGraph()

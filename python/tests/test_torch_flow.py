@@ -292,6 +292,12 @@ class GraphFlowTest(unittest.TestCase):
         with self.assertRaisesRegex(ap.ArenaplanError, "closed chain"):
             ch.capture(bw)
 
+        # A stage that raises in a warm-up pass: its own error, the chain undone.
+        def broken(box):
+            raise KeyError("stage")
+        with self.assertRaises(KeyError):
+            ap.chain([fw, broken], stream=_Stream())
+
     def test_capture_streams_have_their_workspaces_first(self):
         # cuBLAS and cuBLASLt make a workspace per stream at its first
         # matrix product: each capture stream has had one of each before
