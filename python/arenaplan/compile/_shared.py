@@ -106,7 +106,7 @@ class _Outputs:
     that AccumulateGrad takes a gradient as it would take a new tensor
     (without, the reference kept here makes it copy every gradient)."""
 
-    __slots__ = ("ops", "makers", "slots", "tokens", "cached")
+    __slots__ = ("ops", "makers", "slots", "tokens", "cached", "missing")
 
     def __init__(self, ops: "_Ops", outs: Sequence[Any], cached: bool = False):
         self.ops = ops
@@ -114,6 +114,7 @@ class _Outputs:
         self.slots: List[Any] = [None if mk is not None else o for mk, o in zip(self.makers, outs)]
         self.tokens: List[Any] = [None] * len(outs)  # per made tensor: what tells whether its memory is held
         self.cached = cached and ops.can_cache()
+        self.missing = [i for i, mk in enumerate(self.makers) if mk is not None]  # the tensors to make
 
     def take(self, deny: Optional[Iterable[int]] = None) -> List[Any]:
         """The outputs after a replay: the tensors of the last one where
@@ -125,11 +126,12 @@ class _Outputs:
             deny = None if deny is None else set(deny)
             for i in held:
                 self._drop(i, deny is None or i in deny)
-        for i, mk in enumerate(self.makers):
-            if mk is not None and slots[i] is None:
-                slots[i], tokens[i] = mk()
+        if self.missing:
+            for i in self.missing:
+                slots[i], tokens[i] = self.makers[i]()
                 if self.cached:
                     self.ops.set_cached(slots[i], True)
+            self.missing = []
         return list(slots)
 
     def held(self) -> List[int]:
@@ -173,3 +175,4 @@ class _Outputs:
         if deny:
             self.ops.deny([t])
         self.slots[i] = self.tokens[i] = None
+        self.missing.append(i)
