@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/arenaplan/arenaplan/lifetime"
 )
@@ -351,4 +352,21 @@ func sideBySide(n int, opt Options, f func(i int, opt Options) error) error {
 		}
 	}
 	return nil
+}
+
+// eachOnCores runs f(0..n-1) on up to one goroutine per core, each
+// taking the next index as it finishes the last: put the longest first.
+func eachOnCores(n int, f func(i int)) {
+	var next atomic.Int32
+	var wg sync.WaitGroup
+	for range max(1, min(runtime.NumCPU(), n)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
