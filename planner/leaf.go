@@ -252,6 +252,15 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, entri
 				i := next
 				next++
 				stop := i > last || (i >= must && time.Now().After(until)) || r.ctx.Err() != nil
+				// A pass that reaches the height of an earlier one can
+				// no longer be chosen (the earlier wins ties): it stops
+				// there.
+				cut := int64(math.MaxInt64)
+				for _, q := range results[:min(i, len(results))] {
+					if q.offs != nil {
+						cut = min(cut, q.h)
+					}
+				}
 				mu.Unlock()
 				if stop {
 					return
@@ -269,9 +278,9 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, entri
 					return late || i >= must && time.Now().After(until) || r.ctx.Err() != nil
 				}
 				if e.skyline {
-					h = d.skyline(rank, offs, quit)
+					h = d.skyline(rank, offs, cut, quit)
 				} else {
-					h, scratch = d.greedy(rank, e.rule, offs, scratch, quit)
+					h, scratch = d.greedy(rank, e.rule, offs, scratch, cut, quit)
 				}
 				mu.Lock()
 				if h >= 0 {
@@ -298,7 +307,7 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, entri
 		// Not even the first pass finished (cancelled): the skyline
 		// cannot take fixed buffers, the first-fit pass can.
 		offs := make([]int64, d.k)
-		h, _ := d.greedy(d.rank("ZW"), firstFit, offs, nil, nil)
+		h, _ := d.greedy(d.rank("ZW"), firstFit, offs, nil, math.MaxInt64, nil)
 		return h, offs
 	}
 	return results[bi].h, results[bi].offs
