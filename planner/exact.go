@@ -491,23 +491,34 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 	d := s.d
 	minHeight := int64(1) << 62
 	first := int32(-1)
-	var fo int64
-	var fr int32
-	for _, j := range p.items[:p.n] {
-		o := s.minOff[j]
-		if d.fixed[j] < 0 {
-			// Dominance counts only movable items: a fixed one cannot
-			// drop into the hole below.
+	fo, fr := int64(1)<<62, int32(0)
+	if !d.anyFixed {
+		for _, j := range p.items[:p.n] {
+			o := s.minOff[j]
 			minHeight = min(minHeight, o+d.size[j])
-		} else if o != d.fixed[j] {
-			continue
+			if o > fo || o < lastOff {
+				continue
+			}
+			if r := s.rank[j]; (o > lastOff || r >= lastRank) && (o < fo || r < fr) {
+				first, fo, fr = j, o, r
+			}
 		}
-		r := s.rank[j]
-		if o < lastOff || (o == lastOff && r < lastRank) {
-			continue
-		}
-		if first < 0 || o < fo || o == fo && r < fr {
-			first, fo, fr = j, o, r
+	} else {
+		for _, j := range p.items[:p.n] {
+			o := s.minOff[j]
+			if d.fixed[j] < 0 {
+				// Dominance counts only movable items: a fixed one
+				// cannot drop into the hole below.
+				minHeight = min(minHeight, o+d.size[j])
+			} else if o != d.fixed[j] {
+				continue
+			}
+			if o > fo || o < lastOff {
+				continue
+			}
+			if r := s.rank[j]; (o > lastOff || r >= lastRank) && (o < fo || r < fr) {
+				first, fo, fr = j, o, r
+			}
 		}
 	}
 	base := len(s.cand)
