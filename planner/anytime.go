@@ -54,7 +54,9 @@ import (
 // the bound; the exact search the lowest-numbered lower-bound job that
 // succeeded, after every lower-numbered one has finished. So a search
 // that ends before its budget returns the same plan whatever the timing,
-// and with Workers == 1 everything runs in one fixed order.
+// and with Workers == 1 everything runs in one fixed order. Cores lent by
+// runs planned beside this one (Options.spare, in a family) only run
+// ahead what that order would run anyway, and count it where it would.
 
 func init() { register(Auto, anytime) }
 
