@@ -54,7 +54,9 @@ import (
 // the bound; the exact search the lowest-numbered lower-bound job that
 // succeeded, after every lower-numbered one has finished. So a search
 // that ends before its budget returns the same plan whatever the timing,
-// and with Workers == 1 everything runs in one fixed order.
+// and with Workers == 1 everything runs in one fixed order. Cores lent by
+// runs planned beside this one (Options.spare, in a family) only run
+// ahead what that order would run anyway, and count it where it would.
 
 func init() { register(Auto, anytime) }
 
@@ -81,6 +83,9 @@ type anytimeRun struct {
 	bound, ceil int64 // ceil: the baselines' arena, a height known feasible
 	bounded     bool
 	t           *lifetime.Trace
+	// The window bound computed ahead on a borrowed core, beside the
+	// first greedy passes (boundAhead): proveBound takes its result.
+	ahead *aheadBound
 
 	mu     sync.Mutex
 	best   int64 // best arena so far in units (max over leaves done so far)
@@ -149,6 +154,7 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 		return base, nil
 	}
 	r.t, r.ceil = t, base.Arena/p.unit
+	defer r.dropAhead()
 	// Turns: each leaf not yet done gets an even share of the time left,
 	// in order; a leaf that ends early (at the lower bound, proven, or out
 	// of work) leaves its time to the next ones. A leaf cut off by its
@@ -231,11 +237,51 @@ func (r *anytimeRun) proveBound() int64 {
 	if !windowBoundHolds(r.t, r.opt.Align) {
 		return r.bound
 	}
+	if a := r.ahead; a != nil {
+		<-a.done
+		r.bound = a.bound
+		return r.bound
+	}
 	var stop atomic.Bool
 	quit := context.AfterFunc(r.ctx, func() { stop.Store(true) })
 	defer quit()
 	r.bound, _ = r.p.windowBound(r.ceil, boundBudget(len(r.p.items)), &stop)
 	return r.bound
+}
+
+// aheadBound is the window bound computed on a borrowed core.
+type aheadBound struct {
+	done  chan struct{}
+	stop  atomic.Bool
+	bound int64
+}
+
+// boundAhead starts the window bound on a spare core (Options.spare),
+// where there is one and the bound may be needed: beside the greedy
+// passes, whose plan decides whether it is. It is the computation
+// proveBound would make, so the plan is the same either way.
+func (r *anytimeRun) boundAhead() {
+	if r.bounded || r.ahead != nil || r.nested || !windowBoundHolds(r.t, r.opt.Align) || !r.opt.spare.borrow() {
+		return
+	}
+	a := &aheadBound{done: make(chan struct{})}
+	r.ahead = a
+	quit := context.AfterFunc(r.ctx, func() { a.stop.Store(true) })
+	go func() {
+		defer close(a.done)
+		defer r.opt.spare.give()
+		defer quit()
+		a.bound, _ = r.p.windowBound(r.ceil, boundBudget(len(r.p.items)), &a.stop)
+	}()
+}
+
+// dropAhead stops and waits for a bound computed ahead that no leaf
+// asked for.
+func (r *anytimeRun) dropAhead() {
+	if a := r.ahead; a != nil {
+		a.stop.Store(true)
+		<-a.done
+	}
 }
 
 // hugePasses are the range-maximum skylines (order, slack; see

@@ -201,3 +201,49 @@ func TestAutoPanguLowerBound(t *testing.T) {
 		}
 	}
 }
+
+// TestSpareCoresSamePlans: a search with one worker that borrows spare
+// cores (the window bound beside the greedy passes, the portfolio on two
+// goroutines, the dives and the rolling search side by side) makes the
+// plan it makes without them, byte for byte, on the generated decode
+// steps and decode families: every stage runs, and every search ends
+// at the bound or by the stop rule, never by the clock.
+func TestSpareCoresSamePlans(t *testing.T) {
+	var traces []*lifetime.Trace
+	for _, c := range decodeCases {
+		tr, err := readTestCSV(filepath.Join("testdata", c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		traces = append(traces, tr)
+	}
+	for _, att := range []string{"math16", "efficient"} {
+		for _, m := range torchDecodeFamily(att) {
+			traces = append(traces, m.Trace)
+		}
+	}
+	for k, tr := range traces {
+		opt := Options{Workers: 1, Budget: time.Minute}
+		want, err := Run(context.Background(), Auto, tr, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, spare := range []int{1, 2} {
+			opt.spare = &spareCores{}
+			for range spare {
+				opt.spare.give()
+			}
+			got, err := Run(context.Background(), Auto, tr, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Offsets, want.Offsets) || got.Stop != want.Stop || got.Bound != want.Bound {
+				t.Fatalf("trace %d (%s), %d spare cores: arena %d, stop %q, bound %d; alone %d, %q, %d",
+					k, tr.Name, spare, got.Arena, got.Stop, got.Bound, want.Arena, want.Stop, want.Bound)
+			}
+			if n := opt.spare.n.Load(); n != int32(spare) {
+				t.Fatalf("trace %d: %d spare cores lent, %d given back", k, spare, n)
+			}
+		}
+	}
+}

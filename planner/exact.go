@@ -483,31 +483,69 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 	if p.n == 0 {
 		return found
 	}
+	// The first candidate, the least by (lowest offset, rank), is found
+	// in one scan and placed at once: usually it succeeds, and the other
+	// candidates are listed only when it fails. Ranks are distinct within
+	// a partition, so the order of the candidates is the one a full list
+	// sorted by (offset, rank) would give.
 	d := s.d
-	base := len(s.cand)
+	minHeight := int64(1) << 62
+	first := int32(-1)
+	fo, fr := int64(1)<<62, int32(0)
 	if !d.anyFixed {
-		// The loops below without the tests of fixed offsets: the same
-		// candidates, at less cost per node.
-		minHeight := int64(1) << 62
-		for _, j := range p.items[:p.n] {
-			minHeight = min(minHeight, s.minOff[j]+d.size[j])
-		}
 		for _, j := range p.items[:p.n] {
 			o := s.minOff[j]
-			if o >= minHeight || o < lastOff || (o == lastOff && s.rank[j] < lastRank) {
+			minHeight = min(minHeight, o+d.size[j])
+			if o > fo || o < lastOff {
+				continue
+			}
+			if r := s.rank[j]; (o > lastOff || r >= lastRank) && (o < fo || r < fr) {
+				first, fo, fr = j, o, r
+			}
+		}
+	} else {
+		for _, j := range p.items[:p.n] {
+			o := s.minOff[j]
+			if d.fixed[j] < 0 {
+				// Dominance counts only movable items: a fixed one
+				// cannot drop into the hole below.
+				minHeight = min(minHeight, o+d.size[j])
+			} else if o != d.fixed[j] {
+				continue
+			}
+			if o > fo || o < lastOff {
+				continue
+			}
+			if r := s.rank[j]; (o > lastOff || r >= lastRank) && (o < fo || r < fr) {
+				first, fo, fr = j, o, r
+			}
+		}
+	}
+	base := len(s.cand)
+	switch {
+	case first < 0:
+		return notFound
+	case fo >= minHeight && d.fixed[first] < 0:
+		// Dominated: so is every movable candidate, all at or above it.
+		if !d.anyFixed {
+			return notFound
+		}
+		first = -1
+	default:
+		st, hatless := s.place(p, first, lastOff)
+		if st != notFound || hatless {
+			return st
+		}
+	}
+	if !d.anyFixed {
+		for _, j := range p.items[:p.n] {
+			o := s.minOff[j]
+			if o >= minHeight || o < lastOff || (o == lastOff && s.rank[j] < lastRank) || j == first {
 				continue
 			}
 			s.cand = append(s.cand, j)
 		}
 		return s.tryCands(p, base, lastOff)
-	}
-	// Dominance counts only movable items: a fixed one cannot drop into
-	// the hole below.
-	minHeight := int64(1) << 62
-	for _, j := range p.items[:p.n] {
-		if d.fixed[j] < 0 {
-			minHeight = min(minHeight, s.minOff[j]+d.size[j])
-		}
 	}
 	for _, j := range p.items[:p.n] {
 		o := s.minOff[j]
@@ -517,7 +555,7 @@ func (s *dfs) search(p *partition, lastOff int64, lastRank int32) int {
 		if o < lastOff || (o == lastOff && s.rank[j] < lastRank) {
 			continue
 		}
-		if d.fixed[j] >= 0 && o != d.fixed[j] {
+		if d.fixed[j] >= 0 && o != d.fixed[j] || j == first {
 			continue
 		}
 		s.cand = append(s.cand, j)

@@ -257,9 +257,7 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 			p.Bound = min(own.Bound, p.Arena)
 		}
 		p.Optimal = p.Arena <= max(p.Bound, p.LowerBound)
-		if err := Check(t, p); err != nil {
-			return fmt.Errorf("member %q: %w", m.Name, err)
-		}
+		// Check comes with checkFamily below, every member at once.
 		mps[w] = MemberPlan{Name: m.Name, Plan: p, Alone: p.Arena}
 		// Planned alone already when nothing is shared or below.
 		if (countShared(m) > 0 || wp.Top > 0) && len(t.Buffers) > 0 {
@@ -285,7 +283,7 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 		fp.Algo = algo
 	}
 	fp.Elapsed = time.Since(start)
-	if err := CheckFamily(members, fp); err != nil {
+	if err := checkFamily(members, fp, j); err != nil {
 		return nil, fmt.Errorf("planner: family: produced an invalid plan: %w", err)
 	}
 	return fp, nil
@@ -311,7 +309,13 @@ func countShared(m Member) int {
 // every other buffer of every member, at all times; and the arena, lower
 // bound and separate-arena sum are the ones the members imply (the Alone
 // arenas themselves are only checked to be at least each member's bound).
-func CheckFamily(members []Member, fp *FamilyPlan) error {
+func CheckFamily(members []Member, fp *FamilyPlan) error { return checkFamily(members, fp, nil) }
+
+// checkFamily is CheckFamily; j is familyJoint(members) where the caller
+// has made it already, or nil. The members' plans and the joint timeline
+// are checked side by side, one goroutine per core; errors come in the
+// order a check one after the other would find them.
+func checkFamily(members []Member, fp *FamilyPlan, j *Joint) error {
 	if fp == nil {
 		return fmt.Errorf("check family: no plan")
 	}
@@ -325,9 +329,11 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 		return fmt.Errorf("check family: arena size %d is out of range", fp.Arena)
 	}
 	// The members themselves: names, keys, traces (see familyJoint).
-	j, _, err := familyJoint(members)
-	if err != nil {
-		return fmt.Errorf("check family: %w", err)
+	if j == nil {
+		var err error
+		if j, _, err = familyJoint(members); err != nil {
+			return fmt.Errorf("check family: %w", err)
+		}
 	}
 	// Shared buffers: sorted by offset, aligned, disjoint, inside the arena.
 	byKey := make(map[string]SharedBuffer, len(fp.Shared))
@@ -356,12 +362,26 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 	if fp.SharedRegion.Lo != 0 || fp.SharedRegion.Hi != top {
 		return fmt.Errorf("check family: shared region [%d, %d), the shared buffers span [0, %d)", fp.SharedRegion.Lo, fp.SharedRegion.Hi, top)
 	}
+	// The costly checks, each member's plan on its trace and every
+	// member on the joint timeline (below), side by side.
+	planErrs := make([]error, len(members))
+	var jointErr error
+	eachOnCores(len(members)+1, func(k int) {
+		if k == 0 {
+			jointErr = checkJoint(j, fp)
+			return
+		}
+		planErrs[k-1] = checkMemberPlan(members[k-1], &fp.Members[k-1], fp)
+	})
 	used := make(map[string]bool, len(fp.Shared))
 	arena, lb, sep := top, int64(0), int64(0)
 	for mi, m := range members {
 		mp := &fp.Members[mi]
 		if m.Name != mp.Name {
 			return fmt.Errorf("check family: member %d is %q in the family, %q in the plan", mi, m.Name, mp.Name)
+		}
+		if err := planErrs[mi]; err != nil {
+			return fmt.Errorf("check family: member %q: %w", m.Name, err)
 		}
 		if err := checkMember(m, mp, fp, byKey, used); err != nil {
 			return fmt.Errorf("check family: member %q: %w", m.Name, err)
@@ -377,19 +397,8 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 			return fmt.Errorf("check family: shared key %q is used by no member", s.Key)
 		}
 	}
-	// On the family's joint timeline every shared key is one buffer live
-	// over all of it: one Check proves that no buffer of any member ever
-	// touches a shared one, whose contents outlive every replay.
-	offs := make([][]int64, len(members))
-	for mi := range members {
-		offs[mi] = fp.Members[mi].Plan.Offsets
-	}
-	lifted, err := j.Lift(offs)
-	if err != nil {
-		return fmt.Errorf("check family: %w", err)
-	}
-	if err := Check(j.Trace, &Plan{Align: fp.Align, Offsets: lifted, Arena: fp.Arena}); err != nil {
-		return fmt.Errorf("check family: on the joint timeline: %w", err)
+	if jointErr != nil {
+		return fmt.Errorf("check family: %w", jointErr)
 	}
 	switch {
 	case arena != fp.Arena:
@@ -402,7 +411,30 @@ func CheckFamily(members []Member, fp *FamilyPlan) error {
 	return nil
 }
 
-func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]SharedBuffer, used map[string]bool) error {
+// checkJoint checks every member's plan on the family's joint timeline,
+// where every shared key is one buffer live over all of it: one Check
+// proves that no buffer of any member ever touches a shared one, whose
+// contents outlive every replay.
+func checkJoint(j *Joint, fp *FamilyPlan) error {
+	offs := make([][]int64, len(fp.Members))
+	for mi, mp := range fp.Members {
+		if mp.Plan != nil {
+			offs[mi] = mp.Plan.Offsets
+		}
+	}
+	lifted, err := j.Lift(offs)
+	if err != nil {
+		return err
+	}
+	if err := Check(j.Trace, &Plan{Align: fp.Align, Offsets: lifted, Arena: fp.Arena}); err != nil {
+		return fmt.Errorf("on the joint timeline: %w", err)
+	}
+	return nil
+}
+
+// checkMemberPlan checks a member's plan on its own trace: what
+// checkMember relies on, and what costs most.
+func checkMemberPlan(m Member, mp *MemberPlan, fp *FamilyPlan) error {
 	t, p := m.Trace, mp.Plan
 	if t == nil || p == nil {
 		return fmt.Errorf("no trace or no plan")
@@ -419,6 +451,13 @@ func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]Shar
 	if lb, _ := t.LowerBound(p.Align); lb != p.LowerBound {
 		return fmt.Errorf("lower bound is %d, the trace's is %d", p.LowerBound, lb)
 	}
+	return nil
+}
+
+// checkMember checks the rest of a member's plan against the family,
+// after checkMemberPlan.
+func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]SharedBuffer, used map[string]bool) error {
+	t, p := m.Trace, mp.Plan
 	if p.Arena > fp.Arena {
 		return fmt.Errorf("needs %d bytes, beyond the family arena of %d", p.Arena, fp.Arena)
 	}

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/arenaplan/arenaplan/lifetime"
 )
@@ -328,20 +329,24 @@ func (j *Joint) planWindows(ctx context.Context, algo string, windows []Window, 
 
 // sideBySide runs f(0..n-1) on up to one goroutine per core, sharing
 // opt.Workers between them (more goroutines than cores only slice the
-// cores between searches), and returns the first error by index.
+// cores between searches), and returns the first error by index. A
+// goroutine that finds nothing left to start lends its core to the runs
+// still going (spareCores), for work that changes none of their results.
 func sideBySide(n int, opt Options, f func(i int, opt Options) error) error {
 	errs := make([]error, n)
 	par := max(1, min(runtime.NumCPU(), n))
-	sem := make(chan struct{}, par)
 	opt.Workers = max(1, opt.Workers/par)
+	opt.spare = &spareCores{}
+	var next atomic.Int32
 	var wg sync.WaitGroup
-	for i := range n {
+	for range par {
 		wg.Add(1)
-		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
-			errs[i] = f(i, opt)
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				errs[i] = f(i, opt)
+			}
+			opt.spare.give()
 		}()
 	}
 	wg.Wait()
@@ -351,4 +356,52 @@ func sideBySide(n int, opt Options, f func(i int, opt Options) error) error {
 		}
 	}
 	return nil
+}
+
+// spareCores counts the cores that runs side by side no longer need. A
+// run with one worker borrows one, where there is one, only for work
+// whose outcome does not depend on whether it runs beside the rest or
+// after it (a stage it would run anyway, or one it may need and would
+// run the same way), so that its plan is the same either way. The nil
+// *spareCores lends nothing.
+type spareCores struct{ n atomic.Int32 }
+
+// borrow takes a spare core if there is one; give it back when done.
+func (c *spareCores) borrow() bool {
+	if c == nil {
+		return false
+	}
+	for {
+		v := c.n.Load()
+		if v <= 0 {
+			return false
+		}
+		if c.n.CompareAndSwap(v, v-1) {
+			return true
+		}
+	}
+}
+
+// give adds a core to the spare ones.
+func (c *spareCores) give() {
+	if c != nil {
+		c.n.Add(1)
+	}
+}
+
+// eachOnCores runs f(0..n-1) on up to one goroutine per core, each
+// taking the next index as it finishes the last: put the longest first.
+func eachOnCores(n int, f func(i int)) {
+	var next atomic.Int32
+	var wg sync.WaitGroup
+	for range max(1, min(runtime.NumCPU(), n)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
 }

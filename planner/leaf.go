@@ -67,6 +67,7 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		}
 	}
 	if !ls.greedy {
+		r.boundAhead()
 		entries := portfolioEntries
 		if ls.core {
 			// The first two greedy passes (LTAW alone packs pangu_2.6B),
@@ -106,29 +107,58 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		// The rolling search (rolling.go), at the lower bound, on long
 		// thin leaves: cheap, and where it fails the exact search gets
 		// the time.
-		var stop atomic.Bool
-		timer := time.AfterFunc(time.Until(until), func() { stop.Store(true) })
-		stopCtx := context.AfterFunc(r.ctx, func() { stop.Store(true) })
+		var stop, rollStop atomic.Bool
+		timer := time.AfterFunc(time.Until(until), func() { stop.Store(true); rollStop.Store(true) })
+		stopCtx := context.AfterFunc(r.ctx, func() { stop.Store(true); rollStop.Store(true) })
 		perBuffer := int64(rollNodes)
 		near := !r.opt.FullBudget && (ls.best-target)*stopGap <= target
 		if near {
 			perBuffer = rollNear
 		}
+		type rolled struct {
+			offs     []int64
+			nodes    int64
+			complete bool
+		}
+		roll := func() rolled {
+			offs, n, complete := d.roll(target, r.p.times[ls.l.lo:], perBuffer, &rollStop)
+			return rolled{offs, n, complete}
+		}
 		// Near the bound, dives first (rolling.go): one path of the
 		// exact search costs less than the rolling search's windows.
+		// On a spare core the rolling search runs beside them, and
+		// counts only where they find nothing, as if it came after.
 		var (
 			offs     []int64
 			nodes    int64
 			complete = true
 			parked   []*parkedDFS
+			ahead    chan rolled
 		)
-		if near {
-			offs, nodes, complete, parked = d.dive(target, &stop)
+		if near && r.opt.spare.borrow() {
+			ahead = make(chan rolled, 1)
+			go func() {
+				rl := roll()
+				r.opt.spare.give() // before the result, as in dive
+				ahead <- rl
+			}()
 		}
-		if offs == nil && complete {
-			var n int64
-			offs, n, complete = d.roll(target, r.p.times[ls.l.lo:], perBuffer, &stop)
-			nodes += n
+		if near {
+			offs, nodes, complete, parked = d.dive(target, &stop, r.opt.spare)
+		}
+		switch {
+		case offs == nil && complete:
+			var rl rolled
+			if ahead != nil {
+				rl = <-ahead
+			} else {
+				rl = roll()
+			}
+			offs, complete = rl.offs, rl.complete
+			nodes += rl.nodes
+		case ahead != nil:
+			rollStop.Store(true)
+			<-ahead
 		}
 		timer.Stop()
 		stopCtx()
@@ -242,7 +272,13 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, entri
 		last = n - 1 // no pass after this one counts
 		wg   sync.WaitGroup
 	)
-	for w := 0; w < min(r.opt.Workers, n); w++ {
+	workers := r.opt.Workers
+	if workers == 1 && n > 1 && r.opt.spare.borrow() {
+		// The result does not depend on the workers (see above).
+		workers = 2
+		defer r.opt.spare.give()
+	}
+	for w := 0; w < min(workers, n); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -252,6 +288,15 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, entri
 				i := next
 				next++
 				stop := i > last || (i >= must && time.Now().After(until)) || r.ctx.Err() != nil
+				// A pass that reaches the height of an earlier one can
+				// no longer be chosen (the earlier wins ties): it stops
+				// there.
+				cut := int64(math.MaxInt64)
+				for _, q := range results[:min(i, len(results))] {
+					if q.offs != nil {
+						cut = min(cut, q.h)
+					}
+				}
 				mu.Unlock()
 				if stop {
 					return
@@ -269,9 +314,9 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, entri
 					return late || i >= must && time.Now().After(until) || r.ctx.Err() != nil
 				}
 				if e.skyline {
-					h = d.skyline(rank, offs, quit)
+					h = d.skyline(rank, offs, cut, quit)
 				} else {
-					h, scratch = d.greedy(rank, e.rule, offs, scratch, quit)
+					h, scratch = d.greedy(rank, e.rule, offs, scratch, cut, quit)
 				}
 				mu.Lock()
 				if h >= 0 {
@@ -298,7 +343,7 @@ func (r *anytimeRun) portfolio(d *leafData, target int64, until time.Time, entri
 		// Not even the first pass finished (cancelled): the skyline
 		// cannot take fixed buffers, the first-fit pass can.
 		offs := make([]int64, d.k)
-		h, _ := d.greedy(d.rank("ZW"), firstFit, offs, nil, nil)
+		h, _ := d.greedy(d.rank("ZW"), firstFit, offs, nil, math.MaxInt64, nil)
 		return h, offs
 	}
 	return results[bi].h, results[bi].offs

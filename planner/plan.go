@@ -123,6 +123,10 @@ type Options struct {
 	// Progress, if set, is called now and then by long searches, from the
 	// goroutine that called the algorithm.
 	Progress func(Progress)
+
+	// spare lends a search with one worker the cores that the runs planned
+	// beside it no longer need (sideBySide).
+	spare *spareCores
 }
 
 // Validate reports an invalid field: an Align that is not 0 or a power of

@@ -81,20 +81,58 @@ var diveOrders = exactHeuristics[:2]
 // the order of diveOrders: the exact search's first lower-bound jobs,
 // the same searches under larger limits, go on with them. The caller
 // drops those it does not use.
-func (d *leafData) dive(c int64, stop *atomic.Bool) ([]int64, int64, bool, []*parkedDFS) {
+//
+// Dives after the first run ahead, side by side with it, on the cores
+// spare lends: what they find counts only where the dives before them
+// found nothing, as if they had run one after the other.
+func (d *leafData) dive(c int64, stop *atomic.Bool, spare *spareCores) ([]int64, int64, bool, []*parkedDFS) {
 	var (
 		used   int64
 		parked []*parkedDFS
 	)
-	for _, o := range diveOrders {
-		pk, res := startParked(d, c, o, int64(d.k)+diveSlack, stop, nil)
+	type dived struct {
+		pk  *parkedDFS
+		res int
+	}
+	ahead := make([]chan dived, len(diveOrders))
+	for x := 1; x < len(diveOrders); x++ {
+		if !spare.borrow() {
+			break
+		}
+		ahead[x] = make(chan dived, 1)
+		go func() {
+			pk, res := startParked(d, c, diveOrders[x], int64(d.k)+diveSlack, stop, nil)
+			spare.give() // before the result: the dives end with the core given back
+			ahead[x] <- dived{pk, res}
+		}()
+	}
+	// Dives run ahead that do not count: their searches end here.
+	drop := func(from int) {
+		for _, ch := range ahead[from:] {
+			if ch != nil {
+				if dv := <-ch; dv.res == paused {
+					dv.pk.drop()
+				}
+			}
+		}
+	}
+	for x, o := range diveOrders {
+		var dv dived
+		if ahead[x] != nil {
+			dv = <-ahead[x]
+		} else {
+			dv.pk, dv.res = startParked(d, c, o, int64(d.k)+diveSlack, stop, nil)
+		}
+		pk, res := dv.pk, dv.res
 		used += pk.s.nodes
 		switch {
 		case res == paused:
 			parked = append(parked, pk)
 		case res == found:
+			drop(x + 1)
 			return pk.s.sol, used, true, parked
 		case stop.Load():
+			drop(x + 1)
 			return nil, used, false, parked
 		}
 	}

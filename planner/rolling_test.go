@@ -3,6 +3,7 @@ package planner
 import (
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 )
@@ -122,7 +123,7 @@ func thinLeaf(t *testing.T, file string) (*problem, *leaf, *leafData) {
 func TestDiveAtBound(t *testing.T) {
 	_, _, d := thinLeaf(t, "torch-decode-math16-b8.csv")
 	var stop atomic.Bool
-	offs, nodes, complete, parked := d.dive(d.lb, &stop)
+	offs, nodes, complete, parked := d.dive(d.lb, &stop, nil)
 	for _, pk := range parked {
 		pk.drop()
 	}
@@ -134,5 +135,24 @@ func TestDiveAtBound(t *testing.T) {
 	}
 	if max := int64(len(diveOrders)) * (int64(d.k) + diveSlack); nodes > max {
 		t.Fatalf("dives searched %d nodes, more than %d", nodes, max)
+	}
+	// With a spare core the later dives run ahead, and the outcome is
+	// the same: at the peak (the second dive packs it) and far above it
+	// (the first does, and the second's search is dropped).
+	for _, c := range []int64{d.lb, 2 * d.lb} {
+		want, wantNodes, _, parked := d.dive(c, &stop, nil)
+		for _, pk := range parked {
+			pk.drop()
+		}
+		spare := &spareCores{}
+		spare.give()
+		got, gotNodes, complete, parked := d.dive(c, &stop, spare)
+		for _, pk := range parked {
+			pk.drop()
+		}
+		if !slices.Equal(got, want) || gotNodes != wantNodes || !complete || spare.n.Load() != 1 {
+			t.Errorf("capacity %d: with a spare core %d nodes, alone %d; the same plan %v; spare cores after %d",
+				c, gotNodes, wantNodes, slices.Equal(got, want), spare.n.Load())
+		}
 	}
 }

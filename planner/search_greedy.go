@@ -2,6 +2,7 @@ package planner
 
 import (
 	"cmp"
+	"math"
 	"slices"
 )
 
@@ -20,8 +21,10 @@ const (
 )
 
 // greedy places the leaf in the order of rank (lowest rank first) and
-// returns the offsets and the height (the highest top, at least base).
-func (d *leafData) greedy(rank []int32, rule greedyRule, offs []int64, scratch []span, stop func() bool) (int64, []span) {
+// returns the offsets and the height (the highest top, at least base);
+// -1 once the height reaches cut (a plan at least that high loses to
+// one found already) or stop says so.
+func (d *leafData) greedy(rank []int32, rule greedyRule, offs []int64, scratch []span, cut int64, stop func() bool) (int64, []span) {
 	order := make([]int32, d.k)
 	for j, r := range rank {
 		order[r] = int32(j)
@@ -50,7 +53,9 @@ func (d *leafData) greedy(rank []int32, rule greedyRule, offs []int64, scratch [
 		}
 		offs[j] = fitIn(scratch, d.base, d.size[j], d.align[j], rule)
 		placed[j] = true
-		top = max(top, offs[j]+d.size[j])
+		if top = max(top, offs[j]+d.size[j]); top >= cut {
+			return -1, scratch
+		}
 	}
 	return top, scratch
 }
@@ -85,8 +90,9 @@ func fitIn(used []span, base, size, align int64, rule greedyRule) int64 {
 // (ties: lowest rank) at that offset. Every unplaced buffer's lowest
 // offset is above all placed buffers it conflicts with, so any choice is
 // valid. It returns -1 for leaves with fixed buffers (which may float
-// above others and break that invariant).
-func (d *leafData) skyline(rank []int32, offs []int64, stop func() bool) int64 {
+// above others and break that invariant), and as greedy does for cut
+// and stop.
+func (d *leafData) skyline(rank []int32, offs []int64, cut int64, stop func() bool) int64 {
 	for j := range d.k {
 		if d.fixed[j] >= 0 {
 			return -1
@@ -106,6 +112,13 @@ func (d *leafData) skyline(rank []int32, offs []int64, stop func() bool) int64 {
 	}
 	h.init()
 	top := d.base
+	// Buffers are placed at nondecreasing offsets, and those still to
+	// place in a section are disjoint there: the height will be at least
+	// the offset placed last plus the bytes left in any section.
+	var left []int64
+	if cut < math.MaxInt64 {
+		left = slices.Clone(d.secLoad)
+	}
 	for n := 0; len(h) > 0; n++ {
 		if n&255 == 255 && stop != nil && stop() {
 			return -1
@@ -121,7 +134,17 @@ func (d *leafData) skyline(rank []int32, offs []int64, stop func() bool) int64 {
 		placed[j] = true
 		offs[j] = e.off
 		t := e.off + d.size[j]
-		top = max(top, t)
+		if top = max(top, t); top >= cut {
+			return -1
+		}
+		if left != nil {
+			for s := d.lo[j]; s < d.hi[j]; s++ {
+				left[s] -= d.size[j]
+			}
+			if len(h)&15 == 0 && len(left) > 0 && e.off+slices.Max(left) >= cut {
+				return -1
+			}
+		}
 		for _, u := range d.adj[d.adjAt[j]:d.adjAt[j+1]] {
 			if !placed[u] && minOff[u] < t {
 				minOff[u] = alignUp(t, d.align[u])
