@@ -649,6 +649,35 @@ class PlannedInputTest(unittest.TestCase):
         self.assertEqual(len(r.members), 1)
         self.assertEqual(r([w, cache, _Tensor((64,), value="z")])[0].value, ("f", "c3", "z"))
 
+    def test_members_whose_buffers_are_gone_make_room(self):
+        ops = _FakeOps()
+        ops.arenas = 0x400  # addresses no other test's arena uses (the stand-in memory is shared)
+        r = apc._Runner(_Graph(ops), "graph0", static_idxs=[0, 1], reason=None,
+                        opts=apc.CompileOptions(None, {"warmup": 0, "max_shapes": 2}), ops=ops, device=0)
+        w = _Tensor((4,))
+        kept = _Tensor((16,), value="k")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "more than max_shapes" fallback
+            r([w, kept, _Tensor((32,), value="x")])  # a member whose cache lives on
+            for n in range(5):
+                cache = _Tensor((16,), value=f"c{n}")
+                out = r([w, cache, _Tensor((32,), value=f"x{n}")])
+                self.assertEqual(out[0].value, ("f", f"c{n}", f"x{n}"), f"call {n}")
+                del cache, out
+                gc.collect()
+            self.assertEqual(r([w, kept, _Tensor((32,), value="y")])[0].value, ("f", "k", "y"),
+                             "the live member kept through the captures anew")
+        rep = r.report()
+        self.assertEqual((rep["plain_calls"], rep["replays"]), (0, 7))
+        self.assertLessEqual(rep["members"], 2)
+        # Every cache alive: the limit holds (one warning, calls without a graph).
+        caches = [_Tensor((16,), value=f"d{n}") for n in range(3)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for c in caches:
+                self.assertEqual(r([w, c, _Tensor((32,), value="z")])[0].value, ("f", c.value, "z"))
+        self.assertTrue(any("max_shapes" in str(m.message) for m in caught))
+
     def test_inputs_reach_the_graph_every_call(self):
         r, g, ops = self.runner()
         w = _Tensor((4,))

@@ -48,6 +48,10 @@ class _Member:
             if x is not None and type(x) is not weakref.ref:
                 self.args[i] = weakref.ref(x)
 
+    def gone(self) -> bool:
+        """Whether one of args' tensors is gone (see :meth:`let_go`)."""
+        return any(type(x) is weakref.ref and x() is None for x in self.args)
+
     def hold(self) -> bool:
         """Hold args' tensors again, for a capture; False (nothing changed)
         where one of them is gone."""
@@ -200,7 +204,7 @@ class _Runner(_Warns):
         return tuple(key)
 
     def _add(self, key: Hashable, inputs: list) -> Optional[_Member]:
-        if len(self.members) >= self.opts.max_shapes:
+        if len(self.members) >= self.opts.max_shapes and not any(m.gone() for m in self.members.values()):
             self._warn("limit", f"more than max_shapes={self.opts.max_shapes} shapes (or parameter addresses); "
                                 "this one and later new ones run without a graph")
             return None
@@ -242,7 +246,10 @@ class _Runner(_Warns):
         fits, which a smaller shape after a larger one does; else, or with
         no family yet, capture every member again (:meth:`_build`)."""
         fam, ops = self.family, self.ops
-        if fam is None:
+        if fam is None or len(self.members) > self.opts.max_shapes:
+            # No family yet, or one member too many: the members whose
+            # buffers are gone make room (see _add), by a capture of the
+            # family anew without them.
             return self._build(new, new_inputs)
         new.addrs.clear()
         try:
