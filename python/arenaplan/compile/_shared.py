@@ -7,14 +7,11 @@ import contextlib
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from ._ops import _Ops
 
-if TYPE_CHECKING:
-    from ._infer import _Runner
-
-_runners: "weakref.WeakSet[_Runner]" = weakref.WeakSet()
+_runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every _Runner of the process
 # Addresses of the outputs of the training graphs captured so far, by the
 # pair that owns them: a later graph whose input is one of them (the
 # logits a loss graph takes from the model's graph) reads it in place, as
