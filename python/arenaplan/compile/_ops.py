@@ -237,12 +237,6 @@ class _Ops:
         return t.dim() == 0
 
     @staticmethod
-    def storage_ref(t):
-        """A weak reference to t's storage: expired() once nothing holds it."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-        return StorageWeakRef(t.untyped_storage())
-
-    @staticmethod
     def storage_id(t) -> int:
         """t's storage, by identity (unique while it lives)."""
         return t.untyped_storage()._cdata

@@ -37,7 +37,6 @@ class _TrainMember:
         self.gen = self.bw_gen = 0
         self.saved_id: Optional[int] = None  # the storage of the last forward replay's saved activation (rep)
         self.grad_ptrs: set = set()  # the addresses of the backward's outputs' memory
-        self.pin = False  # gradients are kept across calls: AccumulateGrad copies the backward's outputs
         self.placeholder_bytes = 0
 
 
@@ -221,7 +220,6 @@ class _TrainPair(_Warns):
         held = out.held() if out is not None else None
         if not held:
             return True
-        m.pin = True
         out.uncache()
         ops = self.ops
         # AccumulateGrad keeps a detached alias of the gradient (another
