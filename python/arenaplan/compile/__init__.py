@@ -83,9 +83,9 @@ shape (the last, partial batch of an epoch) gets its own chain, up to
 ``max_shapes``. Gradients the backward returned that are still held at the
 chain's next call (AccumulateGrad keeps one as ``.grad`` when the parameter
 had none: gradient accumulation, ``zero_grad(set_to_none=False)``) are moved
-out of the arena first, and from then on the backward's outputs are held
-until the next call, so that AccumulateGrad copies them into a ``.grad`` of
-its own: such loops replay. A forward while that shape's previous backward
+out of the arena first, and from then on the backward's outputs are no
+longer registered with autograd as cached outputs, so that AccumulateGrad
+copies them into a ``.grad`` of its own: such loops replay. A forward while that shape's previous backward
 is still pending runs inductor's code without a graph (one warning); a
 backward whose saved activations a later forward overwrote raises. See
 :class:`_TrainPair`.
