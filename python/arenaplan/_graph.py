@@ -157,12 +157,57 @@ def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
     """Make the calling thread's cuBLAS and cuBLASLt workspaces on stream
     (PyTorch keeps one per handle, and so per thread, and stream), as
     :func:`capture_stream` does: a capture in another thread (a backward,
-    in autograd's) would otherwise make them inside the capture."""
-    with torch.cuda.stream(stream):
+    in autograd's) would otherwise make them inside the capture.
+
+    They are made in a pool of the device's that is never released (see
+    :func:`_workspace_pool`): a graph captured on the stream keeps their
+    addresses, and a program may drop PyTorch's workspaces at any time
+    (``torch._C._cuda_clearCublasWorkspaces()``: CUDAGraph Trees around
+    each warm-up and recording, Lightning at teardown, checkpointing
+    tools), after which memory freed to the default pool would be handed
+    to other tensors while the graph still writes there. Freed into this
+    pool, it is only ever given to the workspaces made here again, which
+    every graph of one stream uses in turn, as CUDAGraph Trees keep
+    theirs in their pool. A workspace that exists already is kept as it
+    is (nothing is allocated)."""
+    pool = _workspace_pool(device)
+    with contextlib.ExitStack() as stack:
+        if pool is not None:
+            stack.enter_context(torch.cuda.use_mem_pool(pool, device=device))
+        stack.enter_context(torch.cuda.stream(stream))
         a = torch.ones(8, 8, device=torch.device("cuda", device))
         torch.addmm(a[0], a, a)  # cuBLASLt (a bias)
         torch.mm(a, a)  # cuBLAS
+        del a
     stream.synchronize()
+
+
+_ws_pools: dict = {}
+
+
+def _workspace_pool(device: int) -> Optional[Any]:
+    """The device's pool for capture streams' math-library workspaces
+    (arenaplan's ``torch.cuda.MemPool``, kept for the process's life), or
+    None where arenaplan's pools are not installed."""
+    pool = _ws_pools.get(device)
+    if pool is None:
+        mp = getattr(torch.cuda, "MemPool", None)
+        if getattr(mp, "__module__", "") != "arenaplan._mempool":
+            return None
+        pool = _ws_pools.setdefault(device, mp())
+    return pool
+
+
+def release_workspaces() -> None:
+    """Drop PyTorch's cuBLAS and cuBLASLt workspaces (every thread's and
+    stream's), as CUDAGraph Trees do around a warm-up: those a plain run
+    before a capture made on the program's stream would otherwise stay
+    held (32 MiB each on a Hopper GPU), while the graphs' own stay in
+    their pool (:func:`workspaces`). The program's next matrix product
+    makes its stream's again. Nothing where this torch cannot."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def _capture(lib: Library, sid: int, fn: Callable[[], Any], stream: "torch.cuda.Stream",

@@ -84,19 +84,43 @@ class _Mat:
         return self
 
 
+class _Pool:
+    """arenaplan's torch.cuda.MemPool, as far as routing goes."""
+
+
+_Pool.__module__ = "arenaplan._mempool"
+_routed = threading.local()
+
+
+@contextlib.contextmanager
+def _use_pool(pool, device=None):
+    old, _routed.pool = getattr(_routed, "pool", None), pool
+    try:
+        yield
+    finally:
+        _routed.pool = old
+
+
 torch = types.ModuleType("torch")
 torch.Tensor = _Tensor
-# Matrix products: the streams and threads they ran on (PyTorch keeps a
-# cuBLAS workspace per handle, one per thread, and stream).
+# Matrix products: the streams, threads and pools they ran on and in
+# (PyTorch keeps a cuBLAS workspace per handle, one per thread, and
+# stream, allocated where the thread's allocations go).
 _products: list = []
+
+
+def _product(name):
+    _products.append((name, _state.stream.cuda_stream, threading.get_ident(), getattr(_routed, "pool", None)))
+
+
 torch.device = lambda kind, index=None: (kind, index)
 torch.ones = lambda *shape, device=None: _Mat()
-torch.addmm = lambda bias, a, b: _products.append(("addmm", _state.stream.cuda_stream, threading.get_ident()))
-torch.mm = lambda a, b: _products.append(("mm", _state.stream.cuda_stream, threading.get_ident()))
+torch.addmm = lambda bias, a, b: _product("addmm")
+torch.mm = lambda a, b: _product("mm")
 torch.cuda = types.SimpleNamespace(
     Stream=_Stream, CUDAGraph=_Graph, current_device=lambda: 0,
     current_stream=lambda device=None: _state.stream, stream=_stream_ctx, graph=_graph_ctx,
-    synchronize=lambda device=None: None, empty_cache=lambda: None)
+    synchronize=lambda device=None: None, empty_cache=lambda: None, MemPool=_Pool, use_mem_pool=_use_pool)
 torch.utils = types.SimpleNamespace(_pytree=types.SimpleNamespace(tree_map=lambda f, x: f(x)))
 sys.modules.setdefault("torch", torch)
 sys.modules.setdefault("torch.utils", torch.utils)
@@ -268,8 +292,9 @@ class GraphFlowTest(unittest.TestCase):
         def later():
             try:
                 ch.capture(bw)
-                errs.append(sorted(_products) == [("addmm", st.cuda_stream, threading.get_ident()),
-                                                  ("mm", st.cuda_stream, threading.get_ident())])
+                me = threading.get_ident()
+                errs.append([p[:3] for p in sorted(_products)] == [("addmm", st.cuda_stream, me),
+                                                                   ("mm", st.cuda_stream, me)])
             except BaseException as e:  # noqa: BLE001 - reported below
                 errs.append(e)
         th = threading.Thread(target=later)
@@ -301,7 +326,10 @@ class GraphFlowTest(unittest.TestCase):
     def test_capture_streams_have_their_workspaces_first(self):
         # cuBLAS and cuBLASLt make a workspace per stream at its first
         # matrix product: each capture stream has had one of each before
-        # anything is captured on it.
+        # anything is captured on it, made in the device's workspace pool
+        # (one for every stream, never released), so that dropping
+        # PyTorch's workspaces frees their memory only to later workspaces.
+        pools = set()
         for make in (lambda st: ap.graphs({1: model()}, stream=st), lambda st: ap.chain([lambda _box, f=model(): f()], stream=st),
                      lambda st: ap.graph(model(), stream=st)):
             st = _Stream()
@@ -309,9 +337,13 @@ class GraphFlowTest(unittest.TestCase):
             n = _Graph.captures
             g = make(st)
             me = threading.get_ident()
-            self.assertEqual(sorted(_products), [("addmm", st.cuda_stream, me), ("mm", st.cuda_stream, me)])
+            self.assertEqual([p[:3] for p in sorted(_products)], [("addmm", st.cuda_stream, me),
+                                                                   ("mm", st.cuda_stream, me)])
+            pools.update(p[3] for p in _products)
             self.assertGreater(_Graph.captures, n)
             g.close()
+        self.assertEqual(len(pools), 1, "one workspace pool per device")
+        self.assertIsInstance(pools.pop(), _Pool)
 
     def test_step_error_ends_the_run(self):
         def bad():

@@ -131,7 +131,11 @@ class _Runner(_Warns):
                 n = self.seen.get(shape, 0)
                 if n < self.opts.warmup:
                     self.seen[shape] = n + 1
-                    return self._plain(inputs)
+                    out = self._plain(inputs)
+                    # Its workspaces on the program's stream go, as after
+                    # CUDAGraph Trees' warm-up; the capture's are its own.
+                    self.ops.release_workspaces()
+                    return out
                 m = self._add(key, inputs)
                 if m is None:
                     return self._plain(inputs)
