@@ -78,6 +78,7 @@ def run(args):
             del out
         res["warnings"] = sorted({str(m.message)[:200] for m in w if "arenaplan" in str(m.message)})[:5]
     res["ms_per_token"] = round(statistics.median(times), 3)
+    res["call_ms"] = [round(t * args.new, 1) for t in times]  # each timed call, in order
     res["max_reserved"] = torch.cuda.max_memory_reserved(dev)
     res["reserved"] = torch.cuda.memory_reserved(dev)
     if ap is not None:

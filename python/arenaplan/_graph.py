@@ -159,18 +159,21 @@ def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
     :func:`capture_stream` does: a capture in another thread (a backward,
     in autograd's) would otherwise make them inside the capture.
 
-    They are made in a pool of the device's that is never released (see
-    :func:`_workspace_pool`): a graph captured on the stream keeps their
-    addresses, and a program may drop PyTorch's workspaces at any time
-    (``torch._C._cuda_clearCublasWorkspaces()``: CUDAGraph Trees around
-    each warm-up and recording, Lightning at teardown, checkpointing
-    tools), after which memory freed to the default pool would be handed
-    to other tensors while the graph still writes there. Freed into this
-    pool, it is only ever given to the workspaces made here again, which
-    every graph of one stream uses in turn, as CUDAGraph Trees keep
-    theirs in their pool. A workspace that exists already is kept as it
-    is (nothing is allocated)."""
-    pool = _workspace_pool(device)
+    They are made in a pool of the stream's that is never released (see
+    :func:`_workspace_pool`), after PyTorch's workspaces are dropped
+    (:func:`release_workspaces`), as CUDAGraph Trees make theirs in their
+    pool around each recording: the threads that capture on one stream
+    (a forward in the program's, its backward in autograd's) then take
+    turns on one workspace's memory instead of holding one each (32 MiB
+    each on a Hopper GPU), which is safe because graphs captured on one
+    stream run in turn; and a graph keeps its workspace's address, which
+    a program may drop at any time (``torch._C._cuda_clearCublasWorkspaces()``:
+    CUDAGraph Trees around each warm-up and recording, Lightning at
+    teardown, checkpointing tools). Freed into this pool, that memory only
+    ever goes to this stream's workspaces again, never to other tensors
+    while a graph still writes there."""
+    pool = _workspace_pool(stream, device)
+    release_workspaces()
     with contextlib.ExitStack() as stack:
         if pool is not None:
             stack.enter_context(torch.cuda.use_mem_pool(pool, device=device))
@@ -185,16 +188,17 @@ def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
 _ws_pools: dict = {}
 
 
-def _workspace_pool(device: int) -> Optional[Any]:
-    """The device's pool for capture streams' math-library workspaces
-    (arenaplan's ``torch.cuda.MemPool``, kept for the process's life), or
-    None where arenaplan's pools are not installed."""
-    pool = _ws_pools.get(device)
+def _workspace_pool(stream: "torch.cuda.Stream", device: int) -> Optional[Any]:
+    """The pool of a capture stream's math-library workspaces (arenaplan's
+    ``torch.cuda.MemPool``, kept for the process's life, as a graph may
+    be), or None where arenaplan's pools are not installed."""
+    key = (device, stream.cuda_stream)
+    pool = _ws_pools.get(key)
     if pool is None:
         mp = getattr(torch.cuda, "MemPool", None)
         if getattr(mp, "__module__", "") != "arenaplan._mempool":
             return None
-        pool = _ws_pools.setdefault(device, mp())
+        pool = _ws_pools.setdefault(key, mp())
     return pool
 
 
@@ -205,7 +209,7 @@ def release_workspaces() -> None:
     held (32 MiB each on a Hopper GPU), while the graphs' own stay in
     their pool (:func:`workspaces`). The program's next matrix product
     makes its stream's again. Nothing where this torch cannot."""
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    clear = getattr(getattr(torch, "_C", None), "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
 

@@ -117,6 +117,8 @@ torch.device = lambda kind, index=None: (kind, index)
 torch.ones = lambda *shape, device=None: _Mat()
 torch.addmm = lambda bias, a, b: _product("addmm")
 torch.mm = lambda a, b: _product("mm")
+# Dropping PyTorch's workspaces: noted among the products, in order.
+torch._C = types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: _products.append(("clear",)))
 torch.cuda = types.SimpleNamespace(
     Stream=_Stream, CUDAGraph=_Graph, current_device=lambda: 0,
     current_stream=lambda device=None: _state.stream, stream=_stream_ctx, graph=_graph_ctx,
@@ -293,8 +295,8 @@ class GraphFlowTest(unittest.TestCase):
             try:
                 ch.capture(bw)
                 me = threading.get_ident()
-                errs.append([p[:3] for p in sorted(_products)] == [("addmm", st.cuda_stream, me),
-                                                                   ("mm", st.cuda_stream, me)])
+                errs.append([p[:3] for p in _products] == [("clear",), ("addmm", st.cuda_stream, me),
+                                                           ("mm", st.cuda_stream, me)])
             except BaseException as e:  # noqa: BLE001 - reported below
                 errs.append(e)
         th = threading.Thread(target=later)
@@ -326,24 +328,32 @@ class GraphFlowTest(unittest.TestCase):
     def test_capture_streams_have_their_workspaces_first(self):
         # cuBLAS and cuBLASLt make a workspace per stream at its first
         # matrix product: each capture stream has had one of each before
-        # anything is captured on it, made in the device's workspace pool
-        # (one for every stream, never released), so that dropping
-        # PyTorch's workspaces frees their memory only to later workspaces.
-        pools = set()
+        # anything is captured on it, made after PyTorch's workspaces are
+        # dropped (so that threads capturing on one stream take turns on
+        # one workspace's memory) in the stream's own pool, never released
+        # (so that dropping them frees that memory only to later
+        # workspaces of the stream).
+        pools = {}
         for make in (lambda st: ap.graphs({1: model()}, stream=st), lambda st: ap.chain([lambda _box, f=model(): f()], stream=st),
                      lambda st: ap.graph(model(), stream=st)):
-            st = _Stream()
-            del _products[:]
-            n = _Graph.captures
-            g = make(st)
-            me = threading.get_ident()
-            self.assertEqual([p[:3] for p in sorted(_products)], [("addmm", st.cuda_stream, me),
-                                                                   ("mm", st.cuda_stream, me)])
-            pools.update(p[3] for p in _products)
-            self.assertGreater(_Graph.captures, n)
-            g.close()
-        self.assertEqual(len(pools), 1, "one workspace pool per device")
-        self.assertIsInstance(pools.pop(), _Pool)
+            for st in (_Stream(), _Stream()):
+                del _products[:]
+                n = _Graph.captures
+                g = make(st)
+                me = threading.get_ident()
+                self.assertEqual([p[:3] for p in _products], [("clear",), ("addmm", st.cuda_stream, me),
+                                                              ("mm", st.cuda_stream, me)])
+                self.assertIsInstance(_products[1][3], _Pool)
+                self.assertIs(_products[1][3], _products[2][3])
+                pools[st.cuda_stream] = _products[1][3]
+                self.assertGreater(_Graph.captures, n)
+                g.close()
+                # Again on the same stream: the same pool.
+                del _products[:]
+                g = make(st)
+                self.assertIs(_products[1][3], pools[st.cuda_stream])
+                g.close()
+        self.assertEqual(len({id(p) for p in pools.values()}), len(pools), "a pool per stream")
 
     def test_step_error_ends_the_run(self):
         def bad():
