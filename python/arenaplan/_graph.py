@@ -146,10 +146,19 @@ def capture_stream(device: int, stream: Optional["torch.cuda.Stream"] = None) ->
     product and keep it. Made inside a capture, such a workspace is an
     allocation its recording lacked, kept for good: it would take a planned
     buffer out of its turn, and a later capture planned over that range
-    would write where every matrix product on the stream works."""
+    would write where every matrix product on the stream works.
+
+    Then the blocks cached free go back to the device (``empty_cache``,
+    as ``torch.cuda.graph`` does as it begins): the runs before a capture
+    allocate on the capture stream, whose free lists are not the
+    program's stream's, so what the program's own calls left cached (a
+    compiled graph's first, plain call; the workspaces just dropped)
+    would otherwise stay mapped beside them, and a process's peak would
+    be that cache plus the capture's runs."""
     if stream is None:
         stream = torch.cuda.Stream(device=device)
     workspaces(stream, device)
+    torch.cuda.empty_cache()
     return stream
 
 

@@ -122,7 +122,8 @@ torch._C = types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: _products.a
 torch.cuda = types.SimpleNamespace(
     Stream=_Stream, CUDAGraph=_Graph, current_device=lambda: 0,
     current_stream=lambda device=None: _state.stream, stream=_stream_ctx, graph=_graph_ctx,
-    synchronize=lambda device=None: None, empty_cache=lambda: None, MemPool=_Pool, use_mem_pool=_use_pool)
+    synchronize=lambda device=None: None, empty_cache=lambda: _products.append(("empty",)), MemPool=_Pool,
+    use_mem_pool=_use_pool)
 torch.utils = types.SimpleNamespace(_pytree=types.SimpleNamespace(tree_map=lambda f, x: f(x)))
 sys.modules.setdefault("torch", torch)
 sys.modules.setdefault("torch.utils", torch.utils)
@@ -334,15 +335,25 @@ class GraphFlowTest(unittest.TestCase):
         # (so that dropping them frees that memory only to later
         # workspaces of the stream).
         pools = {}
-        for make in (lambda st: ap.graphs({1: model()}, stream=st), lambda st: ap.chain([lambda _box, f=model(): f()], stream=st),
-                     lambda st: ap.graph(model(), stream=st)):
+
+        def runs(f):
+            def step(*_box):
+                _products.append(("run",))
+                return f()
+            return step
+        for make in (lambda st: ap.graphs({1: runs(model())}, stream=st), lambda st: ap.chain([runs(model())], stream=st),
+                     lambda st: ap.graph(runs(model()), stream=st)):
             for st in (_Stream(), _Stream()):
                 del _products[:]
                 n = _Graph.captures
                 g = make(st)
                 me = threading.get_ident()
-                self.assertEqual([p[:3] for p in _products], [("clear",), ("addmm", st.cuda_stream, me),
-                                                              ("mm", st.cuda_stream, me)])
+                # Then the cache goes back, before the runs of the capture
+                # (the stand-in's torch.cuda.graph empties nothing).
+                self.assertEqual([p[:3] for p in _products[:4]], [("clear",), ("addmm", st.cuda_stream, me),
+                                                                  ("mm", st.cuda_stream, me), ("empty",)])
+                self.assertEqual(set(_products[4:]), {("run",)}, "every run of the step after them")
+                self.assertGreaterEqual(len(_products), 6, "warm-up, recording and capture runs")
                 self.assertIsInstance(_products[1][3], _Pool)
                 self.assertIs(_products[1][3], _products[2][3])
                 pools[st.cuda_stream] = _products[1][3]
