@@ -90,6 +90,25 @@ is still pending runs inductor's code without a graph (one warning); a
 backward whose saved activations a later forward overwrote raises. See
 :class:`_TrainPair`.
 
+Memory: where each byte of a process is. The program's own tensors
+(weights, optimizer state, what it holds) are where its allocations put
+them, in arenaplan's spillover caching allocator. Each compiled graph holds
+one arena for all its shapes (the lower bound of its largest member's live
+bytes, in 2 MiB pages), the outputs that live across calls inside it. The
+capture stream's cuBLAS and cuBLASLt workspaces (one per handle and stream
+in PyTorch, 32 MiB each on Hopper) are made in a pool of that stream's,
+after PyTorch's workspaces are dropped, so that the threads that capture on
+it (a forward in the program's, its backward in autograd's) take turns on
+one workspace's memory, kept for the graphs. The plain runs before a
+capture drop the workspaces they made on the program's stream, as
+CUDAGraph Trees do around a warm-up. Before the runs of a capture (warm-up,
+recorded), what the program's stream left cached goes back to the device,
+and before the arena is mapped, what those runs left cached does too: the
+peak of a capture is the larger of those runs' own and the arena's, beside
+the program's tensors, not their sum. What is not covered yet: graphs of
+one process (graph breaks, several compiled modules, ``dynamic=False``
+sizes) hold one arena each, not one shared.
+
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA
 graphs cannot hold, arenaplan not installed, a torch without
