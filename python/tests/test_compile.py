@@ -330,7 +330,28 @@ class _FakeOps(apc._Ops):
 
     @staticmethod
     def output(o):
-        return _Tensor(o.shape, o.device, o.ptr)
+        t = _Tensor(o.shape, o.device, o.ptr)
+        t.storage = _Storage()
+        return t
+
+    @staticmethod
+    def extra_refs(token):
+        return 0
+
+    @staticmethod
+    def move_out(ts, extra=0):
+        """Refused where a view shares their storage (the test marks it), or
+        where they are not all over one storage (as the real count of the
+        storage's holders would not match)."""
+        if getattr(ts[0].storage, "views", 0) or len({id(t.storage) for t in ts}) != 1:
+            return False
+        v = ts[0].value
+        _Tensor._next += 0x1000
+        st = _Storage()
+        for t in ts:
+            t.ptr, t.storage = _Tensor._next, st
+        ts[0].value = v
+        return True
 
     @staticmethod
     def can_make_outputs():
@@ -490,6 +511,52 @@ class RunnerTest(unittest.TestCase):
         r([w0, w1, x, 3])
         self.assertEqual(ops.families[0].replays, [0, 1, 0])
         self.assertEqual(r.report()["members"], 2)
+
+    def test_another_members_held_outputs_move_out_before_its_replay(self):
+        # a = f(x8); b = f(x2); use(a): the second shape's replay writes the
+        # family's arena where a lives; a is moved into memory of its own
+        # first (CUDAGraph Trees keep one graph's live outputs from
+        # another's), a held view of it cannot follow: denied.
+        r, inner, ops = _runner(warmup=0)
+        w0, w1 = _Tensor((4, 4)), _Tensor((4,))
+        a = r([w0, w1, _Tensor((8, 4)), 8])
+        at = a[0].ptr
+        a[0].value = "a"
+        b = r([w0, w1, _Tensor((2, 4)), 2])
+        fam = ops.families[-1]
+        self.assertEqual(fam.replays[-1], 1, "the second member replayed")
+        self.assertFalse(getattr(a[0], "denied", False), "a held output of the other member stays readable")
+        self.assertNotEqual(a[0].ptr, at, "moved out of the arena")
+        self.assertEqual(a[0].value, "a", "with its value")
+        # A view held (another tensor over its memory): denied, as before.
+        b[0].storage.views = 1
+        kept, bt = b[0], b[0].ptr
+        del a, b
+        c = r([w0, w1, _Tensor((8, 4)), 8])
+        self.assertTrue(kept.denied, "a view holds it: it cannot move, it raises when read")
+        self.assertEqual(kept.ptr, bt)
+        # Nothing held: the same tensors come back, nothing moved.
+        del c
+        d = r([w0, w1, _Tensor((2, 4)), 2])
+        self.assertFalse(getattr(d[0], "denied", False))
+        del d
+        n = ops.view_calls
+        e = r([w0, w1, _Tensor((8, 4)), 8])
+        self.assertEqual(ops.view_calls, n, "the first member's tensor again: nothing held it between")
+        self.assertEqual(e[0].ptr, at, "in the arena")
+
+    def test_held_outputs_move_out_before_the_family_is_captured_anew(self):
+        # A larger shape after a smaller one does not fit: the family is
+        # captured anew and its old arena given back; an output held
+        # across that moves out first.
+        r, inner, ops = _runner(warmup=0)
+        w0, w1 = _Tensor((4, 4)), _Tensor((4,))
+        a = r([w0, w1, _Tensor((2, 4)), 2])
+        a[0].value = "a"
+        r([w0, w1, _Tensor((16, 4)), 16])
+        self.assertTrue(ops.families[0].closed, "captured anew")
+        self.assertFalse(getattr(a[0], "denied", False))
+        self.assertEqual(a[0].value, "a")
 
     def test_shapes_share_a_family_up_to_the_limit(self):
         r, inner, ops = _runner(warmup=1, max_shapes=2)
@@ -891,24 +958,6 @@ class _TrainOps(_FakeOps):
     def grad(x):
         return getattr(x, "grad", None)
 
-    @staticmethod
-    def extra_refs(token):
-        return 0
-
-    @staticmethod
-    def move_out(ts, extra=0):
-        """Refused where a view shares their storage (the test marks it), or
-        where they are not all over one storage (as the real count of the
-        storage's holders would not match)."""
-        if getattr(ts[0].storage, "views", 0) or len({id(t.storage) for t in ts}) != 1:
-            return False
-        v = ts[0].value
-        _Tensor._next += 0x1000
-        st = _Storage()
-        for t in ts:
-            t.ptr, t.storage = _Tensor._next, st
-        ts[0].value = v
-        return True
 
     def capture_chain(self, stages, name, device, opts, capture=None):
         """One recording pass over every stage, then a capture of each of

@@ -68,6 +68,12 @@ captured anew without them.
 A new shape that fits in the family's arena (a smaller one after a larger)
 joins it with one capture of its own (:meth:`GraphFamily.add`); one that
 does not re-captures the family, every member once more, largest first.
+Members share the arena, so a call at one shape writes where the last call
+at another left its outputs: those the program still holds are first moved
+into memory of their own (a copy each, only then), as CUDAGraph Trees keep
+one graph's live outputs from another's; so are they when the family is
+captured anew. One of which the program holds a view cannot be moved: it
+raises when read, as an overwritten output does.
 
 Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain

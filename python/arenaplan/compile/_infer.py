@@ -150,7 +150,7 @@ class _Runner(_Warns):
         del inputs
         outs = self._outs[m.index]
         if self._last is not None and self._last is not outs:
-            self._last.release()  # another member's outputs: the replay overwrites those held
+            self._last.overwritten()  # another member's outputs: the replay writes their memory
         fam.replay(m.index, prepared=True)
         m.calls += 1
         self.replays += 1
@@ -285,10 +285,10 @@ class _Runner(_Warns):
         before each capture take the copied inputs' values from new_inputs
         for the member new, from the host copies for the others."""
         ops = self.ops
+        self._release_outputs(move=True)  # before the family's memory goes
         if self.family is not None:
             self.family.close()
             self.family = None
-        self._release_outputs()
         # A member whose parameters or buffers are gone cannot be captured
         # again: dropped (a call with its shape is captured anew).
         for k in [k for k, m in self.members.items() if not m.hold()]:
@@ -370,10 +370,11 @@ class _Runner(_Warns):
             self.family = None
         self.members.clear()
 
-    def _release_outputs(self) -> None:
-        """Make the outputs still held unreadable (the graphs that wrote them
-        are going), and forget every member's."""
+    def _release_outputs(self, move: bool = False) -> None:
+        """Forget every member's outputs (the graphs that wrote them are
+        going): those still held are moved into memory of their own
+        (``move``) or made unreadable."""
         for o in self._outs.values():
-            o.release()
+            o.release(move=move)
         self._outs.clear()
         self._last = None
