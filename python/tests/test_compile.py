@@ -545,6 +545,20 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(ops.view_calls, n, "the first member's tensor again: nothing held it between")
         self.assertEqual(e[0].ptr, at, "in the arena")
 
+    def test_held_output_fed_to_another_member_moves_before_the_copy_in(self):
+        # b = f(a) at another shape, a the last call's output: a moves out
+        # of the arena before the copy in writes there, then is copied in.
+        r, inner, ops = _runner(warmup=0)
+        w0, w1 = _Tensor((4, 4)), _Tensor((4,))
+        for _ in range(2):
+            a = r([w0, w1, _Tensor((8, 4)), 8])
+            a[0].value = "a"
+            r([w0, w1, a[0], 1])
+            self.assertFalse(getattr(a[0], "denied", False))
+            self.assertEqual(a[0].value, "a", "not overwritten by the copy in")
+            self.assertEqual(ops.copies[-1][1], a[0].ptr, "copied in from where it went")
+            del a
+
     def test_held_outputs_move_out_before_the_family_is_captured_anew(self):
         # A larger shape after a smaller one does not fit: the family is
         # captured anew and its old arena given back; an output held

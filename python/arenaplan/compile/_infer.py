@@ -145,12 +145,15 @@ class _Runner(_Warns):
     def _replay(self, m: _Member, inputs: list) -> Any:
         fam = self.family
         fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
+        outs = self._outs[m.index]
+        if self._last is not None and self._last is not outs:
+            # Another member's outputs: the copies in and the replay write
+            # their memory, so those held move out first (an input among
+            # them is then copied in from where it went).
+            self._last.overwritten()
         if m.dst:
             self._copy_in(m, inputs)
         del inputs
-        outs = self._outs[m.index]
-        if self._last is not None and self._last is not outs:
-            self._last.overwritten()  # another member's outputs: the replay writes their memory
         fam.replay(m.index, prepared=True)
         m.calls += 1
         self.replays += 1
