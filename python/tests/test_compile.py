@@ -391,10 +391,10 @@ class _Inner:
         return (_Tensor((1,)),)
 
 
-def _runner(reason=None, **options):
-    inner, ops = _Inner(), _FakeOps(options.pop("fail", None))
+def _runner(reason=None, frame=None, ops=None, name="graph0", **options):
+    inner, ops = _Inner(), ops or _FakeOps(options.pop("fail", None))
     opts = apc.CompileOptions(None, options)
-    r = apc._Runner(inner, "graph0", static_idxs=[0, 1], reason=reason, opts=opts, ops=ops, device=0)
+    r = apc._Runner(inner, name, static_idxs=[0, 1], reason=reason, opts=opts, ops=ops, device=0, frame=frame)
     return r, inner, ops
 
 
@@ -558,6 +558,47 @@ class RunnerTest(unittest.TestCase):
             self.assertEqual(a[0].value, "a", "not overwritten by the copy in")
             self.assertEqual(ops.copies[-1][1], a[0].ptr, "copied in from where it went")
             del a
+
+    def test_graphs_of_one_frame_share_one_arena(self):
+        # torch.compile(model, dynamic=False) called at batches 8 and 2:
+        # two graphs compiled from one frame, their members in one family.
+        r8, _, ops = _runner(warmup=0, frame=7)
+        r2, _, _ = _runner(warmup=0, frame=7, ops=ops, name="graph1")
+        other, _, _ = _runner(warmup=0, frame=8, ops=ops, name="graph2")
+        w0, w1 = _Tensor((4, 4)), _Tensor((4,))
+        a = r8([w0, w1, _Tensor((8, 4)), 8])
+        a[0].value = "a"
+        r2([w0, w1, _Tensor((2, 4)), 2])
+        self.assertEqual(len(ops.families), 1, "the smaller graph joins the first one's arena")
+        fam = ops.families[0]
+        self.assertEqual(fam.keys, [0, 1])
+        self.assertEqual(fam.replays, [0, 1])
+        self.assertFalse(getattr(a[0], "denied", False), "the other graph's held output moved out")
+        self.assertEqual(a[0].value, "a")
+        rep8, rep2 = r8.report(), r2.report()
+        self.assertTrue(rep8["captured"] and rep2["captured"])
+        self.assertEqual(rep2["shares_arena_with"], "graph0")
+        self.assertEqual((rep8["graph_bytes"], rep2["graph_bytes"]), (1024, 0), "the arena counted once")
+        # A larger size compiled later from the frame: the family captured
+        # anew, both graphs' members in it, largest first.
+        r16, _, _ = _runner(warmup=0, frame=7, ops=ops, name="graph3")
+        r16([w0, w1, _Tensor((16, 4)), 16])
+        self.assertTrue(fam.closed)
+        self.assertEqual(ops.families[-1].keys, [2, 0, 1])
+        r2([w0, w1, _Tensor((2, 4)), 2])
+        self.assertEqual(ops.families[-1].replays[-1], 1)
+        # Another frame: an arena of its own.
+        other([w0, w1, _Tensor((8, 4)), 8])
+        self.assertEqual(len(ops.families), 3)
+        self.assertNotIn("shares_arena_with", other.report())
+        # Closing one graph drops its siblings' captures; they capture again.
+        n = len(ops.families)
+        r8.close()
+        self.assertTrue(ops.families[-2].closed)
+        self.assertFalse(r2.report()["captured"])
+        r2([w0, w1, _Tensor((2, 4)), 2])
+        self.assertEqual(len(ops.families), n + 1)
+        self.assertTrue(r2.report()["captured"])
 
     def test_held_outputs_move_out_before_the_family_is_captured_anew(self):
         # A larger shape after a smaller one does not fit: the family is
@@ -1111,6 +1152,25 @@ class EffectsTest(unittest.TestCase):
             self.assertEqual((buf.value, ops.rng), (n, n), f"after {n} calls")
         self.assertEqual(r.report()["replays"], 3)
         self.assertEqual(g.calls, 4, "one plain call, two runs before the capture, one captured")
+
+    def test_graphs_of_one_frame_captured_anew(self):
+        # The frame's second graph does not fit the first one's arena: the
+        # family is captured anew with both, and the first graph's runs in
+        # that capture leave its buffer as it was.
+        ops = _FakeOps()
+        opts = apc.CompileOptions(None, {"warmup": 0})
+        ra = apc._Runner(_Stateful(ops), "graph0", [0], None, opts, ops, 0, mutated=[0], frame=3)
+        rb = apc._Runner(_Stateful(ops), "graph1", [0], None, opts, ops, 0, mutated=[0], frame=3)
+        a, b = _tensor((8,)), _tensor((8,))
+        a.value = b.value = 0
+        ra([a, _tensor((4,))])
+        rb([b, _tensor((64,))])
+        self.assertEqual(len(ops.families), 2)
+        self.assertTrue(ops.families[0].closed)
+        self.assertEqual(sorted(ops.families[1].keys), [0, 1], "both graphs' members")
+        self.assertEqual((a.value, b.value, ops.rng), (1, 1, 2), "one run each, as the program called them")
+        ra([a, _tensor((4,))])
+        self.assertEqual((a.value, b.value, ops.rng), (2, 1, 3))
 
     def test_training_forward(self):
         ops = _TrainOps()

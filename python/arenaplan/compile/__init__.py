@@ -111,9 +111,11 @@ CUDAGraph Trees do around a warm-up. Before the runs of a capture (warm-up,
 recorded), what the program's stream left cached goes back to the device,
 and before the arena is mapped, what those runs left cached does too: the
 peak of a capture is the larger of those runs' own and the arena's, beside
-the program's tensors, not their sum. What is not covered yet: graphs of
-one process (graph breaks, several compiled modules, ``dynamic=False``
-sizes) hold one arena each, not one shared.
+the program's tensors, not their sum. The graphs compiled from one frame of
+the program (each size of a model compiled with ``dynamic=False``, a
+recompilation after a guard failed) share one arena, planned jointly, as
+one graph's shapes do; graphs of other frames (either side of a graph
+break, several compiled modules) hold one arena each.
 
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA
@@ -209,6 +211,7 @@ def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Di
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     ops = _get_ops()
+    frame = _frame_id()
     counter = [0]
     pairs: Dict[Any, _TrainPair] = {}  # training graphs by graph id: the forward compiles first
 
@@ -255,7 +258,7 @@ def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Di
                 pair._give_up(f"{'backward' if backward else 'forward'}: {reason}")
             return r
         r = _Runner(compiled, name, static, None if reason == "capture=False" else reason, opts, ops, device,
-                    mutated)
+                    mutated, frame)
         if reason == "capture=False":
             r.reason = reason  # asked for: no warning
         return r
@@ -267,6 +270,17 @@ def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[Di
     ctx = fconfig.patch(enable_autograd_cache=False) if hasattr(fconfig, "enable_autograd_cache") else _null()
     with ctx:
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+def _frame_id() -> Optional[int]:
+    """The program's frame dynamo compiles now (its recompilations share
+    it), or None where this torch does not say."""
+    try:
+        from torch._guards import CompileContext
+        cid = CompileContext.current_compile_id()
+    except Exception:  # noqa: BLE001 - an older or newer torch: graphs keep arenas of their own
+        return None
+    return getattr(cid, "frame_id", None)
 
 
 class _null:

@@ -1,6 +1,6 @@
 """A compiled graph run on arenaplan's graphs: one member per shape in one
 family arena (inference, and the graphs of a training loop that have no
-backward)."""
+backward), shared by the graphs compiled from one frame of the program."""
 from __future__ import annotations
 
 import weakref
@@ -64,6 +64,47 @@ class _Member:
 
 
 
+class _Group:
+    """The graphs compiled from one frame of the program for one device
+    (its recompilations: each size of a model compiled with
+    ``dynamic=False``, a guard that failed): their members in ONE family
+    arena, planned jointly, as one graph's shapes are. They run one at a
+    time, as one graph's shapes do: a replay first moves out what the
+    program still holds of the last replay's outputs (see
+    :meth:`_Outputs.overwritten`)."""
+
+    def __init__(self) -> None:
+        self.runners: List["weakref.ref[_Runner]"] = []
+        self.family = None  # the GraphFamily, once captured
+        self.next_index = 0  # the next member's key in the family
+        self.last: Optional[_Outputs] = None  # the outputs of the last replay, any graph's
+        self.builds = 0  # captures of the family anew
+
+    def live(self) -> List["_Runner"]:
+        """The graphs of the group still alive, first joined first."""
+        rs = [w() for w in self.runners]
+        rs = [r for r in rs if r is not None]
+        self.runners = [weakref.ref(r) for r in rs]
+        return rs
+
+
+# The groups by (frame, device); a group lives while one of its graphs does.
+_groups: "weakref.WeakValueDictionary[Hashable, _Group]" = weakref.WeakValueDictionary()
+
+
+def _group_of(frame: Optional[Hashable], device: Optional[int]) -> _Group:
+    """The group of the graphs compiled from frame for device (a group of
+    its own where the frame is not known)."""
+    if frame is None:
+        return _Group()
+    key = (frame, device)
+    with _lock:
+        g = _groups.get(key)
+        if g is None:
+            g = _groups[key] = _Group()
+    return g
+
+
 class _Runner(_Warns):
     """A compiled graph (inductor's boxed callable) run on arenaplan's graphs.
 
@@ -75,25 +116,23 @@ class _Runner(_Warns):
 
     def __init__(self, inner: Callable[[list], Any], name: str, static_idxs: Sequence[int],
                  reason: Optional[str], opts: CompileOptions, ops: _Ops, device: Optional[int] = None,
-                 mutated: Sequence[int] = ()):
+                 mutated: Sequence[int] = (), frame: Optional[Hashable] = None):
         self.inner, self.name, self.opts, self.ops = inner, name, opts, ops
+        self.frame = frame  # the program's frame it was compiled from (dynamo's frame id), if known
+        self.group: Optional[_Group] = None  # its family's group, from its first capture
         self.static = sorted(set(static_idxs))
         self.mutated = sorted(set(mutated))  # inputs the graph writes in place (parameters and buffers only)
         self.reason = reason  # why this graph never captures; None while it may
         self.members: Dict[Hashable, _Member] = {}
         self.by_shape: Dict[Hashable, Hashable] = {}  # shape key -> the member key used last
         self.seen: Dict[Hashable, int] = {}  # plain calls made per shape key
-        self.family = None
         self.device: Optional[int] = device
         self.dyn: Optional[List[int]] = None  # indices of the inputs that are not parameters or buffers
-        self.next_index = 0
         self.captures = 0  # members captured, re-captures included
-        self.family_builds = 0
         self.plain_calls = 0  # calls that ran inductor's code without a graph
         self.replays = 0
         self.warned: set = set()
         self._outs: Dict[Hashable, _Outputs] = {}  # per member: its outputs
-        self._last: Optional[_Outputs] = None  # the outputs of the last replay
         self.input_bytes = 0  # the copied inputs' bytes, every member's, planned in the arena
         self.pair: Optional[_TrainPair] = None  # a training graph's forward and backward
         with _lock:
@@ -102,6 +141,11 @@ class _Runner(_Warns):
         _runners.add(self)
         if reason is not None:
             self._warn(reason, reason)
+
+    @property
+    def family(self):
+        """The GraphFamily the graph's members are in (its group's), or None."""
+        return self.group.family if self.group is not None else None
 
     # The call.
     def __call__(self, *args) -> Any:
@@ -143,21 +187,22 @@ class _Runner(_Warns):
         return self._replay(m, inputs)
 
     def _replay(self, m: _Member, inputs: list) -> Any:
-        fam = self.family
+        g = self.group
+        fam = g.family
         fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
         outs = self._outs[m.index]
-        if self._last is not None and self._last is not outs:
+        if g.last is not None and g.last is not outs:
             # Another member's outputs: the copies in and the replay write
             # their memory, so those held move out first (an input among
             # them is then copied in from where it went).
-            self._last.overwritten()
+            g.last.overwritten()
         if m.dst:
             self._copy_in(m, inputs)
         del inputs
         fam.replay(m.index, prepared=True)
         m.calls += 1
         self.replays += 1
-        self._last = outs
+        g.last = outs
         return outs.take()
 
     def _copy_in(self, m: _Member, inputs: list) -> None:
@@ -220,8 +265,11 @@ class _Runner(_Warns):
             self._give_up("this torch cannot make tensors at a graph's addresses "
                           "(torch._C._construct_storage_from_data_pointer, Tensor._use_count)")
             return None
+        if self.group is None:
+            self.group = _group_of(self.frame, self.device)
+            self.group.runners.append(weakref.ref(self))
         args, ptrs, copy_idxs, nbytes = [], [None] * len(inputs), [], 0
-        m = _Member(self.next_index, args, ptrs, copy_idxs, 0)
+        m = _Member(self.group.next_index, args, ptrs, copy_idxs, 0)
         for i, x in enumerate(inputs):
             if i in static and ops.is_tensor(x):
                 args.append(x)
@@ -235,7 +283,7 @@ class _Runner(_Warns):
             else:
                 args.append(x)
         m.nbytes = nbytes
-        self.next_index += 1
+        self.group.next_index += 1
         self.members[key] = m
         with _unseen(ops, self.device, self.written(inputs)):
             if not self._grow(m, {i: inputs[i] for i in copy_idxs}):
@@ -283,43 +331,63 @@ class _Runner(_Warns):
         return dst
 
     def _build(self, new: Optional[_Member] = None, new_inputs: Optional[Dict[int, Any]] = None) -> bool:
-        """(Re)capture every member into one family arena, the largest
-        (most input bytes) first; on failure give the graph up. The runs
+        """(Re)capture every member of the group's graphs into one family
+        arena, the largest (most input bytes) first; on failure give this
+        graph up (the others capture again at their next call). The runs
         before each capture take the copied inputs' values from new_inputs
         for the member new, from the host copies for the others."""
-        ops = self.ops
-        self._release_outputs(move=True)  # before the family's memory goes
-        if self.family is not None:
-            self.family.close()
-            self.family = None
+        ops, g = self.ops, self.group
+        runners = g.live()
+        for r in runners:
+            r._release_outputs(move=True)  # before the family's memory goes
+        if g.family is not None:
+            g.family.close()
+            g.family = None
         # A member whose parameters or buffers are gone cannot be captured
         # again: dropped (a call with its shape is captured anew).
-        for k in [k for k, m in self.members.items() if not m.hold()]:
-            del self.members[k]
-        order = sorted(self.members.values(), key=lambda m: -m.nbytes)
+        owned: List[Tuple[_Member, _Runner]] = []
+        for r in runners:
+            for k in [k for k, m in r.members.items() if not m.hold()]:
+                del r.members[k]
+            owned += [(m, r) for m in r.members.values()]
+        owned.sort(key=lambda mr: -mr[0].nbytes)
         fns = {}
-        for m in order:
+        written: Dict[int, Any] = {}  # what the other members' runs write in place, by identity
+        for m, r in owned:
             m.addrs.clear()
-            fns[m.index] = self._step(m, new_inputs if m is new and new_inputs else m.host)
+            fns[m.index] = r._step(m, new_inputs if m is new and new_inputs else m.host)
+            if m is not new:
+                written.update((id(x), x) for x in r.written(m.args))
         try:
-            fam = ops.capture(fns, f"{self.name}", self.device, self.opts)
+            # The runs of the other members (the call's own are undone by
+            # the caller) leave what they write as it was (see _unseen).
+            with _unseen(ops, self.device, list(written.values())):
+                fam = ops.capture(fns, f"{self.name}", self.device, self.opts)
         except Exception as e:  # noqa: BLE001 - any failure means: run without a graph
-            self.members.clear()
+            self._unbuilt(runners)
             self._give_up(f"capture failed: {type(e).__name__}: {e}")
             return False
-        if any(i not in m.addrs for m in order for i in m.copy_idxs):
+        if any(i not in m.addrs for m, _ in owned for i in m.copy_idxs):
             fam.close()
-            self.members.clear()
+            self._unbuilt(runners)
             self._give_up("capture failed: a copied input was not allocated in its member's capture")
             return False
-        self.family = fam
-        self.family_builds += 1
-        self.captures += len(fns)
-        for m in order:
-            self._outs[m.index] = _Outputs(ops, fam.outputs[m.index])
-            m.dst = self._dst(m)
-            m.let_go(self.static)
+        g.family = fam
+        g.builds += 1
+        for m, r in owned:
+            r.captures += 1
+            r._outs[m.index] = _Outputs(ops, fam.outputs[m.index])
+            m.dst = r._dst(m)
+            m.let_go(r.static)
         return True
+
+    @staticmethod
+    def _unbuilt(runners: Sequence["_Runner"]) -> None:
+        """A family capture failed: no graph of the group keeps a member
+        (each captures again at its next call, the one given up not)."""
+        for r in runners:
+            r.members.clear()
+            r.by_shape.clear()
 
     def _step(self, m: _Member, src: Dict[int, Any]) -> Callable[[], Any]:
         """Member m's step, as captured: each copied input is allocated at
@@ -347,30 +415,49 @@ class _Runner(_Warns):
 
     # Reports.
     def report(self) -> Dict[str, Any]:
+        """The graph's counts; where its arena is shared with the other
+        graphs of its frame (``shares_arena_with``), the arena's figures are
+        the first graph's, and the others report no graph bytes, so that a
+        sum over graphs counts the arena once."""
         if self.pair is not None:
             return self.pair.report(self)
-        r: Dict[str, Any] = {"graph": self.name, "captured": self.family is not None, "reason": self.reason,
+        g = self.group
+        captured = self.family is not None and bool(self.members)
+        r: Dict[str, Any] = {"graph": self.name, "captured": captured, "reason": self.reason,
                              "members": len(self.members), "captures": self.captures,
-                             "family_builds": self.family_builds, "replays": self.replays,
+                             "family_builds": g.builds if g is not None else 0, "replays": self.replays,
                              "plain_calls": self.plain_calls, "input_bytes_planned": self.input_bytes,
                              "input_bytes_outside": 0,
                              "static_inputs": len(self.static), "other_inputs": len(self.dyn or ()),
                              "from_mode": self.opts.from_mode}
-        if self.family is not None:
+        if captured:
             f = self.family.report()
             for k in ("arena", "lower_bound", "ratio", "arena_mapped", "spill_held", "graph_bytes", "plan_build_ms"):
                 if k in f:
                     r[k] = f[k]
             r["capture_ms"] = sum(f.get("capture_ms", {}).values())
+            first = next((o for o in g.live() if o.members), self)
+            if first is not self:
+                r["shares_arena_with"] = first.name
+                r["graph_bytes"] = 0
         return r
 
     def close(self) -> None:
+        """Drop the graph's captures, and those of the graphs that share its
+        arena (they capture again at their next call); outputs still held
+        become unreadable."""
         if self.pair is not None:
             self.pair.close()
-        self._release_outputs()
-        if self.family is not None:
-            self.family.close()
-            self.family = None
+        g = self.group
+        for r in g.live() if g is not None else [self]:
+            r._release_outputs()
+            r.members.clear()
+            r.by_shape.clear()
+        if g is not None:
+            if g.family is not None:
+                g.family.close()
+                g.family = None
+            g.last = None
         self.members.clear()
 
     def _release_outputs(self, move: bool = False) -> None:
@@ -380,4 +467,5 @@ class _Runner(_Warns):
         for o in self._outs.values():
             o.release(move=move)
         self._outs.clear()
-        self._last = None
+        if self.group is not None:
+            self.group.last = None
