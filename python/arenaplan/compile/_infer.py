@@ -4,14 +4,12 @@ backward), shared by the graphs compiled from one frame of the program."""
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ._options import CompileOptions
 from ._ops import _Ops
-from ._shared import _Outputs, _Warns, _lock, _order, _runners, _unseen
+from ._shared import _Outputs, _Pair, _Warns, _lock, _order, _runners, _unseen
 
-if TYPE_CHECKING:
-    from ._train import _TrainPair
 
 class _Member:
     """One shape of a compiled graph: the inputs its capture reads.
@@ -60,8 +58,6 @@ class _Member:
             return False
         self.args[:] = strong
         return True
-
-
 
 
 class _Group:
@@ -134,7 +130,7 @@ class _Runner(_Warns):
         self.warned: set = set()
         self._outs: Dict[Hashable, _Outputs] = {}  # per member: its outputs
         self.input_bytes = 0  # the copied inputs' bytes, every member's, planned in the arena
-        self.pair: Optional[_TrainPair] = None  # a training graph's forward and backward
+        self.pair: Optional[_Pair] = None  # a training graph's forward and backward
         with _lock:
             _order[0] += 1
             self.order = _order[0]

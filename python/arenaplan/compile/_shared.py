@@ -7,7 +7,7 @@ import contextlib
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence
 
 from ._ops import _Ops
 
@@ -19,6 +19,17 @@ _runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every _Runner of the pro
 _fixed_outputs: Dict[int, int] = {}
 _order = [0]
 _lock = threading.Lock()
+
+
+class _Pair(Protocol):
+    """What a compiled graph asks of the training pair it belongs to (a
+    forward and its backward, captured as one chain: _train._TrainPair)."""
+
+    def call(self, runner: Any, inputs: list) -> Any: ...
+
+    def report(self, runner: Any) -> Dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 @contextlib.contextmanager
