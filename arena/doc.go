@@ -38,8 +38,9 @@
 //	plan ──► NewLayout: planner.Check ─► New (regions; keep: Backup, rest Drop) ─► addresses
 //	            │  Fit(run): planner.Fits, the same addresses for a later run
 //	            │  Arena.Place(t, p): another checked plan inside the arena's regions
-//	family ──► NewFamilyLayout: CheckFamily ─► shared regions (Backup) + one private (Drop)
-//	chain  ──► NewChainLayout: NewLayout of the joint plan, each stage placed in it
+//	group  ──► NewGroupLayout(planner.GroupPlan): the group arena, each member's plan placed in it
+//	             family (NewFamilyLayout: CheckFamily first): shared regions (Backup) + one private (Drop)
+//	             chain (a joint plan): NewLayout of the joint plan
 //
 // graphexec resolves its kernels' arguments from a layout's addresses and
 // backs up weights, KV caches and constant inputs; the bridge hands the

@@ -19,7 +19,7 @@ import (
 // made to keep (state a replay reads but never rewrites: weights, a KV
 // cache, constant inputs) and drops every other (a replay rewrites it);
 // a family layout keeps its shared buffers and drops its members'
-// private memory (NewFamilyLayout).
+// private memory (NewGroupLayout).
 //
 // A layout made by NewLayout owns its arena (Close closes it); one made
 // by Place or Fit shares the arena it was placed in, and its Close does
@@ -192,87 +192,88 @@ func (l *Layout) Close() error {
 	return l.arena.Close()
 }
 
-// FamilyLayout is one arena for several plans that share it, and each
-// member's layout in it: a family's members (NewFamilyLayout), which
-// replay one at a time over overlapping private buffers, or a chain's
-// stages (NewChainLayout), which replay in turn and hand buffers on.
-type FamilyLayout struct {
+// GroupLayout is one arena for the members of a group plan
+// (planner.GroupPlan), and each member's layout in it: a family's members,
+// which replay one at a time over overlapping private buffers, or a
+// chain's stages, which replay in turn and hand buffers on.
+type GroupLayout struct {
 	Arena   *Arena
 	Members []*Layout // Members[i] is member i's plan placed in Arena (it does not own it)
 }
 
-// NewFamilyLayout checks fp against members (planner.CheckFamily), maps
-// the family arena and places every member's plan in it.
+// NewGroupLayout maps the arena of group plan gp and places every
+// member's plan in it: traces[i] is member i's trace, and its plan must
+// pass planner.Check on it.
 //
-// The arena has one region per group of shared buffers, [0,
-// fp.SharedRegion.Hi), backed up on Pause (weights, KV caches, inputs
-// every member reads), and one region for everything above it, dropped on
-// Pause (the members' private memory, which each replay rewrites). The
-// private region covers the whole range up to fp.Arena, not only the
-// bytes today's members use: a member replanned later (the PyTorch
-// bridge's Replan) may place its buffers anywhere in it.
-func NewFamilyLayout(dev cuda.Device, members []planner.Member, fp *planner.FamilyPlan) (*FamilyLayout, error) {
-	if dev == nil || fp == nil {
-		return nil, errors.New("arena: NewFamilyLayout: nil device or plan")
+// A group planned as one trace (gp.Joint: a chain) gets that trace's
+// arena, checked and with a region per tag as for a single step
+// (NewLayout of gp.Plan, keep as there). A family's arena has one region
+// per group of shared buffers, [0, gp.SharedRegion.Hi), backed up on
+// Pause (weights, KV caches, inputs every member reads), and one region
+// for everything above it, dropped on Pause (the members' private memory,
+// which each replay rewrites); keep does not apply. The private region
+// covers the whole range up to gp.Arena, not only the bytes today's
+// members use: a member replanned later (the PyTorch bridge's Replan) may
+// place its buffers anywhere in it. Check a family against its members
+// first (NewFamilyLayout does).
+func NewGroupLayout(dev cuda.Device, traces []*lifetime.Trace, gp *planner.GroupPlan, keep ...string) (*GroupLayout, error) {
+	if dev == nil || gp == nil {
+		return nil, errors.New("arena: NewGroupLayout: nil device or plan")
 	}
-	if err := planner.CheckFamily(members, fp); err != nil {
-		return nil, fmt.Errorf("arena: NewFamilyLayout: %w", err)
+	if len(traces) != len(gp.Members) {
+		return nil, fmt.Errorf("arena: NewGroupLayout: %d traces, %d members", len(traces), len(gp.Members))
 	}
-	t, p := familyCover(fp)
-	var opts []Option
-	if len(fp.Shared) > 0 {
-		opts = append(opts, WithPolicy("shared", Backup))
+	var a *Arena
+	if gp.Joint != nil {
+		l, err := NewLayout(dev, gp.Joint.Trace, gp.Plan, keep...)
+		if err != nil {
+			return nil, err
+		}
+		a = l.Arena()
+	} else {
+		t, p := familyCover(gp)
+		var opts []Option
+		if len(gp.Shared) > 0 {
+			opts = append(opts, WithPolicy("shared", Backup))
+		}
+		var err error
+		if a, err = New(dev, t, p, opts...); err != nil {
+			return nil, err
+		}
 	}
-	a, err := New(dev, t, p, opts...)
-	if err != nil {
-		return nil, err
-	}
-	f := &FamilyLayout{Arena: a}
-	for i, m := range members {
-		l, err := a.Place(m.Trace, fp.Members[i].Plan)
+	f := &GroupLayout{Arena: a}
+	for i, t := range traces {
+		l, err := a.Place(t, gp.Members[i].Plan)
 		if err != nil {
 			a.Close()
-			return nil, fmt.Errorf("arena: NewFamilyLayout: member %q: %w", m.Name, err)
+			return nil, fmt.Errorf("arena: NewGroupLayout: member %q: %w", gp.Members[i].Name, err)
 		}
 		f.Members = append(f.Members, l)
 	}
 	return f, nil
 }
 
-// NewChainLayout maps the arena of a chain's joint plan p of trace joint
-// (NewLayout, keep as there) and places each stage's plan in it:
-// stages[s] is stage s's own trace and plans[s] holds its buffers'
-// offsets in the joint plan. Every plan passes planner.Check, the joint
-// one on the joint trace and each stage's on its trace.
-//
-// A chain is not laid out as a family: its stages' buffers are one
-// timeline, planned and checked as one trace (planner.Join), so its arena
-// is that trace's, with a region per tag as for a single step.
-func NewChainLayout(dev cuda.Device, joint *lifetime.Trace, p *planner.Plan, stages []*lifetime.Trace, plans []*planner.Plan, keep ...string) (*FamilyLayout, error) {
-	if len(stages) != len(plans) {
-		return nil, fmt.Errorf("arena: NewChainLayout: %d stages, %d plans", len(stages), len(plans))
+// NewFamilyLayout checks fp against members (planner.CheckFamily) and
+// lays the family out (NewGroupLayout).
+func NewFamilyLayout(dev cuda.Device, members []planner.Member, fp *planner.GroupPlan) (*GroupLayout, error) {
+	if dev == nil || fp == nil {
+		return nil, errors.New("arena: NewFamilyLayout: nil device or plan")
 	}
-	l, err := NewLayout(dev, joint, p, keep...)
-	if err != nil {
-		return nil, err
+	if err := planner.CheckFamily(members, fp); err != nil {
+		return nil, fmt.Errorf("arena: NewFamilyLayout: %w", err)
 	}
-	f := &FamilyLayout{Arena: l.Arena()}
-	for s, t := range stages {
-		sl, err := f.Arena.Place(t, plans[s])
-		if err != nil {
-			l.Close()
-			return nil, fmt.Errorf("arena: NewChainLayout: stage %d: %w", s, err)
-		}
-		f.Members = append(f.Members, sl)
+	traces := make([]*lifetime.Trace, len(members))
+	for i, m := range members {
+		traces[i] = m.Trace
 	}
-	return f, nil
+	return NewGroupLayout(dev, traces, fp)
 }
 
 // familyCover is a trace the family arena is built from, with its plan:
 // one buffer per shared key and one over the private range above them,
 // all live at once, at the family plan's offsets. An empty family still
 // gets one byte, so that its arena has an address.
-func familyCover(fp *planner.FamilyPlan) (*lifetime.Trace, *planner.Plan) {
+func familyCover(fp *planner.GroupPlan) (*lifetime.Trace, *planner.Plan) {
 	t := &lifetime.Trace{Name: "family"}
 	p := &planner.Plan{Algo: fp.Algo, Align: fp.Align, Arena: fp.Arena}
 	add := func(name, tag string, off, size, align int64) {
@@ -293,5 +294,5 @@ func familyCover(fp *planner.FamilyPlan) (*lifetime.Trace, *planner.Plan) {
 	return t, p
 }
 
-// Close closes the family arena.
-func (f *FamilyLayout) Close() error { return f.Arena.Close() }
+// Close closes the group arena.
+func (f *GroupLayout) Close() error { return f.Arena.Close() }

@@ -209,7 +209,7 @@ func TestFamilyLayoutPrivate(t *testing.T) {
 }
 
 // familyLayout plans members as a family and maps its layout.
-func familyLayout(t *testing.T, e *env, members []planner.Member) (*FamilyLayout, *planner.FamilyPlan) {
+func familyLayout(t *testing.T, e *env, members []planner.Member) (*GroupLayout, *planner.GroupPlan) {
 	t.Helper()
 	fp, err := planner.PlanFamily(context.Background(), "bestfit", members, planner.Options{Workers: 1})
 	if err != nil {

@@ -140,18 +140,14 @@ func (f *Family) planChain(budget time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("bridge: chain %d (%s): planning: %w", f.id, f.name, err)
 	}
-	// The family plan reports the chain (its arena, its peak of live
+	// The group plan reports the chain (its arena, its peak of live
 	// bytes, each member's plan); the arena is the joint plan's, and
-	// arena.NewChainLayout checks the joint plan and each member's.
-	fp := &planner.FamilyPlan{Algo: p.Algo, Align: p.Align, Arena: p.Arena, LowerBound: p.LowerBound, Elapsed: time.Since(t0)}
-	mps := make([]*planner.Plan, len(traces))
-	for k, t := range traces {
-		offs := j.Offsets(k, p.Offsets)
-		mp := &planner.Plan{Algo: p.Algo, Align: p.Align, Arena: planner.ArenaSize(t, offs, p.Align), Offsets: offs}
-		mp.LowerBound, _ = t.LowerBound(p.Align)
-		mps[k] = mp
-		fp.Members = append(fp.Members, planner.MemberPlan{Name: members[k].Name, Plan: mp, Alone: mp.LowerBound})
-		fp.SeparateArenas += mp.LowerBound
+	// arena.NewGroupLayout checks the joint plan and each member's.
+	windows := make([]planner.Window, len(members))
+	for k := range members {
+		windows[k] = planner.Window{Name: members[k].Name, Trace: traces[k]}
 	}
-	return f.install(fp, "", func() (*arena.FamilyLayout, error) { return arena.NewChainLayout(f.d.dev, j.Trace, p, traces, mps) })
+	gp := j.Group(p, windows)
+	gp.Elapsed = time.Since(t0)
+	return f.install(gp, "", func() (*arena.GroupLayout, error) { return arena.NewGroupLayout(f.d.dev, traces, gp) })
 }

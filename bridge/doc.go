@@ -26,7 +26,7 @@
 //   - A chain (NewChain) is a family whose members run in turn and hand
 //     buffers on (a forward and its backward): planned on one timeline, a
 //     buffer a later member frees lives to that free at one address
-//     (arena.NewChainLayout of the joint plan).
+//     (arena.NewGroupLayout of the joint plan).
 //   - Regions (BeginRegion, per thread) set memory apart by tag; Pause
 //     releases the physical memory of tags and of the graphs (GraphsTag:
 //     every arena and graph pool) keeping every address, backing up the

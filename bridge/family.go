@@ -36,7 +36,7 @@ type Family struct {
 
 	// Guarded by d.mu.
 	members []*Step
-	plan    *planner.FamilyPlan
+	plan    *planner.GroupPlan
 
 	chained bool                       // a chain (see NewChain)
 	handed  map[cuda.DevicePtr]handOff // recorded members' outputs, by address
@@ -242,14 +242,14 @@ func shares(keys []string) bool {
 // installFamily maps one arena for family plan fp
 // (arena.NewFamilyLayout, which checks it) and gives each member its
 // layout in it.
-func (f *Family) installFamily(ms []planner.Member, fp *planner.FamilyPlan, from string) error {
-	return f.install(fp, from, func() (*arena.FamilyLayout, error) { return arena.NewFamilyLayout(f.d.dev, ms, fp) })
+func (f *Family) installFamily(ms []planner.Member, fp *planner.GroupPlan, from string) error {
+	return f.install(fp, from, func() (*arena.GroupLayout, error) { return arena.NewFamilyLayout(f.d.dev, ms, fp) })
 }
 
 // install maps the arena of fp with build and gives each member its
 // layout in it. Every region is dropped on Pause: a PyTorch family
 // shares nothing between its members, and a replay rewrites the rest.
-func (f *Family) install(fp *planner.FamilyPlan, from string, build func() (*arena.FamilyLayout, error)) error {
+func (f *Family) install(fp *planner.GroupPlan, from string, build func() (*arena.GroupLayout, error)) error {
 	d := f.d
 	restore, err := makeCurrent(d.dev)
 	if err != nil {

@@ -12,7 +12,7 @@
 // region per tag (planner.RunByTag); Fingerprint identifies the workload
 // so that a plan file is only used for the workload it was made for
 // (VerifyPlan). FamilyMembers/PlanFamily and ChainStages/PlanChain lay out
-// several graphs in one arena.
+// several graphs in one arena (one planner.GroupPlan).
 //
 // It is not the executor: package graphexec runs graphs on a device,
 // captures and replays them. It links no driver binding (the plan command

@@ -33,19 +33,24 @@ func dryRunGroup(what, nouns string, graphs []*Graph, check func(int, *Graph) er
 	return dry, nil
 }
 
-// checkGroupAlign refuses a group plan's alignment (opt.Align, or the
-// planner's default) when it is below a graph's own.
-func checkGroupAlign(graphs []*Graph, opt PlanOptions) error {
+// planGroup plans graphs as one group with plan (planner.PlanFamily or
+// planner.PlanChain), after refusing a group plan's alignment (opt.Align,
+// or the planner's default) when it is below a graph's own.
+func planGroup(graphs []*Graph, opt PlanOptions, plan func() (*planner.GroupPlan, error)) (*planner.GroupPlan, error) {
 	align := opt.Align
 	if align == 0 {
 		align = planner.DefaultAlign
 	}
 	for _, g := range graphs {
 		if align < g.Align {
-			return &AlignError{Workload: g.Label(), Plan: align, Need: g.Align}
+			return nil, &AlignError{Workload: g.Label(), Plan: align, Need: g.Align}
 		}
 	}
-	return nil
+	gp, err := plan()
+	if err != nil {
+		return nil, fmt.Errorf("graph: %w", err)
+	}
+	return gp, nil
 }
 
 // Share marks t as shared by every member of a family (several graphs
@@ -176,17 +181,14 @@ func mapStrings(gs []*Graph, f func(*Graph) string) []string {
 // algorithm): shared tensors at one offset each at the bottom of the
 // arena, each member's private buffers above them, planned member by
 // member so that they overlap across members.
-func PlanFamily(ctx context.Context, algo string, graphs []*Graph, opt PlanOptions) (*planner.FamilyPlan, []planner.Member, error) {
+func PlanFamily(ctx context.Context, algo string, graphs []*Graph, opt PlanOptions) (*planner.GroupPlan, []planner.Member, error) {
 	members, _, err := FamilyMembers(graphs)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkGroupAlign(graphs, opt); err != nil {
-		return nil, nil, err
-	}
-	fp, err := planner.PlanFamily(ctx, algo, members, opt)
+	fp, err := planGroup(graphs, opt, func() (*planner.GroupPlan, error) { return planner.PlanFamily(ctx, algo, members, opt) })
 	if err != nil {
-		return nil, nil, fmt.Errorf("graph: %w", err)
+		return nil, nil, err
 	}
 	return fp, members, nil
 }
@@ -291,17 +293,10 @@ func ChainStages(graphs []*Graph, links []ChainLink) ([]planner.Stage, []planner
 // PlanChain plans graphs as one chain (planner.PlanChain with the named
 // algorithm): the stages on one timeline, linked tensors one buffer each,
 // so an output stays where its consumers read it.
-func PlanChain(ctx context.Context, algo string, graphs []*Graph, links []ChainLink, opt PlanOptions) (*planner.ChainPlan, error) {
+func PlanChain(ctx context.Context, algo string, graphs []*Graph, links []ChainLink, opt PlanOptions) (*planner.GroupPlan, error) {
 	stages, pl, _, err := ChainStages(graphs, links)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkGroupAlign(graphs, opt); err != nil {
-		return nil, err
-	}
-	cp, err := planner.PlanChain(ctx, algo, stages, pl, opt)
-	if err != nil {
-		return nil, fmt.Errorf("graph: %w", err)
-	}
-	return cp, nil
+	return planGroup(graphs, opt, func() (*planner.GroupPlan, error) { return planner.PlanChain(ctx, algo, stages, pl, opt) })
 }

@@ -15,7 +15,7 @@
 //
 //	graph ─ DryRun ─► trace ─► plan ─► arena.NewLayout ─► tensor addresses ─► kernel arguments
 //	family: arena.NewFamilyLayout ─► one Layout per member (Executor over the group's arena)
-//	chain:  arena.NewChainLayout  ─► one Layout per stage  (Executor over the group's arena)
+//	chain:  arena.NewGroupLayout  ─► one Layout per stage  (Executor over the group's arena)
 //
 // Beyond one graph: tensors a workload marks SetUnplanned and workspaces
 // with SpillWorkspace come from package spill's allocator, also during

@@ -34,7 +34,7 @@ func familyGraphs(t testing.TB, base workloads.Shape, batches ...int) []*graph.G
 	return gs
 }
 
-func newFamily(t testing.TB, graphs []*graph.Graph) (*graphexec.Group, *planner.FamilyPlan) {
+func newFamily(t testing.TB, graphs []*graph.Graph) (*graphexec.Group, *planner.GroupPlan) {
 	t.Helper()
 	fp, members, err := graph.PlanFamily(context.Background(), "auto", graphs, graph.PlanOptions{Budget: 200 * time.Millisecond})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 )
 
 // Group runs several graphs, its members, laid on one joint timeline in
-// one arena (arena.FamilyLayout), on one stream with one set of loaded
+// one arena (arena.GroupLayout), on one stream with one set of loaded
 // modules; each member is an Executor of its own (Member) with its own
 // captured graph, which owns none of them. There are two kinds:
 //
@@ -55,7 +55,7 @@ type Group struct {
 // run trace, same shared keys) and plan must pass planner.CheckFamily for
 // members. Modules with the same PTX are loaded once. It uploads nothing:
 // call Init.
-func NewFamily(dev cuda.Device, graphs []*graph.Graph, members []planner.Member, plan *planner.FamilyPlan, opt Options) (*Group, error) {
+func NewFamily(dev cuda.Device, graphs []*graph.Graph, members []planner.Member, plan *planner.GroupPlan, opt Options) (*Group, error) {
 	g := &Group{what: "family", dev: dev}
 	dry, lay, err := g.familyLayout(graphs, members, plan)
 	if err == nil {
@@ -72,7 +72,7 @@ func NewFamily(dev cuda.Device, graphs []*graph.Graph, members []planner.Member,
 // on any later error) and verifies graphs against their members: the members' shared tensors (weights, KV caches, inputs) in
 // regions a Pause backs up, their private memory in one it drops, as the
 // PyTorch bridge's family arena (arena.NewFamilyLayout).
-func (g *Group) familyLayout(graphs []*graph.Graph, members []planner.Member, fp *planner.FamilyPlan) ([]*graph.DryRun, *arena.FamilyLayout, error) {
+func (g *Group) familyLayout(graphs []*graph.Graph, members []planner.Member, fp *planner.GroupPlan) ([]*graph.DryRun, *arena.GroupLayout, error) {
 	if len(graphs) != len(members) {
 		return nil, nil, fmt.Errorf("graphexec: family: %d graphs for %d members", len(graphs), len(members))
 	}
@@ -120,7 +120,7 @@ func memberKey(m planner.Member, i int) string {
 // NewChain builds the chain's arena from cp (verified against graphs and
 // links with planner.CheckChain) and one executor per stage. It uploads
 // nothing: call Init.
-func NewChain(dev cuda.Device, graphs []*graph.Graph, links []graph.ChainLink, cp *planner.ChainPlan, opt Options) (*Group, error) {
+func NewChain(dev cuda.Device, graphs []*graph.Graph, links []graph.ChainLink, cp *planner.GroupPlan, opt Options) (*Group, error) {
 	g := &Group{what: "chain", dev: dev}
 	dry, lay, err := g.chainLayout(graphs, links, cp)
 	if err == nil {
@@ -137,7 +137,7 @@ func NewChain(dev cuda.Device, graphs []*graph.Graph, links []graph.ChainLink, c
 // chainLayout verifies cp against graphs and links and maps the chain's
 // arena (and sets it): the stages' weights and state are kept across a Pause, their
 // activations dropped, as an Executor's.
-func (g *Group) chainLayout(graphs []*graph.Graph, links []graph.ChainLink, cp *planner.ChainPlan) ([]*graph.DryRun, *arena.FamilyLayout, error) {
+func (g *Group) chainLayout(graphs []*graph.Graph, links []graph.ChainLink, cp *planner.GroupPlan) ([]*graph.DryRun, *arena.GroupLayout, error) {
 	stages, pl, dry, err := graph.ChainStages(graphs, links)
 	if err != nil {
 		return nil, nil, err
@@ -146,17 +146,15 @@ func (g *Group) chainLayout(graphs []*graph.Graph, links []graph.ChainLink, cp *
 		return nil, nil, fmt.Errorf("graphexec: chain: %w", err)
 	}
 	for _, gr := range graphs {
-		if cp.Plan.Align < gr.Align {
-			return nil, nil, &graph.AlignError{Workload: gr.Label(), Plan: cp.Plan.Align, Need: gr.Align}
+		if cp.Align < gr.Align {
+			return nil, nil, &graph.AlignError{Workload: gr.Label(), Plan: cp.Align, Need: gr.Align}
 		}
 	}
 	traces := make([]*lifetime.Trace, len(graphs))
-	plans := make([]*planner.Plan, len(graphs))
 	for s := range graphs {
 		traces[s] = dry[s].Trace
-		plans[s] = &planner.Plan{Algo: cp.Plan.Algo, Align: cp.Plan.Align, Offsets: cp.Stages[s].Offsets, Arena: cp.Plan.Arena}
 	}
-	lay, err := arena.NewChainLayout(g.dev, cp.Joint, cp.Plan, traces, plans, kept(graphs...)...)
+	lay, err := arena.NewGroupLayout(g.dev, traces, cp, kept(graphs...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("graphexec: chain: %w", err)
 	}
@@ -167,7 +165,7 @@ func (g *Group) chainLayout(graphs []*graph.Graph, links []graph.ChainLink, cp *
 // setup opens the group's stream, loads its modules and binds one
 // executor per graph, over its dry run dry[i], to its member's layout in
 // lay; name(i) names member i in errors.
-func (g *Group) setup(graphs []*graph.Graph, dry []*graph.DryRun, lay *arena.FamilyLayout, opt Options, name func(int) string) error {
+func (g *Group) setup(graphs []*graph.Graph, dry []*graph.DryRun, lay *arena.GroupLayout, opt Options, name func(int) string) error {
 	var err error
 	if g.stream, err = g.dev.NewStream(); err != nil {
 		return fmt.Errorf("graphexec: %s: %w", g.what, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/arenaplan/arenaplan/lifetime"
 )
@@ -51,46 +52,26 @@ type ChainValue struct {
 	Overwriters []int
 }
 
-// StagePlan is one stage's part of a chain plan.
-type StagePlan struct {
-	Name string
-	// Start and End bound the stage's window on the joint timeline.
-	Start, End int64
-	// Offsets holds an offset for every buffer of the stage's trace.
-	Offsets []int64
-	// Joint maps each buffer of the stage to its buffer in the joint trace.
-	Joint []lifetime.ID
-}
-
-// ChainPlan lays the stages of a chain on one timeline (stage i's window
-// follows stage i-1's) and plans them once, so that a linked output stays
-// where its consumers read it and nothing is copied. Stages must replay in
-// Order; ChainGuard refuses, at run time, an order that would overwrite
-// memory a stage still needs.
-type ChainPlan struct {
-	Joint  *lifetime.Trace // the stages on one timeline, links merged
-	Plan   *Plan           // the plan of Joint
-	Stages []StagePlan
-	Values []ChainValue
-	Order  []int // the replay order the plan was made for: 0, 1, ..., n-1
-}
-
 // PlanChain builds the joint trace of stages and links, plans it with the
 // named algorithm and derives, from the offsets, which stage overwrites
-// which value. Fixed offsets are kept on unlinked buffers and refused on
-// linked ones; linked buffers lose their gaps (treating them as live is
-// always safe).
-func PlanChain(ctx context.Context, algo string, stages []Stage, links []Link, opt Options) (*ChainPlan, error) {
-	cp, err := buildChain(stages, links)
+// which value: a GroupPlan (Joint.Group) whose members are the stages,
+// on one timeline (stage i's window follows stage i-1's) and planned
+// once, so that a linked output stays where its consumers read it and
+// nothing is copied. Stages must replay in Order; ChainGuard refuses, at
+// run time, an order that would overwrite memory a stage still needs.
+// Fixed offsets are kept on unlinked buffers and refused on linked ones;
+// linked buffers lose their gaps (treating them as live is always safe).
+func PlanChain(ctx context.Context, algo string, stages []Stage, links []Link, opt Options) (*GroupPlan, error) {
+	start := time.Now()
+	j, values, err := buildChain(stages, links)
 	if err != nil {
 		return nil, fmt.Errorf("planner: chain: %w", err)
 	}
-	p, err := Run(ctx, algo, cp.Joint, opt)
+	p, err := Run(ctx, algo, j.Trace, opt)
 	if err != nil {
 		return nil, fmt.Errorf("planner: chain: %w", err)
 	}
-	cp.Plan = p
-	cp.place(stages)
+	cp := chainPlan(j, stages, values, p)
 	// The guard's rules come from the offsets; the order the plan was made
 	// for must pass them (twice: a second round re-produces every value).
 	g := cp.Guard()
@@ -101,41 +82,61 @@ func PlanChain(ctx context.Context, algo string, stages []Stage, links []Link, o
 			}
 		}
 	}
+	cp.Elapsed = time.Since(start)
 	return cp, nil
+}
+
+// chainPlan is the group plan of stages laid on j and planned by p, with
+// values placed.
+func chainPlan(j *Joint, stages []Stage, values []ChainValue, p *Plan) *GroupPlan {
+	windows := make([]Window, len(stages))
+	for s, st := range stages {
+		windows[s] = Window{Name: st.Name, Trace: st.Trace}
+	}
+	cp := j.Group(p, windows)
+	cp.Values = values
+	cp.place(stages)
+	return cp
 }
 
 // CheckChain verifies cp against stages and links independently of the
 // algorithm: the joint trace is rebuilt and must match, the plan passes
-// Check on it, every stage offset is its joint buffer's offset, and the
-// values' overwriters are recomputed.
-func CheckChain(stages []Stage, links []Link, cp *ChainPlan) error {
+// Check on it, every stage's plan is the joint plan on its buffers, the
+// group's figures are the joint plan's and the values' overwriters are
+// recomputed.
+func CheckChain(stages []Stage, links []Link, cp *GroupPlan) error {
 	if cp == nil || cp.Plan == nil || cp.Joint == nil {
 		return fmt.Errorf("check chain: no plan")
 	}
-	want, err := buildChain(stages, links)
+	j, values, err := buildChain(stages, links)
 	if err != nil {
 		return fmt.Errorf("check chain: %w", err)
 	}
-	if want.Joint.Fingerprint() != cp.Joint.Fingerprint() {
+	if cp.Joint.Trace == nil || j.Trace.Fingerprint() != cp.Joint.Trace.Fingerprint() || len(cp.Joint.Spans) != len(j.Spans) {
 		return fmt.Errorf("check chain: the joint trace does not match the stages and links")
 	}
-	if err := Check(want.Joint, cp.Plan); err != nil {
+	if err := Check(j.Trace, cp.Plan); err != nil {
 		return fmt.Errorf("check chain: %w", err)
 	}
-	want.Plan = cp.Plan
-	want.place(stages)
-	if len(cp.Stages) != len(want.Stages) || len(cp.Values) != len(want.Values) {
-		return fmt.Errorf("check chain: %d stages and %d values, want %d and %d", len(cp.Stages), len(cp.Values), len(want.Stages), len(want.Values))
+	want := chainPlan(j, stages, values, cp.Plan)
+	if len(cp.Members) != len(want.Members) || len(cp.Values) != len(want.Values) {
+		return fmt.Errorf("check chain: %d stages and %d values, want %d and %d", len(cp.Members), len(cp.Values), len(want.Members), len(want.Values))
 	}
-	for s := range want.Stages {
-		w, g := &want.Stages[s], &cp.Stages[s]
-		if len(g.Offsets) != len(w.Offsets) || len(g.Joint) != len(w.Joint) || g.Start != w.Start || g.End != w.End {
+	if cp.Algo != want.Algo || cp.Align != want.Align || cp.Arena != want.Arena || cp.LowerBound != want.LowerBound ||
+		cp.SeparateArenas != want.SeparateArenas || !slices.Equal(cp.Order, want.Order) || len(cp.Shared) != 0 || cp.SharedRegion.Hi != 0 {
+		return fmt.Errorf("check chain: the plan's figures or order are not the joint plan's")
+	}
+	for s := range want.Members {
+		w, g := &want.Members[s], &cp.Members[s]
+		ws, gs := &j.Spans[s], &cp.Joint.Spans[s]
+		if g.Plan == nil || len(g.Plan.Offsets) != len(w.Plan.Offsets) || len(gs.Joint) != len(ws.Joint) || gs.Start != ws.Start || gs.End != ws.End ||
+			g.Name != w.Name || g.Alone != w.Alone || g.Plan.Align != w.Plan.Align || g.Plan.Arena != w.Plan.Arena || g.Plan.LowerBound != w.Plan.LowerBound {
 			return fmt.Errorf("check chain: stage %d (%s) does not match its trace", s, w.Name)
 		}
-		for i := range w.Offsets {
-			if g.Offsets[i] != w.Offsets[i] || g.Joint[i] != w.Joint[i] {
+		for i := range w.Plan.Offsets {
+			if g.Plan.Offsets[i] != w.Plan.Offsets[i] || gs.Joint[i] != ws.Joint[i] {
 				return fmt.Errorf("check chain: stage %d (%s) buffer %d: offset %d (joint %d), the joint plan says %d (joint %d)",
-					s, w.Name, i, g.Offsets[i], g.Joint[i], w.Offsets[i], w.Joint[i])
+					s, w.Name, i, g.Plan.Offsets[i], gs.Joint[i], w.Plan.Offsets[i], ws.Joint[i])
 			}
 		}
 	}
@@ -149,23 +150,23 @@ func CheckChain(stages []Stage, links []Link, cp *ChainPlan) error {
 	return nil
 }
 
-// buildChain validates stages and links and returns a ChainPlan with the
-// joint trace (Join: the stages as windows, each link's buffers one
-// buffer, persistent buffers live over the whole timeline), the stages'
-// windows and joint IDs, and the values (without offsets: place fills
-// those in once the joint trace is planned).
-func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
+// buildChain validates stages and links and returns their joint timeline
+// (Join: the stages as windows, each link's buffers one buffer,
+// persistent buffers live over the whole timeline) and the values
+// (without offsets: place fills those in once the joint trace is
+// planned).
+func buildChain(stages []Stage, links []Link) (*Joint, []ChainValue, error) {
 	if len(stages) == 0 {
-		return nil, fmt.Errorf("no stages")
+		return nil, nil, fmt.Errorf("no stages")
 	}
 	idx := make([]int, len(stages)) // index of stage s's buffer 0 in flat
 	n := 0
 	for s, st := range stages {
 		if st.Trace == nil {
-			return nil, fmt.Errorf("stage %d (%s) has no trace", s, st.Name)
+			return nil, nil, fmt.Errorf("stage %d (%s) has no trace", s, st.Name)
 		}
 		if err := st.Trace.Validate(); err != nil {
-			return nil, fmt.Errorf("stage %d (%s): %w", s, st.Name, err)
+			return nil, nil, fmt.Errorf("stage %d (%s): %w", s, st.Name, err)
 		}
 		idx[s] = n
 		n += len(st.Trace.Buffers)
@@ -194,7 +195,7 @@ func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
 	for li, l := range links {
 		for _, r := range []BufferRef{l.From, l.To} {
 			if r.Stage < 0 || r.Stage >= len(stages) || r.Buffer < 0 || int(r.Buffer) >= len(stages[r.Stage].Trace.Buffers) {
-				return nil, fmt.Errorf("link %d: stage %d buffer %d does not exist", li, r.Stage, r.Buffer)
+				return nil, nil, fmt.Errorf("link %d: stage %d buffer %d does not exist", li, r.Stage, r.Buffer)
 			}
 		}
 		from, to := buf(l.From), buf(l.To)
@@ -202,21 +203,21 @@ func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
 			l.From.Stage, stages[l.From.Stage].Name, l.From.Buffer, from.Name, l.To.Stage, stages[l.To.Stage].Name, l.To.Buffer, to.Name)
 		switch {
 		case l.To.Stage <= l.From.Stage:
-			return nil, fmt.Errorf("%s: a link must go to a later stage", name)
+			return nil, nil, fmt.Errorf("%s: a link must go to a later stage", name)
 		case from.Size != to.Size || max(from.Align, 1) != max(to.Align, 1):
-			return nil, fmt.Errorf("%s: sizes %d and %d or alignments %d and %d differ", name, from.Size, to.Size, from.Align, to.Align)
+			return nil, nil, fmt.Errorf("%s: sizes %d and %d or alignments %d and %d differ", name, from.Size, to.Size, from.Align, to.Align)
 		case from.HasFixed || to.HasFixed:
-			return nil, fmt.Errorf("%s: linked buffers cannot have fixed offsets", name)
+			return nil, nil, fmt.Errorf("%s: linked buffers cannot have fixed offsets", name)
 		case persistent(l.From) || persistent(l.To):
-			return nil, fmt.Errorf("%s: a persistent buffer cannot be linked", name)
+			return nil, nil, fmt.Errorf("%s: a persistent buffer cannot be linked", name)
 		}
 		if prev, ok := fed[flat(l.To)]; ok {
-			return nil, fmt.Errorf("%s: the consumer is already fed by link %d", name, prev)
+			return nil, nil, fmt.Errorf("%s: the consumer is already fed by link %d", name, prev)
 		}
 		fed[flat(l.To)] = li
 		root := find(flat(l.From))
 		if find(flat(l.To)) == root {
-			return nil, fmt.Errorf("%s: the link closes a cycle", name)
+			return nil, nil, fmt.Errorf("%s: the link closes a cycle", name)
 		}
 		parent[find(flat(l.To))] = root
 		consumers[root] = append(consumers[root], l.To.Stage)
@@ -248,21 +249,17 @@ func buildChain(stages []Stage, links []Link) (*ChainPlan, error) {
 	}
 	j, err := Join("chain", windows, Crossings{Same: same, Whole: persistent})
 	if err != nil {
-		return nil, err
-	}
-	cp := &ChainPlan{Joint: j.Trace, Stages: make([]StagePlan, len(stages))}
-	for s, sp := range j.Spans {
-		cp.Stages[s] = StagePlan{Name: stages[s].Name, Start: sp.Start, End: sp.End, Joint: sp.Joint}
-		cp.Order = append(cp.Order, s)
+		return nil, nil, err
 	}
 	// A value per group, in the order of its producers (every other
 	// buffer of a group is in a later stage).
+	var values []ChainValue
 	for _, refs := range same {
 		cs := append([]int(nil), final[find(flat(refs[0]))]...)
 		sort.Ints(cs)
-		cp.Values = append(cp.Values, ChainValue{Name: buf(refs[0]).Name, Joint: cp.Stages[refs[0].Stage].Joint[refs[0].Buffer], Producer: refs[0], Consumers: dedup(cs)})
+		values = append(values, ChainValue{Name: buf(refs[0]).Name, Joint: j.Spans[refs[0].Stage].Joint[refs[0].Buffer], Producer: refs[0], Consumers: dedup(cs)})
 	}
-	return cp, nil
+	return j, values, nil
 }
 
 func dedup(s []int) []int {
@@ -275,27 +272,24 @@ func dedup(s []int) []int {
 	return out
 }
 
-// place fills in stage offsets and, per value, its offset and the stages
-// whose replay writes its bytes: a stage writes every buffer of its own
-// except the ones it consumes through a link.
-func (cp *ChainPlan) place(stages []Stage) {
+// place fills in, per value, its offset and the stages whose replay
+// writes its bytes: a stage writes every buffer of its own except the
+// ones it consumes through a link.
+func (cp *GroupPlan) place(stages []Stage) {
 	p := cp.Plan
 	consumed := map[BufferRef]bool{}
 	for v := range cp.Values {
 		val := &cp.Values[v]
 		val.Offset = p.Offsets[val.Joint]
-		val.Size = lifetime.RoundUp(cp.Joint.Buffers[val.Joint].Size, p.Align)
+		val.Size = lifetime.RoundUp(cp.Joint.Trace.Buffers[val.Joint].Size, p.Align)
 		val.Overwriters = nil
-	}
-	for s := range cp.Stages {
-		cp.Stages[s].Offsets = project(cp.Stages[s].Joint, p.Offsets)
 	}
 	isValue := map[lifetime.ID]int{}
 	for v := range cp.Values {
 		isValue[cp.Values[v].Joint] = v
 	}
-	for s := range cp.Stages {
-		for i, j := range cp.Stages[s].Joint {
+	for s, sp := range cp.Joint.Spans {
+		for i, j := range sp.Joint {
 			if v, ok := isValue[j]; ok && cp.Values[v].Producer != (BufferRef{s, lifetime.ID(i)}) {
 				consumed[BufferRef{s, lifetime.ID(i)}] = true
 			}
@@ -308,7 +302,7 @@ func (cp *ChainPlan) place(stages []Stage) {
 			if consumed[BufferRef{s, lifetime.ID(i)}] {
 				continue
 			}
-			off := cp.Stages[s].Offsets[i]
+			off := cp.Members[s].Plan.Offsets[i]
 			w = append(w, span{off, off + lifetime.RoundUp(st.Trace.Buffers[i].Size, p.Align)})
 		}
 		sort.Slice(w, func(a, b int) bool { return w[a].lo < w[b].lo })
@@ -371,7 +365,7 @@ func (e *OrderError) Error() string {
 // consumer may overwrite a value once it has read it, when no other
 // consumer still needs it). It is not safe for concurrent use.
 type ChainGuard struct {
-	cp       *ChainPlan
+	cp       *GroupPlan
 	reads    [][]int // per stage, the values it consumes
 	writes   [][]int // per stage, the values it overwrites (produced ones included)
 	produces [][]int
@@ -380,9 +374,10 @@ type ChainGuard struct {
 	pending  [][]bool // per value, per consumer index: not yet consumed
 }
 
-// Guard returns a new guard for cp, with no value produced yet.
-func (cp *ChainPlan) Guard() *ChainGuard {
-	n := len(cp.Stages)
+// Guard returns a new guard for cp, with no value produced yet. A
+// family's plan has no values: its guard allows any member at any time.
+func (cp *GroupPlan) Guard() *ChainGuard {
+	n := len(cp.Members)
 	g := &ChainGuard{cp: cp, reads: make([][]int, n), writes: make([][]int, n), produces: make([][]int, n)}
 	for v := range cp.Values {
 		val := &cp.Values[v]
@@ -414,8 +409,8 @@ func (g *ChainGuard) Reset() {
 // error is an *OrderError unless stage does not exist; a write over a
 // value still needed is reported before a missing input.
 func (g *ChainGuard) Allow(stage int) error {
-	if stage < 0 || stage >= len(g.cp.Stages) {
-		return fmt.Errorf("chain: no stage %d (have %d)", stage, len(g.cp.Stages))
+	if stage < 0 || stage >= len(g.cp.Members) {
+		return fmt.Errorf("chain: no stage %d (have %d)", stage, len(g.cp.Members))
 	}
 	for _, v := range g.writes[stage] {
 		if !g.valid[v] {
@@ -427,7 +422,7 @@ func (g *ChainGuard) Allow(stage int) error {
 			if p && g.cp.Values[v].Consumers[c] != stage {
 				e := g.errorFor(stage, v)
 				e.Consumer = g.cp.Values[v].Consumers[c]
-				e.ConsumerName = g.cp.Stages[e.Consumer].Name
+				e.ConsumerName = g.cp.Members[e.Consumer].Name
 				return e
 			}
 		}
@@ -472,8 +467,8 @@ func (g *ChainGuard) Next(stage int) error {
 func (g *ChainGuard) errorFor(stage, v int) *OrderError {
 	val := &g.cp.Values[v]
 	return &OrderError{
-		Stage: stage, StageName: g.cp.Stages[stage].Name,
-		Producer: val.Producer.Stage, ProducerName: g.cp.Stages[val.Producer.Stage].Name,
+		Stage: stage, StageName: g.cp.Members[stage].Name,
+		Producer: val.Producer.Stage, ProducerName: g.cp.Members[val.Producer.Stage].Name,
 		Value: val.Name, Offset: val.Offset, Size: val.Size, OverwrittenBy: -1, Consumer: -1,
 	}
 }

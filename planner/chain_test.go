@@ -72,7 +72,7 @@ func TestChainPrefillDecode(t *testing.T) {
 		}
 		// Linked buffers share an offset: nothing is copied.
 		for _, l := range links {
-			a, b := cp.Stages[l.From.Stage].Offsets[l.From.Buffer], cp.Stages[l.To.Stage].Offsets[l.To.Buffer]
+			a, b := cp.Members[l.From.Stage].Plan.Offsets[l.From.Buffer], cp.Members[l.To.Stage].Plan.Offsets[l.To.Buffer]
 			if a != b {
 				t.Fatalf("%s: link %v: offsets %d and %d", algo, l, a, b)
 			}
@@ -81,10 +81,10 @@ func TestChainPrefillDecode(t *testing.T) {
 			t.Fatalf("%s: %d values, want 3", algo, len(cp.Values))
 		}
 		// Persistent weights keep their bytes through the whole chain.
-		_, end := cp.Joint.Span()
+		_, end := cp.Joint.Trace.Span()
 		for s := range 2 {
-			j := cp.Stages[s].Joint[0]
-			if b := cp.Joint.Buffers[j]; b.Tag != "weight" || b.Start != 0 || b.End != end {
+			j := cp.Joint.Spans[s].Joint[0]
+			if b := cp.Joint.Trace.Buffers[j]; b.Tag != "weight" || b.Start != 0 || b.End != end {
 				t.Fatalf("%s: stage %d weights live [%d, %d), want [0, %d)", algo, s, b.Start, b.End, end)
 			}
 		}
@@ -216,7 +216,7 @@ func TestChainErrors(t *testing.T) {
 
 func TestCheckChainCatches(t *testing.T) {
 	stages, links := prefillDecodeHead()
-	plan := func() *ChainPlan {
+	plan := func() *GroupPlan {
 		cp, err := PlanChain(context.Background(), "bestfit", stages, links, Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -225,12 +225,15 @@ func TestCheckChainCatches(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		edit func(*ChainPlan)
+		edit func(*GroupPlan)
 	}{
-		{"stage offset", func(cp *ChainPlan) { cp.Stages[1].Offsets[3] += 256 }},
-		{"joint offset", func(cp *ChainPlan) { cp.Plan.Offsets[0] = cp.Plan.Offsets[1] }},
-		{"value overwriters", func(cp *ChainPlan) { cp.Values[0].Overwriters = nil }},
-		{"joint trace", func(cp *ChainPlan) { cp.Joint.Buffers[2].End++ }},
+		{"stage offset", func(cp *GroupPlan) { cp.Members[1].Plan.Offsets[3] += 256 }},
+		{"joint offset", func(cp *GroupPlan) { cp.Plan.Offsets[0] = cp.Plan.Offsets[1] }},
+		{"value overwriters", func(cp *GroupPlan) { cp.Values[0].Overwriters = nil }},
+		{"joint trace", func(cp *GroupPlan) { cp.Joint.Trace.Buffers[2].End++ }},
+		{"stage arena", func(cp *GroupPlan) { cp.Members[2].Plan.Arena++ }},
+		{"group arena", func(cp *GroupPlan) { cp.Arena++ }},
+		{"order", func(cp *GroupPlan) { cp.Order = nil }},
 	}
 	for _, c := range cases {
 		cp := plan()
@@ -311,7 +314,7 @@ func TestChainGuardRandom(t *testing.T) {
 // since, from the stages' buffer offsets alone.
 type arenaSim struct {
 	stages []Stage
-	cp     *ChainPlan
+	cp     *GroupPlan
 	step   int
 	// produced[v]: the step at which value v was last produced (-1 never).
 	produced []int
@@ -319,7 +322,7 @@ type arenaSim struct {
 	writes [][4]int64
 }
 
-func newArenaSim(stages []Stage, cp *ChainPlan) *arenaSim {
+func newArenaSim(stages []Stage, cp *GroupPlan) *arenaSim {
 	s := &arenaSim{stages: stages, cp: cp, produced: make([]int, len(cp.Values))}
 	for v := range s.produced {
 		s.produced[v] = -1
@@ -329,13 +332,13 @@ func newArenaSim(stages []Stage, cp *ChainPlan) *arenaSim {
 
 func (a *arenaSim) replay(stage int) error {
 	a.step++
-	sp := &a.cp.Stages[stage]
+	sp, joint := &a.cp.Members[stage], a.cp.Joint.Spans[stage].Joint
 	valueOf := map[lifetime.ID]int{}
 	for v, val := range a.cp.Values {
 		valueOf[val.Joint] = v
 	}
 	// Reads first: a consumed value must be intact since its production.
-	for i, j := range sp.Joint {
+	for i, j := range joint {
 		v, ok := valueOf[j]
 		if !ok || a.cp.Values[v].Producer == (BufferRef{stage, lifetime.ID(i)}) {
 			continue
@@ -343,7 +346,7 @@ func (a *arenaSim) replay(stage int) error {
 		if a.produced[v] < 0 {
 			return fmt.Errorf("stage %d reads value %d never produced", stage, v)
 		}
-		lo := sp.Offsets[i]
+		lo := sp.Plan.Offsets[i]
 		hi := lo + lifetime.RoundUp(a.stages[stage].Trace.Buffers[i].Size, a.cp.Plan.Align)
 		for _, w := range a.writes {
 			if int(w[0]) > a.produced[v] && w[2] < hi && lo < w[3] {
@@ -351,12 +354,12 @@ func (a *arenaSim) replay(stage int) error {
 			}
 		}
 	}
-	for i, j := range sp.Joint {
+	for i, j := range joint {
 		v, ok := valueOf[j]
 		if ok && a.cp.Values[v].Producer != (BufferRef{stage, lifetime.ID(i)}) {
 			continue // consumers only read
 		}
-		lo := sp.Offsets[i]
+		lo := sp.Plan.Offsets[i]
 		hi := lo + lifetime.RoundUp(a.stages[stage].Trace.Buffers[i].Size, a.cp.Plan.Align)
 		a.writes = append(a.writes, [4]int64{int64(a.step), int64(stage), lo, hi})
 		if ok {

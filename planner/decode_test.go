@@ -181,7 +181,7 @@ func BenchmarkTorchDecodeFamily(b *testing.B) {
 	for _, att := range []string{"math", "math16", "efficient"} {
 		ms := torchDecodeFamily(att)
 		b.Run(att, func(b *testing.B) {
-			var fp *FamilyPlan
+			var fp *GroupPlan
 			var err error
 			for b.Loop() {
 				if fp, err = PlanFamily(context.Background(), Auto, ms, Options{}); err != nil {
@@ -207,7 +207,7 @@ func BenchmarkTorchDecodeFamily(b *testing.B) {
 // options. Target: 100 ms.
 func BenchmarkDecodeFamily(b *testing.B) {
 	ms := decodeStepFamily()
-	var fp *FamilyPlan
+	var fp *GroupPlan
 	var err error
 	for b.Loop() {
 		if fp, err = PlanFamily(context.Background(), Auto, ms, Options{}); err != nil {

@@ -41,14 +41,16 @@
 // timeline (Join): window after window, with the buffers that cross
 // windows merged into one buffer at one offset, live over the whole
 // timeline, or handed on to a later window's free; a plan of the joint
-// trace, projected back (Joint.Offsets), places every window. Two plans
-// sit on it. PlanFamily plans members replayed one at a time, each shared
-// key one buffer over the whole timeline, window by window above the
-// stacked shared buffers; PlanChain plans stages whose outputs feed later
-// stages without copies with one search of the joint trace, and its
-// ChainGuard refuses a replay order that would overwrite memory a later
-// stage still needs. CheckFamily and CheckChain verify those plans as
-// Check verifies one.
+// trace, projected back (Joint.Offsets), places every window. A
+// GroupPlan is such windows, its members, in one arena: each member's
+// plan, the buffers that cross members and the order they replay in. Two
+// make one. PlanFamily plans members replayed one at a time in any order,
+// each shared key one buffer over the whole timeline, window by window
+// above the stacked shared buffers; PlanChain plans stages whose outputs
+// feed later stages without copies with one search of the joint trace
+// (Joint.Group), and the plan's ChainGuard refuses a replay order that
+// would overwrite memory a later stage still needs. CheckFamily and
+// CheckChain verify those plans as Check verifies one.
 //
 // It knows nothing about files or devices.
 package planner

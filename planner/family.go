@@ -59,55 +59,8 @@ type SharedBuffer struct {
 	Align  int64 // the offset alignment it needs (the plan's and its own)
 }
 
-// MemberPlan is one member's place in a family plan.
-type MemberPlan struct {
-	Name string
-	// Plan holds an offset for every buffer of the member's trace inside
-	// the family arena; it passes Check on the member's trace. Its Arena
-	// is the highest end of the member's own buffers (at most the family
-	// arena) and its LowerBound the member's peak of live bytes, shared
-	// buffers included.
-	Plan *Plan
-	// Alone is the arena the same algorithm gives the member planned by
-	// itself: what the member would cost in an arena of its own.
-	Alone int64
-}
-
-// FamilyPlan lays out a family of members in one arena: the shared
-// buffers at the bottom, [0, Shared.Hi), each at one offset used by every
-// member, and each member's private buffers above them, planned member by
-// member so that different members' private buffers overlap freely.
-// Members must therefore replay one at a time, never concurrently.
-type FamilyPlan struct {
-	Algo  string
-	Align int64
-	// Arena is the family arena: the highest end of any buffer of any
-	// member, or of the shared region.
-	Arena int64
-	// LowerBound is the largest member lower bound: no arena that holds
-	// every member can be smaller.
-	LowerBound int64
-	// SharedRegion is [0, top of the shared buffers); Shared lists them by
-	// offset.
-	SharedRegion Region
-	Shared       []SharedBuffer
-	Members      []MemberPlan
-	// SeparateArenas is the sum of the members' Alone arenas: what one
-	// arena per member would cost.
-	SeparateArenas int64
-	Elapsed        time.Duration
-}
-
-// Ratio is Arena / LowerBound (1 when the lower bound is 0).
-func (fp *FamilyPlan) Ratio() float64 {
-	if fp.LowerBound == 0 {
-		return 1
-	}
-	return float64(fp.Arena) / float64(fp.LowerBound)
-}
-
 // SharedKey looks up a shared key.
-func (fp *FamilyPlan) SharedKey(key string) (SharedBuffer, bool) {
+func (fp *GroupPlan) SharedKey(key string) (SharedBuffer, bool) {
 	for _, s := range fp.Shared {
 		if s.Key == key {
 			return s, true
@@ -189,21 +142,25 @@ func familyJoint(members []Member) (*Joint, []string, error) {
 	return j, keys, nil
 }
 
-// PlanFamily plans members into one arena with the named algorithm (see
-// FamilyPlan for the layout). The members are windows of one timeline on
-// which every shared key is one buffer live over all of it, planned by
-// window (Joint.planWindows): the shared buffers stacked from 0, each
-// member's private buffers planned with Run on a sub-trace of that member
-// and moved above them; each member is also planned alone, for
-// SeparateArenas. Fixed offsets are not supported in members. The result
-// passes CheckFamily.
+// PlanFamily plans members into one arena with the named algorithm: a
+// GroupPlan with the shared buffers at the bottom, [0, SharedRegion.Hi),
+// each at one offset used by every member, and each member's private
+// buffers above them, planned member by member so that different members'
+// private buffers overlap freely. Members must therefore replay one at a
+// time, never concurrently, in any order (Order is nil). The members are
+// windows of one timeline on which every shared key is one buffer live
+// over all of it, planned by window (Joint.planWindows): the shared
+// buffers stacked from 0, each member's private buffers planned with Run
+// on a sub-trace of that member and moved above them; each member is also
+// planned alone, for SeparateArenas. Fixed offsets are not supported in
+// members. The result passes CheckFamily.
 //
 // Stacking the shared buffers below the private ones is optimal when the
 // shared buffers live through each member's whole step (weights, caches):
 // a member's lower bound is then the shared bytes it uses plus its private
 // peak, and the family arena is the shared region plus the largest
 // private arena.
-func PlanFamily(ctx context.Context, algo string, members []Member, opt Options) (*FamilyPlan, error) {
+func PlanFamily(ctx context.Context, algo string, members []Member, opt Options) (*GroupPlan, error) {
 	if len(members) == 0 {
 		return nil, fmt.Errorf("planner: family: %w: no members", ErrFamily)
 	}
@@ -235,7 +192,7 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 	if err != nil {
 		return nil, fmt.Errorf("planner: family: %w", err)
 	}
-	fp := &FamilyPlan{Align: opt.Align, Arena: wp.Top, SharedRegion: Region{Group: "shared", Lo: 0, Hi: wp.Top}}
+	fp := &GroupPlan{Align: opt.Align, Arena: wp.Top, SharedRegion: Region{Group: "shared", Lo: 0, Hi: wp.Top}}
 	for _, id := range wp.Stacked {
 		size, a := Need(&j.Trace.Buffers[id], opt.Align)
 		fp.Shared = append(fp.Shared, SharedBuffer{Key: keys[id], Offset: wp.Offsets[id], Size: size, Align: a})
@@ -309,18 +266,21 @@ func countShared(m Member) int {
 // every other buffer of every member, at all times; and the arena, lower
 // bound and separate-arena sum are the ones the members imply (the Alone
 // arenas themselves are only checked to be at least each member's bound).
-func CheckFamily(members []Member, fp *FamilyPlan) error { return checkFamily(members, fp, nil) }
+func CheckFamily(members []Member, fp *GroupPlan) error { return checkFamily(members, fp, nil) }
 
 // checkFamily is CheckFamily; j is familyJoint(members) where the caller
 // has made it already, or nil. The members' plans and the joint timeline
 // are checked side by side, one goroutine per core; errors come in the
 // order a check one after the other would find them.
-func checkFamily(members []Member, fp *FamilyPlan, j *Joint) error {
+func checkFamily(members []Member, fp *GroupPlan, j *Joint) error {
 	if fp == nil {
 		return fmt.Errorf("check family: no plan")
 	}
 	if len(fp.Members) != len(members) {
 		return fmt.Errorf("check family: plan has %d members, the family %d", len(fp.Members), len(members))
+	}
+	if fp.Joint != nil || fp.Order != nil || len(fp.Values) > 0 {
+		return fmt.Errorf("check family: the plan is a chain's (one joint trace, an order, values)")
 	}
 	if fp.Align < 1 || fp.Align > lifetime.MaxSize {
 		return fmt.Errorf("check family: alignment %d is out of range", fp.Align)
@@ -415,7 +375,7 @@ func checkFamily(members []Member, fp *FamilyPlan, j *Joint) error {
 // where every shared key is one buffer live over all of it: one Check
 // proves that no buffer of any member ever touches a shared one, whose
 // contents outlive every replay.
-func checkJoint(j *Joint, fp *FamilyPlan) error {
+func checkJoint(j *Joint, fp *GroupPlan) error {
 	offs := make([][]int64, len(fp.Members))
 	for mi, mp := range fp.Members {
 		if mp.Plan != nil {
@@ -434,7 +394,7 @@ func checkJoint(j *Joint, fp *FamilyPlan) error {
 
 // checkMemberPlan checks a member's plan on its own trace: what
 // checkMember relies on, and what costs most.
-func checkMemberPlan(m Member, mp *MemberPlan, fp *FamilyPlan) error {
+func checkMemberPlan(m Member, mp *MemberPlan, fp *GroupPlan) error {
 	t, p := m.Trace, mp.Plan
 	if t == nil || p == nil {
 		return fmt.Errorf("no trace or no plan")
@@ -456,7 +416,7 @@ func checkMemberPlan(m Member, mp *MemberPlan, fp *FamilyPlan) error {
 
 // checkMember checks the rest of a member's plan against the family,
 // after checkMemberPlan.
-func checkMember(m Member, mp *MemberPlan, fp *FamilyPlan, byKey map[string]SharedBuffer, used map[string]bool) error {
+func checkMember(m Member, mp *MemberPlan, fp *GroupPlan, byKey map[string]SharedBuffer, used map[string]bool) error {
 	t, p := m.Trace, mp.Plan
 	if p.Arena > fp.Arena {
 		return fmt.Errorf("needs %d bytes, beyond the family arena of %d", p.Arena, fp.Arena)
@@ -502,7 +462,7 @@ func keyOf(m Member, i int) string {
 // replanned inside the family arena), with the family's figures made
 // again from the members' plans. Check it with CheckFamily against the
 // members, member i with the trace p was made for.
-func (fp *FamilyPlan) WithMember(i int, p *Plan) *FamilyPlan {
+func (fp *GroupPlan) WithMember(i int, p *Plan) *GroupPlan {
 	n := *fp
 	n.Members = slices.Clone(fp.Members)
 	n.Members[i] = MemberPlan{Name: fp.Members[i].Name, Plan: p, Alone: p.Arena}
@@ -512,7 +472,7 @@ func (fp *FamilyPlan) WithMember(i int, p *Plan) *FamilyPlan {
 // WithAdded returns fp with a member named name, planned alone by p,
 // added last (the others keep their plans); the arena and bounds are
 // recomputed as WithMember does.
-func (fp *FamilyPlan) WithAdded(name string, p *Plan) *FamilyPlan {
+func (fp *GroupPlan) WithAdded(name string, p *Plan) *GroupPlan {
 	n := *fp
 	n.Members = append(slices.Clone(fp.Members), MemberPlan{Name: name, Plan: p, Alone: p.Arena})
 	return n.totals()
@@ -520,7 +480,7 @@ func (fp *FamilyPlan) WithAdded(name string, p *Plan) *FamilyPlan {
 
 // totals recomputes the arena, lower bound and separate arenas from the
 // members' plans.
-func (fp *FamilyPlan) totals() *FamilyPlan {
+func (fp *GroupPlan) totals() *GroupPlan {
 	fp.Arena, fp.LowerBound, fp.SeparateArenas = fp.SharedRegion.Hi, 0, 0
 	for _, mp := range fp.Members {
 		fp.Arena = max(fp.Arena, mp.Plan.Arena)

@@ -101,7 +101,7 @@ func TestFamilyDecode(t *testing.T) {
 
 func TestFamilyCorruptionCaught(t *testing.T) {
 	ms := decodeFamily(2, 4)
-	fresh := func() *FamilyPlan {
+	fresh := func() *GroupPlan {
 		fp, err := PlanFamily(context.Background(), "bestfit", ms, Options{Workers: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -119,36 +119,37 @@ func TestFamilyCorruptionCaught(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		edit  func(fp *FamilyPlan)
+		edit  func(fp *GroupPlan)
 		wants string
 	}{
-		{"shared offset in one member", func(fp *FamilyPlan) {
+		{"shared offset in one member", func(fp *GroupPlan) {
 			// Swap two equally sized layer weights in member 3 only: its own
 			// plan stays valid, the family's is not.
 			p := fp.Members[3].Plan
 			i, j := 2, 4 // l0.w and l1.w
 			p.Offsets[i], p.Offsets[j] = p.Offsets[j], p.Offsets[i]
 		}, `shared key "l0.w" is at`},
-		{"shared key moved", func(fp *FamilyPlan) { fp.Shared[1].Offset += fp.Align }, "shared key"},
-		{"private buffer over shared", func(fp *FamilyPlan) {
+		{"shared key moved", func(fp *GroupPlan) { fp.Shared[1].Offset += fp.Align }, "shared key"},
+		{"private buffer over shared", func(fp *GroupPlan) {
 			p := fp.Members[0].Plan
 			p.Offsets[private(ms[0])] = 0
 		}, "overlap"},
-		{"arena too small", func(fp *FamilyPlan) { fp.Arena -= fp.Align }, "beyond the family arena"},
-		{"arena too large", func(fp *FamilyPlan) { fp.Arena += fp.Align }, "members and shared buffers need"},
-		{"lower bound", func(fp *FamilyPlan) { fp.LowerBound-- }, "lower bound"},
-		{"separate arenas", func(fp *FamilyPlan) { fp.SeparateArenas++ }, "separate arenas"},
-		{"alone below bound", func(fp *FamilyPlan) { fp.Members[2].Alone = 1; fp.SeparateArenas = 0 }, "below its lower bound"},
-		{"member renamed", func(fp *FamilyPlan) { fp.Members[1].Name = "x" }, `"x" in the plan`},
-		{"member dropped", func(fp *FamilyPlan) { fp.Members = fp.Members[1:] }, "members"},
-		{"unused shared key", func(fp *FamilyPlan) {
+		{"arena too small", func(fp *GroupPlan) { fp.Arena -= fp.Align }, "beyond the family arena"},
+		{"arena too large", func(fp *GroupPlan) { fp.Arena += fp.Align }, "members and shared buffers need"},
+		{"lower bound", func(fp *GroupPlan) { fp.LowerBound-- }, "lower bound"},
+		{"separate arenas", func(fp *GroupPlan) { fp.SeparateArenas++ }, "separate arenas"},
+		{"alone below bound", func(fp *GroupPlan) { fp.Members[2].Alone = 1; fp.SeparateArenas = 0 }, "below its lower bound"},
+		{"member renamed", func(fp *GroupPlan) { fp.Members[1].Name = "x" }, `"x" in the plan`},
+		{"member dropped", func(fp *GroupPlan) { fp.Members = fp.Members[1:] }, "members"},
+		{"unused shared key", func(fp *GroupPlan) {
 			// Above everything, so that only the unused key is wrong.
 			fp.Shared = append(fp.Shared, SharedBuffer{Key: "ghost", Offset: fp.Arena, Size: fp.Align, Align: fp.Align})
 			fp.Arena += fp.Align
 			fp.SharedRegion.Hi = fp.Arena
 		}, "used by no member"},
-		{"shared region", func(fp *FamilyPlan) { fp.SharedRegion.Hi++ }, "shared region"},
-		{"alignment", func(fp *FamilyPlan) { fp.Members[0].Plan.Align = 1 }, "alignment"},
+		{"shared region", func(fp *GroupPlan) { fp.SharedRegion.Hi++ }, "shared region"},
+		{"replay order", func(fp *GroupPlan) { fp.Order = []int{0, 1, 2} }, "a chain's"},
+		{"alignment", func(fp *GroupPlan) { fp.Members[0].Plan.Align = 1 }, "alignment"},
 	}
 	for _, c := range cases {
 		fp := fresh()
@@ -219,7 +220,7 @@ func TestFamilyErrors(t *testing.T) {
 // familyOracle checks, pair by pair, what CheckFamily promises about the
 // shared buffers: one offset per key, and no byte of a shared buffer used
 // by any other buffer of any member.
-func familyOracle(ms []Member, fp *FamilyPlan) error {
+func familyOracle(ms []Member, fp *GroupPlan) error {
 	type rng struct{ lo, hi int64 }
 	keyAt := map[string]rng{}
 	for mi, m := range ms {

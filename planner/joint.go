@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/arenaplan/arenaplan/lifetime"
 )
@@ -239,6 +240,87 @@ func (j *Joint) Lift(windows [][]int64) ([]int64, error) {
 		}
 	}
 	return out, nil
+}
+
+// GroupPlan is several members laid on one joint timeline in one arena,
+// each member's plan placing its buffers there: a family's members
+// (PlanFamily), replayed one at a time in any order, or a chain's stages
+// (PlanChain, Joint.Group), replayed in Order. Buffers that cross members
+// keep their bytes between replays: a family's shared keys sit at one
+// offset each, below every private buffer (Shared); a chain's values are
+// read in place by later stages, and Values says which stages overwrite
+// them, for Guard.
+type GroupPlan struct {
+	Algo  string
+	Align int64
+	// Arena is the group arena: the highest end of any buffer of any
+	// member, or of the shared region.
+	Arena int64
+	// LowerBound is what no arena that holds the group can be below: a
+	// family's largest member bound, the peak of a joint trace.
+	LowerBound int64
+	Members    []MemberPlan
+	// SharedRegion is [0, top of the shared buffers); Shared lists them by
+	// offset. Both are empty in a chain.
+	SharedRegion Region
+	Shared       []SharedBuffer
+	// Values are the buffers later members read in place; empty in a
+	// family.
+	Values []ChainValue
+	// Order is the replay order the plan was made for, which Guard keeps:
+	// 0, 1, ..., n-1 for a chain; nil for a family, whose members replay
+	// in any order.
+	Order []int
+	// Joint is the members on one timeline (its trace, and each member's
+	// span with its buffers' joint IDs) and Plan the plan of its trace,
+	// where the group was planned as one trace (a chain); nil for a
+	// family, planned member by member above its shared buffers.
+	Joint *Joint
+	Plan  *Plan
+	// SeparateArenas is the sum of the members' Alone arenas: what one
+	// arena per member would cost.
+	SeparateArenas int64
+	Elapsed        time.Duration
+}
+
+// MemberPlan is one member's place in a group plan.
+type MemberPlan struct {
+	Name string
+	// Plan holds an offset for every buffer of the member's trace inside
+	// the group arena; it passes Check on the member's trace. Its Arena
+	// is the highest end of the member's own buffers (at most the group
+	// arena) and its LowerBound the member's peak of live bytes, shared
+	// buffers included.
+	Plan *Plan
+	// Alone is the arena the member would cost in an arena of its own:
+	// in a family, what the same algorithm gives it planned by itself; in
+	// a group planned as one trace, its lower bound.
+	Alone int64
+}
+
+// Ratio is Arena / LowerBound (1 when the lower bound is 0).
+func (gp *GroupPlan) Ratio() float64 {
+	if gp.LowerBound == 0 {
+		return 1
+	}
+	return float64(gp.Arena) / float64(gp.LowerBound)
+}
+
+// Group is the group plan of windows laid on j and planned as one trace
+// by p, a plan of j.Trace: each window is a member whose plan is p on its
+// buffers (Offsets), and they replay in window order. It has no values:
+// PlanChain adds a chain's.
+func (j *Joint) Group(p *Plan, windows []Window) *GroupPlan {
+	gp := &GroupPlan{Algo: p.Algo, Align: p.Align, Arena: p.Arena, LowerBound: p.LowerBound, Joint: j, Plan: p}
+	for w, win := range windows {
+		offs := j.Offsets(w, p.Offsets)
+		mp := &Plan{Algo: p.Algo, Align: p.Align, Arena: ArenaSize(win.Trace, offs, p.Align), Offsets: offs}
+		mp.LowerBound, _ = win.Trace.LowerBound(p.Align)
+		gp.Members = append(gp.Members, MemberPlan{Name: win.Name, Plan: mp, Alone: mp.LowerBound})
+		gp.SeparateArenas += mp.LowerBound
+		gp.Order = append(gp.Order, w)
+	}
+	return gp
 }
 
 // windowPlan is planWindows' result: joint offsets, the buffers stacked at

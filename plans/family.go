@@ -14,7 +14,7 @@ import (
 // Workloads is nil, or holds one entry per member (nil where unknown).
 type Family struct {
 	Members   []planner.Member
-	Plan      *planner.FamilyPlan
+	Plan      *planner.GroupPlan
 	Workloads []*Workload
 }
 
@@ -150,7 +150,7 @@ func familyOfOne(f *File) *Family {
 	p := f.Plan
 	fam := &Family{
 		Members: []planner.Member{{Name: name, Trace: f.Trace}},
-		Plan: &planner.FamilyPlan{
+		Plan: &planner.GroupPlan{
 			Algo: p.Algo, Align: p.Align, Arena: p.Arena, LowerBound: p.LowerBound,
 			SharedRegion:   planner.Region{Group: "shared"},
 			Members:        []planner.MemberPlan{{Name: name, Plan: p, Alone: p.Arena}},
@@ -273,7 +273,7 @@ func parseFamily(raw []byte, budget *itemBudget) (*Family, [][32]byte, error) {
 	if r.err != nil {
 		return nil, nil, r.err
 	}
-	fp := &planner.FamilyPlan{SharedRegion: planner.Region{Group: "shared"}}
+	fp := &planner.GroupPlan{SharedRegion: planner.Region{Group: "shared"}}
 	fp.Algo = s.str()
 	fp.Align = s.int64()
 	fp.Arena = s.int64()
