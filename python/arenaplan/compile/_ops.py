@@ -37,12 +37,11 @@ class _Ops:
         self._cache_enable = getattr(torch._C, "_set_cached_tensors_enabled", None)
         self._cache_enabled = False
 
-    def ap(self):
-        from .. import torch as ap  # imported late: it needs torch and loads nothing until install()
-        return ap
-
-    def installed(self) -> bool:
-        return self.ap().installed()
+    @staticmethod
+    def installed() -> bool:
+        """Whether arenaplan.torch.install() ran in this process."""
+        from .. import _state
+        return _state.lib is not None
 
     @staticmethod
     def is_tensor(x) -> bool:
@@ -218,8 +217,9 @@ class _Ops:
         release_workspaces()
 
     def capture(self, fns: Dict[Hashable, Callable[[], Any]], name: str, device: int, opts: CompileOptions):
-        return self.ap().graphs(fns, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
-                                name=name, device=device, stream=self.stream(device))
+        from .._family import graphs  # imported late: it needs torch
+        return graphs(fns, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                      name=name, device=device, stream=self.stream(device))
 
     def add_member(self, fam, key: Hashable, fn: Callable[[], Any], device: int, opts: CompileOptions) -> None:
         """GraphFamily.add on the backend's capture stream: raises when the
@@ -231,8 +231,9 @@ class _Ops:
                       opts: CompileOptions, capture: Optional[int] = None):
         """A chain of the stages, its first ``capture`` captured (default
         all); :meth:`GraphChain.capture` captures the others."""
-        return self.ap().chain(stages, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
-                               name=name, device=device, stream=self.stream(device), capture=capture)
+        from .._chain import chain  # imported late: it needs torch
+        return chain(stages, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                     name=name, device=device, stream=self.stream(device), capture=capture)
 
     @staticmethod
     def meta(t) -> Hashable:
