@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
-	"github.com/arenaplan/arenaplan/internal/devtest"
+	"github.com/arenaplan/arenaplan/cuda/devtest"
 	"github.com/arenaplan/arenaplan/lifetime"
 	"github.com/arenaplan/arenaplan/planner"
 )

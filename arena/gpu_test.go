@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arenaplan/arenaplan/internal/devtest"
+	"github.com/arenaplan/arenaplan/cuda/devtest"
 	"github.com/arenaplan/arenaplan/lifetime"
 )
 

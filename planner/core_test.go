@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arenaplan/arenaplan/internal/tracegen"
 	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/lifetime/tracegen"
 )
 
 // TestCoreKeepsEveryConflict: two buffers that overlap in time and both

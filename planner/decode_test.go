@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arenaplan/arenaplan/internal/tracegen"
 	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/lifetime/tracegen"
 )
 
 var updateDecode = flag.Bool("update", false, "rewrite the generated traces in testdata from internal/tracegen")

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/arenaplan/arenaplan/internal/devtest"
+	"github.com/arenaplan/arenaplan/cuda/devtest"
 )
 
 // The tests in this file run on the CUDA driver when cuda.Open(0)

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/arenaplan/arenaplan/cuda"
-	"github.com/arenaplan/arenaplan/internal/devtest"
+	"github.com/arenaplan/arenaplan/cuda/devtest"
 )
 
 const (

@@ -33,8 +33,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/arenaplan/arenaplan/internal/tracegen"
 	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/lifetime/tracegen"
 	"github.com/arenaplan/arenaplan/planner"
 )
 
