@@ -255,6 +255,7 @@ def run(a):
                                      if r.get("training") != "backward")
             res["largest_need"] = max((r["lower_bound"] for r in rep if "lower_bound" in r), default=None)
         if a.mode == "ro" and a.workload in COMPILED:
+            from torch_train_loops import _ro_pool_bytes  # CUDAGraph Trees' pool, measured as there
             res["graph_bytes"] = _ro_pool_bytes(torch, dev)
         res.update(info)
         if ap is not None:
@@ -263,15 +264,6 @@ def run(a):
         err = err or f"{type(e).__name__}: {e}"[:400]
     res["error"] = err
     print(json.dumps(res, default=str), flush=True)
-
-
-def _ro_pool_bytes(torch, dev):
-    try:
-        from torch._inductor import cudagraph_trees
-        pool = tuple(cudagraph_trees.get_container(dev.index).tree_manager.cuda_graphs_thread_pool)
-    except (AttributeError, ImportError):
-        return None
-    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == pool)
 
 
 def summary(path):
