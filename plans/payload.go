@@ -130,7 +130,7 @@ func encodeSections(f *File, keys []string) []byte {
 	}
 	if wl := f.Workload; wl != nil {
 		w.section(kindWorkload, 64, func(s *writer) {
-			s.uvarint(1) // members; a later version may allow a family
+			s.uvarint(1) // workloads in the section: one (a family file describes its members in its family section)
 			s.str(wl.Name)
 			s.bytes(wl.Fingerprint[:])
 			s.uvarint(uint64(len(wl.Shape)))
