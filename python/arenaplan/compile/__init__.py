@@ -72,8 +72,10 @@ Members share the arena, so a call at one shape writes where the last call
 at another left its outputs: those the program still holds are first moved
 into memory of their own (a copy each, only then), as CUDAGraph Trees keep
 one graph's live outputs from another's; so are they when the family is
-captured anew. One of which the program holds a view cannot be moved: it
-raises when read, as an overwritten output does.
+captured anew. One of which the program holds a view cannot be moved (the
+view would stay behind): while it is held, the calls that would overwrite
+it or give its memory back run inductor's code without a graph (one
+warning), and replays resume once it is released.
 
 Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain

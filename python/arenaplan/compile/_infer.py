@@ -190,8 +190,13 @@ class _Runner(_Warns):
         if g.last is not None and g.last is not outs:
             # Another member's outputs: the copies in and the replay write
             # their memory, so those held move out first (an input among
-            # them is then copied in from where it went).
-            g.last.overwritten()
+            # them is then copied in from where it went); one that cannot
+            # (a view of it is held) keeps its memory: this call runs
+            # without a graph.
+            if not g.last.overwritten():
+                self._warn("view", "a view of an output of another shape's call is still held; calls that would "
+                                   "overwrite it run without a graph until it is released")
+                return self._plain(inputs)
         if m.dst:
             self._copy_in(m, inputs)
         del inputs
@@ -334,8 +339,18 @@ class _Runner(_Warns):
         for the member new, from the host copies for the others."""
         ops, g = self.ops, self.group
         runners = g.live()
+        # The outputs the program holds move out before the family's memory
+        # goes; while a view of one is held, nothing is captured anew (the
+        # call runs without a graph, the next one at its shape tries again).
         for r in runners:
-            r._release_outputs(move=True)  # before the family's memory goes
+            if not all([o.overwritten() for o in r._outs.values()]):
+                if new is not None:
+                    self.members = {k: v for k, v in self.members.items() if v is not new}
+                self._warn("view", "a view of an output of this graph's last call is still held; calls that would "
+                                   "overwrite it run without a graph until it is released")
+                return False
+        for r in runners:
+            r._release_outputs()
         if g.family is not None:
             g.family.close()
             g.family = None
@@ -456,12 +471,11 @@ class _Runner(_Warns):
             g.last = None
         self.members.clear()
 
-    def _release_outputs(self, move: bool = False) -> None:
+    def _release_outputs(self) -> None:
         """Forget every member's outputs (the graphs that wrote them are
-        going): those still held are moved into memory of their own
-        (``move``) or made unreadable."""
+        going): those still held are made unreadable."""
         for o in self._outs.values():
-            o.release(move=move)
+            o.release()
         self._outs.clear()
         if self.group is not None:
             self.group.last = None

@@ -176,30 +176,30 @@ class _Outputs:
                     self.ops.set_cached(t, False)
             self.cached = False
 
-    def overwritten(self) -> None:
-        """Another member of the family replays over this memory: the
+    def overwritten(self) -> bool:
+        """Another member of the family is about to write this memory: the
         tensors something holds are moved into memory of their own first,
-        as CUDAGraph Trees keep one graph's live outputs from another's
-        (or, where that cannot be: a view or alias of one is held, made
-        unreadable); the others stay, handed back at this member's next
-        replay, which rewrites them."""
+        as CUDAGraph Trees keep one graph's live outputs from another's;
+        the others stay, handed back at this member's next replay, which
+        rewrites them. False where one cannot be moved (another tensor
+        shares its memory: a view of it is held, which a move would leave
+        behind): that one stays where it is, and the caller must not
+        write there."""
+        moved = True
         for i in self.held():
-            self._drop(i, not self._move_out(i))
-
-    def release(self, deny: bool = True, move: bool = False) -> None:
-        """Drop every tensor: the memory is about to be overwritten or
-        given back. Those held are moved into memory of their own first
-        (``move``: the family is captured anew), or, where that cannot be
-        (a view or alias of one is held) or is not asked, made unreadable
-        (``deny``)."""
-        held = set(self.held()) if deny or move else set()
-        for i, tok in enumerate(self.tokens):
-            if tok is None:
-                continue
-            if i in held and move and self._move_out(i):
+            if self._move_out(i):
                 self._drop(i, False)  # the program's now
             else:
-                self._drop(i, deny and i in held)
+                moved = False
+        return moved
+
+    def release(self, deny: bool = True) -> None:
+        """Drop every tensor, those held made unreadable (``deny``): the
+        memory is about to be overwritten or given back."""
+        held = set(self.held()) if deny else set()
+        for i, tok in enumerate(self.tokens):
+            if tok is not None:
+                self._drop(i, i in held)
 
     def _move_out(self, i: int) -> bool:
         try:
