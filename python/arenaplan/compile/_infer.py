@@ -84,6 +84,9 @@ class _Group:
         return rs
 
 
+_VIEW_HELD = ("a view of an output of an earlier call (at another shape, or of a graph sharing the arena) is still "
+              "held; calls that would overwrite it run without a graph until it is released")
+
 # The groups by (frame, device); a group lives while one of its graphs does.
 _groups: "weakref.WeakValueDictionary[Hashable, _Group]" = weakref.WeakValueDictionary()
 
@@ -194,8 +197,7 @@ class _Runner(_Warns):
             # (a view of it is held) keeps its memory: this call runs
             # without a graph.
             if not g.last.overwritten():
-                self._warn("view", "a view of an output of another shape's call is still held; calls that would "
-                                   "overwrite it run without a graph until it is released")
+                self._warn("view", _VIEW_HELD)
                 return self._plain(inputs)
         if m.dst:
             self._copy_in(m, inputs)
@@ -346,8 +348,7 @@ class _Runner(_Warns):
             if not all([o.overwritten() for o in r._outs.values()]):
                 if new is not None:
                     self.members = {k: v for k, v in self.members.items() if v is not new}
-                self._warn("view", "a view of an output of this graph's last call is still held; calls that would "
-                                   "overwrite it run without a graph until it is released")
+                self._warn("view", _VIEW_HELD)
                 return False
         for r in runners:
             r._release_outputs()
