@@ -213,10 +213,10 @@ def _workspace_pool(stream: "torch.cuda.Stream", device: int) -> Optional[Any]:
 
 def release_workspaces() -> None:
     """Drop PyTorch's cuBLAS and cuBLASLt workspaces (every thread's and
-    stream's), as CUDAGraph Trees do around a warm-up: those a plain run
-    before a capture made on the program's stream would otherwise stay
-    held (32 MiB each on a Hopper GPU), while the graphs' own stay in
-    their pool (:func:`workspaces`). The program's next matrix product
+    stream's), as CUDAGraph Trees do around a warm-up (:func:`workspaces`
+    does, before each capture): those the program's plain calls made
+    would otherwise stay held (32 MiB each on a Hopper GPU), while the
+    graphs' own stay in their pool. The program's next matrix product
     makes its stream's again. Nothing where this torch cannot."""
     clear = getattr(getattr(torch, "_C", None), "_cuda_clearCublasWorkspaces", None)
     if clear is not None:

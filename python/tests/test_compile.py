@@ -200,7 +200,6 @@ class _FakeOps(apc._Ops):
         self.copies = []  # (dst address, src address)
         self.pools = []  # the warm-up pools made
         self.routed = []  # per block routed to a pool: its index in pools
-        self.released = []  # per release_workspaces call: the pools open then
         self.rng = 0  # the stand-in CUDA generator: random numbers drawn so far
 
     def rng_state(self, device):
@@ -225,12 +224,6 @@ class _FakeOps(apc._Ops):
     def close_pool(pool):
         assert not pool.closed, "a pool closed twice"
         pool.closed = True
-
-    def release_workspaces(self):
-        """Records, per call, the warm-up pools still open (the workspaces
-        must go before the pool they were made in is closed)."""
-        assert not self.capturing_now, "workspaces dropped inside a capture"
-        self.released.append([p.index for p in self.pools if not p.closed])
 
     def new_arena(self):
         self.arenas += 1
@@ -463,7 +456,6 @@ class RunnerTest(unittest.TestCase):
         out1 = r([w0, w1, x, 3])
         fam = ops.families[0]
         self.assertEqual(ops.routed, [], "an inference graph's calls allocate as any other")
-        self.assertEqual(ops.released, [[]], "the warm-up call's workspaces dropped after it, and only then")
         self.assertEqual(len(inner.calls), 4, "two runs before the capture (the last recorded), one captured")
         for run in inner.calls[1:]:
             self.assertIs(run[0], w0)
@@ -1281,8 +1273,6 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (3, 3))
         # The plain forward and backward ran each in a pool of its own, released when it returned.
         self.assertEqual((self.ops.routed, [p.closed for p in self.ops.pools]), ([0, 1], [True, True]))
-        self.assertEqual(self.ops.released, [[0], [1]],
-                         "each plain call's workspaces dropped once, before its pool is closed")
         self.assertEqual(self.pair.bw_map[0], ("fw", 1))
         self.assertEqual(self.pair.bw_map[1][0], "tan")
         r = self.fw.report()

@@ -107,8 +107,8 @@ capture stream's cuBLAS and cuBLASLt workspaces (one per handle and stream
 in PyTorch, 32 MiB each on Hopper) are made in a pool of that stream's,
 after PyTorch's workspaces are dropped, so that the threads that capture on
 it (a forward in the program's, its backward in autograd's) take turns on
-one workspace's memory, kept for the graphs. The plain runs before a
-capture drop the workspaces they made on the program's stream, as
+one workspace's memory, kept for the graphs; dropping PyTorch's there
+also drops those the plain calls before made on the program's stream, as
 CUDAGraph Trees do around a warm-up. Before the runs of a capture (warm-up,
 recorded), what the program's stream left cached goes back to the device,
 and before the arena is mapped, what those runs left cached does too: the

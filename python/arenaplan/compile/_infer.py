@@ -174,11 +174,7 @@ class _Runner(_Warns):
                 n = self.seen.get(shape, 0)
                 if n < self.opts.warmup:
                     self.seen[shape] = n + 1
-                    out = self._plain(inputs)
-                    # Its workspaces on the program's stream go, as after
-                    # CUDAGraph Trees' warm-up; the capture's are its own.
-                    self.ops.release_workspaces()
-                    return out
+                    return self._plain(inputs)
                 m = self._add(key, inputs)
                 if m is None:
                     return self._plain(inputs)

@@ -209,12 +209,6 @@ class _Ops:
     def close_pool(pool) -> None:
         pool.close()
 
-    @staticmethod
-    def release_workspaces() -> None:
-        """Drop the math libraries' workspaces a plain run made (see
-        arenaplan.torch's release_workspaces)."""
-        from .._graph import release_workspaces  # imported late: it needs torch
-        release_workspaces()
 
     def capture(self, fns: Dict[Hashable, Callable[[], Any]], name: str, device: int, opts: CompileOptions):
         from .._family import graphs  # imported late: it needs torch

@@ -54,14 +54,6 @@ def _warm_pool(ops: "_Ops", device: Optional[int]):
         with ops.in_pool(pool, device):
             yield
     finally:
-        # The workspaces the call made on the program's stream (in the
-        # pool, kept for good otherwise: PyTorch holds them per thread and
-        # stream) go, as CUDAGraph Trees drop theirs after a warm-up.
-        try:
-            ops.release_workspaces()
-        except Exception as e:  # noqa: BLE001 - they stay held, nothing else
-            warnings.warn(f"arenaplan.compile: dropping the workspaces of a call before a capture: {e}",
-                          RuntimeWarning, stacklevel=3)
         if pool is not None:
             try:
                 ops.close_pool(pool)
