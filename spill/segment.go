@@ -186,6 +186,43 @@ func (s *Allocator) EmptyCache() error {
 	return nil
 }
 
+// makeRoom gives the wholly free segments back to the driver before a
+// grow for rsize bytes that would map more than this allocator ever held
+// at once (mappedHigh), where they hold at least the new segment's bytes
+// and the request is not small (a small one adds one chunk).
+// The free memory an earlier phase of a step left in segments too small
+// for this request then goes back instead of staying mapped beside the new
+// segment, so that a new peak is what is in use plus the slack of
+// partly used segments, not everything cached. (PyTorch's allocator gives
+// its cache back only once the device is out of memory: a training step's
+// first backward, or a recorded run before a capture, held up to 30%
+// more than it used at its peak.) It waits for the device, as trim does:
+// a process reaches a new peak a few times, never in a steady step, and
+// only where no capture is underway (as plainNow). s.mu is held.
+func (s *Allocator) makeRoom(pool *Pool, rsize uint64) {
+	size := roundUp(rsize, s.cfg.chunk)
+	if pool.small(rsize) || s.st.Mapped+size <= s.mappedHigh || len(s.captures) > 0 || (pool.user != nil && pool.user.src != nil) ||
+		(s.cfg.foreign && (!s.hinted || s.foreignN > 0)) {
+		return
+	}
+	var free uint64
+	for seg := range s.segments {
+		if s.trimmable(seg) {
+			free += seg.size
+		}
+	}
+	if free >= size {
+		s.trim(false)
+	}
+}
+
+// trimmable says whether trim(false) unmaps seg: wholly free, not paused,
+// not doomed already, and in a pool no graph holds.
+func (s *Allocator) trimmable(seg *segment) bool {
+	kept := seg.pool.private && seg.pool.refs > 0 && seg.pool.region == ""
+	return !seg.doomed && seg.wholeFree() && !kept && !seg.paused
+}
+
 // trim unmaps free segments of pools no graph holds (all when closing)
 // and the doomed ones, and returns the bytes unmapped. Work queued on a
 // segment must finish before it is unmapped (cuMemUnmap does not wait
@@ -195,8 +232,7 @@ func (s *Allocator) trim(all bool) uint64 {
 	var freed uint64
 	var segs []*segment
 	for seg := range s.segments {
-		kept := seg.pool.private && seg.pool.refs > 0 && seg.pool.region == ""
-		if !seg.doomed && (all || seg.wholeFree() && !kept && !seg.paused) {
+		if all && !seg.doomed || s.trimmable(seg) {
 			segs = append(segs, seg)
 		}
 	}

@@ -256,6 +256,7 @@ func (s *Allocator) allocBlock(in *Pool, size uint64, st cuda.Stream, grow bool)
 		return nil, fmt.Errorf("spill: Alloc(%d) on %s: %w", size, pool, ErrWouldGrow)
 	}
 	if b == nil {
+		s.makeRoom(pool, rsize)
 		var err error
 		if b, err = s.grow(pool, st, rsize); err != nil {
 			// Out of memory: a free block of the other size class serves

@@ -203,11 +203,13 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	}
 	// A large request never takes a small segment's space, nor a small
 	// request a large segment's.
+	held := mustAlloc(t, s, 1000, st) // the small segment is not wholly free: it stays (see makeRoom)
 	big := mustAlloc(t, s, SmallBlock+MinBlock, st)
 	if st := s.Stats(); st.Segments != 2 || st.Mapped != 4*MiB {
-		t.Errorf("1 MiB + 512 B beside a free small segment: %+v, want a second segment", st)
+		t.Errorf("1 MiB + 512 B beside a small segment with room: %+v, want a second segment", st)
 	}
 	mustFree(t, s, big)
+	mustFree(t, s, held)
 	mustValid(t, s)
 	if err := s.EmptyCache(); err != nil {
 		t.Fatal(err)
@@ -644,4 +646,57 @@ func TestSpillRegrow(t *testing.T) {
 	}
 	mustFree(t, s, p)
 	mustValid(t, s)
+}
+
+// TestSpillNewPeakGivesCacheBack: a large request that would map more than
+// the allocator ever held gives the wholly free segments back first, where
+// they hold at least its segment's bytes, so that the peak stays what was
+// held before; steady repeats of the same requests then wait for nothing.
+func TestSpillNewPeakGivesCacheBack(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	st := e.Stream(t)
+	phase := func() {
+		var ps []cuda.DevicePtr
+		for range 4 {
+			ps = append(ps, mustAlloc(t, s, SmallBlock+MinBlock, st)) // a 2 MiB segment each, at first
+		}
+		for _, p := range ps {
+			mustFree(t, s, p)
+		}
+		mustFree(t, s, mustAlloc(t, s, 6*MiB, st)) // fits in none of them
+	}
+	phase()
+	got := s.Stats()
+	if got.PeakMapped != 8*MiB || got.Syncs != 1 || got.Unmaps != 4 || got.Mapped != 6*MiB {
+		t.Fatalf("after the first phase: %+v; want a peak of 8 MiB (four free 2 MiB segments given back for 6 MiB), "+
+			"one device wait, 6 MiB mapped", got)
+	}
+	for range 3 {
+		phase()
+	}
+	if again := s.Stats(); again.Syncs != got.Syncs || again.Unmaps != got.Unmaps || again.PeakMapped != 8*MiB {
+		t.Errorf("steady phases: %+v; want no device wait or unmap more, the same peak", again)
+	}
+	mustValid(t, s)
+
+	// Free segments smaller than the new one stay: giving them back would
+	// not keep the peak.
+	s2 := newSpill(t, e)
+	mustFree(t, s2, mustAlloc(t, s2, 2*MiB, st))
+	mustFree(t, s2, mustAlloc(t, s2, 10*MiB, st))
+	if got := s2.Stats(); got.Mapped != 12*MiB || got.Syncs != 0 {
+		t.Errorf("10 MiB beside a free 2 MiB segment: %+v, want both mapped and no device wait", got)
+	}
+	// A small request at a new peak maps one chunk and gives nothing back.
+	s3 := newSpill(t, e)
+	mustFree(t, s3, mustAlloc(t, s3, 4*MiB, st))
+	for range 3 {
+		mustAlloc(t, s3, SmallBlock, st)
+	}
+	if got := s3.Stats(); got.Syncs != 0 || got.Unmaps != 0 {
+		t.Errorf("small requests at a new peak: %+v, want no device wait or unmap", got)
+	}
+	mustValid(t, s2)
+	mustValid(t, s3)
 }

@@ -8,6 +8,7 @@ for torch and arenaplan.torch whose device memory holds values, so that
 what a replay reads is checked.
 """
 import contextlib
+import functools
 import gc
 import os
 import sys
@@ -430,6 +431,23 @@ class RegistrationTest(unittest.TestCase):
 
 
 class RunnerTest(unittest.TestCase):
+    def test_boxed_through_a_wrapper(self):
+        # dynamo's disable() wraps AOTAutograd's backward with functools.wraps;
+        # AOTAutograd hands a list only to what says _boxed_call, else unpacks
+        # the list into arguments it holds until the call returns (every
+        # saved activation kept alive through the whole backward).
+        r, inner, _ = _runner(warmup=3)
+
+        @functools.wraps(r)
+        def wrapper(*a, **k):
+            return r(*a, **k)
+
+        args = [_Tensor((4, 4)), _Tensor((4,)), _Tensor((8, 4)), 3]
+        self.assertTrue(getattr(wrapper, "_boxed_call", False), "the wrapper says it takes a list")
+        wrapper(args)
+        self.assertEqual(args, [], "the caller's list is emptied: it holds no input through the call")
+        self.assertEqual(len(inner.calls), 1)
+
     def test_outputs_reused_while_nothing_holds_them(self):
         r, inner, ops = _runner(warmup=0)
         w0, w1 = _Tensor((4, 4)), _Tensor((4,))
