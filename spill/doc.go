@@ -19,7 +19,13 @@
 // most 1 MiB (SmallBlock) use segments of their own, as in PyTorch's
 // caching allocator. AllocDefault can be told not to grow (ErrWouldGrow),
 // so that a cache of freed blocks in front of it (the PyTorch bridge's C
-// fast path) gives them back before more memory is mapped.
+// fast path) gives them back before more memory is mapped. Freed memory
+// stays cached until EmptyCache, with one exception: a large request that
+// would map more than the allocator ever held at once first gives the
+// wholly free segments back (after waiting for the device), where they
+// hold at least its segment, so that a new peak is not the old cache plus
+// the new segment (a training step's first backward, after its forward's
+// small segments). Steady work, which maps nothing new, never waits.
 //
 // # Captures
 //
