@@ -44,7 +44,7 @@ import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-COMPILED = ["gpt2-prefill", "convnext", "bert3", "t5enc", "resnet18-train", "llama-train"]
+COMPILED = ["gpt2-prefill", "convnext", "bert3", "t5enc", "breaks", "resnet18-train", "llama-train"]
 WORKLOADS = COMPILED + ["graphs", "eager"]
 BATCHES = (256, 64, 16, 1)  # the family's members, largest first
 M = 2 ** 20
@@ -91,6 +91,8 @@ def build(name, mode, torch, dev, ap, info):
     def ids(*shape):
         return torch.randint(0, 16384, shape, device=dev)
 
+    if name == "breaks":
+        return _breaks(torch, dev, compile_fn)
     if name in ("gpt2-prefill", "convnext", "bert3", "t5enc"):
         if name == "gpt2-prefill":
             from transformers import GPT2Config, GPT2LMHeadModel
@@ -144,6 +146,53 @@ def build(name, mode, torch, dev, ap, info):
         opt.zero_grad(set_to_none=True)
         fast(*batch).backward()
         opt.step()
+    return step
+
+
+def _breaks(torch, dev, compile_fn):
+    """Graphs of different frames, run one after another on one stream: a
+    6-block transformer (512 wide, fp16, batch 4 x 512) whose forward
+    breaks the graph after its third block (two frames), then a head
+    compiled as a module of its own (a third), the hidden states flowing
+    from each into the next."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self, w, heads):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = nn.LayerNorm(w), nn.LayerNorm(w)
+            self.qkv, self.o = nn.Linear(w, 3 * w), nn.Linear(w, w)
+            self.up, self.down = nn.Linear(w, 4 * w), nn.Linear(4 * w, w)
+
+        def forward(self, x):
+            b, t, w = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, w)
+            x = x + self.o(a)
+            return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+    class Body(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(16384, 512)
+            self.blocks = nn.ModuleList(Block(512, 8) for _ in range(6))
+
+        def forward(self, ids):
+            h = self.emb(ids)
+            for i, blk in enumerate(self.blocks):
+                if i == 3:
+                    torch._dynamo.graph_break()
+                h = blk(h)
+            return h
+
+    body = compile_fn(Body().to(dev, torch.float16).eval())
+    head = compile_fn(nn.Sequential(nn.LayerNorm(512), nn.Linear(512, 16384)).to(dev, torch.float16).eval())
+    x = torch.randint(0, 16384, (4, 512), device=dev)
+
+    def step():
+        with torch.no_grad():
+            head(body(x))
     return step
 
 

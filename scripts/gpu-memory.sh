@@ -25,7 +25,7 @@ export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inductor-cache}
 export CUBLAS_WORKSPACE_CONFIG=:4096:8
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-WORKLOADS=${WORKLOADS:-gpt2-prefill convnext bert3 t5enc resnet18-train llama-train graphs eager}
+WORKLOADS=${WORKLOADS:-gpt2-prefill convnext bert3 t5enc breaks resnet18-train llama-train graphs eager}
 MODES=${MODES:-ro plain ours}
 # one MODE WORKLOAD: a process, unless the deadline passed
 one() {
