@@ -454,6 +454,20 @@ func (s *Sim) reservation(p DevicePtr, size uint64) (*simRegion, uint64, bool) {
 	return r, uint64(p) - r.base, true
 }
 
+// mappedRange checks the range [p, p+size) that op (cuMemSetAccess,
+// cuMemUnmap) acts on: granular, within one reservation and covered by
+// its mappings. It returns the reservation and the offset; s.mu is held.
+func (s *Sim) mappedRange(op string, p DevicePtr, size uint64) (*simRegion, uint64, error) {
+	if err := s.live(op); err != nil {
+		return nil, 0, err
+	}
+	r, off, ok := s.reservation(p, size)
+	if !ok || !s.granular(size) || !r.covered(off, size, false) {
+		return nil, 0, &Error{Op: op, Code: ErrorInvalidValue}
+	}
+	return r, off, nil
+}
+
 func (s *Sim) MemMap(p DevicePtr, size uint64, id MemHandle) error {
 	const op = "cuMemMap"
 	s.mu.Lock()
@@ -526,15 +540,11 @@ func (s *Sim) MemMap(p DevicePtr, size uint64, id MemHandle) error {
 }
 
 func (s *Sim) MemSetAccess(p DevicePtr, size uint64) error {
-	const op = "cuMemSetAccess"
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.live(op); err != nil {
+	r, off, err := s.mappedRange("cuMemSetAccess", p, size)
+	if err != nil {
 		return err
-	}
-	r, off, ok := s.reservation(p, size)
-	if !ok || !s.granular(size) || !r.covered(off, size, false) {
-		return &Error{Op: op, Code: ErrorInvalidValue}
 	}
 	for i := range r.maps {
 		m := &r.maps[i]
@@ -549,12 +559,9 @@ func (s *Sim) MemUnmap(p DevicePtr, size uint64) error {
 	const op = "cuMemUnmap"
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.live(op); err != nil {
+	r, off, err := s.mappedRange(op, p, size)
+	if err != nil {
 		return err
-	}
-	r, off, ok := s.reservation(p, size)
-	if !ok || !s.granular(size) || !r.covered(off, size, false) {
-		return &Error{Op: op, Code: ErrorInvalidValue}
 	}
 	var keep, gone []simMapping
 	for _, m := range r.maps {
