@@ -261,6 +261,22 @@ func (d *pickleDecoder) top(at int) (any, error) {
 	return d.stack[n-1], nil
 }
 
+// topAs returns the value on top of the stack, which op fills, as a T: a
+// dict for SETITEM(S), which sets items "on" it, a list for APPEND(S),
+// which append "to" it.
+func topAs[T any](d *pickleDecoder, at int, prep, want string) (T, error) {
+	var zero T
+	t, err := d.top(at)
+	if err != nil {
+		return zero, err
+	}
+	v, ok := t.(T)
+	if !ok {
+		return zero, d.errorf(at, "%s %s a %s, not a %s", pickleOpNames[d.op], prep, pickleTypeName(t), want)
+	}
+	return v, nil
+}
+
 // popMark returns the items pushed since the last MARK and removes them
 // and the mark. The returned slice aliases the stack: callers copy it.
 func (d *pickleDecoder) popMark(at int) ([]any, error) {
@@ -375,13 +391,9 @@ func (d *pickleDecoder) run() (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			t, err := d.top(at)
+			dict, err := topAs[*pickleDict](d, at, "on", "dict")
 			if err != nil {
 				return nil, err
-			}
-			dict, ok := t.(*pickleDict)
-			if !ok {
-				return nil, d.errorf(at, "SETITEM on a %s, not a dict", pickleTypeName(t))
 			}
 			was := cap(dict.keys)
 			dict.keys = append(dict.keys, k)
@@ -397,13 +409,9 @@ func (d *pickleDecoder) run() (any, error) {
 			if len(items)%2 != 0 {
 				return nil, d.errorf(at, "SETITEMS with an odd number (%d) of items", len(items))
 			}
-			t, err := d.top(at)
+			dict, err := topAs[*pickleDict](d, at, "on", "dict")
 			if err != nil {
 				return nil, err
-			}
-			dict, ok := t.(*pickleDict)
-			if !ok {
-				return nil, d.errorf(at, "SETITEMS on a %s, not a dict", pickleTypeName(t))
 			}
 			// Size the dict once: SETITEMS usually fills a fresh EMPTY_DICT.
 			was := cap(dict.keys)
@@ -421,13 +429,9 @@ func (d *pickleDecoder) run() (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			t, err := d.top(at)
+			list, err := topAs[*pickleList](d, at, "to", "list")
 			if err != nil {
 				return nil, err
-			}
-			list, ok := t.(*pickleList)
-			if !ok {
-				return nil, d.errorf(at, "APPEND to a %s, not a list", pickleTypeName(t))
 			}
 			was := cap(list.items)
 			list.items = append(list.items, v)
@@ -439,13 +443,9 @@ func (d *pickleDecoder) run() (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			t, err := d.top(at)
+			list, err := topAs[*pickleList](d, at, "to", "list")
 			if err != nil {
 				return nil, err
-			}
-			list, ok := t.(*pickleList)
-			if !ok {
-				return nil, d.errorf(at, "APPENDS to a %s, not a list", pickleTypeName(t))
 			}
 			was := cap(list.items)
 			list.items = append(list.items, items...)
@@ -453,7 +453,7 @@ func (d *pickleDecoder) run() (any, error) {
 				return nil, err
 			}
 		case 0x8c, 'X', 0x8d: // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
-			n, err := d.length(at, op)
+			n, err := d.arg(at, op)
 			if err != nil {
 				return nil, err
 			}
@@ -475,7 +475,7 @@ func (d *pickleDecoder) run() (any, error) {
 				d.stack = append(d.stack, string(b))
 			}
 		case 'C', 'B', 0x8e: // SHORT_BINBYTES, BINBYTES, BINBYTES8
-			n, err := d.length(at, op)
+			n, err := d.arg(at, op)
 			if err != nil {
 				return nil, err
 			}
@@ -496,18 +496,12 @@ func (d *pickleDecoder) run() (any, error) {
 				return nil, err
 			}
 			d.stack = append(d.stack, int64(int32(binary.LittleEndian.Uint32(b))))
-		case 'K': // BININT1
-			b, err := d.take(at, 1)
+		case 'K', 'M': // BININT1, BININT2: unsigned
+			v, err := d.arg(at, op)
 			if err != nil {
 				return nil, err
 			}
-			d.stack = append(d.stack, int64(b[0]))
-		case 'M': // BININT2
-			b, err := d.take(at, 2)
-			if err != nil {
-				return nil, err
-			}
-			d.stack = append(d.stack, int64(binary.LittleEndian.Uint16(b)))
+			d.stack = append(d.stack, int64(v))
 		case 0x8a: // LONG1: n-byte two's complement little-endian
 			nb, err := d.take(at, 1)
 			if err != nil {
@@ -554,36 +548,20 @@ func (d *pickleDecoder) run() (any, error) {
 			if err := d.memoPut(at, uint64(len(d.memo))); err != nil {
 				return nil, err
 			}
-		case 'q': // BINPUT
-			b, err := d.take(at, 1)
+		case 'q', 'r': // BINPUT, LONG_BINPUT
+			idx, err := d.arg(at, op)
 			if err != nil {
 				return nil, err
 			}
-			if err := d.memoPut(at, uint64(b[0])); err != nil {
+			if err := d.memoPut(at, idx); err != nil {
 				return nil, err
 			}
-		case 'r': // LONG_BINPUT
-			b, err := d.take(at, 4)
+		case 'h', 'j': // BINGET, LONG_BINGET
+			idx, err := d.arg(at, op)
 			if err != nil {
 				return nil, err
 			}
-			if err := d.memoPut(at, uint64(binary.LittleEndian.Uint32(b))); err != nil {
-				return nil, err
-			}
-		case 'h': // BINGET
-			b, err := d.take(at, 1)
-			if err != nil {
-				return nil, err
-			}
-			if err := d.memoGet(at, uint64(b[0])); err != nil {
-				return nil, err
-			}
-		case 'j': // LONG_BINGET
-			b, err := d.take(at, 4)
-			if err != nil {
-				return nil, err
-			}
-			if err := d.memoGet(at, uint64(binary.LittleEndian.Uint32(b))); err != nil {
+			if err := d.memoGet(at, idx); err != nil {
 				return nil, err
 			}
 		case '.': // STOP
@@ -608,26 +586,31 @@ func (d *pickleDecoder) run() (any, error) {
 	return nil, d.errorf(d.pos, "truncated: no STOP opcode")
 }
 
-// length reads the length prefix of a string or bytes opcode.
-func (d *pickleDecoder) length(at int, op byte) (uint64, error) {
-	switch op {
-	case 0x8c, 'C':
-		b, err := d.take(at, 1)
-		if err != nil {
-			return 0, err
-		}
+// pickleArgSize is the width in bytes of the little-endian unsigned
+// argument of the opcodes that carry one: a string's or bytes' length, a
+// small int, a memo index.
+var pickleArgSize = [256]uint8{
+	0x8c: 1, 'X': 4, 0x8d: 8, // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+	'C': 1, 'B': 4, 0x8e: 8, // SHORT_BINBYTES, BINBYTES, BINBYTES8
+	'K': 1, 'M': 2, // BININT1, BININT2
+	'q': 1, 'r': 4, // BINPUT, LONG_BINPUT
+	'h': 1, 'j': 4, // BINGET, LONG_BINGET
+}
+
+// arg reads the unsigned argument of op (pickleArgSize).
+func (d *pickleDecoder) arg(at int, op byte) (uint64, error) {
+	b, err := d.take(at, uint64(pickleArgSize[op]))
+	if err != nil {
+		return 0, err
+	}
+	switch len(b) {
+	case 1:
 		return uint64(b[0]), nil
-	case 'X', 'B':
-		b, err := d.take(at, 4)
-		if err != nil {
-			return 0, err
-		}
+	case 2:
+		return uint64(binary.LittleEndian.Uint16(b)), nil
+	case 4:
 		return uint64(binary.LittleEndian.Uint32(b)), nil
 	default:
-		b, err := d.take(at, 8)
-		if err != nil {
-			return 0, err
-		}
 		return binary.LittleEndian.Uint64(b), nil
 	}
 }
