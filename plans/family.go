@@ -73,18 +73,7 @@ func encodeFamily(f *Family) ([]byte, error) {
 	if err := verifyFamily(f); err != nil {
 		return nil, err
 	}
-	raw := encodeFamilyPayload(familyWithoutTimes(f))
-	if uint64(len(raw)) > MaxPayload {
-		return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrTooLarge, len(raw), uint64(MaxPayload))
-	}
-	out, err := seal(raw, FamilyVersion)
-	if err != nil {
-		return nil, err
-	}
-	if len(out) > MaxFile {
-		return nil, fmt.Errorf("%w: file of %d bytes exceeds %d", ErrTooLarge, len(out), MaxFile)
-	}
-	return out, nil
+	return sealBounded(encodeFamilyPayload(familyWithoutTimes(f)), FamilyVersion)
 }
 
 // DecodeFamily parses and verifies a family plan file. A version 1 file
@@ -122,11 +111,7 @@ func LoadFamily(path string) (*Family, error) {
 }
 
 func decodeFamilySafe(data []byte) (f *Family, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			f, err = nil, fmt.Errorf("%w: internal error while decoding: %v", ErrCorrupt, r)
-		}
-	}()
+	defer corruptOnPanic(&err)
 	return decodeFamily(data)
 }
 

@@ -106,11 +106,7 @@ func LoadAny(ctx context.Context, path string) (*File, *Family, error) {
 
 // DecodeAny is LoadAny for bytes in memory, without the file name.
 func DecodeAny(data []byte) (f *File, fam *Family, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			f, fam, err = nil, nil, fmt.Errorf("%w: internal error while decoding: %v", ErrCorrupt, r)
-		}
-	}()
+	defer corruptOnPanic(&err)
 	return decodeAny(data)
 }
 

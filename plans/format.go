@@ -157,11 +157,16 @@ func encode(f *File) ([]byte, error) {
 	if err := verify(f); err != nil {
 		return nil, err
 	}
-	raw := encodePayload(withoutTimes(f))
+	return sealBounded(encodePayload(withoutTimes(f)), Version)
+}
+
+// sealBounded is seal for an encoder: it refuses a payload or a file
+// larger than Decode reads (MaxPayload, MaxFile).
+func sealBounded(raw []byte, version uint16) ([]byte, error) {
 	if uint64(len(raw)) > MaxPayload {
 		return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrTooLarge, len(raw), uint64(MaxPayload))
 	}
-	out, err := seal(raw, Version)
+	out, err := seal(raw, version)
 	if err != nil {
 		return nil, err
 	}
@@ -204,14 +209,18 @@ func Decode(data []byte) (*File, error) {
 
 // decodeSafe is Decode without the package prefix.
 func decodeSafe(data []byte) (f *File, err error) {
-	defer func() {
-		// Decoding is written not to panic (FuzzDecode checks it); this is
-		// the last line against a bug in a dependency.
-		if r := recover(); r != nil {
-			f, err = nil, fmt.Errorf("%w: internal error while decoding: %v", ErrCorrupt, r)
-		}
-	}()
+	defer corruptOnPanic(&err)
 	return decode(data)
+}
+
+// corruptOnPanic, deferred by a decoder with named results, turns a panic
+// into an ErrCorrupt error (the results it was to return stay nil).
+// Decoding is written not to panic (FuzzDecode checks it); this is the
+// last line against a bug in a dependency.
+func corruptOnPanic(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%w: internal error while decoding: %v", ErrCorrupt, r)
+	}
 }
 
 // decode is decodeSafe without the recover; the fuzzer calls it.
