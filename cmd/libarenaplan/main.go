@@ -46,6 +46,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/arenaplan/arenaplan/arena"
@@ -305,15 +306,21 @@ func control(export string, f func(*bridge.Bridge) error) *C.char {
 //export arenaplan_step_new
 func arenaplan_step_new(device C.int, name *C.char, id *C.int) *C.char {
 	return control("arenaplan_step_new", func(b *bridge.Bridge) error {
-		if id == nil {
-			return errNil("arenaplan_step_new", "id")
-		}
-		s, err := b.NewStep(int(device), goString(name))
-		if err == nil {
-			*id = C.int(s.ID())
-		}
-		return err
+		return setID("arenaplan_step_new", "id", id, func() (*bridge.Step, error) { return b.NewStep(int(device), goString(name)) })
 	})
+}
+
+// setID makes a step or family with create and sets *id (export's
+// argument arg, which must not be NULL) to its ID.
+func setID[T interface{ ID() int }](export, arg string, id *C.int, create func() (T, error)) error {
+	if id == nil {
+		return errNil(export, arg)
+	}
+	v, err := create()
+	if err == nil {
+		*id = C.int(v.ID())
+	}
+	return err
 }
 
 // goString is C.GoString (NULL: "").
@@ -333,6 +340,24 @@ func step(export string, id C.int, f func(*bridge.Step) error) *C.char {
 		}
 		return f(s)
 	})
+}
+
+// withBudget runs plan with the planning budget of budgetSeconds
+// (bridge.BudgetSeconds).
+func withBudget(budgetSeconds C.double, plan func(time.Duration) error) error {
+	budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
+	if err != nil {
+		return err
+	}
+	return plan(budget)
+}
+
+// withPath runs f on the plan file path of export, which must not be NULL.
+func withPath(export string, path *C.char, f func(string) error) error {
+	if path == nil {
+		return errNil(export, "path")
+	}
+	return f(C.GoString(path))
 }
 
 //export arenaplan_step_record
@@ -359,13 +384,7 @@ func arenaplan_step_end(id C.int, failed C.int) *C.char {
 
 //export arenaplan_step_plan
 func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
-	return step("arenaplan_step_plan", id, func(s *bridge.Step) error {
-		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
-		if err != nil {
-			return err
-		}
-		return s.Plan(budget)
-	})
+	return step("arenaplan_step_plan", id, func(s *bridge.Step) error { return withBudget(budgetSeconds, s.Plan) })
 }
 
 // arenaplan_step_replan plans the step again from its last served run,
@@ -374,33 +393,17 @@ func arenaplan_step_plan(id C.int, budgetSeconds C.double) *C.char {
 //
 //export arenaplan_step_replan
 func arenaplan_step_replan(id C.int, budgetSeconds C.double) *C.char {
-	return step("arenaplan_step_replan", id, func(s *bridge.Step) error {
-		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
-		if err != nil {
-			return err
-		}
-		return s.Replan(budget)
-	})
+	return step("arenaplan_step_replan", id, func(s *bridge.Step) error { return withBudget(budgetSeconds, s.Replan) })
 }
 
 //export arenaplan_step_save
 func arenaplan_step_save(id C.int, path *C.char) *C.char {
-	return step("arenaplan_step_save", id, func(s *bridge.Step) error {
-		if path == nil {
-			return errNil("arenaplan_step_save", "path")
-		}
-		return s.Save(C.GoString(path))
-	})
+	return step("arenaplan_step_save", id, func(s *bridge.Step) error { return withPath("arenaplan_step_save", path, s.Save) })
 }
 
 //export arenaplan_step_load
 func arenaplan_step_load(id C.int, path *C.char) *C.char {
-	return step("arenaplan_step_load", id, func(s *bridge.Step) error {
-		if path == nil {
-			return errNil("arenaplan_step_load", "path")
-		}
-		return s.Load(C.GoString(path))
-	})
+	return step("arenaplan_step_load", id, func(s *bridge.Step) error { return withPath("arenaplan_step_load", path, s.Load) })
 }
 
 //export arenaplan_step_close
@@ -538,14 +541,7 @@ func family(export string, id C.int, f func(*bridge.Family) error) *C.char {
 //export arenaplan_family_new
 func arenaplan_family_new(device C.int, name *C.char, id *C.int) *C.char {
 	return control("arenaplan_family_new", func(b *bridge.Bridge) error {
-		if id == nil {
-			return errNil("arenaplan_family_new", "id")
-		}
-		f, err := b.NewFamily(int(device), goString(name))
-		if err == nil {
-			*id = C.int(f.ID())
-		}
-		return err
+		return setID("arenaplan_family_new", "id", id, func() (*bridge.Family, error) { return b.NewFamily(int(device), goString(name)) })
 	})
 }
 
@@ -556,14 +552,7 @@ func arenaplan_family_new(device C.int, name *C.char, id *C.int) *C.char {
 //export arenaplan_chain_new
 func arenaplan_chain_new(device C.int, name *C.char, id *C.int) *C.char {
 	return control("arenaplan_chain_new", func(b *bridge.Bridge) error {
-		if id == nil {
-			return errNil("arenaplan_chain_new", "id")
-		}
-		f, err := b.NewChain(int(device), goString(name))
-		if err == nil {
-			*id = C.int(f.ID())
-		}
-		return err
+		return setID("arenaplan_chain_new", "id", id, func() (*bridge.Family, error) { return b.NewChain(int(device), goString(name)) })
 	})
 }
 
@@ -572,26 +561,13 @@ func arenaplan_chain_new(device C.int, name *C.char, id *C.int) *C.char {
 //export arenaplan_family_member
 func arenaplan_family_member(id C.int, name *C.char, sid *C.int) *C.char {
 	return family("arenaplan_family_member", id, func(f *bridge.Family) error {
-		if sid == nil {
-			return errNil("arenaplan_family_member", "sid")
-		}
-		s, err := f.NewMember(goString(name))
-		if err == nil {
-			*sid = C.int(s.ID())
-		}
-		return err
+		return setID("arenaplan_family_member", "sid", sid, func() (*bridge.Step, error) { return f.NewMember(goString(name)) })
 	})
 }
 
 //export arenaplan_family_plan
 func arenaplan_family_plan(id C.int, budgetSeconds C.double) *C.char {
-	return family("arenaplan_family_plan", id, func(f *bridge.Family) error {
-		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
-		if err != nil {
-			return err
-		}
-		return f.Plan(budget)
-	})
+	return family("arenaplan_family_plan", id, func(f *bridge.Family) error { return withBudget(budgetSeconds, f.Plan) })
 }
 
 // arenaplan_family_plan_member plans member sid, added to planned family
@@ -618,22 +594,12 @@ func arenaplan_family_plan_member(id, sid C.int, budgetSeconds C.double) *C.char
 
 //export arenaplan_family_save
 func arenaplan_family_save(id C.int, path *C.char) *C.char {
-	return family("arenaplan_family_save", id, func(f *bridge.Family) error {
-		if path == nil {
-			return errNil("arenaplan_family_save", "path")
-		}
-		return f.Save(C.GoString(path))
-	})
+	return family("arenaplan_family_save", id, func(f *bridge.Family) error { return withPath("arenaplan_family_save", path, f.Save) })
 }
 
 //export arenaplan_family_load
 func arenaplan_family_load(id C.int, path *C.char) *C.char {
-	return family("arenaplan_family_load", id, func(f *bridge.Family) error {
-		if path == nil {
-			return errNil("arenaplan_family_load", "path")
-		}
-		return f.Load(C.GoString(path))
-	})
+	return family("arenaplan_family_load", id, func(f *bridge.Family) error { return withPath("arenaplan_family_load", path, f.Load) })
 }
 
 //export arenaplan_family_close
