@@ -141,6 +141,35 @@ func (c *checker) must(err error, what string) bool {
 	return err == nil
 }
 
+// streamAndBuffer makes a stream and size bytes of device memory for a
+// case; done frees and closes them. Where either fails, fail is the
+// case's result ("stream=CODE", "alloc=CODE") and nothing is left open.
+func (c *checker) streamAndBuffer(dev cuda.Device, size uint64) (s cuda.Stream, p cuda.DevicePtr, done func(), fail string) {
+	s, err := dev.NewStream()
+	if !c.must(err, "NewStream") {
+		return nil, 0, nil, "stream=" + code(err)
+	}
+	p, err = dev.Alloc(size)
+	if !c.must(err, "Alloc") {
+		s.Close()
+		return nil, 0, nil, "alloc=" + code(err)
+	}
+	return s, p, func() { dev.Free(p); s.Close() }, ""
+}
+
+// endCapture reads the state of s's capture, then ends it and closes the
+// graph, if it made one: for cases that look at the state and at the
+// end's error only.
+func (c *checker) endCapture(dev cuda.Device, s cuda.Stream) (cuda.CaptureInfo, error) {
+	info, err := dev.CaptureInfo(s)
+	c.must(err, "CaptureInfo")
+	g, endErr := dev.EndCapture(s)
+	if endErr == nil {
+		g.Close()
+	}
+	return info, endErr
+}
+
 // words reads n uint32 words at p.
 func words(dev cuda.Device, p cuda.DevicePtr, n int) ([]uint32, error) {
 	b := make([]byte, 4*n)
@@ -549,28 +578,18 @@ func caseLaunchEx(dev cuda.Device) (string, error) {
 
 func caseCaptureAlloc(dev cuda.Device) (string, error) {
 	var c checker
-	s, err := dev.NewStream()
-	if !c.must(err, "NewStream") {
-		return "stream=" + code(err), c.err
+	s, p, done, fail := c.streamAndBuffer(dev, 4096)
+	if fail != "" {
+		return fail, c.err
 	}
-	defer s.Close()
-	p, err := dev.Alloc(4096)
-	if !c.must(err, "Alloc") {
-		return "alloc=" + code(err), c.err
-	}
-	defer dev.Free(p)
+	defer done()
 	c.must(dev.BeginCapture(s, cuda.CaptureModeGlobal), "BeginCapture")
 	c.must(dev.Memset32(p, 1, 1024, s), "Memset32")
 	q, allocErr := dev.Alloc(4096)
 	if allocErr == nil {
 		dev.Free(q)
 	}
-	info, err := dev.CaptureInfo(s)
-	c.must(err, "CaptureInfo")
-	g, endErr := dev.EndCapture(s)
-	if endErr == nil {
-		g.Close()
-	}
+	info, endErr := c.endCapture(dev, s)
 	after, err := dev.CaptureInfo(s)
 	c.must(err, "CaptureInfo after")
 	q, againErr := dev.Alloc(4096)
@@ -598,12 +617,7 @@ func caseCaptureFree(dev cuda.Device) (string, error) {
 	c.must(dev.BeginCapture(s, cuda.CaptureModeGlobal), "BeginCapture")
 	c.must(dev.Memset32(p, 1, 1024, s), "Memset32")
 	freeErr := dev.Free(p)
-	info, err := dev.CaptureInfo(s)
-	c.must(err, "CaptureInfo")
-	g, endErr := dev.EndCapture(s)
-	if endErr == nil {
-		g.Close()
-	}
+	info, endErr := c.endCapture(dev, s)
 	againErr := dev.Free(p)
 	c.expect(cuda.Code(freeErr) == cuda.ErrorStreamCaptureUnsupported, "Free in capture: %v", freeErr)
 	c.expect(cuda.Code(endErr) == cuda.ErrorStreamCaptureInvalidated, "EndCapture: %v", endErr)
@@ -633,12 +647,7 @@ func caseCapturedEvent(dev cuda.Device) (string, error) {
 	c.must(dev.Memset32(p, 1, 1024, s), "Memset32")
 	c.must(e.Record(s), "Record")
 	queryErr := e.Query()
-	info, err := dev.CaptureInfo(s)
-	c.must(err, "CaptureInfo")
-	g, endErr := dev.EndCapture(s)
-	if endErr == nil {
-		g.Close()
-	}
+	info, endErr := c.endCapture(dev, s)
 	// The query fails, and (driver 580) invalidates the capture.
 	c.expect(cuda.Code(queryErr) == cuda.ErrorCapturedEvent, "Query in capture: %v", queryErr)
 	c.expect(cuda.Code(endErr) == cuda.ErrorStreamCaptureInvalidated, "EndCapture: %v", endErr)
@@ -787,16 +796,11 @@ func caseUnjoined(dev cuda.Device) (string, error) {
 
 func caseEmptyNode(dev cuda.Device) (string, error) {
 	var c checker
-	s, err := dev.NewStream()
-	if !c.must(err, "NewStream") {
-		return "stream=" + code(err), c.err
+	s, p, done, fail := c.streamAndBuffer(dev, 8192)
+	if fail != "" {
+		return fail, c.err
 	}
-	defer s.Close()
-	p, err := dev.Alloc(8192)
-	if !c.must(err, "Alloc") {
-		return "alloc=" + code(err), c.err
-	}
-	defer dev.Free(p)
+	defer done()
 	var l Label
 	c.must(dev.BeginCapture(s, cuda.CaptureModeGlobal), "BeginCapture")
 	c.must(dev.Memset32(p, 5, 1024, s), "Memset 1")
@@ -918,16 +922,11 @@ func caseExecUpdate(dev cuda.Device) (string, error) {
 		return "load=" + code(err), c.err
 	}
 	defer k.mod.Close()
-	s, err := dev.NewStream()
-	if !c.must(err, "NewStream") {
-		return "stream=" + code(err), c.err
+	s, p, done, fail := c.streamAndBuffer(dev, 8*kn)
+	if fail != "" {
+		return fail, c.err
 	}
-	defer s.Close()
-	p, err := dev.Alloc(8 * kn)
-	if !c.must(err, "Alloc") {
-		return "alloc=" + code(err), c.err
-	}
-	defer dev.Free(p)
+	defer done()
 	capture := func(values ...uint32) cuda.Graph {
 		if !c.must(dev.BeginCapture(s, cuda.CaptureModeGlobal), "BeginCapture") {
 			return nil
@@ -1068,26 +1067,16 @@ func caseEvents(dev cuda.Device) (string, error) {
 // for the non-blocking capturing stream) and the capture stays active.
 func caseCaptureSyncCopy(dev cuda.Device) (string, error) {
 	var c checker
-	s, err := dev.NewStream()
-	if !c.must(err, "NewStream") {
-		return "stream=" + code(err), c.err
+	s, p, done, fail := c.streamAndBuffer(dev, 4096)
+	if fail != "" {
+		return fail, c.err
 	}
-	defer s.Close()
-	p, err := dev.Alloc(4096)
-	if !c.must(err, "Alloc") {
-		return "alloc=" + code(err), c.err
-	}
-	defer dev.Free(p)
+	defer done()
 	c.must(dev.BeginCapture(s, cuda.CaptureModeGlobal), "BeginCapture")
 	c.must(dev.Memset32(p, 1, 1024, s), "Memset32")
 	b := make([]byte, 16)
 	copyErr := dev.CopyDtoH(b, p)
-	info, err := dev.CaptureInfo(s)
-	c.must(err, "CaptureInfo")
-	g, endErr := dev.EndCapture(s)
-	if endErr == nil {
-		g.Close()
-	}
+	info, endErr := c.endCapture(dev, s)
 	c.expect(copyErr == nil && endErr == nil, "copy %v, end %v", copyErr, endErr)
 	return fmt.Sprintf("dtoh=%s status=%s end=%s", code(copyErr), info.Status, code(endErr)), c.err
 }
@@ -1096,16 +1085,11 @@ func caseCaptureSyncCopy(dev cuda.Device) (string, error) {
 // a global capture.
 func caseCaptureSync(dev cuda.Device) (string, error) {
 	var c checker
-	s, err := dev.NewStream()
-	if !c.must(err, "NewStream") {
-		return "stream=" + code(err), c.err
+	s, p, done, fail := c.streamAndBuffer(dev, 4096)
+	if fail != "" {
+		return fail, c.err
 	}
-	defer s.Close()
-	p, err := dev.Alloc(4096)
-	if !c.must(err, "Alloc") {
-		return "alloc=" + code(err), c.err
-	}
-	defer dev.Free(p)
+	defer done()
 	var parts []string
 	for _, which := range []string{"device", "stream"} {
 		c.must(dev.BeginCapture(s, cuda.CaptureModeGlobal), "BeginCapture")
@@ -1116,12 +1100,7 @@ func caseCaptureSync(dev cuda.Device) (string, error) {
 		} else {
 			syncErr = s.Synchronize()
 		}
-		info, err := dev.CaptureInfo(s)
-		c.must(err, "CaptureInfo")
-		g, endErr := dev.EndCapture(s)
-		if endErr == nil {
-			g.Close()
-		}
+		info, endErr := c.endCapture(dev, s)
 		parts = append(parts, fmt.Sprintf("%s_sync=%s status=%s end=%s", which, code(syncErr), info.Status, code(endErr)))
 	}
 	c.must(s.Synchronize(), "Synchronize after")
