@@ -1,7 +1,6 @@
 package plans
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"time"
@@ -89,25 +88,13 @@ func DecodeFamily(data []byte) (*Family, error) {
 
 // SaveFamily encodes f and writes it to path atomically, as Save does.
 func SaveFamily(path string, f *Family) error {
-	data, err := encodeFamily(f)
-	if err != nil {
-		return fmt.Errorf("plans: %s: %w", path, err)
-	}
-	return writeAtomic(path, data)
+	return save(path, f, encodeFamily)
 }
 
 // LoadFamily reads and decodes the plan file at path, of either version
 // (see DecodeFamily); every error names the file.
 func LoadFamily(path string) (*Family, error) {
-	data, err := readBounded(context.Background(), path)
-	if err != nil {
-		return nil, err
-	}
-	f, err := decodeFamilySafe(data)
-	if err != nil {
-		return nil, fmt.Errorf("plans: %s: %w", path, err)
-	}
-	return f, nil
+	return load(path, decodeFamilySafe)
 }
 
 func decodeFamilySafe(data []byte) (f *Family, err error) {

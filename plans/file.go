@@ -15,7 +15,13 @@ import (
 // file in the same directory, syncs it and renames it over path, so a
 // reader sees the old file or the new one, never a part.
 func Save(path string, f *File) error {
-	data, err := encode(f)
+	return save(path, f, encode)
+}
+
+// save encodes v and writes it to path atomically; every error names the
+// file.
+func save[T any](path string, v T, encode func(T) ([]byte, error)) error {
+	data, err := encode(v)
 	if err != nil {
 		return fmt.Errorf("plans: %s: %w", path, err)
 	}
@@ -77,15 +83,21 @@ func bare(err error) error {
 // regular file (before opening it: a FIFO does not block) and files
 // larger than MaxFile before reading them; every error names the file.
 func Load(path string) (*File, error) {
+	return load(path, decodeSafe)
+}
+
+// load reads the plan file at path and decodes it; every error names the
+// file.
+func load[T any](path string, decode func([]byte) (*T, error)) (*T, error) {
 	data, err := readBounded(context.Background(), path)
 	if err != nil {
 		return nil, err
 	}
-	f, err := decodeSafe(data)
+	v, err := decode(data)
 	if err != nil {
 		return nil, fmt.Errorf("plans: %s: %w", path, err)
 	}
-	return f, nil
+	return v, nil
 }
 
 // LoadAny reads the plan file at path and decodes it once, whatever its
