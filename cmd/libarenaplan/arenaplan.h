@@ -57,7 +57,9 @@ char *arenaplan_last_error(void);
 void arenaplan_free_string(char *s);
 // arenaplan_captures_underway tells the library how many CUDA graph
 // captures are underway in the process (0 at start): while none is, freed
-// blocks are handed out again without a call into Go.
+// blocks are handed out again without a call into Go, and the frees of
+// other blocks wait in C for the next call into Go (in order, before it:
+// every control and statistics call hands them over first).
 void arenaplan_captures_underway(int n);
 
 // ---- PyTorch's CUDAPluggableAllocator (not for C hosts) ----

@@ -23,6 +23,24 @@
 // Blocks used on another stream (record_stream) are never kept: their
 // free goes to Go, which orders their reuse with events. 0-byte requests
 // always go to Go (each needs an address of its own).
+//
+// A free the fast path does not keep costs no call of its own while the
+// fast path is open: a block it handed out (in live, freed once, on its
+// device) is queued here, in the order of the frees, and the queue rides
+// along with the next call into Go (an allocation the fast path cannot
+// serve, a record_stream) or goes alone when it is full (FREE_QUEUE) or
+// before a control call or a statistics read (ap_fq_flush). Go applies
+// the frees in order before the allocation they ride with, so that it
+// decides as if each free had called it: the same addresses, the same
+// segments mapped. One lock (fq_mu) is held across every call that hands
+// frees to Go, so that a call never overtakes frees another thread took
+// from the queue earlier. A free the fast path cannot vouch for (an
+// address it did not hand out, freed already, on another device, or of a
+// block used on another stream, whose free records events on those
+// streams at once) goes to Go at once, after the queue, in one call: it
+// is reported to its caller as before. The statistics count a queued free
+// when it is queued (Go applies every free the fast path vouched for; one
+// it refused is taken back).
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,7 +71,17 @@
 #define KEEP_MAX_BYTES ((uint64_t)64 << 20)
 #endif
 
+// The frees waiting for the next call into Go: at most FREE_QUEUE (8 KiB
+// at 256), so that a flush is a short loop in Go and nothing the fast path
+// queued waits long for a program that frees much and allocates little.
+#ifndef FREE_QUEUE
+#define FREE_QUEUE 256
+#endif
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+// fq_mu is held across every call into Go that hands it frees; taken
+// before mu, never while mu is held.
+static pthread_mutex_t fq_mu = PTHREAD_MUTEX_INITIALIZER;
 static int on;
 static ap_fp_counts counts;
 static ap_dev_stats dstats[AP_MAX_DEVICES];
@@ -75,8 +103,18 @@ static inline void stat_sub(ap_stat *s, int64_t n) {
 	s->freed += n;
 }
 
+// stat_unsub takes back a stat_sub (a queued free that Go refused).
+static inline void stat_unsub(ap_stat *s, int64_t n) {
+	s->current += n;
+	s->freed -= n;
+}
+
 static inline void count_pool(ap_dev_stats *d, int pool, size_t size, int add) {
-	if (add) {
+	if (add < 0) {
+		stat_unsub(&d->allocation[pool], 1);
+		stat_unsub(&d->allocated_bytes[pool], ROUND(size));
+		stat_unsub(&d->requested_bytes[pool], (int64_t)size);
+	} else if (add) {
 		stat_add(&d->allocation[pool], 1);
 		stat_add(&d->allocated_bytes[pool], ROUND(size));
 		stat_add(&d->requested_bytes[pool], (int64_t)size);
@@ -87,8 +125,8 @@ static inline void count_pool(ap_dev_stats *d, int pool, size_t size, int add) {
 	}
 }
 
-// counted records an allocation (add) or a free of size bytes on device
-// in its statistics; mu is held.
+// counted records an allocation (add 1) or a free (0) of size bytes on
+// device in its statistics, or takes a free back (-1); mu is held.
 static inline void counted(int device, size_t size, int add) {
 	if ((unsigned)device < AP_MAX_DEVICES) {
 		count_pool(&dstats[device], 0, size, add);
@@ -201,6 +239,84 @@ static bin *bin_find(size_t size, void *stream, int device, int make) {
 	return spare;
 }
 
+// The free queue (guarded by mu) and what one call hands to Go (guarded
+// by fq_mu: one more entry, for a free that goes at once).
+static ap_free_entry fq[FREE_QUEUE];
+static int fq_n;
+static ap_free_entry fq_out[FREE_QUEUE + 1];
+
+// fq_take moves the queue into fq_out and returns how many frees it
+// held, each counted as handed to Go; fq_mu and mu are held.
+static int fq_take(void) {
+	int n = fq_n;
+	for (int i = 0; i < n; i++) {
+		fq_out[i] = fq[i];
+		if ((unsigned)fq[i].device < AP_MAX_DEVICES) {
+			dstats[fq[i].device].go_frees++;
+		}
+	}
+	fq_n = 0;
+	return n;
+}
+
+// fq_settle takes back, in the statistics, the first n frees of fq_out
+// that Go refused (counted when they were queued); fq_mu is held.
+static void fq_settle(int n) {
+	int refused = 0;
+	for (int i = 0; i < n; i++) {
+		refused |= !fq_out[i].ok;
+	}
+	if (!refused) {
+		return;
+	}
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < n; i++) {
+		if (!fq_out[i].ok) {
+			counted(fq_out[i].device, fq_out[i].size, -1);
+		}
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+// fq_flush hands the queued frees to Go in one call, then own (a free
+// the fast path cannot vouch for, or NULL): own's outcome becomes the
+// calling thread's last error, and the statistics count it once Go
+// applied it. No call when there is nothing to hand.
+static void fq_flush(const ap_free_entry *own) {
+	pthread_mutex_lock(&fq_mu);
+	pthread_mutex_lock(&mu);
+	int n = fq_take();
+	if (own != NULL) {
+		fq_out[n] = *own;
+		fq_out[n].ok = 0;
+		if ((unsigned)own->device < AP_MAX_DEVICES) {
+			dstats[own->device].go_frees++;
+		}
+	}
+	int total = n + (own != NULL);
+	uint64_t seen = 0; // the devices this call carries frees of
+	for (int i = 0; i < total; i++) {
+		unsigned d = (unsigned)fq_out[i].device;
+		if (d < AP_MAX_DEVICES && !(seen >> d & 1)) {
+			seen |= (uint64_t)1 << d;
+			dstats[d].free_calls++;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	if (total > 0) {
+		arenaplan_go_free_batch(fq_out, total, own != NULL);
+		fq_settle(n);
+		if (own != NULL && fq_out[n].ok) {
+			pthread_mutex_lock(&mu);
+			counted(own->device, own->size, 0);
+			pthread_mutex_unlock(&mu);
+		}
+	}
+	pthread_mutex_unlock(&fq_mu);
+}
+
+void ap_fq_flush(void) { fq_flush(NULL); }
+
 // The calling thread's last failure of an allocator call. Initial-exec:
 // every allocation reads it, and the general model's __tls_get_addr call
 // cost ~10 ns a pair.
@@ -240,6 +356,19 @@ char *arenaplan_last_error(void) { return last_err != NULL ? strdup(last_err) : 
 // never makes the process hold more memory nor fail an allocation. (A
 // steady step gave every kept block back before: each of its next
 // allocations then a call into Go.)
+//
+// Each call carries the queued frees (go_alloc_call).
+static void *go_alloc_call(size_t size, int device, void *stream, int grow, int *keepable, int *would_grow) {
+	pthread_mutex_lock(&fq_mu);
+	pthread_mutex_lock(&mu);
+	int n = fq_take();
+	pthread_mutex_unlock(&mu);
+	void *p = arenaplan_go_alloc(size, device, (uintptr_t)stream, grow, keepable, would_grow, fq_out, n);
+	fq_settle(n);
+	pthread_mutex_unlock(&fq_mu);
+	return p;
+}
+
 static void *go_alloc(size_t size, int device, void *stream) {
 	pthread_mutex_lock(&mu);
 	int kept = counts.blocks > 0;
@@ -248,14 +377,14 @@ static void *go_alloc(size_t size, int device, void *stream) {
 	}
 	pthread_mutex_unlock(&mu);
 	int keepable = 0, would_grow = 0;
-	void *p = arenaplan_go_alloc(size, device, stream, !kept, &keepable, &would_grow);
+	void *p = go_alloc_call(size, device, stream, !kept, &keepable, &would_grow);
 	if (p == NULL && would_grow && arenaplan_go_drain_like(ROUND(size) <= (int64_t)SMALL, device, (uintptr_t)stream) > 0) {
 		pthread_mutex_lock(&mu);
 		counts.like_drains++;
 		pthread_mutex_unlock(&mu);
 		keepable = 0;
 		would_grow = 0;
-		p = arenaplan_go_alloc(size, device, stream, 0, &keepable, &would_grow);
+		p = go_alloc_call(size, device, stream, 0, &keepable, &would_grow);
 	}
 	if (p == NULL) {
 		pthread_mutex_lock(&mu);
@@ -273,7 +402,7 @@ static void *go_alloc(size_t size, int device, void *stream) {
 			arenaplan_go_drain();
 			keepable = 0;
 			would_grow = 0;
-			p = arenaplan_go_alloc(size, device, stream, 1, &keepable, &would_grow);
+			p = go_alloc_call(size, device, stream, 1, &keepable, &would_grow);
 		}
 	}
 	pthread_mutex_lock(&mu);
@@ -363,29 +492,40 @@ void arenaplan_free(void *ptr, size_t size, int device, void *stream) {
 				}
 			}
 			live_del(e);
+			if (on) {
+				// Handed out here and freed once: Go will apply it.
+				fq[fq_n++] = (ap_free_entry){(uintptr_t)ptr, size, (uintptr_t)stream, device, 0};
+				counted(device, size, 0);
+				int full = fq_n == FREE_QUEUE;
+				pthread_mutex_unlock(&mu);
+				clear_error();
+				if (full) {
+					fq_flush(NULL);
+				}
+				return;
+			}
 		}
 	}
-	if ((unsigned)device < AP_MAX_DEVICES) {
-		dstats[device].go_frees++;
-	}
 	pthread_mutex_unlock(&mu);
-	if (arenaplan_go_free(ptr, size, device, stream)) {
-		pthread_mutex_lock(&mu);
-		counted(device, size, 0);
-		pthread_mutex_unlock(&mu);
-	}
+	ap_free_entry own = {(uintptr_t)ptr, size, (uintptr_t)stream, device, 0};
+	fq_flush(&own);
 }
 
 void arenaplan_torch_free(void *ptr, size_t size, int device, void *stream) { arenaplan_free(ptr, size, device, stream); }
 
+// arenaplan_torch_record_stream carries the queued frees too.
 void arenaplan_torch_record_stream(void *ptr, void *stream) {
+	pthread_mutex_lock(&fq_mu);
 	pthread_mutex_lock(&mu);
 	live_entry *e = live_find((uintptr_t)ptr);
 	if (e != NULL && e->state == OUT) {
-		live_del(e); // used elsewhere: its free goes to Go
+		live_del(e); // used elsewhere: its free goes to Go at once
 	}
+	int n = fq_take();
 	pthread_mutex_unlock(&mu);
-	arenaplan_go_record_stream(ptr, stream);
+	arenaplan_go_record_stream((uintptr_t)ptr, (uintptr_t)stream, fq_out, n);
+	fq_settle(n);
+	pthread_mutex_unlock(&fq_mu);
 }
 
 void ap_fp_set(int v) {

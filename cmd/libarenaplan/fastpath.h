@@ -14,6 +14,18 @@ typedef struct {
 	int device;
 } ap_fp_entry;
 
+// A free handed to Go in a batch (arenaplan_go_free_batch, and the
+// allocation and record_stream calls that carry the queued frees), in the
+// order the frees were made. Go sets ok to 1 for each free it applied.
+// The stream is a number, never a pointer Go holds.
+typedef struct {
+	uintptr_t ptr;
+	size_t size;
+	uintptr_t stream;
+	int device;
+	int ok;
+} ap_free_entry;
+
 // The fast path's counters since the library loaded; Blocks and Bytes are
 // what it holds now. Drains: kept blocks given back after Go failed an
 // allocation; growth_drains: before Go would have mapped more memory.
@@ -33,12 +45,16 @@ typedef struct {
 typedef struct {
 	int64_t current, peak, allocated, freed;
 } ap_stat;
-// go_allocs and go_frees: the device's allocations and frees that called
-// into Go (fast path shut or missed, blocks not kept).
+// go_allocs and go_frees: the device's allocations and frees handed to Go
+// (fast path shut or missed, blocks not kept). free_calls: the calls into
+// Go that carried the device's frees alone (a full queue, a free the fast
+// path cannot vouch for, the queue handed over before a control call);
+// every other free rode along with an allocation or a record_stream.
 typedef struct {
 	ap_stat allocation[3], allocated_bytes[3], requested_bytes[3];
 	uint64_t num_ooms, num_alloc_retries;
 	uint64_t go_allocs, go_frees;
+	uint64_t free_calls;
 } ap_dev_stats;
 #define AP_MAX_DEVICES 64
 
@@ -59,6 +75,10 @@ AP_HIDDEN int ap_fp_take(ap_fp_entry *out, int max);
 // as the spill allocator splits its segments) into out and returns how
 // many.
 AP_HIDDEN int ap_fp_take_like(int device, uintptr_t stream, int small, ap_fp_entry *out, int max);
+// ap_fq_flush hands every queued free to Go (one call, none if the queue
+// is empty) and returns when Go applied them: the control calls and the
+// statistics readers call it first, so that Go has seen every free.
+AP_HIDDEN void ap_fq_flush(void);
 // ap_fp_read copies the counters.
 AP_HIDDEN void ap_fp_read(ap_fp_counts *out);
 

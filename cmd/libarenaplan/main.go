@@ -26,6 +26,14 @@
 // does an allocation Go cannot serve before it is tried again.
 // ARENAPLAN_FASTPATH=0 keeps it shut.
 //
+// While the fast path is open, a free it does not keep is queued there
+// and handed to Go with the next call (arenaplan_go_alloc and
+// arenaplan_go_record_stream take the queued frees and apply them first,
+// in order), so that a free costs no call into Go of its own. Every
+// control call and statistics read hands the queue over first
+// (C.ap_fq_flush, in fenced and reader): Go has seen every free before it
+// decides or reports anything.
+//
 // The control functions return NULL on success or an error message that
 // the caller frees with arenaplan_free_string; a NULL out-pointer is an
 // error. No Go panic crosses the C boundary: each export recovers and
@@ -116,29 +124,36 @@ func call(export string, f func(*bridge.Bridge) error) (err error) {
 // runs on its caller's thread, so the thread-local error is the caller's.
 func allocator(export string, f func(*bridge.Bridge) error) bool {
 	err := call(export, f)
-	if err != nil {
-		cs := C.CString(err.Error())
-		oom := C.int(0)
-		if errors.Is(err, arena.ErrOutOfMemory) {
-			oom = 1
-		}
-		C.ap_set_error(cs, oom)
-		C.free(unsafe.Pointer(cs))
-		return false
+	setLastError(err)
+	return err == nil
+}
+
+// setLastError makes err (nil: none) the calling thread's last error.
+func setLastError(err error) {
+	if err == nil {
+		C.ap_set_error(nil, 0)
+		return
 	}
-	C.ap_set_error(nil, 0)
-	return true
+	cs := C.CString(err.Error())
+	oom := C.int(0)
+	if errors.Is(err, arena.ErrOutOfMemory) {
+		oom = 1
+	}
+	C.ap_set_error(cs, oom)
+	C.free(unsafe.Pointer(cs))
 }
 
 // arenaplan_go_alloc serves arenaplan_alloc (fastpath.c) when its fast
-// path cannot; keepable says whether the block may be kept there at its
-// free (bridge.Bridge.AllocCacheable). With grow 0 it maps no memory: it
+// path cannot, after applying the n frees queued there (applyFrees);
+// keepable says whether the block may be kept there at its free
+// (bridge.Bridge.AllocCacheable). With grow 0 it maps no memory: it
 // returns NULL and sets *wouldGrow where serving would need more (the fast
 // path then gives back what it keeps and asks again).
 //
 //export arenaplan_go_alloc
-func arenaplan_go_alloc(size C.size_t, device C.int, stream unsafe.Pointer, grow C.int, keepable, wouldGrow *C.int) unsafe.Pointer {
-	h := handle(stream)
+func arenaplan_go_alloc(size C.size_t, device C.int, stream C.uintptr_t, grow C.int, keepable, wouldGrow *C.int, frees *C.ap_free_entry, n C.int) unsafe.Pointer {
+	h := uintptr(stream)
+	applyFrees(frees, n, false)
 	var p cuda.DevicePtr
 	ok := allocator("alloc", func(b *bridge.Bridge) error {
 		var keep bool
@@ -223,41 +238,65 @@ func arenaplan_go_drain_like(small C.int, device C.int, stream C.uintptr_t) C.in
 	return C.int(n)
 }
 
-// arenaplan_go_free serves arenaplan_free (fastpath.c) for the blocks its
-// fast path does not keep.
+// arenaplan_go_free_batch serves arenaplan_free (fastpath.c) for the
+// blocks its fast path does not keep: it applies the n frees in order
+// (applyFrees). With own 1 the last one is the calling thread's free that
+// the fast path could not vouch for: its outcome becomes the thread's
+// last error, as an allocator call's does.
 //
-// It returns 1 if the block was freed (the C library then counts it in the
-// device's statistics), 0 if the free was refused.
-//
-//export arenaplan_go_free
-func arenaplan_go_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) C.int {
-	p := cuda.DevicePtr(handle(ptr))
-	return boolInt(allocator("free", func(b *bridge.Bridge) error {
-		err := b.Free(p, int(device))
-		if err != nil {
-			// PyTorch will not see it: say it where a person will, without
-			// flooding the log when the host repeats it (warn.c).
-			cs := C.CString("arenaplan: " + err.Error())
-			C.ap_warn(cs)
-			C.free(unsafe.Pointer(cs))
-		}
-		return err
-	}))
+//export arenaplan_go_free_batch
+func arenaplan_go_free_batch(frees *C.ap_free_entry, n C.int, own C.int) {
+	applyFrees(frees, n, own != 0)
 }
 
-func boolInt(v bool) C.int {
-	if v {
-		return 1
+// applyFrees frees, in order, the n blocks of frees (C memory: the fast
+// path's queue) and sets each entry's ok to 1 when the bridge freed it. A
+// refused free is written to standard error (PyTorch will not see it:
+// said where a person will, without flooding the log when the host
+// repeats it, warn.c); with own, the last entry's outcome is also the
+// calling thread's last error. A panic stops the batch: the entries not
+// yet applied stay refused.
+func applyFrees(frees *C.ap_free_entry, n C.int, own bool) {
+	if n <= 0 {
+		return
 	}
-	return 0
+	es := unsafe.Slice(frees, int(n))
+	var ownErr error
+	err := call("free", func(b *bridge.Bridge) error {
+		for i := range es {
+			e := &es[i]
+			err := b.Free(cuda.DevicePtr(e.ptr), int(e.device))
+			if err != nil {
+				cs := C.CString("arenaplan: " + err.Error())
+				C.ap_warn(cs)
+				C.free(unsafe.Pointer(cs))
+				if own && i == len(es)-1 {
+					ownErr = err
+				}
+				continue
+			}
+			e.ok = 1
+		}
+		return nil
+	})
+	if !own {
+		return
+	}
+	if err == nil {
+		err = ownErr
+	}
+	setLastError(err)
 }
 
 // arenaplan_go_record_stream serves arenaplan_torch_record_stream
-// (fastpath.c), which first makes sure the fast path never keeps ptr.
+// (fastpath.c), which first makes sure the fast path never keeps ptr,
+// after applying the n frees queued there (applyFrees). The pointer and
+// the stream are numbers (see handle).
 //
 //export arenaplan_go_record_stream
-func arenaplan_go_record_stream(ptr unsafe.Pointer, stream unsafe.Pointer) {
-	p, h := cuda.DevicePtr(handle(ptr)), handle(stream)
+func arenaplan_go_record_stream(ptr, stream C.uintptr_t, frees *C.ap_free_entry, n C.int) {
+	applyFrees(frees, n, false)
+	p, h := cuda.DevicePtr(ptr), uintptr(stream)
 	allocator("record_stream", func(b *bridge.Bridge) error {
 		return b.RecordStreamAny(p, h)
 	})
@@ -443,9 +482,9 @@ func arenaplan_step_report(id C.int, out **C.char) *C.char {
 // (Kept), the times a failed allocation (Drains) or one that would have
 // mapped more memory (GrowthDrains) made it give its blocks back, the
 // second frees of a kept block it refused (DoubleFrees), what it holds
-// now (Blocks, Bytes); and the device's allocations and frees that called
-// into Go (GoAllocs, GoFrees). A steady eager step should be served by
-// Hits and Kept, with GrowthDrains and Drains unchanged.
+// now (Blocks, Bytes); and the device's allocations that called into Go
+// and frees handed to Go (GoAllocs, GoFrees). A steady eager step should
+// be served by Hits and Kept, with GrowthDrains and Drains unchanged.
 type FastPath struct {
 	Hits, Kept, Misses, Drains, GrowthDrains, DoubleFrees, Blocks, Bytes uint64
 	GoAllocs, GoFrees                                                    uint64
@@ -453,6 +492,13 @@ type FastPath struct {
 	// before Go would have mapped more (GrowthDrains: every kept block,
 	// where that was not enough).
 	LikeDrains uint64
+	// FreeCalls: the calls into Go that carried the device's frees alone
+	// (a full queue, a free the fast path could not vouch for, the queue
+	// handed over before a control call or a statistics read). The other
+	// frees rode along with an allocation or a record_stream: GoFrees -
+	// FreeCalls calls saved; GoAllocs + FreeCalls are the allocator pair's
+	// calls into Go for the device.
+	FreeCalls uint64
 }
 
 func fastPathCounts(device int) FastPath {
@@ -461,7 +507,7 @@ func fastPathCounts(device int) FastPath {
 	var d C.ap_dev_stats
 	C.ap_dev_read(C.int(device), &d)
 	return FastPath{uint64(c.hits), uint64(c.kept), uint64(c.misses), uint64(c.drains), uint64(c.growth_drains), uint64(c.double_frees),
-		uint64(c.blocks), uint64(c.bytes), uint64(d.go_allocs), uint64(d.go_frees), uint64(c.like_drains)}
+		uint64(c.blocks), uint64(c.bytes), uint64(d.go_allocs), uint64(d.go_frees), uint64(c.like_drains), uint64(d.free_calls)}
 }
 
 // arenaplan_stats sets *out to device's counters as JSON. It leaves the
@@ -486,13 +532,16 @@ var (
 	noFast bool       // ARENAPLAN_FASTPATH=0: the C fast path stays shut
 )
 
-// fenced runs a control call with the C fast path (fastpath.c) shut and
-// the blocks it kept given back to the bridge, then opens it again if the
-// bridge allows it (bridge.Bridge.FastPathAllowed).
+// fenced runs a control call with the C fast path (fastpath.c) shut, the
+// frees it queued applied and the blocks it kept given back to the
+// bridge, then opens it again if the bridge allows it
+// (bridge.Bridge.FastPathAllowed). The queue is handed over after the
+// fast path is shut, so that nothing is queued while f runs.
 func fenced(b *bridge.Bridge, f func() error) error {
 	fpMu.Lock()
 	defer fpMu.Unlock()
 	C.ap_fp_set(0)
+	C.ap_fq_flush()
 	var errs []error
 	var buf [256]C.ap_fp_entry
 	for {
@@ -517,9 +566,10 @@ func fenced(b *bridge.Bridge, f func() error) error {
 // torch.cuda.memory_allocated() (or resets a peak) every step does not
 // start every step with an empty fast path, each allocation a call into
 // Go. The C library's counts are exact at any time; the spill
-// allocator's count the kept blocks as in use.
+// allocator's count the kept blocks as in use. The frees the fast path
+// queued are handed to Go first, so that what it reads counts them.
 func reader(export string, f func(*bridge.Bridge) error) *C.char {
-	if err := call(export, f); err != nil {
+	if err := call(export, func(b *bridge.Bridge) error { C.ap_fq_flush(); return f(b) }); err != nil {
 		return C.CString(err.Error())
 	}
 	return nil

@@ -179,10 +179,13 @@ def stats(device: Optional[int] = None) -> dict:
     unmapped (``Spill.Grows``, ``Unmaps``), frees of blocks other streams
     used (``CrossStreamFrees``), the event queries and waits they cost
     (``EventQueries``, ``Syncs``), and the C fast path's hits, misses,
-    drains, what it holds and the calls into Go (``FastPath.GoAllocs``,
-    ``GoFrees``). Two reads around a loop of steps give the counts per
+    drains, what it holds and the calls into Go (``FastPath.GoAllocs``;
+    ``GoFrees``, the frees handed to Go, most of them queued in C and
+    carried by the next allocation; ``FreeCalls``, the calls that carried
+    frees alone). Two reads around a loop of steps give the counts per
     step: a steady eager step should add nothing to ``Grows``, ``Unmaps``,
     ``Syncs`` and the drains, and little to the calls into Go. Reading
-    them (or PyTorch's memory statistics) leaves the fast path as it is."""
+    them (or PyTorch's memory statistics) leaves the blocks the fast path
+    keeps where they are; the frees it queued are handed to Go first."""
     dev = torch.cuda.current_device() if device is None else device
     return _state.need().stats(dev)

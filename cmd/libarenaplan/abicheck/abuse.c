@@ -330,6 +330,119 @@ static long long stat_field(const char *name) {
 	return v;
 }
 
+// after reads the number after key in the first object named within of
+// device 0's statistics (stats: arenaplan_stats, else
+// arenaplan_memory_stats), or -1. Every read hands the queued frees to Go
+// first.
+static long long after(int stats, const char *within, const char *key) {
+	char *js = NULL;
+	char *e = ((char *(*)(int, char **))sym(stats ? "arenaplan_stats" : "arenaplan_memory_stats"))(0, &js);
+	if (e) free_string(e);
+	const char *w = js ? strstr(js, within) : NULL;
+	const char *k = w ? strstr(w, key) : NULL;
+	long long v = k ? strtoll(k + strlen(key), NULL, 10) : -1;
+	if (js) free_string(js);
+	return v;
+}
+
+static void *free_on_thread(void *arg) {
+	ap_free(arg, 4 * MiB, 0, (void *)(uintptr_t)0x21);
+	return NULL;
+}
+
+// batched-frees: a free the fast path does not keep (blocks of more than
+// 1 MiB) waits in its queue for the next call into Go, and Go must decide
+// as if it had been told at once: an allocation of a size just freed
+// reuses the block without mapping, one freed on another thread too; a
+// statistics read right after a free counts it; a second free of a
+// queued block is reported to its caller at once; a full queue goes to Go
+// by itself. With the fast path shut (ARENAPLAN_FASTPATH=0) every free is
+// a call of its own.
+static void case_batched_frees(result *r) {
+	const char *fp = getenv("ARENAPLAN_FASTPATH");
+	int shut = fp && strcmp(fp, "0") == 0;
+	void *st = (void *)(uintptr_t)0x21;
+	char *note = r->note;
+	size_t room = sizeof r->note;
+#define BAD(...) (r->bad++, snprintf(note, room, __VA_ARGS__))
+
+	// An allocation carries the frees queued before it.
+	void *a = alloc_counted(r, 4 * MiB, 0, st);
+	long long grows0 = after(1, "\"Spill\"", "\"Grows\":"), calls0 = after(1, "\"FastPath\"", "\"FreeCalls\":"),
+	          frees0 = after(1, "\"FastPath\"", "\"GoFrees\":");
+	ap_free(a, 4 * MiB, 0, st);
+	void *b = alloc_counted(r, 4 * MiB, 0, st);
+	long long grows1 = after(1, "\"Spill\"", "\"Grows\":"), calls1 = after(1, "\"FastPath\"", "\"FreeCalls\":"),
+	          frees1 = after(1, "\"FastPath\"", "\"GoFrees\":");
+	if (b != a || grows1 != grows0) {
+		BAD("4 MiB freed then asked for: %p then %p, segments mapped %lld->%lld (the free came late)", a, b, grows0, grows1);
+		return;
+	}
+	if (frees1 - frees0 != 1 || calls1 - calls0 != (shut ? 1 : 0)) {
+		BAD("a free then an allocation: frees handed to Go +%lld (want 1), calls for frees alone +%lld (want %d)",
+		    frees1 - frees0, calls1 - calls0, shut ? 1 : 0);
+		return;
+	}
+
+	// A free on another thread (autograd's), then an allocation here.
+	pthread_t t;
+	pthread_create(&t, NULL, free_on_thread, b);
+	pthread_join(t, NULL);
+	void *c = alloc_counted(r, 4 * MiB, 0, st);
+	if (c != b) {
+		BAD("4 MiB freed on another thread then asked for here: %p then %p", b, c);
+		return;
+	}
+
+	// Statistics read right after a free count it: the C library's and Go's.
+	long long mem0 = after(0, "\"allocated_bytes\":{\"all\":", "\"current\":"),
+	          use0 = after(1, "\"Spill\"", "\"InUse\":");
+	ap_free(c, 4 * MiB, 0, st);
+	long long mem1 = after(0, "\"allocated_bytes\":{\"all\":", "\"current\":"),
+	          use1 = after(1, "\"Spill\"", "\"InUse\":");
+	if (mem0 - mem1 != (long long)(4 * MiB) || use0 - use1 != (long long)(4 * MiB)) {
+		BAD("a free read at once: allocated %lld->%lld, in use %lld->%lld (want 4 MiB less each)", mem0, mem1, use0, use1);
+		return;
+	}
+
+	// A second free of a queued block: reported to its caller at once.
+	void *d = alloc_counted(r, 4 * MiB, 0, st);
+	ap_free(d, 4 * MiB, 0, st);
+	ap_free(d, 4 * MiB, 0, st);
+	take_error(r);
+	if (!strstr(r->err, "unknown allocation")) {
+		BAD("a second free of a queued block was not reported to its caller");
+		return;
+	}
+	r->err[0] = 0;
+	void *e1 = alloc_counted(r, 4 * MiB, 0, st), *e2 = alloc_counted(r, 4 * MiB, 0, st);
+	if (!e1 || !e2 || e1 == e2) {
+		BAD("after a double free: %p and %p", e1, e2);
+		return;
+	}
+	ap_free(e1, 4 * MiB, 0, st);
+	ap_free(e2, 4 * MiB, 0, st);
+
+	// 300 frees and no allocation: the queue goes to Go when full (256),
+	// the rest before the statistics are read.
+	enum { N = 300 };
+	static void *many[N];
+	for (int i = 0; i < N; i++) many[i] = alloc_counted(r, 2 * MiB, 0, st);
+	calls0 = after(1, "\"FastPath\"", "\"FreeCalls\":"), frees0 = after(1, "\"FastPath\"", "\"GoFrees\":");
+	use0 = after(1, "\"Spill\"", "\"InUse\":");
+	for (int i = 0; i < N; i++) ap_free(many[i], 2 * MiB, 0, st);
+	calls1 = after(1, "\"FastPath\"", "\"FreeCalls\":"), frees1 = after(1, "\"FastPath\"", "\"GoFrees\":");
+	use1 = after(1, "\"Spill\"", "\"InUse\":");
+	if (frees1 - frees0 != N || calls1 - calls0 != (shut ? N : 2) || use0 - use1 != (long long)(N * 2 * MiB)) {
+		BAD("%d frees of 2 MiB: handed to Go %lld, calls for frees alone %lld (want %d), in use %lld MiB less", N,
+		    frees1 - frees0, calls1 - calls0, shut ? N : 2, (use0 - use1) >> 20);
+		return;
+	}
+	snprintf(note, room, "reuse, another thread's free, statistics, double free, a full queue: as if told at once%s",
+	         shut ? " (fast path shut: a call each)" : "");
+#undef BAD
+}
+
 // streams: one allocation and its free on each of 200000 stream handles;
 // what the library keeps per stream must not grow with their number, and
 // the device memory mapped must not either: a new stream takes over the
@@ -576,6 +689,7 @@ static struct kase cases[] = {
     {"streams", case_streams, "200000 distinct streams"},
     {"mempool", case_mempool, "a C allocator as a memory pool's: routed memory, release, NULL"},
     {"flood", case_flood, "400000 bad frees"},
+    {"batched-frees", case_batched_frees, "frees queued in C: Go decides and counts as if told at once"},
     {"fault", case_fault, "every export panics (fault build)"},
 };
 

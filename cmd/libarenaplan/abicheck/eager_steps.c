@@ -12,9 +12,12 @@
 // STREAMS - 1 streams, taken in turn (record_stream, as tensors handed to
 // a collective's stream are).
 //
-// Per step it prints the fast path's hits and the calls into Go, the
+// Per step it prints the fast path's hits and the calls into Go (Go
+// allocs; the frees handed to Go and the calls that carried frees alone:
+// the others rode along with an allocation or a record_stream), the
 // drains, the segments mapped and unmapped, the cross-stream frees and
-// the waits, and the host time of the step's allocator calls. The first
+// the waits, and the host time of the step's allocator calls; at the end,
+// what is mapped and a digest of every address handed out. The first
 // steps settle what is mapped and kept, as PyTorch's allocator's first
 // steps do; a steady step (the second half of them) must map, unmap, give
 // every kept block back and wait for nothing: the program exits 1 where
@@ -63,9 +66,9 @@ static unsigned long long field(const char *js, const char *within, const char *
   return k ? strtoull(k + strlen(key), NULL, 10) : 0;
 }
 
-enum { HITS, GOALLOCS, GOFREES, LIKE, DRAINS, GROWTH, GROWS, UNMAPS, XFREES, QUERIES, SYNCS, NCOUNT };
-static const char *names[NCOUNT] = {"hits", "Go allocs", "Go frees", "stream drains", "drains", "growth drains",
-                                    "maps", "unmaps", "x-stream frees", "event queries", "waits"};
+enum { HITS, GOALLOCS, GOFREES, FREECALLS, LIKE, DRAINS, GROWTH, GROWS, UNMAPS, XFREES, QUERIES, SYNCS, NCOUNT };
+static const char *names[NCOUNT] = {"hits",   "Go allocs",      "Go frees", "free calls", "stream drains", "drains",
+                                    "growth drains", "maps", "unmaps", "x-stream frees", "event queries", "waits"};
 
 static void read_counts(unsigned long long *c) {
   char *js = NULL;
@@ -77,6 +80,7 @@ static void read_counts(unsigned long long *c) {
   c[HITS] = field(js, "\"FastPath\"", "\"Hits\":");
   c[GOALLOCS] = field(js, "\"FastPath\"", "\"GoAllocs\":");
   c[GOFREES] = field(js, "\"FastPath\"", "\"GoFrees\":");
+  c[FREECALLS] = field(js, "\"FastPath\"", "\"FreeCalls\":");
   c[LIKE] = field(js, "\"FastPath\"", "\"LikeDrains\":");
   c[DRAINS] = field(js, "\"FastPath\"", "\"Drains\":");
   c[GROWTH] = field(js, "\"FastPath\"", "\"GrowthDrains\":");
@@ -151,6 +155,9 @@ int main(int argc, char **argv) {
   printf(" | ns a pair\n");
   unsigned long long c0[NCOUNT], c1[NCOUNT];
   int bad = 0;
+  // A digest of every address handed out, in order (FNV-1a): two builds
+  // that decide alike print the same.
+  unsigned long long digest = 0xcbf29ce484222325ull;
   for (int s = 1; s <= steps; s++) {
     read_counts(c0);
     struct timespec t0, t1;
@@ -163,6 +170,7 @@ int main(int argc, char **argv) {
           fprintf(stderr, "eager_steps: step %d: allocation of %zu bytes failed\n", s, b->size);
           return 1;
         }
+        digest = (digest ^ (uintptr_t)b->ptr) * 0x100000001b3ull;
         if (b->shared) record(b->ptr, (void *)((uintptr_t)b->stream + 16 * (uintptr_t)b->shared));
       } else {
         ap_free(b->ptr, b->size, 0, b->stream);
@@ -183,8 +191,8 @@ int main(int argc, char **argv) {
   {
     char *js = NULL;
     if (!stats(0, &js) && js) {
-      printf("mapped after the steps: %llu bytes, at most %llu\n", field(js, "\"Spill\"", "\"Mapped\":"),
-             field(js, "\"Spill\"", "\"PeakMapped\":"));
+      printf("mapped after the steps: %llu bytes, at most %llu; addresses handed out: digest %016llx\n",
+             field(js, "\"Spill\"", "\"Mapped\":"), field(js, "\"Spill\"", "\"PeakMapped\":"), digest);
       free_string(js);
     }
   }
