@@ -492,8 +492,10 @@ void arenaplan_free(void *ptr, size_t size, int device, void *stream) {
 				}
 			}
 			live_del(e);
-			if (on) {
-				// Handed out here and freed once: Go will apply it.
+			if (on && fq_n < FREE_QUEUE) {
+				// Handed out here and freed once: Go will apply it. (A
+				// full queue is being handed over by the thread that
+				// filled it: this free then goes with it below.)
 				fq[fq_n++] = (ap_free_entry){(uintptr_t)ptr, size, (uintptr_t)stream, device, 0};
 				counted(device, size, 0);
 				int full = fq_n == FREE_QUEUE;

@@ -350,6 +350,25 @@ static void *free_on_thread(void *arg) {
 	return NULL;
 }
 
+// burst_thread: bursts of 64 allocations of 2 MiB, then their frees, so
+// that threads fill the free queue at once (the queue is full in one
+// thread while another frees); its count of failures in *arg.
+static void *burst_thread(void *arg) {
+	int *failed = arg;
+	void *st = (void *)(uintptr_t)0x23;
+	void *p[64];
+	for (int round = 0; round < 200; round++) {
+		for (int i = 0; i < 64; i++) {
+			p[i] = ap_alloc(2 * MiB, 0, st);
+			*failed += p[i] == NULL;
+		}
+		for (int i = 0; i < 64; i++) {
+			if (p[i]) ap_free(p[i], 2 * MiB, 0, st);
+		}
+	}
+	return NULL;
+}
+
 // batched-frees: a free the fast path does not keep (blocks of more than
 // 1 MiB) waits in its queue for the next call into Go, and Go must decide
 // as if it had been told at once: an allocation of a size just freed
@@ -438,7 +457,22 @@ static void case_batched_frees(result *r) {
 		    frees1 - frees0, calls1 - calls0, shut ? N : 2, (use0 - use1) >> 20);
 		return;
 	}
-	snprintf(note, room, "reuse, another thread's free, statistics, double free, a full queue: as if told at once%s",
+	// Four threads filling the queue at once: every free applied once, no
+	// allocation failed, what is allocated back where it was.
+	mem0 = after(0, "\"allocated_bytes\":{\"all\":", "\"current\":");
+	use0 = after(1, "\"Spill\"", "\"InUse\":");
+	pthread_t th[4];
+	int failed[4] = {0};
+	for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, burst_thread, &failed[i]);
+	for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+	mem1 = after(0, "\"allocated_bytes\":{\"all\":", "\"current\":");
+	use1 = after(1, "\"Spill\"", "\"InUse\":");
+	if (failed[0] + failed[1] + failed[2] + failed[3] != 0 || mem1 != mem0 || use1 != use0) {
+		BAD("four threads filling the queue: %d allocations failed, allocated %lld->%lld, in use %lld->%lld",
+		    failed[0] + failed[1] + failed[2] + failed[3], mem0, mem1, use0, use1);
+		return;
+	}
+	snprintf(note, room, "reuse, another thread's free, statistics, double free, a full queue, four threads: as if told at once%s",
 	         shut ? " (fast path shut: a call each)" : "");
 #undef BAD
 }
