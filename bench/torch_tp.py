@@ -18,9 +18,9 @@ are row-parallel and followed by dist.all_reduce; embedding, norms and the
 LM head are replicated. Every rank prints one JSON line (and writes it to
 --json-out): the lower bound and arena/LB (ours), graph memory (PyTorch:
 memory_reserved growth across the capture, cache emptied first; ours:
-report()["graph_bytes"]), capture ms, replay and eager µs (CUDA events,
-fastest and median of --blocks blocks of --iters, each block begun on
-every rank together), replay == eager bit for bit, the
+report()["graph_bytes"]), capture ms, replay and eager µs (a pair of
+CUDA events per call: fastest, median and p90 of --blocks blocks of
+--iters calls, each block begun on every rank together), replay == eager bit for bit, the
 same logits on every rank, divergences; the kernels a profiled replay ran
 (an NCCL kernel among them puts the all-reduce inside the graph) and, for
 PyTorch's graph (kept with keep_graph=True), its node types and kernel
@@ -85,8 +85,11 @@ def build(torch, F, dist, a, rank, world, dev, ctl):
             k=rnd(s + 4, B, KVl, T, hd, scale=0.5), v=rnd(s + 5, B, KVl, T, hd, scale=0.5)))
     inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
     ar = torch.arange(T, device=dev)
-    tok = torch.randint(0, V, (B, 1), device=dev, generator=torch.Generator(device=dev).manual_seed(rep + 2))
-    pos = torch.tensor([T * 7 // 8], device=dev)
+    S = a.prefill or 1  # tokens a sequence: the prompt (prefill), else one (decode)
+    if S > T:
+        raise SystemExit(f"--prefill {S} is longer than the KV cache ({T})")
+    tok = torch.randint(0, V, (B, S), device=dev, generator=torch.Generator(device=dev).manual_seed(rep + 2))
+    pos = torch.arange(S, device=dev) if a.prefill else torch.tensor([T * 7 // 8], device=dev)
 
     def rope(x):
         f = pos.float()[:, None] * inv[None, :]
@@ -105,13 +108,16 @@ def build(torch, F, dist, a, rank, world, dev, ctl):
             for p in layers:
                 h = F.rms_norm(x, (W,), p["n1"])
                 q, k, v = F.linear(h, p["qkv"]).split([Hl * hd, KVl * hd, KVl * hd], -1)
-                q = rope(q.view(B, 1, Hl, hd).transpose(1, 2))
-                k = rope(k.view(B, 1, KVl, hd).transpose(1, 2))
-                v = v.view(B, 1, KVl, hd).transpose(1, 2)
+                q = rope(q.view(B, S, Hl, hd).transpose(1, 2))
+                k = rope(k.view(B, S, KVl, hd).transpose(1, 2))
+                v = v.view(B, S, KVl, hd).transpose(1, 2)
                 p["k"].index_copy_(2, pos, k)
                 p["v"].index_copy_(2, pos, v)
-                att = F.scaled_dot_product_attention(q, p["k"], p["v"], attn_mask=mask, enable_gqa=KVl != Hl)
-                o = F.linear(att.transpose(1, 2).reshape(B, 1, Hl * hd), p["o"])
+                if a.prefill:  # the prompt attends to itself, causally
+                    att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KVl != Hl)
+                else:
+                    att = F.scaled_dot_product_attention(q, p["k"], p["v"], attn_mask=mask, enable_gqa=KVl != Hl)
+                o = F.linear(att.transpose(1, 2).reshape(B, S, Hl * hd), p["o"])
                 reduce(o)
                 x = x + o
                 h = F.rms_norm(x, (W,), p["n2"])
@@ -119,7 +125,7 @@ def build(torch, F, dist, a, rank, world, dev, ctl):
                 d = F.linear(F.silu(g) * u, p["down"])
                 reduce(d)
                 x = x + d
-            return F.linear(F.rms_norm(x, (W,), nf), head)
+            return F.linear(F.rms_norm(x[:, -1:], (W,), nf), head)  # the next token's logits
     return step, emb
 
 
@@ -284,24 +290,26 @@ def checksum(torch, t):
 
 
 def timed_ranks(torch, dist, fn, iters, blocks):
-    """(fastest, median) µs per call over blocks of iters calls (CUDA
-    events), every block begun on all ranks together: a rank's step waits
-    at each all-reduce for the slowest rank, so a block that one rank
-    starts late measures that rank's lateness, not the step."""
+    """(fastest, median, p90) µs of one call, over blocks of iters calls
+    each timed by its own pair of CUDA events (a slow step shows as one,
+    not averaged into its block), every block begun on all ranks
+    together: a rank's step waits at each all-reduce for the slowest rank,
+    so a block that one rank starts late measures that rank's lateness,
+    not the step."""
     times = []
     for _ in range(blocks):
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
         torch.cuda.synchronize()
         dist.barrier()
         torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
+        for s, e in ev:
+            s.record()
             fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1000 / iters)
+            e.record()
+        ev[-1][1].synchronize()
+        times += [s.elapsed_time(e) * 1000 for s, e in ev]
     times.sort()
-    return times[0], times[len(times) // 2]
+    return times[0], times[len(times) // 2], times[min(len(times) - 1, (len(times) * 9) // 10)]
 
 
 def pin(rank, world):
@@ -337,7 +345,7 @@ def eager_diag(torch, dist, step, ctl, a, r, ap):
         return (time.perf_counter() - t0) * 1e6 / k
     d["host_us"] = host(step, n)
     ctl["allreduce"] = False
-    d["no_allreduce_us"] = timed_ranks(torch, dist, step, n, a.blocks)[0]
+    d["no_allreduce_us"] = timed_ranks(torch, dist, step, n, a.blocks)[1]
     ctl["allreduce"] = True
     dev = torch.cuda.current_device()
     small = lambda: torch.empty(16384, dtype=torch.bfloat16, device=dev)  # noqa: E731
@@ -357,7 +365,7 @@ def eager_diag(torch, dist, step, ctl, a, r, ap):
             return round((x1 - x0) / n, 1)
         d["per_step"] = {"/".join(k): delta(k) for k in (
             ("Allocs",), ("Frees",), ("Spilled",), ("FastPath", "Hits"), ("FastPath", "Misses"),
-            ("FastPath", "Kept"), ("FastPath", "GoAllocs"), ("FastPath", "GoFrees"), ("FastPath", "Drains"),
+            ("FastPath", "Kept"), ("FastPath", "GoAllocs"), ("FastPath", "GoFrees"), ("FastPath", "FreeCalls"), ("FastPath", "Drains"),
             ("FastPath", "GrowthDrains"), ("Spill", "Allocs"), ("Spill", "Frees"), ("Spill", "Grows"),
             ("Spill", "Unmaps"), ("Spill", "CrossStreamFrees"), ("Spill", "EventQueries"), ("Spill", "Syncs"))}
         d["after"] = {k: s1["Spill"][k] for k in ("Waiting", "Live", "Mapped", "Segments")}
@@ -411,16 +419,19 @@ def release(torch, objs):
 def main(t_start):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["torch", "ours"], required=True)
-    p.add_argument("--model", choices=["llama", "mlp"], default="llama",
-                   help="llama: the decode step; mlp: an MLP-heavy step with all-reduces of three sizes")
+    p.add_argument("--model", choices=["llama", "prefill", "mlp"], default="llama",
+                   help="llama: the decode step; prefill: its prefill step (--prefill tokens, default 512, "
+                        "batch 4); mlp: an MLP-heavy step with all-reduces of three sizes")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--intermediate", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=128256)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=None, help="sequences (default: decode 8, prefill 4)")
     p.add_argument("--kv-len", type=int, default=1024)
+    p.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
+                   help="llama: a prefill step of this many tokens a sequence (written to the KV cache) instead of decode")
     p.add_argument("--mlp-layers", type=int, default=8)
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--classes", type=int, default=4096)
@@ -448,14 +459,18 @@ def main(t_start):
     p.add_argument("--json-out", help="also append this rank's JSON line to this file ({rank} {world})")
     p.add_argument("--tag", default="", help="a name for this run in the JSON")
     a = p.parse_args()
+    if a.model == "prefill":
+        a.prefill = a.prefill or 512
+    if a.batch is None:
+        a.batch = 4 if a.prefill else 8
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", rank))
     fill = lambda s: s.format(rank=rank, world=world, next=(rank + 1) % world) if s else s  # noqa: E731
     cpus = pin(rank, world) if a.pin else None
     r = {"mode": a.mode, "model": a.model, "cpus": cpus, "tag": a.tag or a.mode, "rank": rank, "world": world,
-         "layers": a.layers if a.model == "llama" else a.mlp_layers,
-         "batch": a.batch if a.model == "llama" else a.tokens}
+         "layers": a.mlp_layers if a.model == "mlp" else a.layers,
+         "batch": a.tokens if a.model == "mlp" else a.batch, "prefill": a.prefill}
     ap = None
     if a.mode == "ours":
         os.environ.setdefault("NCCL_GRAPH_REGISTER", "0")
@@ -494,10 +509,10 @@ def main(t_start):
     r.update(device=torch.cuda.get_device_name(dev), torch=torch.__version__,
              nccl=".".join(map(str, v)) if isinstance(v, tuple) else str(v))
     ctl = {"allreduce": True}
-    step, weights = (build if a.model == "llama" else build_mlp)(torch, F, dist, a, rank, world, dev, ctl)
+    step, weights = (build_mlp if a.model == "mlp" else build)(torch, F, dist, a, rank, world, dev, ctl)
 
     s = warm_stream(torch, step)
-    r["eager_us"], r["eager_med_us"] = timed_ranks(torch, dist, step, max(a.iters // 5, 5), a.blocks)
+    r["eager_us"], r["eager_med_us"], r["eager_p90_us"] = timed_ranks(torch, dist, step, max(a.iters // 5, 5), a.blocks)
     if a.eager_diag:
         eager_diag(torch, dist, step, ctl, a, r, ap)
     held = []  # graphs to release before the process group goes
@@ -578,7 +593,7 @@ def run_graph(torch, dist, step, a, r, ap, s, dev, weights, fill, world, held):
         again = step().clone()
     torch.cuda.synchronize()
     r["eager_repeatable"] = bool(torch.equal(again, ref))
-    r["replay_us"], r["replay_med_us"] = timed_ranks(torch, dist, replay, a.iters, a.blocks)
+    r["replay_us"], r["replay_med_us"], r["replay_p90_us"] = timed_ranks(torch, dist, replay, a.iters, a.blocks)
     replay()
     torch.cuda.synchronize()
     r["replay_repeatable"] = bool(torch.equal(out, first))

@@ -13,12 +13,14 @@
 # copy .dev/torch to the GPU machine beside the checkout and run scripts/gpu-tp.sh. Logs and
 # JSON (one line per rank per run) go to $OUT (default /tmp/gpu-tp); a
 # table per rank last. WORLDS overrides the world sizes, MODELS the models
-# (llama mlp), TP_ARGS adds bench flags (say --layers 4), PAUSE the
+# (llama prefill mlp), TP_ARGS adds bench flags (say --layers 4), PAUSE the
 # pause/resume cycles (default 3). Each rank gets its own share of the
 # CPUs (--pin; PIN=0: not). DIAG=1 adds where eager time goes
 # (--eager-diag); DIAG=2 also eager-only runs of ours with the C fast path
 # shut (ARENAPLAN_FASTPATH=0) and with plain spill segments
-# (ARENAPLAN_SPILL_PLAIN=1). REPEAT=1 runs both allocators' eager steps
+# (ARENAPLAN_SPILL_PLAIN=1). EAGER=1 runs eager steps only, with their
+# diagnosis: PyTorch's allocator, ours, and ours with the C fast path shut,
+# at each world size (no graphs, no plan files). REPEAT=1 runs both allocators' eager steps
 # once more at the largest world size (eager-only), after everything else.
 set -u
 OUT=${OUT:-/tmp/gpu-tp}
@@ -64,6 +66,16 @@ tp() { # tp TAG MODEL WORLD ARGS...
 	[ $rc -eq 0 ] || echo "FAILED $tag, $model, world size $w (exit $rc)" | tee -a "$OUT/log.txt"
 }
 
+if [ "${EAGER:-0}" = 1 ]; then
+	for model in $MODELS; do
+		for w in $WORLDS; do
+			tp torch "$model" "$w" --mode torch --eager-only --eager-diag
+			tp ours "$model" "$w" --mode ours --eager-only --eager-diag
+			ARENAPLAN_FASTPATH=0 tp ours-nofast "$model" "$w" --mode ours --eager-only --eager-diag
+		done
+	done
+	MODELS=""
+fi
 for model in $MODELS; do
 	done_worlds=""
 	for w in $WORLDS; do

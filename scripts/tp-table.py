@@ -58,11 +58,11 @@ print("eager: fastest block; exit codes and wall s per process, in job order: "
       "torch/ours[/ours-nofast/ours-plain][/label]/ours-plan[/torch-again/ours-again]")
 for k in keys:
     d = rows.get(k, {})
-    e = {tag: (d[tag].get("eager_us"), d[tag].get("eager_med_us")) for tag in
+    e = {tag: (d[tag].get("eager_us"), d[tag].get("eager_med_us"), d[tag].get("eager_p90_us")) for tag in
          ("torch", "ours", "ours-nofast", "ours-plain", "ours-plan", "torch-again", "ours-again") if tag in d}
     if e:
-        print(f"{k[0]} ws {k[1]} rank {k[2]} eager us fastest/median: " +
-              "; ".join(f"{t} {f1(a, '.0f')}/{f1(b, '.0f')}" for t, (a, b) in e.items()))
+        print(f"{k[0]} ws {k[1]} rank {k[2]} eager us fastest/median/p90: " +
+              "; ".join(f"{t} {f1(a, '.0f')}/{f1(b, '.0f')}/{f1(c, '.0f')}" for t, (a, b, c) in e.items()))
 for k in keys:
     d = rows.get(k, {})
     for tag in ("torch", "ours", "ours-nofast", "ours-plain"):
@@ -79,3 +79,23 @@ for k in keys:
     for tag in ("ours-plan", "label"):
         for f, v in rows.get(k, {}).get(tag, {}).get("foreign_plans", {}).items():
             print(f"{k[0]} ws {k[1]} rank {k[2]} {tag}: {f}: {v[:150]}")
+
+# Eager steps against PyTorch's allocator, per call: median, p90 and fastest
+# (ours with the C fast path on, and off where it ran), and arenaplan's
+# counters per step where --eager-diag ran.
+print(f"\n{'model':7} {'ws':>2} {'rk':>2} {'torch med/p90/min us':>22} {'ours med/p90/min':>20} {'ours/torch med p90':>18} "
+      f"{'fast path off med/p90':>22} {'off/torch':>9}  per step: calls into Go, grows, unmaps, syncs")
+for k in keys:
+    d = rows.get(k, {})
+    t, o, n = d.get("torch", {}), d.get("ours", {}), d.get("ours-nofast", {})
+    if not t.get("eager_med_us") or not o.get("eager_med_us"):
+        continue
+    trip = lambda r: f"{r['eager_med_us']:.0f}/{r.get('eager_p90_us', 0):.0f}/{r['eager_us']:.0f}"  # noqa: E731
+    off = f"{n['eager_med_us']:.0f}/{n.get('eager_p90_us', 0):.0f}" if n.get("eager_med_us") else "-"
+    offr = ratio(n.get("eager_med_us"), t["eager_med_us"]) if n else "-"
+    ps = o.get("eager_diag", {}).get("per_step", {})
+    cnt = (f"{round(ps.get('FastPath/GoAllocs', 0) + ps.get('FastPath/FreeCalls', 0), 1)}, {ps.get('Spill/Grows', '-')}, "
+           f"{ps.get('Spill/Unmaps', '-')}, {ps.get('Spill/Syncs', '-')}") if ps else "-"
+    print(f"{k[0]:7} {k[1]:2} {k[2]:2} {trip(t):>22} {trip(o):>20} "
+          f"{ratio(o['eager_med_us'], t['eager_med_us']) + ' ' + ratio(o.get('eager_p90_us'), t.get('eager_p90_us')):>18} "
+          f"{off:>22} {offr:>9}  {cnt}")
