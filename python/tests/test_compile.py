@@ -609,10 +609,12 @@ class RunnerTest(unittest.TestCase):
         r16([w0, w1, _Tensor((16, 4)), 16])
         self.assertTrue(fam.closed)
         self.assertEqual(ops.families[-1].keys, [2, 0, 1])
-        r2([w0, w1, _Tensor((2, 4)), 2])
+        kept = r2([w0, w1, _Tensor((2, 4)), 2])
         self.assertEqual(ops.families[-1].replays[-1], 1)
-        # Another frame: an arena of its own.
+        # Another frame, called while the last output is held: an arena of
+        # its own (see FramesTest for one that joins).
         other([w0, w1, _Tensor((8, 4)), 8])
+        del kept
         self.assertEqual(len(ops.families), 3)
         self.assertNotIn("shares_arena_with", other.report())
         # Closing one graph drops its siblings' captures; they capture again.
@@ -1000,6 +1002,152 @@ class PlannedInputTest(unittest.TestCase):
         r([w, _Tensor((0,))])
         m = next(iter(r.members.values()))
         self.assertEqual(m.dst, [])
+
+
+class FramesTest(unittest.TestCase):
+    """Graphs of different frames called one after another on one device
+    (a graph break's two sides, compiled modules in sequence): one arena
+    where nothing crosses from one to the next, arenas of their own where
+    the next reads the last one's output or the program holds it."""
+
+    def pair(self, **options):
+        ops = _FakeOps()
+        ops.arenas = 0x600  # addresses no other test's arena uses (the stand-in memory is shared)
+        opts = apc.CompileOptions(None, dict({"warmup": 0}, **options))
+        # Both outputs at one offset: a replay of either overwrites the other's.
+        ga, gb = _Graph(ops), _Graph(ops)
+        ra = apc._Runner(ga, "graph0", [0], None, opts, ops, 0, frame=11)
+        rb = apc._Runner(gb, "graph1", [0], None, opts, ops, 0, frame=12)
+        ws = (_Tensor((4,)), _Tensor((4,)))
+        return ra, rb, ops, opts, ws
+
+    def test_independent_graphs_of_two_frames_share_one_arena(self):
+        ra, rb, ops, opts, (wa, wb) = self.pair()
+        for k in range(4):
+            # Each output read, then dropped before the other graph runs.
+            self.assertEqual(ra([wa, _Tensor((32,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+            self.assertEqual(rb([wb, _Tensor((16,), value=f"b{k}")])[0].value, ("f", f"b{k}"))
+        self.assertEqual(len(ops.families), 1, "the second frame's graph joins the first one's arena")
+        fam = ops.families[0]
+        self.assertEqual(fam.keys, [0, 1])
+        self.assertEqual(fam.size, 32, "the arena is the larger need, not the sum")
+        self.assertIs(ra.group, rb.group)
+        self.assertEqual(fam.replays, [0, 1] * 4, "every call replays (captured at the first)")
+        self.assertEqual((ra.plain_calls, rb.plain_calls), (0, 0))
+        self.assertEqual(rb.report()["shares_arena_with"], "graph0")
+        # A later graph of the second frame (a recompilation) is in the same
+        # group; a larger one captures the family anew, largest first.
+        rc = apc._Runner(_Graph(ops), "graph2", [0], None, opts, ops, 0, frame=12)
+        self.assertEqual(rc([wb, _Tensor((64,), value="c")])[0].value, ("f", "c"))
+        self.assertIs(rc.group, ra.group)
+        self.assertTrue(fam.closed)
+        self.assertEqual(ops.families[-1].keys, [2, 0, 1])
+        self.assertEqual(ops.families[-1].size, 64)
+        for k in range(2):
+            self.assertEqual(ra([wa, _Tensor((32,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+            self.assertEqual(rb([wb, _Tensor((16,), value=f"b{k}")])[0].value, ("f", f"b{k}"))
+        self.assertEqual(len(ops.families), 2)
+
+    def test_share_frames_off_keeps_arenas_apart(self):
+        self.assertTrue(apc.CompileOptions().share_frames)
+        ra, rb, ops, opts, (wa, wb) = self.pair(share_frames=False)
+        self.assertEqual(opts.inductor, {}, "share_frames is the backend's, not an inductor patch")
+        for k in range(3):
+            self.assertEqual(ra([wa, _Tensor((32,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+            self.assertEqual(rb([wb, _Tensor((16,), value=f"b{k}")])[0].value, ("f", f"b{k}"))
+        self.assertEqual([f.size for f in ops.families], [32, 16])
+        self.assertIsNot(ra.group, rb.group)
+
+    def test_a_graph_reading_the_last_output_keeps_its_own_arena(self):
+        # head(body(x)): the second graph takes the first one's output,
+        # which the caller holds while it runs.
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        for k in range(4):
+            h = ra([wa, _Tensor((32,), value=f"a{k}")])[0]
+            self.assertEqual(rb([wb, h])[0].value, ("f", ("f", f"a{k}")))
+            self.assertEqual(h.value, ("f", f"a{k}"), "the first output intact after the second graph ran")
+            self.assertFalse(getattr(h, "denied", False))
+            del h
+        self.assertEqual(len(ops.families), 2)
+        self.assertIsNot(ra.group, rb.group)
+
+    def test_an_input_in_the_last_outputs_memory_keeps_its_own_arena(self):
+        # An input over the memory of an output of the family (not the
+        # output's tensor, so nothing counts it as held): it would be read
+        # where the family writes.
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        p = ra([wa, _Tensor((32,), value="a")])[0].ptr
+        out = _Tensor((32,), ptr=p)
+        self.assertEqual(rb([wb, out])[0].value, ("f", ("f", "a")))
+        self.assertIsNot(ra.group, rb.group)
+        self.assertEqual(len(ops.families), 2)
+
+    def test_an_output_held_across_the_other_frames_replay_moves_out(self):
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        ra([wa, _Tensor((32,), value="a0")])
+        rb([wb, _Tensor((16,), value="b0")])
+        self.assertIs(ra.group, rb.group)
+        # Later the program keeps the first graph's output past the
+        # second's replay (the order of calls learned no longer holds):
+        # it moves out of the arena first, value intact.
+        a = ra([wa, _Tensor((32,), value="a1")])
+        inside = a[0].ptr
+        self.assertEqual(rb([wb, _Tensor((16,), value="b1")])[0].value, ("f", "b1"))
+        self.assertNotEqual(a[0].ptr, inside, "moved out before the other graph's replay")
+        self.assertEqual(a[0].value, ("f", "a1"))
+        self.assertFalse(getattr(a[0], "denied", False))
+        # And the other way round: the second graph's output held across
+        # the first one's replay.
+        b = rb([wb, _Tensor((16,), value="b2")])
+        self.assertEqual(ra([wa, _Tensor((32,), value="a2")])[0].value, ("f", "a2"))
+        self.assertEqual(b[0].value, ("f", "b2"))
+        del a, b
+        # A view held: it cannot move, so the other graph runs without a
+        # graph until it goes, and nothing it reads is overwritten.
+        a = ra([wa, _Tensor((32,), value="a3")])
+        a[0].storage.views = 1
+        plain = rb.plain_calls
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(rb([wb, _Tensor((16,), value="b3")])[0].value, ("f", "b3"))
+        self.assertIn("a view of an output", str(caught[0].message))
+        self.assertEqual(rb.plain_calls, plain + 1)
+        self.assertEqual(a[0].value, ("f", "a3"))
+        a[0].storage.views = 0
+        del a
+        self.assertEqual(rb([wb, _Tensor((16,), value="b4")])[0].value, ("f", "b4"))
+        self.assertEqual(rb.plain_calls, plain + 1, "replays resume once the view is gone")
+        self.assertEqual(len(ops.families), 1)
+
+    def test_a_parameter_in_the_arena_is_not_captured(self):
+        # The first graph's output kept as the second one's buffer (read in
+        # place, by address) after both joined one arena: a member captured
+        # with it would read it where the replays write. It runs without a
+        # graph, and reads the value the first graph left.
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        ra([wa, _Tensor((32,), value="a0")])
+        rb([wb, _Tensor((16,), value="b0")])
+        self.assertIs(ra.group, rb.group)
+        state = ra([wa, _Tensor((32,), value="a1")])[0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(rb([state, _Tensor((16,), value="b1")])[0].value, ("f", "b1"))
+        self.assertIn("a parameter or buffer lies in the memory", str(caught[0].message))
+        self.assertEqual(rb.plain_calls, 1)
+        self.assertEqual(len(ops.families), 1)
+        self.assertEqual(state.value, ("f", "a1"))
+
+    def test_a_graph_first_captured_on_another_thread_keeps_its_own_arena(self):
+        import threading
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        ra([wa, _Tensor((32,), value="a0")])
+        got = []
+        t = threading.Thread(target=lambda: got.append(rb([wb, _Tensor((16,), value="b0")])[0].value))
+        t.start()
+        t.join()
+        self.assertEqual(got, [("f", "b0")])
+        self.assertIsNot(ra.group, rb.group)
+        self.assertEqual(len(ops.families), 2)
 
 
 class _Node:

@@ -116,8 +116,16 @@ peak of a capture is the larger of those runs' own and the arena's, beside
 the program's tensors, not their sum. The graphs compiled from one frame of
 the program (each size of a model compiled with ``dynamic=False``, a
 recompilation after a guard failed) share one arena, planned jointly, as
-one graph's shapes do; graphs of other frames (either side of a graph
-break, several compiled modules) hold one arena each.
+one graph's shapes do. Graphs of other frames (either side of a graph
+break, several compiled modules) join that arena too where the order of
+calls shows that nothing crosses from one to the next: a graph whose first
+capture comes right after another frame's replay, on the same device and
+thread, while the program holds none of that replay's outputs and reads
+none of them (then the arena is the larger need, not the sum); otherwise,
+as when one reads the other's output (``head(body(x))``), they hold one
+arena each. Outputs of one held across the other's replay later are moved
+out first, as between shapes. See ``_infer._Group``; option
+``share_frames=False`` keeps every frame's arena apart.
 
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA
@@ -132,7 +140,8 @@ Options: ``torch.compile(model, backend="arenaplan", mode=..., options={...})``.
 (runs inside the capture step, the last one recorded, default 2),
 ``max_shapes`` (default 8), ``budget`` (planning seconds, default 1.0),
 ``strict`` (an allocation the plan cannot serve raises), ``capture``
-(False: never capture, for comparisons); every other key is an inductor
+(False: never capture, for comparisons), ``share_frames`` (default True:
+graphs of other frames may share an arena, see above); every other key is an inductor
 config patch (``"max_autotune": True``, ...).
 
 Registered at import with ``torch._dynamo.register_backend``; installed

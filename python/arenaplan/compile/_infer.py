@@ -1,8 +1,11 @@
 """A compiled graph run on arenaplan's graphs: one member per shape in one
 family arena (inference, and the graphs of a training loop that have no
-backward), shared by the graphs compiled from one frame of the program."""
+backward), shared by the graphs compiled from one frame of the program and,
+where the order of calls allows it, by those of other frames that run one
+after another on the same device (see :class:`_Group`)."""
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
@@ -61,13 +64,65 @@ class _Member:
 
 
 class _Group:
-    """The graphs compiled from one frame of the program for one device
-    (its recompilations: each size of a model compiled with
-    ``dynamic=False``, a guard that failed): their members in ONE family
-    arena, planned jointly, as one graph's shapes are. They run one at a
-    time, as one graph's shapes do: a replay first moves out what the
-    program still holds of the last replay's outputs (see
-    :meth:`_Outputs.overwritten`)."""
+    """The graphs whose members share ONE family arena, planned jointly, as
+    one graph's shapes are: those compiled from one frame of the program
+    for one device (its recompilations: each size of a model compiled with
+    ``dynamic=False``, a guard that failed) and those of other frames that
+    joined them (below). They run one at a time, as one graph's shapes do:
+    a replay first moves out what the program still holds of the last
+    replay's outputs (see :meth:`_Outputs.overwritten`).
+
+    Graphs of several frames (the two sides of a graph break, several
+    compiled modules called in sequence) run one after another on one
+    stream, so one arena could serve them all: the largest need, plus what
+    lives from one graph to the next, instead of the sum of their arenas.
+
+    - Grouping, learned from the order of calls. The group whose graph
+      replayed last on each device, and the thread that replayed it, are
+      kept (``_last_on``). A graph of another frame whose frame has no
+      group yet, at its first capture, joins that group when: the last
+      replay was on the same device and thread, both were compiled with
+      ``share_frames`` and the same ops; the program holds none of the
+      last replay's outputs now; and none of the call's inputs lies in the
+      memory of an output of the group's family (it would be read there,
+      in place or by a copy-in). Its frame's later graphs then join the
+      same group. Otherwise it gets a group of its own, as before. The
+      member joins with one capture where it fits (``GraphFamily.add``),
+      else the whole family is captured anew, largest first.
+    - Values that cross from one graph to the next are, in this first
+      step, not shared at all: a graph that reads another's output (the
+      call holds it, so the held test above fails) keeps an arena of its
+      own. A family is a shared region: every member's plan starts at the
+      arena's start, so B's scratch and its planned input buffers overlap
+      A's outputs. That is safe only where nothing of A's is needed once
+      B starts. Where B reads A's output in place (a training backward
+      reading a loss graph's gradient, ``_fixed_outputs``) B's own
+      kernels would overwrite the input they are reading; where B copies
+      it in and the program still holds it (the caller's variable for
+      ``head(body(x))``), every replay of B must first move it out of
+      the arena: one more copy per step than with arenas of their own.
+      Sharing those needs the chain's joint timeline instead
+      (:func:`arenaplan.torch.chain`, ``planner.GroupPlan``): A and B
+      planned as stages of one step, A's outputs that B reads live from
+      A's write to B's last read, so B's scratch is placed around them
+      and B reads them in place, with no copy and no move; the outputs
+      the program keeps past the step live to its end. Not done here.
+    - The order changes, or a graph joins later. Correctness never rests
+      on the order learned: each replay moves out the held outputs of
+      the group's last replay, whichever graph made them, and runs
+      without a graph while a view of one is held (``_VIEW_HELD``); a new
+      graph that does not fit captures the family anew, moving held
+      outputs out first. What a changed order costs is copies (outputs
+      held across the other frame's replay move out on each step); a
+      group that keeps paying them should split (the later frame
+      captured anew in an arena of its own), which is not done yet.
+    - Threads. Members of one family must not run concurrently;
+      :meth:`GraphFamily.prepare` orders a replay after the previous one
+      on another stream, and a graph joins only a group last replayed by
+      its own thread. Two frames driven from two threads after they
+      joined are ordered on the device, but the moves of held outputs
+      are not locked between threads (as for one graph's shapes today).
+    """
 
     def __init__(self) -> None:
         self.runners: List["weakref.ref[_Runner]"] = []
@@ -75,6 +130,7 @@ class _Group:
         self.next_index = 0  # the next member's key in the family
         self.last: Optional[_Outputs] = None  # the outputs of the last replay, any graph's
         self.builds = 0  # captures of the family anew
+        self.ref = weakref.ref(self)  # what _last_on keeps (made once: set at every replay)
 
     def live(self) -> List["_Runner"]:
         """The graphs of the group still alive, first joined first."""
@@ -89,19 +145,41 @@ _VIEW_HELD = ("a view of an output of an earlier call (at another shape, or of a
 
 # The groups by (frame, device); a group lives while one of its graphs does.
 _groups: "weakref.WeakValueDictionary[Hashable, _Group]" = weakref.WeakValueDictionary()
+# Per device: the group whose graph replayed last, and the thread that replayed it.
+_last_on: Dict[Optional[int], Tuple["weakref.ref[_Group]", int]] = {}
 
 
-def _group_of(frame: Optional[Hashable], device: Optional[int]) -> _Group:
-    """The group of the graphs compiled from frame for device (a group of
-    its own where the frame is not known)."""
+def _group_of(frame: Optional[Hashable], device: Optional[int], after: Optional[_Group] = None) -> _Group:
+    """The group of the graphs compiled from frame for device; where the
+    frame has none yet, ``after`` (the group a graph of another frame may
+    join, see :meth:`_Runner._after`) or a new one (a group of its own,
+    not kept by frame, where the frame is not known)."""
     if frame is None:
-        return _Group()
+        return after if after is not None else _Group()
     key = (frame, device)
     with _lock:
         g = _groups.get(key)
         if g is None:
-            g = _groups[key] = _Group()
+            g = _groups[key] = after if after is not None else _Group()
     return g
+
+
+def _in_outputs(ops: _Ops, g: _Group, xs: Sequence[Any]) -> bool:
+    """Whether a tensor among xs lies in the memory of an output of g's
+    family (a replay of any member may write there)."""
+    if g.family is None:
+        return False
+    spans = [ops.extent(o) for outs in g.family.outputs.values() for o in outs if ops.is_tensor(o) and ops.nbytes(o)]
+    for x in xs:
+        if ops.is_tensor(x):
+            a, b = ops.extent(x)
+            if any(a < hi and lo < b for lo, hi in spans):
+                return True
+    return False
+
+
+_IN_ARENA = ("a parameter or buffer lies in the memory of an output of a graph sharing the arena (the capture "
+             "would read it in place where the replays write); calls with it run without a graph")
 
 
 class _Runner(_Warns):
@@ -206,6 +284,7 @@ class _Runner(_Warns):
         m.calls += 1
         self.replays += 1
         g.last = outs
+        _last_on[self.device] = (g.ref, threading.get_ident())
         return outs.take()
 
     def _copy_in(self, m: _Member, inputs: list) -> None:
@@ -269,8 +348,11 @@ class _Runner(_Warns):
                           "(torch._C._construct_storage_from_data_pointer, Tensor._use_count)")
             return None
         if self.group is None:
-            self.group = _group_of(self.frame, self.device)
+            self.group = _group_of(self.frame, self.device, self._after(inputs))
             self.group.runners.append(weakref.ref(self))
+        if _in_outputs(ops, self.group, [inputs[i] for i in self.static]):
+            self._warn("in arena", _IN_ARENA)
+            return None
         args, ptrs, copy_idxs, nbytes = [], [None] * len(inputs), [], 0
         m = _Member(self.group.next_index, args, ptrs, copy_idxs, 0)
         for i, x in enumerate(inputs):
@@ -293,6 +375,27 @@ class _Runner(_Warns):
                 return None
         self.input_bytes += nbytes
         return m
+
+    def _after(self, inputs: list) -> Optional[_Group]:
+        """The group of the graph replayed last on this graph's device, where
+        this graph may join it (see :class:`_Group`): same thread, both
+        sharing frames over the same ops, none of its last outputs held by
+        the program, and none of this call's inputs in the memory of an
+        output of its family. None: a group of its own."""
+        if not self.opts.share_frames:
+            return None
+        last = _last_on.get(self.device)
+        g = last[0]() if last is not None else None
+        if g is None or last[1] != threading.get_ident() or g.family is None or g.last is None:
+            return None
+        rs = g.live()
+        if not rs or any(r.ops is not self.ops or not r.opts.share_frames for r in rs):
+            return None
+        if g.last.held():
+            return None  # the program keeps them past this graph's replay: each would move them out
+        if _in_outputs(self.ops, g, inputs):
+            return None  # it would be read where the family's members write
+        return g
 
     def written(self, inputs: list) -> List[Any]:
         """The call's inputs that the graph writes in place."""
