@@ -31,7 +31,8 @@ class _Member:
     otherwise stay, one per member). Its graph still reads their
     addresses; a call with tensors at those addresses replays it."""
 
-    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst")
+    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst",
+                 "around")
 
     def __init__(self, index: int, args: list, ptrs: list, copy_idxs: list, nbytes: int):
         self.index = index  # its key in the family (short, for the library)
@@ -41,6 +42,9 @@ class _Member:
         self.host: Dict[int, Any] = {}
         self.addrs: Dict[int, int] = {}  # from the member's last capture: the addresses replays use
         self.dst: List[Tuple[int, Any, int, int]] = []  # (input, tensor at its address, start, end)
+        # Address ranges its plan leaves alone (memory the program held in
+        # the arena when it joined, see _Group): its replays never write there.
+        self.around: List[Tuple[int, int]] = []
 
     def let_go(self, static: Sequence[int]) -> None:
         """Hold the tensors among args at indices static by weak references."""
@@ -69,53 +73,63 @@ class _Group:
     for one device (its recompilations: each size of a model compiled with
     ``dynamic=False``, a guard that failed) and those of other frames that
     joined them (below). They run one at a time, as one graph's shapes do:
-    a replay first moves out what the program still holds of the last
-    replay's outputs (see :meth:`_Outputs.overwritten`).
+    a replay first moves out what the program still holds of earlier
+    replays' outputs where it may write them (see
+    :meth:`_Outputs.overwritten`).
 
     Graphs of several frames (the two sides of a graph break, several
     compiled modules called in sequence) run one after another on one
-    stream, so one arena could serve them all: the largest need, plus what
+    stream, so one arena serves them all: the largest need, plus what
     lives from one graph to the next, instead of the sum of their arenas.
 
     - Grouping, learned from the order of calls. The group whose graph
       replayed last on each device, and the thread that replayed it, are
       kept (``_last_on``). A graph of another frame whose frame has no
-      group yet, at its first capture, joins that group when: the last
-      replay was on the same device and thread, both were compiled with
-      ``share_frames`` and the same ops; the program holds none of the
-      last replay's outputs now; and none of the call's inputs lies in the
-      memory of an output of the group's family (it would be read there,
-      in place or by a copy-in). Its frame's later graphs then join the
-      same group. Otherwise it gets a group of its own, as before. The
-      member joins with one capture where it fits (``GraphFamily.add``),
-      else the whole family is captured anew, largest first.
-    - Values that cross from one graph to the next are, in this first
-      step, not shared at all: a graph that reads another's output (the
-      call holds it, so the held test above fails) keeps an arena of its
-      own. A family is a shared region: every member's plan starts at the
-      arena's start, so B's scratch and its planned input buffers overlap
-      A's outputs. That is safe only where nothing of A's is needed once
-      B starts. Where B reads A's output in place (a training backward
-      reading a loss graph's gradient, ``_fixed_outputs``) B's own
-      kernels would overwrite the input they are reading; where B copies
-      it in and the program still holds it (the caller's variable for
-      ``head(body(x))``), every replay of B must first move it out of
-      the arena: one more copy per step than with arenas of their own.
-      Sharing those needs the chain's joint timeline instead
-      (:func:`arenaplan.torch.chain`, ``planner.GroupPlan``): A and B
-      planned as stages of one step, A's outputs that B reads live from
-      A's write to B's last read, so B's scratch is placed around them
-      and B reads them in place, with no copy and no move; the outputs
-      the program keeps past the step live to its end. Not done here.
+      group yet, at its first capture, joins that group when the last
+      replay was on the same device and thread and both were compiled
+      with ``share_frames`` and the same ops. Its frame's later graphs
+      then join the same group. Otherwise it gets a group of its own, as
+      before.
+    - Values that cross from one graph to the next. Every member's plan
+      starts at the arena's start, so members' buffers overlap by design.
+      A member captured into a group of several frames, or whose call
+      reads memory of an output of the family (``head(body(x))``: B
+      takes A's output, which the caller holds while B runs), is planned
+      around what the program holds in the arena then (:meth:`_held`:
+      the held outputs of the members' replays, and the call's inputs in
+      the family's output memory): each range is a fixed buffer live over
+      its whole step (``GraphFamily.add(around=...)``, the bridge's
+      ``PlanMemberAround``, checked by ``planner.Check``), so its scratch
+      and outputs avoid them, it reads A's output where it lies (copied
+      into its planned input, or read in place), and nothing has to move
+      out; later plans of it (a capture that diverged) keep avoiding
+      them. Where that needs more than the arena, the arena grows in
+      place (``arena.Arena.Grow``: every address stays, the other
+      members' graphs with it), so the arena is about the larger need
+      plus the held bytes. A member's ranges are kept (``_Member.around``)
+      and a replay of it leaves the held outputs inside them where they
+      are. A group of one frame's shapes that reads nothing of its arena
+      is planned as before: a member that does not fit captures the
+      family anew, largest first.
+    - What is not planned around. A member captured before the crossing
+      it meets later (in a loop, A replays again while the program still
+      holds B's output from the step before) was not planned around it:
+      its replay moves that output out first, one copy per step. Making
+      it avoid B's outputs means planning A again with its own outputs
+      fixed where they are (B's plan avoids them) plus B's held outputs,
+      and capturing it once more; not done yet. A family captured anew
+      (a member over ``max_shapes``, an ``add`` that failed) is planned
+      jointly without the crossings: its held outputs move out again at
+      each replay that may write them.
     - The order changes, or a graph joins later. Correctness never rests
       on the order learned: each replay moves out the held outputs of
-      the group's last replay, whichever graph made them, and runs
-      without a graph while a view of one is held (``_VIEW_HELD``); a new
-      graph that does not fit captures the family anew, moving held
-      outputs out first. What a changed order costs is copies (outputs
-      held across the other frame's replay move out on each step); a
-      group that keeps paying them should split (the later frame
-      captured anew in an arena of its own), which is not done yet.
+      the group's earlier replays (``_Group.inside``, whichever graph
+      made them) but those its plan leaves alone, and runs without a
+      graph while a view of one that would move is held (``_VIEW_HELD``);
+      a new graph that does not fit captures the family anew, moving held
+      outputs out first. What a changed order costs is copies, counted in
+      the report's ``outputs_moved_out``; a group that keeps paying them
+      should split or replan, which is not done yet.
     - Threads. Members of one family must not run concurrently;
       :meth:`GraphFamily.prepare` orders a replay after the previous one
       on another stream, and a graph joins only a group last replayed by
@@ -129,7 +143,9 @@ class _Group:
         self.family = None  # the GraphFamily, once captured
         self.next_index = 0  # the next member's key in the family
         self.last: Optional[_Outputs] = None  # the outputs of the last replay, any graph's
+        self.inside: List[_Outputs] = []  # outputs of replays that the program may still hold in the arena
         self.builds = 0  # captures of the family anew
+        self.moved = 0  # held outputs moved out of the arena before a replay
         self.ref = weakref.ref(self)  # what _last_on keeps (made once: set at every replay)
 
     def live(self) -> List["_Runner"]:
@@ -268,13 +284,19 @@ class _Runner(_Warns):
         fam = g.family
         fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
         outs = self._outs[m.index]
-        if g.last is not None and g.last is not outs:
-            # Another member's outputs: the copies in and the replay write
-            # their memory, so those held move out first (an input among
-            # them is then copied in from where it went); one that cannot
-            # (a view of it is held) keeps its memory: this call runs
-            # without a graph.
-            if not g.last.overwritten():
+        for o in g.inside:
+            if o is outs:
+                continue
+            # Another member's outputs: the copies in and the replay may
+            # write their memory, so those held move out first (an input
+            # among them is then copied in from where it went), but for
+            # those in memory this member's plan leaves alone (m.around);
+            # one that cannot move (a view of it is held) keeps its memory:
+            # this call runs without a graph.
+            before = o.moved
+            ok = o.overwritten(m.around)
+            g.moved += o.moved - before
+            if not ok:
                 self._warn("view", _VIEW_HELD)
                 return self._plain(inputs)
         if m.dst:
@@ -284,6 +306,8 @@ class _Runner(_Warns):
         m.calls += 1
         self.replays += 1
         g.last = outs
+        g.inside = [o for o in g.inside if o is not outs and o.held()]
+        g.inside.append(outs)
         _last_on[self.device] = (g.ref, threading.get_ident())
         return outs.take()
 
@@ -348,7 +372,7 @@ class _Runner(_Warns):
                           "(torch._C._construct_storage_from_data_pointer, Tensor._use_count)")
             return None
         if self.group is None:
-            self.group = _group_of(self.frame, self.device, self._after(inputs))
+            self.group = _group_of(self.frame, self.device, self._after())
             self.group.runners.append(weakref.ref(self))
         if _in_outputs(ops, self.group, [inputs[i] for i in self.static]):
             self._warn("in arena", _IN_ARENA)
@@ -368,20 +392,19 @@ class _Runner(_Warns):
             else:
                 args.append(x)
         m.nbytes = nbytes
+        around = self._held(inputs) if self._crosses(inputs) else []
         self.group.next_index += 1
         self.members[key] = m
         with _unseen(ops, self.device, self.written(inputs)):
-            if not self._grow(m, {i: inputs[i] for i in copy_idxs}):
+            if not self._grow(m, {i: inputs[i] for i in copy_idxs}, around):
                 return None
         self.input_bytes += nbytes
         return m
 
-    def _after(self, inputs: list) -> Optional[_Group]:
+    def _after(self) -> Optional[_Group]:
         """The group of the graph replayed last on this graph's device, where
         this graph may join it (see :class:`_Group`): same thread, both
-        sharing frames over the same ops, none of its last outputs held by
-        the program, and none of this call's inputs in the memory of an
-        output of its family. None: a group of its own."""
+        sharing frames over the same ops. None: a group of its own."""
         if not self.opts.share_frames:
             return None
         last = _last_on.get(self.device)
@@ -391,21 +414,49 @@ class _Runner(_Warns):
         rs = g.live()
         if not rs or any(r.ops is not self.ops or not r.opts.share_frames for r in rs):
             return None
-        if g.last.held():
-            return None  # the program keeps them past this graph's replay: each would move them out
-        if _in_outputs(self.ops, g, inputs):
-            return None  # it would be read where the family's members write
         return g
+
+    def _crosses(self, inputs: list) -> bool:
+        """Whether values may cross into this call from another graph of
+        its group: the group has graphs of other frames, or the call reads
+        the memory of an output of its family. Then the call's member is
+        planned around what the program holds (:meth:`_held`); a group of
+        one frame's shapes that reads nothing of its arena is planned as
+        one graph's shapes are, jointly, largest first."""
+        g = self.group
+        if g is None or g.family is None:
+            return False
+        return any(r.frame != self.frame for r in g.live()) or _in_outputs(self.ops, g, inputs)
+
+    def _held(self, inputs: list) -> List[Tuple[int, int]]:
+        """The memory of the group's family arena that the program holds
+        while this call runs, as address ranges: the outputs of its
+        members' replays that something holds, and this call's inputs that
+        lie in the memory of an output of the family (it reads them)."""
+        g, ops = self.group, self.ops
+        if g is None or g.family is None:
+            return []
+        spans = [ops.extent(o.current(i)) for o in g.inside for i in o.held()]
+        outs = [ops.extent(o) for os_ in g.family.outputs.values() for o in os_ if ops.is_tensor(o) and ops.nbytes(o)]
+        for x in inputs:
+            if ops.is_tensor(x) and ops.nbytes(x):
+                a, b = ops.extent(x)
+                if any(a < hi and lo < b for lo, hi in outs):
+                    spans.append((a, b))
+        return sorted(set(spans))
 
     def written(self, inputs: list) -> List[Any]:
         """The call's inputs that the graph writes in place."""
         return [inputs[i] for i in self.mutated if i < len(inputs) and self.ops.is_tensor(inputs[i])]
 
-    def _grow(self, new: _Member, new_inputs: Dict[int, Any]) -> bool:
+    def _grow(self, new: _Member, new_inputs: Dict[int, Any], around: Sequence[Tuple[int, int]] = ()) -> bool:
         """Capture member new into the family's arena as it is (the others
         keep their graphs, and the last call's outputs stay valid): when it
-        fits, which a smaller shape after a larger one does; else, or with
-        no family yet, capture every member again (:meth:`_build`)."""
+        fits, which a smaller shape after a larger one does, or, planned
+        ``around`` the memory the program holds in the arena (see
+        :meth:`_held`), with the arena grown in place where it needs more;
+        else, or with no family yet, capture every member again
+        (:meth:`_build`)."""
         fam, ops = self.family, self.ops
         if fam is None or len(self.members) > self.opts.max_shapes:
             # No family yet, or one member too many: the members whose
@@ -414,7 +465,10 @@ class _Runner(_Warns):
             return self._build(new, new_inputs)
         new.addrs.clear()
         try:
-            ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts)
+            if around:
+                ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts, around=around)
+            else:
+                ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts)
         except Exception:  # noqa: BLE001 - it does not fit, or its capture failed: capture every member again
             return self._build(new, new_inputs)
         if any(i not in new.addrs for i in new.copy_idxs):
@@ -422,6 +476,7 @@ class _Runner(_Warns):
         self.captures += 1
         self._outs[new.index] = _Outputs(ops, fam.outputs[new.index])
         new.dst = self._dst(new)
+        new.around = list(around)
         new.let_go(self.static)
         return True
 
@@ -470,6 +525,7 @@ class _Runner(_Warns):
         written: Dict[int, Any] = {}  # what the other members' runs write in place, by identity
         for m, r in owned:
             m.addrs.clear()
+            m.around = []  # planned jointly: every member's plan starts at the arena's start
             fns[m.index] = r._step(m, new_inputs if m is new and new_inputs else m.host)
             if m is not new:
                 written.update((id(x), x) for x in r.written(m.args))
@@ -541,6 +597,7 @@ class _Runner(_Warns):
         r: Dict[str, Any] = {"graph": self.name, "captured": captured, "reason": self.reason,
                              "members": len(self.members), "captures": self.captures,
                              "family_builds": g.builds if g is not None else 0, "replays": self.replays,
+                             "outputs_moved_out": g.moved if g is not None else 0,
                              "plain_calls": self.plain_calls, "input_bytes_planned": self.input_bytes,
                              "input_bytes_outside": 0,
                              "static_inputs": len(self.static), "other_inputs": len(self.dyn or ()),
@@ -572,7 +629,7 @@ class _Runner(_Warns):
             if g.family is not None:
                 g.family.close()
                 g.family = None
-            g.last = None
+            g.last, g.inside = None, []
         self.members.clear()
 
     def _release_outputs(self) -> None:
@@ -582,4 +639,4 @@ class _Runner(_Warns):
             o.release()
         self._outs.clear()
         if self.group is not None:
-            self.group.last = None
+            self.group.last, self.group.inside = None, []
