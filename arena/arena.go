@@ -32,7 +32,9 @@ type Arena struct {
 	size   int64  // plan bytes
 	gran   uint64
 	base   cuda.DevicePtr // the reservation
-	resv   uint64         // its size
+	resv   uint64         // its size used by the regions' windows
+	room   uint64         // reserved past the last window, for Grow (WithRoom)
+	handle uint64         // the cap of one physical handle
 	closed bool
 
 	offsets []int64  // by lifetime.ID
@@ -129,6 +131,7 @@ func New(dev cuda.Device, t *lifetime.Trace, p *planner.Plan, opts ...Option) (*
 		name:    t.Name,
 		size:    p.Arena,
 		gran:    gran,
+		handle:  handleSize,
 		offsets: append([]int64(nil), p.Offsets...),
 		names:   make([]string, len(t.Buffers)),
 		region:  make([]int32, len(t.Buffers)),
@@ -152,6 +155,9 @@ func New(dev cuda.Device, t *lifetime.Trace, p *planner.Plan, opts ...Option) (*
 	if a.resv == 0 {
 		return a, nil // an empty trace: nothing to map
 	}
+	if len(a.regions) > 0 {
+		a.room = uint64(lifetime.RoundUp(int64(cfg.room), int64(gran)))
+	}
 	// Refuse an arena the device cannot hold before mapping any of it:
 	// failing at the last handle would first take (and on the simulated
 	// device, touch) everything before it.
@@ -159,7 +165,7 @@ func New(dev cuda.Device, t *lifetime.Trace, p *planner.Plan, opts ...Option) (*
 		return nil, fmt.Errorf("arena: New: trace %q: %w: the arena needs %s of device memory in %d regions, %s free of %s",
 			t.Name, ErrOutOfMemory, devmem.Bytes(a.resv), len(a.regions), devmem.Bytes(free), devmem.Bytes(total))
 	}
-	if a.base, err = dev.AddressReserve(a.resv, gran); err != nil {
+	if a.base, err = dev.AddressReserve(a.resv+a.room, gran); err != nil {
 		return nil, fmt.Errorf("arena: New: trace %q: reserving %s of addresses: %w", t.Name, devmem.Bytes(a.resv), err)
 	}
 	at := a.base
@@ -288,6 +294,24 @@ func (a *Arena) Ptr(id lifetime.ID) (cuda.DevicePtr, error) {
 	return a.ptr(id), nil
 }
 
+// Within returns the plan range [lo, hi) of the part of the addresses
+// [p, q) that lies in the first of the arena's regions they meet, and
+// whether they meet one. It works while paused.
+func (a *Arena) Within(p, q cuda.DevicePtr) (lo, hi int64, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.regions {
+		wlo := r.window.Add(uint64(r.lo - r.wlo))
+		whi := r.window.Add(uint64(r.hi - r.wlo))
+		if p < whi && wlo < q {
+			lo = r.lo + int64(max(p, wlo)-wlo)
+			hi = r.lo + int64(min(q, whi)-wlo)
+			return lo, hi, true
+		}
+	}
+	return 0, 0, false
+}
+
 // Offset returns buffer id's planned offset. It works while paused.
 func (a *Arena) Offset(id lifetime.ID) (int64, error) {
 	a.mu.Lock()
@@ -301,8 +325,8 @@ func (a *Arena) Offset(id lifetime.ID) (int64, error) {
 // Size returns the plan's arena size in bytes.
 func (a *Arena) Size() int64 { return a.size }
 
-// Reserved returns the bytes of virtual addresses the arena holds: the sum
-// of its regions' windows.
+// Reserved returns the bytes of virtual addresses the arena's regions
+// use: the sum of their windows (not the room kept for Grow).
 func (a *Arena) Reserved() uint64 { return a.resv }
 
 // Mapped returns the physical bytes mapped now.
@@ -387,7 +411,7 @@ func (a *Arena) release() error {
 		}
 	}
 	if a.base != 0 {
-		if err := a.dev.AddressFree(a.base, a.resv); err != nil && first == nil {
+		if err := a.dev.AddressFree(a.base, a.resv+a.room); err != nil && first == nil {
 			first = err
 		}
 		a.base = 0

@@ -214,8 +214,9 @@ type GroupLayout struct {
 // which each replay rewrites); keep does not apply. The private region
 // covers the whole range up to gp.Arena, not only the bytes today's
 // members use: a member replanned later (the PyTorch bridge's Replan) may
-// place its buffers anywhere in it. Check a family against its members
-// first (NewFamilyLayout does).
+// place its buffers anywhere in it, and a family's arena keeps room to
+// grow in place (Arena.Grow). Check a family against its members first
+// (NewFamilyLayout does).
 func NewGroupLayout(dev cuda.Device, traces []*lifetime.Trace, gp *planner.GroupPlan, keep ...string) (*GroupLayout, error) {
 	if dev == nil || gp == nil {
 		return nil, errors.New("arena: NewGroupLayout: nil device or plan")
@@ -235,6 +236,13 @@ func NewGroupLayout(dev cuda.Device, traces []*lifetime.Trace, gp *planner.Group
 		var opts []Option
 		if len(gp.Shared) > 0 {
 			opts = append(opts, WithPolicy("shared", Backup))
+		}
+		// Room to grow in place (Arena.Grow), as much as the device has:
+		// a member planned later around memory the program holds may need
+		// more than the arena (the PyTorch bridge's PlanMember). Addresses
+		// cost nothing until mapped.
+		if _, total, err := dev.MemGetInfo(); err == nil {
+			opts = append(opts, WithRoom(total))
 		}
 		var err error
 		if a, err = New(dev, t, p, opts...); err != nil {

@@ -34,6 +34,7 @@ func (p Policy) String() string {
 type config struct {
 	policies   map[string]Policy
 	handleSize uint64 // 0: defaultHandleSize
+	room       uint64 // addresses reserved past the last region, for Grow
 }
 
 // defaultHandleSize caps one physical handle: few large handles keep map
@@ -71,6 +72,17 @@ func WithHandleSize(n uint64) Option {
 			return fmt.Errorf("WithHandleSize(0): size must be positive")
 		}
 		c.handleSize = n
+		return nil
+	}
+}
+
+// WithRoom reserves n more bytes of virtual addresses past the arena's
+// last region (rounded up to the granularity), which Grow can later back
+// with memory so that the arena grows in place: every address it had
+// stays valid. Addresses cost no memory; only what Grow maps does.
+func WithRoom(n uint64) Option {
+	return func(c *config) error {
+		c.room = n
 		return nil
 	}
 }

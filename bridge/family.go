@@ -290,8 +290,16 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 		return f.errorf("replan of member %q: the family has no arena", s.name)
 	}
 	if p.Arena > f.plan.Arena {
-		return f.errorf("member %q: its served run needs an arena of %s, more than the family's %s: it keeps its plan",
-			s.name, fmtBytes(uint64(p.Arena)), fmtBytes(uint64(f.plan.Arena)))
+		// A member planned around held memory grows the arena, as
+		// PlanMemberAround does; any other keeps its plan.
+		err := errors.New("it keeps its plan")
+		if len(s.around) > 0 {
+			err = f.growLocked(p.Arena)
+		}
+		if err != nil {
+			return f.errorf("member %q: its served run needs an arena of %s, more than the family's %s: %w",
+				s.name, fmtBytes(uint64(p.Arena)), fmtBytes(uint64(f.plan.Arena)), err)
+		}
 	}
 	i := slices.Index(f.members, s)
 	fp := f.plan.WithMember(i, p)
@@ -327,8 +335,16 @@ var ErrDoesNotFit = errors.New("does not fit in the family's arena")
 // in the arena (else ErrDoesNotFit) and pass planner.CheckFamily with the
 // others'. A family with buffers its members share cannot grow. When its
 // planning or placing fails, the member is closed and leaves the family.
-func (f *Family) PlanMember(s *Step, budget time.Duration) (err error) {
-	if err := checkBudget(fmt.Sprintf("family %d (%s): PlanMember", f.id, f.name), budget); err != nil {
+// PlanMemberAround plans a member around memory the program holds.
+func (f *Family) PlanMember(s *Step, budget time.Duration) error {
+	return f.planMember(s, budget, nil, "PlanMember")
+}
+
+// planMember is PlanMember and PlanMemberAround: the member's plan leaves
+// the held ranges alone, and where it needs more than the arena and
+// held is not empty, the arena grows in place.
+func (f *Family) planMember(s *Step, budget time.Duration, held []Range, op string) (err error) {
+	if err := checkBudget(fmt.Sprintf("family %d (%s): %s", f.id, f.name, op), budget); err != nil {
 		return err
 	}
 	d := f.d
@@ -348,23 +364,30 @@ func (f *Family) PlanMember(s *Step, budget time.Duration) (err error) {
 	case len(f.plan.Shared) > 0 || f.plan.SharedRegion.Hi > 0:
 		why = "its members share buffers: plan the family again"
 	}
+	ar := f.ar
 	d.mu.Unlock()
 	if why != "" {
-		return f.errorf("PlanMember: %s", why)
+		return f.errorf("%s: %s", op, why)
 	}
 	defer func() {
 		if err != nil {
 			_ = s.Close() // not planned: it leaves the family
 		}
 	}()
-	p, _, err := planner.RunByTag(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
+	around := heldOffsets(ar, held)
+	p, err := planAround(t, around, budget)
 	if err != nil {
 		return f.errorf("member %q: planning: %w", s.name, err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if p.Arena > f.plan.Arena {
-		return f.errorf("member %q needs %s: %w (%s)", s.name, fmtBytes(uint64(p.Arena)), ErrDoesNotFit, fmtBytes(uint64(f.plan.Arena)))
+		if len(around) == 0 {
+			return f.errorf("member %q needs %s: %w (%s)", s.name, fmtBytes(uint64(p.Arena)), ErrDoesNotFit, fmtBytes(uint64(f.plan.Arena)))
+		}
+		if err := f.growLocked(p.Arena); err != nil {
+			return f.errorf("member %q needs %s around %d held ranges: %w", s.name, fmtBytes(uint64(p.Arena)), len(around), err)
+		}
 	}
 	fp := f.plan.WithAdded(s.name, p)
 	ms := f.membersLocked()
@@ -376,6 +399,7 @@ func (f *Family) PlanMember(s *Step, budget time.Duration) (err error) {
 		return f.errorf("member %q: %w", s.name, err)
 	}
 	s.setPlan(l, "")
+	s.around = around
 	f.plan = fp
 	return nil
 }

@@ -3,11 +3,15 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/arenaplan/arenaplan/cuda"
+	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/planner"
 )
 
 // recordFamily records one member per scale (largest first, as engines
@@ -320,5 +324,117 @@ func TestFamilyRefusesRepeatedName(t *testing.T) {
 	}
 	if _, err := f.NewMember("late"); err != nil {
 		t.Errorf("the name of a closed, unplanned member: %v", err)
+	}
+}
+
+// TestFamilyMemberAroundHeldOutput: a member planned while the program
+// holds another member's output in the arena (a graph reading the one
+// before it) leaves that output alone, on every replay and after a
+// Replan, and the arena grows in place where the member needs more room
+// than it has: the first member's addresses stay, and the arena is the
+// larger need plus the held bytes, not the sum.
+func TestFamilyMemberAroundHeldOutput(t *testing.T) {
+	b := newTestBridge(t)
+	f, ps := recordFamily(t, b, []uint64{2})
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	a := f.Members()[0]
+	before := f.Report().Arena
+	addrsA, outA := serveRun(t, a, ps[0])
+	held := Range{outA, outA.Add(8192 * 2)}
+	pb := &program{t: t, b: b, stream: 0x77, layers: 6, scale: 4}
+	s, err := f.NewMember("bs4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordRun(t, s, pb)
+	if err := f.PlanMemberAround(s, 0, []Range{held, {1, 2}}); err != nil { // a range outside the arena is ignored
+		t.Fatal(err)
+	}
+	r := f.Report()
+	if r.Arena <= before {
+		t.Fatalf("arena %d: the larger member did not grow it from %d", r.Arena, before)
+	}
+	lbB := r.Members[1].LowerBound
+	if r.Arena > lbB+8192*2+256 || r.Arena >= before+lbB {
+		t.Fatalf("arena %d: want at most the larger need %d plus the held output, below the sum %d", r.Arena, lbB, before+lbB)
+	}
+	avoids := func(what string) {
+		t.Helper()
+		for j, p := range pb.addrs {
+			if pb.sizes[j] > 0 && p < held.Hi && held.Lo < p.Add(pb.sizes[j]) {
+				t.Fatalf("%s: allocation %d at %#x meets the held output [%#x, %#x)", what, j, uint64(p), uint64(held.Lo), uint64(held.Hi))
+			}
+		}
+	}
+	for range 2 {
+		_, out := serveRun(t, s, pb)
+		avoids("served")
+		pb.free(out)
+	}
+	// A capture that allocates differently: its Replan avoids the output too.
+	pb.extra = 4096
+	_, out := serveRun(t, s, pb)
+	pb.free(out)
+	if err := s.Replan(0); err != nil {
+		t.Fatal(err)
+	}
+	_, out = serveRun(t, s, pb)
+	avoids("replanned")
+	pb.free(out)
+	ps[0].free(outA)
+	// The first member kept its addresses across the growth.
+	again, out := serveRun(t, a, ps[0])
+	ps[0].free(out)
+	for j := range again {
+		if ps[0].sizes[j] > 0 && again[j] != addrsA[j] {
+			t.Fatalf("the first member's allocation %d moved from %#x to %#x", j, uint64(addrsA[j]), uint64(again[j]))
+		}
+	}
+	for _, m := range f.Report().Members {
+		if m.Divergences != 0 {
+			t.Fatalf("member %s: %d divergences (%s)", m.Name, m.Divergences, m.FirstDivergence)
+		}
+	}
+	if st, _ := b.Stats(0); st.ArenaMapped < uint64(f.Report().Arena) {
+		t.Fatalf("the device maps %d arena bytes, less than the grown arena's %d", st.ArenaMapped, f.Report().Arena)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPlanAroundAvoidsHeldRanges: planAround never places a buffer over a held
+// range, whatever the ranges (random traces, ranges anywhere), and its
+// plan passes planner.Check on the member's own trace.
+func TestPlanAroundAvoidsHeldRanges(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 9))
+	for round := range 40 {
+		tr := &lifetime.Trace{Name: fmt.Sprint("r", round)}
+		for i := range 30 {
+			s := rng.Int64N(40)
+			tr.Buffers = append(tr.Buffers, lifetime.Buffer{ID: lifetime.ID(i), Size: 1 + rng.Int64N(1<<14), Start: s, End: s + 1 + rng.Int64N(20)})
+		}
+		var around []offRange
+		for range 1 + rng.IntN(3) {
+			lo := rng.Int64N(1 << 16)
+			around = append(around, offRange{lo, lo + 1 + rng.Int64N(1<<13)})
+		}
+		p, err := planAround(tr, around, 20*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := planner.Check(tr, p); err != nil {
+			t.Fatal(err)
+		}
+		for i, off := range p.Offsets {
+			n := lifetime.RoundUp(tr.Buffers[i].Size, p.Align)
+			for _, r := range around {
+				if off < r.hi && r.lo < off+n {
+					t.Fatalf("round %d: buffer %d at [%d, %d) meets held [%d, %d)", round, i, off, off+n, r.lo, r.hi)
+				}
+			}
+		}
 	}
 }

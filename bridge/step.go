@@ -61,7 +61,8 @@ type Step struct {
 	replans            int
 	replanReason       string
 
-	fam *Family // the family whose arena it shares, if any
+	fam    *Family    // the family whose arena it shares, if any
+	around []offRange // plan ranges of the family arena its plans leave alone (PlanMemberAround)
 
 	retired []*retired // arenas of replaced plans with orphans live
 }

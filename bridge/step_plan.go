@@ -60,11 +60,12 @@ func (s *Step) Replan(budget time.Duration) error {
 	d := s.d
 	d.mu.Lock()
 	t, err := s.replanReady()
+	around := s.around
 	d.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	p, _, err := planner.RunByTag(context.Background(), planner.Auto, t, planner.Options{Budget: budget})
+	p, err := planAround(t, around, budget) // a family member planned around held memory keeps leaving it alone
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): planning its served run: %w", s.id, s.name, err)
 	}

@@ -91,6 +91,11 @@ char *arenaplan_chain_new(int device, char *name, int *id);
 char *arenaplan_family_member(int id, char *name, int *sid);
 char *arenaplan_family_plan(int id, double budgetSeconds);
 char *arenaplan_family_plan_member(int id, int sid, double budgetSeconds);
+// As arenaplan_family_plan_member, for a member that replays while the
+// program holds memory in the family's arena: its plan leaves the n
+// address ranges [ranges[2k], ranges[2k+1]) alone, and the arena grows in
+// place where it needs more room.
+char *arenaplan_family_plan_member_around(int id, int sid, double budgetSeconds, uint64_t *ranges, int n);
 char *arenaplan_family_save(int id, char *path);
 char *arenaplan_family_load(int id, char *path);
 char *arenaplan_family_close(int id);

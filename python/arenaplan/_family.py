@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 
@@ -88,7 +88,7 @@ class GraphFamily:
         return r
 
     def add(self, key, fn: Callable[[], Any], *, warmup: int = 2, strict: bool = False, budget: float = 1.0,
-            stream: Optional["torch.cuda.Stream"] = None) -> None:
+            stream: Optional["torch.cuda.Stream"] = None, around: Sequence[Tuple[int, int]] = ()) -> None:
         """Capture one more member into the family's arena as it is: its
         ``warmup`` eager runs (the last recorded), a plan of its own inside
         the arena, one capture (two where the capture allocated
@@ -97,7 +97,15 @@ class GraphFamily:
         its plan needs more than the arena ("does not fit in the family's
         arena": capture the family again, with it, largest first), when
         the members share buffers, or for a key already there; the family
-        is then as it was."""
+        is then as it was.
+
+        ``around``: device address ranges ``(start, end)`` the program
+        holds in the family's arena while this member replays (another
+        member's outputs that it reads or that live past it): its plan,
+        and any plan of it made again, leaves them alone, so its replays
+        never write there; where it then needs more than the arena, the
+        arena grows in place (every address stays, the other members'
+        graphs with it) instead of raising."""
         if self._graphs is None:
             raise ArenaplanError(f"arenaplan: add to a closed graph family (family {self._fid})")
         if key in self._graphs:
@@ -118,7 +126,10 @@ class GraphFamily:
             raise
         self.record_ms[key] = (time.perf_counter() - t) * 1e3
         t1 = time.perf_counter()
-        lib.family_plan_member(self._fid, sid, budget)  # on an error the member is closed and gone
+        if around:  # on an error the member is closed and gone
+            lib.family_plan_member_around(self._fid, sid, budget, list(around))
+        else:
+            lib.family_plan_member(self._fid, sid, budget)
         self.plan_ms += (time.perf_counter() - t1) * 1e3
         t = time.perf_counter()
         try:

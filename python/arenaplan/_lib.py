@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 _c_char_pp = ctypes.POINTER(ctypes.c_char_p)
 
@@ -73,6 +73,7 @@ SIGNATURES = {
     "arenaplan_family_member": ("char *", ["int", "char *", "int *"]),
     "arenaplan_family_plan": ("char *", ["int", "double"]),
     "arenaplan_family_plan_member": ("char *", ["int", "int", "double"]),
+    "arenaplan_family_plan_member_around": ("char *", ["int", "int", "double", "uint64_t *", "int"]),
     "arenaplan_family_save": ("char *", ["int", "char *"]),
     "arenaplan_family_load": ("char *", ["int", "char *"]),
     "arenaplan_family_close": ("char *", ["int"]),
@@ -92,7 +93,8 @@ SIGNATURES = {
 _CTYPES = {"void": None, "void *": ctypes.c_void_p, "size_t": ctypes.c_size_t,
            "uintptr_t": ctypes.c_void_p,  # an address: None, an int or a c_void_p
            "int": ctypes.c_int, "long int": ctypes.c_long, "double": ctypes.c_double,
-           "int *": ctypes.POINTER(ctypes.c_int), "char **": ctypes.POINTER(ctypes.c_void_p)}
+           "int *": ctypes.POINTER(ctypes.c_int), "char **": ctypes.POINTER(ctypes.c_void_p),
+           "uint64_t *": ctypes.POINTER(ctypes.c_uint64)}
 
 
 def ctype(c: str, owned: bool):
@@ -232,6 +234,15 @@ class Library:
 
     def family_plan_member(self, fid: int, sid: int, budget_s: float) -> None:
         self.check(self._lib.arenaplan_family_plan_member(fid, sid, budget_s))
+
+    def family_plan_member_around(self, fid: int, sid: int, budget_s: float,
+                                  held: Sequence[Tuple[int, int]]) -> None:
+        """family_plan_member for a member that replays while the program
+        holds the device memory ``held`` ((start, end) address pairs) in
+        the family's arena: its plan leaves them alone, and the arena
+        grows in place where it needs more room."""
+        flat = (ctypes.c_uint64 * (2 * len(held)))(*[int(v) for r in held for v in r])
+        self.check(self._lib.arenaplan_family_plan_member_around(fid, sid, budget_s, flat, len(held)))
 
     def family_save(self, fid: int, path: str) -> None:
         self.check(self._lib.arenaplan_family_save(fid, os.fsencode(path)))

@@ -119,8 +119,10 @@ from arenaplan._lib import ArenaplanError  # noqa: E402 - after the stand-in tor
 class _Family:
     """arenaplan.torch.graphs: per member ``warmup`` runs (the last one
     recorded), then ``captures`` captures (two where a capture diverged from
-    the recorded run), each allocating from the arena's start; a replay
-    runs the kernels the member's last capture recorded."""
+    the recorded run), each allocating from the arena's start (a member
+    added ``around`` held ranges: past each of them, the arena grown where
+    it then needs more); a replay runs the kernels the member's last
+    capture recorded."""
 
     def __init__(self, fns, log, ops, warmup, captures=1):
         self.keys = list(fns)
@@ -133,6 +135,7 @@ class _Family:
                 out = fn()
                 del out
         self.ops, self.warmup, self.size = ops, warmup, 0
+        self.grown, self.around = 0, {}  # growths in place; per member added around held memory: the ranges
         for k, fn in fns.items():
             for c in range(captures):
                 self._capture(k, fn, self.base + c * 0x10000)
@@ -140,26 +143,37 @@ class _Family:
 
     def _capture(self, k, fn, base):
         ops = self.ops
-        ops.capturing_now, ops.cursor, ops.kernels = True, base, []
+        ops.capturing_now, ops.cursor, ops.kernels, ops.top = True, base, [], base
         try:
             out = fn()
         finally:
             ops.capturing_now = False
         self.outputs[k], self.kernels[k] = out, ops.kernels
         self.last_base = base
-        self.size = max(self.size, ops.cursor - base)
-        return ops.cursor - base
+        used = max(ops.cursor, ops.top) - base
+        self.size = max(self.size, used)
+        return used
 
-    def add(self, key, fn):
+    def add(self, key, fn, around=()):
         """GraphFamily.add: warm-up runs, one capture at the arena's start;
-        refused, the family unchanged, when it needs more than the arena."""
+        refused, the family unchanged, when it needs more than the arena,
+        but for a member planned around held ranges, which grows it."""
         for _ in range(self.warmup):
             out = fn()
             del out
         size, outputs, kernels = self.size, dict(self.outputs), dict(self.kernels)
-        if self._capture(key, fn, self.base) > size:
-            self.size, self.outputs, self.kernels = size, outputs, kernels
-            raise ArenaplanError("arenaplan: member needs more: does not fit in the family's arena")
+        self.ops.avoid = list(around)
+        try:
+            used = self._capture(key, fn, self.base)
+        finally:
+            self.ops.avoid = []
+        if used > size:
+            if not around:
+                self.size, self.outputs, self.kernels = size, outputs, kernels
+                raise ArenaplanError("arenaplan: member needs more: does not fit in the family's arena")
+            self.grown += 1
+        if around:
+            self.around[key] = list(around)
         self.keys.append(key)
 
     def prepare(self):
@@ -196,6 +210,7 @@ class _FakeOps(apc._Ops):
         self.cached = set()  # ids of the tensors registered as cached outputs
         self.captures = captures
         self.capturing_now, self.cursor, self.kernels = False, 0, []
+        self.avoid, self.top = [], 0  # ranges a capture's allocations skip; the highest end allocated
         self.arenas = 0
         self.made = []  # weak references to the tensors empty() made
         self.copies = []  # (dst address, src address)
@@ -234,11 +249,27 @@ class _FakeOps(apc._Ops):
     def layout(t):
         return (t.shape, t.device)
 
+    def place(self, ptr, n):
+        """The plan's address of n bytes wanted at ptr: past every range
+        the member is planned around that they would meet. (The stand-in
+        arena's size counts the copied inputs, and an output only where a
+        held range pushed it up.)"""
+        moved, at = True, ptr
+        while moved:
+            moved = False
+            for lo, hi in self.avoid:
+                if ptr < hi and lo < ptr + n:
+                    ptr, moved = hi, True
+        if ptr != at:
+            self.top = max(self.top, ptr + n)  # what it took past a held range counts in the arena
+        return ptr
+
     def empty(self, layout):
         """Inside a capture, at the arena's cursor (the plan's address)."""
         ptr = None
         if self.capturing_now:
-            ptr, self.cursor = self.cursor, self.cursor + _size(layout[0])
+            ptr = self.place(self.cursor, _size(layout[0]))
+            self.cursor = ptr + _size(layout[0])
         t = _Tensor(layout[0], layout[1], ptr)
         self.made.append(weakref.ref(t))
         return t
@@ -311,8 +342,8 @@ class _FakeOps(apc._Ops):
         return _Family(fns, self.families, self, opts.capture_warmup, self.captures)
 
     @staticmethod
-    def add_member(fam, key, fn, device, opts):
-        fam.add(key, fn)
+    def add_member(fam, key, fn, device, opts, around=()):
+        fam.add(key, fn, around)
 
     def output_makers(self, outs):
         def maker(o):
@@ -609,16 +640,19 @@ class RunnerTest(unittest.TestCase):
         r16([w0, w1, _Tensor((16, 4)), 16])
         self.assertTrue(fam.closed)
         self.assertEqual(ops.families[-1].keys, [2, 0, 1])
-        r2([w0, w1, _Tensor((2, 4)), 2])
+        kept = r2([w0, w1, _Tensor((2, 4)), 2])
         self.assertEqual(ops.families[-1].replays[-1], 1)
-        # Another frame: an arena of its own.
+        # Another frame, called while the last output is held: it joins,
+        # planned around that output, which stays (see FramesTest).
+        at = kept[0].ptr
         other([w0, w1, _Tensor((8, 4)), 8])
-        self.assertEqual(len(ops.families), 3)
-        self.assertNotIn("shares_arena_with", other.report())
+        self.assertEqual((kept[0].ptr, len(ops.families)), (at, 2))
+        self.assertEqual(other.report()["shares_arena_with"], "graph0")
+        del kept
         # Closing one graph drops its siblings' captures; they capture again.
         n = len(ops.families)
         r8.close()
-        self.assertTrue(ops.families[-2].closed)
+        self.assertTrue(ops.families[-1].closed)
         self.assertFalse(r2.report()["captured"])
         r2([w0, w1, _Tensor((2, 4)), 2])
         self.assertEqual(len(ops.families), n + 1)
@@ -758,7 +792,8 @@ class _Graph:
         self.freed.append(all(w() is None for w in refs))
         if not ops.capturing_now:
             return (_Tensor(shape, value=("f",) + vals),)
-        out = _Tensor(shape, ptr=ops.cursor - ops.cursor % 0x10000 + self.out_offset, value=("f",) + vals)
+        out = _Tensor(shape, ptr=ops.place(ops.cursor - ops.cursor % 0x10000 + self.out_offset, _size(shape)),
+                      value=("f",) + vals)
         at = out.ptr
 
         def kernel():
@@ -1000,6 +1035,191 @@ class PlannedInputTest(unittest.TestCase):
         r([w, _Tensor((0,))])
         m = next(iter(r.members.values()))
         self.assertEqual(m.dst, [])
+
+
+class FramesTest(unittest.TestCase):
+    """Graphs of different frames called one after another on one device
+    (a graph break's two sides, compiled modules in sequence): one arena
+    where nothing crosses from one to the next, arenas of their own where
+    the next reads the last one's output or the program holds it."""
+
+    def pair(self, **options):
+        ops = _FakeOps()
+        ops.arenas = 0x600  # addresses no other test's arena uses (the stand-in memory is shared)
+        opts = apc.CompileOptions(None, dict({"warmup": 0}, **options))
+        # Both outputs at one offset: a replay of either overwrites the other's.
+        ga, gb = _Graph(ops), _Graph(ops)
+        ra = apc._Runner(ga, "graph0", [0], None, opts, ops, 0, frame=11)
+        rb = apc._Runner(gb, "graph1", [0], None, opts, ops, 0, frame=12)
+        ws = (_Tensor((4,)), _Tensor((4,)))
+        return ra, rb, ops, opts, ws
+
+    def test_independent_graphs_of_two_frames_share_one_arena(self):
+        ra, rb, ops, opts, (wa, wb) = self.pair()
+        for k in range(4):
+            # Each output read, then dropped before the other graph runs.
+            self.assertEqual(ra([wa, _Tensor((32,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+            self.assertEqual(rb([wb, _Tensor((16,), value=f"b{k}")])[0].value, ("f", f"b{k}"))
+        self.assertEqual(len(ops.families), 1, "the second frame's graph joins the first one's arena")
+        fam = ops.families[0]
+        self.assertEqual(fam.keys, [0, 1])
+        self.assertEqual(fam.size, 32, "the arena is the larger need, not the sum")
+        self.assertIs(ra.group, rb.group)
+        self.assertEqual(fam.replays, [0, 1] * 4, "every call replays (captured at the first)")
+        self.assertEqual((ra.plain_calls, rb.plain_calls), (0, 0))
+        self.assertEqual(rb.report()["shares_arena_with"], "graph0")
+        # A later graph of the second frame (a recompilation) is in the same
+        # group; a larger one captures the family anew, largest first.
+        rc = apc._Runner(_Graph(ops), "graph2", [0], None, opts, ops, 0, frame=12)
+        self.assertEqual(rc([wb, _Tensor((64,), value="c")])[0].value, ("f", "c"))
+        self.assertIs(rc.group, ra.group)
+        self.assertTrue(fam.closed)
+        self.assertEqual(ops.families[-1].keys, [2, 0, 1])
+        self.assertEqual(ops.families[-1].size, 64)
+        for k in range(2):
+            self.assertEqual(ra([wa, _Tensor((32,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+            self.assertEqual(rb([wb, _Tensor((16,), value=f"b{k}")])[0].value, ("f", f"b{k}"))
+        self.assertEqual(len(ops.families), 2)
+
+    def test_share_frames_off_keeps_arenas_apart(self):
+        self.assertTrue(apc.CompileOptions().share_frames)
+        ra, rb, ops, opts, (wa, wb) = self.pair(share_frames=False)
+        self.assertEqual(opts.inductor, {}, "share_frames is the backend's, not an inductor patch")
+        for k in range(3):
+            self.assertEqual(ra([wa, _Tensor((32,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+            self.assertEqual(rb([wb, _Tensor((16,), value=f"b{k}")])[0].value, ("f", f"b{k}"))
+        self.assertEqual([f.size for f in ops.families], [32, 16])
+        self.assertIsNot(ra.group, rb.group)
+
+    def test_a_graph_reading_the_last_output_shares_the_arena_around_it(self):
+        # head(body(x)): the second graph takes the first one's output,
+        # which the caller holds while it runs. It joins the first one's
+        # arena, planned around that output: it reads it where it lies,
+        # nothing moves out, and the arena grew in place (one family, never
+        # captured anew).
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        addrs = set()
+        for k in range(4):
+            h = ra([wa, _Tensor((32,), value=f"a{k}")])[0]
+            addrs.add(h.ptr)
+            self.assertEqual(rb([wb, h])[0].value, ("f", ("f", f"a{k}")), "as the uncaptured run")
+            self.assertEqual(h.value, ("f", f"a{k}"), "the first output intact after the second graph ran")
+            self.assertFalse(getattr(h, "denied", False))
+            self.assertEqual(ops.copies[-1][1], h.ptr, "copied in from where it lies")
+            del h
+        self.assertEqual(len(ops.families), 1, "one arena for both graphs")
+        self.assertIs(ra.group, rb.group)
+        fam = ops.families[0]
+        self.assertFalse(fam.closed, "never captured anew")
+        self.assertEqual(fam.grown, 1, "grown in place for the second graph")
+        self.assertEqual(len(addrs), 1, "the first graph's output stays in the arena, at one address")
+        (p,) = addrs
+        self.assertEqual(fam.around[1], [(p, p + 32)], "planned around the output it reads")
+        self.assertEqual((ra.plain_calls, rb.plain_calls), (0, 0))
+        self.assertEqual(fam.replays, [0, 1] * 4)
+        self.assertEqual(rb.report()["outputs_moved_out"], 0, "no output moved out of the arena")
+        # The calls in another order: the second graph's output held across
+        # the first one's replay (a loop keeping it), which was not planned
+        # around it, moves out first, value intact; the first one's output
+        # held across the second's stays where it is, read in place.
+        y = rb([wb, _Tensor((32,), value="b")])[0]
+        h = ra([wa, _Tensor((32,), value="a9")])[0]
+        self.assertEqual(y.value, ("f", "b"))
+        self.assertFalse(getattr(y, "denied", False))
+        self.assertEqual(ra.report()["outputs_moved_out"], 1)
+        self.assertEqual(rb([wb, _Tensor((32,), value="c")])[0].value, ("f", "c"))
+        self.assertEqual((h.ptr, h.value), (p, ("f", "a9")), "left alone by the graph planned around it")
+        self.assertEqual(ra.report()["outputs_moved_out"], 1)
+        self.assertEqual(len(ops.families), 1)
+
+    def test_share_frames_off_keeps_a_reading_graph_apart(self):
+        ra, rb, ops, _, (wa, wb) = self.pair(share_frames=False)
+        for k in range(2):
+            h = ra([wa, _Tensor((32,), value=f"a{k}")])[0]
+            self.assertEqual(rb([wb, h])[0].value, ("f", ("f", f"a{k}")))
+            del h
+        self.assertEqual(len(ops.families), 2)
+        self.assertIsNot(ra.group, rb.group)
+
+    def test_an_input_in_the_last_outputs_memory_is_planned_around(self):
+        # An input over the memory of an output of the family (not the
+        # output's tensor, so nothing counts it as held): the graph that
+        # reads it joins, planned around that memory.
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        p = ra([wa, _Tensor((32,), value="a")])[0].ptr
+        out = _Tensor((32,), ptr=p)
+        self.assertEqual(rb([wb, out])[0].value, ("f", ("f", "a")))
+        self.assertEqual(out.value, ("f", "a"))
+        self.assertIs(ra.group, rb.group)
+        self.assertEqual(len(ops.families), 1)
+        self.assertEqual(ops.families[0].around[1], [(p, p + 32)])
+
+    def test_an_output_held_across_the_other_frames_replay_moves_out(self):
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        ra([wa, _Tensor((32,), value="a0")])
+        rb([wb, _Tensor((16,), value="b0")])
+        self.assertIs(ra.group, rb.group)
+        # Later the program keeps the first graph's output past the
+        # second's replay (the order of calls learned no longer holds):
+        # it moves out of the arena first, value intact.
+        a = ra([wa, _Tensor((32,), value="a1")])
+        inside = a[0].ptr
+        self.assertEqual(rb([wb, _Tensor((16,), value="b1")])[0].value, ("f", "b1"))
+        self.assertNotEqual(a[0].ptr, inside, "moved out before the other graph's replay")
+        self.assertEqual(a[0].value, ("f", "a1"))
+        self.assertFalse(getattr(a[0], "denied", False))
+        # And the other way round: the second graph's output held across
+        # the first one's replay.
+        b = rb([wb, _Tensor((16,), value="b2")])
+        self.assertEqual(ra([wa, _Tensor((32,), value="a2")])[0].value, ("f", "a2"))
+        self.assertEqual(b[0].value, ("f", "b2"))
+        del a, b
+        # A view held: it cannot move, so the other graph runs without a
+        # graph until it goes, and nothing it reads is overwritten.
+        a = ra([wa, _Tensor((32,), value="a3")])
+        a[0].storage.views = 1
+        plain = rb.plain_calls
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(rb([wb, _Tensor((16,), value="b3")])[0].value, ("f", "b3"))
+        self.assertIn("a view of an output", str(caught[0].message))
+        self.assertEqual(rb.plain_calls, plain + 1)
+        self.assertEqual(a[0].value, ("f", "a3"))
+        a[0].storage.views = 0
+        del a
+        self.assertEqual(rb([wb, _Tensor((16,), value="b4")])[0].value, ("f", "b4"))
+        self.assertEqual(rb.plain_calls, plain + 1, "replays resume once the view is gone")
+        self.assertEqual(len(ops.families), 1)
+
+    def test_a_parameter_in_the_arena_is_not_captured(self):
+        # The first graph's output kept as the second one's buffer (read in
+        # place, by address) after both joined one arena: a member captured
+        # with it would read it where the replays write. It runs without a
+        # graph, and reads the value the first graph left.
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        ra([wa, _Tensor((32,), value="a0")])
+        rb([wb, _Tensor((16,), value="b0")])
+        self.assertIs(ra.group, rb.group)
+        state = ra([wa, _Tensor((32,), value="a1")])[0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(rb([state, _Tensor((16,), value="b1")])[0].value, ("f", "b1"))
+        self.assertIn("a parameter or buffer lies in the memory", str(caught[0].message))
+        self.assertEqual(rb.plain_calls, 1)
+        self.assertEqual(len(ops.families), 1)
+        self.assertEqual(state.value, ("f", "a1"))
+
+    def test_a_graph_first_captured_on_another_thread_keeps_its_own_arena(self):
+        import threading
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        ra([wa, _Tensor((32,), value="a0")])
+        got = []
+        t = threading.Thread(target=lambda: got.append(rb([wb, _Tensor((16,), value="b0")])[0].value))
+        t.start()
+        t.join()
+        self.assertEqual(got, [("f", "b0")])
+        self.assertIsNot(ra.group, rb.group)
+        self.assertEqual(len(ops.families), 2)
 
 
 class _Node:

@@ -177,6 +177,44 @@ class FamilyAndSleepTest(unittest.TestCase):
                 LIB.family_load(other, path)
             LIB.family_close(other)
 
+    def test_family_member_planned_around_a_held_output(self):
+        # A member recorded and planned while the first member's output is
+        # held in the arena: its allocations never meet it, and the arena
+        # grows in place where the member needs more room.
+        stream = 0x5252
+        fid = LIB.family_new(0, "frames")
+        first = LIB.family_member(fid, "a")
+        LIB.step_record(first, stream)
+        _, out = run_step(stream)
+        LIB.step_end(first)
+        LIB.free(out)
+        LIB.family_plan(fid, 1.0)
+        arena = LIB.family_report(fid)["arena"]
+        LIB.step_serve(first, stream, True)
+        _, held = run_step(stream)
+        LIB.step_end(first)
+        second = LIB.family_member(fid, "b")
+        LIB.step_record(second, stream)
+        _, out = run_step(stream, scale=3)
+        LIB.step_end(second)
+        LIB.free(out)
+        LIB.family_plan_member_around(fid, second, 1.0, [(held, held + 8192)])
+        r = LIB.family_report(fid)
+        self.assertGreater(r["arena"], arena, "the arena grew for the larger member")
+        self.assertLess(r["arena"], arena + r["members"][1]["lower_bound"], "not the sum of the two")
+        for _ in range(2):
+            LIB.step_serve(second, stream, True)
+            addrs, out = run_step(stream, scale=3)
+            LIB.step_end(second)
+            LIB.free(out)
+            self.assertFalse([a for a in addrs if held - 65536 < a < held + 8192],  # none is larger than 64 KiB
+                             "an allocation of the second member meets the held output")
+        self.assertEqual(LIB.family_report(fid)["members"][1]["divergences"], 0)
+        LIB.free(held)
+        with self.assertRaises(ArenaplanError):
+            LIB.family_plan_member_around(fid, 999999, 1.0, [])
+        LIB.family_close(fid)
+
     def test_region_pause_resume(self):
         import threading
         tid = threading.get_native_id()

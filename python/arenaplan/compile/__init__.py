@@ -116,8 +116,20 @@ peak of a capture is the larger of those runs' own and the arena's, beside
 the program's tensors, not their sum. The graphs compiled from one frame of
 the program (each size of a model compiled with ``dynamic=False``, a
 recompilation after a guard failed) share one arena, planned jointly, as
-one graph's shapes do; graphs of other frames (either side of a graph
-break, several compiled modules) hold one arena each.
+one graph's shapes do. Graphs of other frames (either side of a graph
+break, several compiled modules) join that arena too: a graph whose first
+capture comes right after another frame's replay, on the same device and
+thread. One that joins while the program holds outputs of the arena's
+graphs, or that reads one (``head(body(x))``: the head takes the body's
+output), is planned around them: its buffers avoid that memory over its
+whole run, so it reads the output where it lies and nothing is moved out,
+and the arena grows in place where it needs more room (every address
+stays). The arena is then about the largest need plus what lives from one
+graph to the next, not the sum. An output held across the replay of a
+graph that was not planned around it (in a loop, the head's output still
+held when the body runs again) is moved out first, as between shapes
+(counted in the report's ``outputs_moved_out``). See ``_infer._Group``;
+option ``share_frames=False`` keeps every frame's arena apart.
 
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA
@@ -132,7 +144,8 @@ Options: ``torch.compile(model, backend="arenaplan", mode=..., options={...})``.
 (runs inside the capture step, the last one recorded, default 2),
 ``max_shapes`` (default 8), ``budget`` (planning seconds, default 1.0),
 ``strict`` (an allocation the plan cannot serve raises), ``capture``
-(False: never capture, for comparisons); every other key is an inductor
+(False: never capture, for comparisons), ``share_frames`` (default True:
+graphs of other frames may share an arena, see above); every other key is an inductor
 config patch (``"max_autotune": True``, ...).
 
 Registered at import with ``torch._dynamo.register_backend``; installed

@@ -1,8 +1,11 @@
 """A compiled graph run on arenaplan's graphs: one member per shape in one
 family arena (inference, and the graphs of a training loop that have no
-backward), shared by the graphs compiled from one frame of the program."""
+backward), shared by the graphs compiled from one frame of the program and,
+where the order of calls allows it, by those of other frames that run one
+after another on the same device (see :class:`_Group`)."""
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
@@ -28,7 +31,8 @@ class _Member:
     otherwise stay, one per member). Its graph still reads their
     addresses; a call with tensors at those addresses replays it."""
 
-    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst")
+    __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst",
+                 "around")
 
     def __init__(self, index: int, args: list, ptrs: list, copy_idxs: list, nbytes: int):
         self.index = index  # its key in the family (short, for the library)
@@ -38,6 +42,9 @@ class _Member:
         self.host: Dict[int, Any] = {}
         self.addrs: Dict[int, int] = {}  # from the member's last capture: the addresses replays use
         self.dst: List[Tuple[int, Any, int, int]] = []  # (input, tensor at its address, start, end)
+        # Address ranges its plan leaves alone (memory the program held in
+        # the arena when it joined, see _Group): its replays never write there.
+        self.around: List[Tuple[int, int]] = []
 
     def let_go(self, static: Sequence[int]) -> None:
         """Hold the tensors among args at indices static by weak references."""
@@ -61,20 +68,85 @@ class _Member:
 
 
 class _Group:
-    """The graphs compiled from one frame of the program for one device
-    (its recompilations: each size of a model compiled with
-    ``dynamic=False``, a guard that failed): their members in ONE family
-    arena, planned jointly, as one graph's shapes are. They run one at a
-    time, as one graph's shapes do: a replay first moves out what the
-    program still holds of the last replay's outputs (see
-    :meth:`_Outputs.overwritten`)."""
+    """The graphs whose members share ONE family arena, planned jointly, as
+    one graph's shapes are: those compiled from one frame of the program
+    for one device (its recompilations: each size of a model compiled with
+    ``dynamic=False``, a guard that failed) and those of other frames that
+    joined them (below). They run one at a time, as one graph's shapes do:
+    a replay first moves out what the program still holds of earlier
+    replays' outputs where it may write them (see
+    :meth:`_Outputs.overwritten`).
+
+    Graphs of several frames (the two sides of a graph break, several
+    compiled modules called in sequence) run one after another on one
+    stream, so one arena serves them all: the largest need, plus what
+    lives from one graph to the next, instead of the sum of their arenas.
+
+    - Grouping, learned from the order of calls. The group whose graph
+      replayed last on each device, and the thread that replayed it, are
+      kept (``_last_on``). A graph of another frame whose frame has no
+      group yet, at its first capture, joins that group when the last
+      replay was on the same device and thread and both were compiled
+      with ``share_frames`` and the same ops. Its frame's later graphs
+      then join the same group. Otherwise it gets a group of its own, as
+      before.
+    - Values that cross from one graph to the next. Every member's plan
+      starts at the arena's start, so members' buffers overlap by design.
+      A member captured into a group of several frames, or whose call
+      reads memory of an output of the family (``head(body(x))``: B
+      takes A's output, which the caller holds while B runs), is planned
+      around what the program holds in the arena then (:meth:`_held`:
+      the held outputs of the members' replays, and the call's inputs in
+      the family's output memory): each range is a fixed buffer live over
+      its whole step (``GraphFamily.add(around=...)``, the bridge's
+      ``PlanMemberAround``, checked by ``planner.Check``), so its scratch
+      and outputs avoid them, it reads A's output where it lies (copied
+      into its planned input, or read in place), and nothing has to move
+      out; later plans of it (a capture that diverged) keep avoiding
+      them. Where that needs more than the arena, the arena grows in
+      place (``arena.Arena.Grow``: every address stays, the other
+      members' graphs with it), so the arena is about the larger need
+      plus the held bytes. A member's ranges are kept (``_Member.around``)
+      and a replay of it leaves the held outputs inside them where they
+      are. A group of one frame's shapes that reads nothing of its arena
+      is planned as before: a member that does not fit captures the
+      family anew, largest first.
+    - What is not planned around. A member captured before the crossing
+      it meets later (in a loop, A replays again while the program still
+      holds B's output from the step before) was not planned around it:
+      its replay moves that output out first, one copy per step. Making
+      it avoid B's outputs means planning A again with its own outputs
+      fixed where they are (B's plan avoids them) plus B's held outputs,
+      and capturing it once more; not done yet. A family captured anew
+      (a member over ``max_shapes``, an ``add`` that failed) is planned
+      jointly without the crossings: its held outputs move out again at
+      each replay that may write them.
+    - The order changes, or a graph joins later. Correctness never rests
+      on the order learned: each replay moves out the held outputs of
+      the group's earlier replays (``_Group.inside``, whichever graph
+      made them) but those its plan leaves alone, and runs without a
+      graph while a view of one that would move is held (``_VIEW_HELD``);
+      a new graph that does not fit captures the family anew, moving held
+      outputs out first. What a changed order costs is copies, counted in
+      the report's ``outputs_moved_out``; a group that keeps paying them
+      should split or replan, which is not done yet.
+    - Threads. Members of one family must not run concurrently;
+      :meth:`GraphFamily.prepare` orders a replay after the previous one
+      on another stream, and a graph joins only a group last replayed by
+      its own thread. Two frames driven from two threads after they
+      joined are ordered on the device, but the moves of held outputs
+      are not locked between threads (as for one graph's shapes today).
+    """
 
     def __init__(self) -> None:
         self.runners: List["weakref.ref[_Runner]"] = []
         self.family = None  # the GraphFamily, once captured
         self.next_index = 0  # the next member's key in the family
         self.last: Optional[_Outputs] = None  # the outputs of the last replay, any graph's
+        self.inside: List[_Outputs] = []  # outputs of replays that the program may still hold in the arena
         self.builds = 0  # captures of the family anew
+        self.moved = 0  # held outputs moved out of the arena before a replay
+        self.ref = weakref.ref(self)  # what _last_on keeps (made once: set at every replay)
 
     def live(self) -> List["_Runner"]:
         """The graphs of the group still alive, first joined first."""
@@ -89,19 +161,41 @@ _VIEW_HELD = ("a view of an output of an earlier call (at another shape, or of a
 
 # The groups by (frame, device); a group lives while one of its graphs does.
 _groups: "weakref.WeakValueDictionary[Hashable, _Group]" = weakref.WeakValueDictionary()
+# Per device: the group whose graph replayed last, and the thread that replayed it.
+_last_on: Dict[Optional[int], Tuple["weakref.ref[_Group]", int]] = {}
 
 
-def _group_of(frame: Optional[Hashable], device: Optional[int]) -> _Group:
-    """The group of the graphs compiled from frame for device (a group of
-    its own where the frame is not known)."""
+def _group_of(frame: Optional[Hashable], device: Optional[int], after: Optional[_Group] = None) -> _Group:
+    """The group of the graphs compiled from frame for device; where the
+    frame has none yet, ``after`` (the group a graph of another frame may
+    join, see :meth:`_Runner._after`) or a new one (a group of its own,
+    not kept by frame, where the frame is not known)."""
     if frame is None:
-        return _Group()
+        return after if after is not None else _Group()
     key = (frame, device)
     with _lock:
         g = _groups.get(key)
         if g is None:
-            g = _groups[key] = _Group()
+            g = _groups[key] = after if after is not None else _Group()
     return g
+
+
+def _in_outputs(ops: _Ops, g: _Group, xs: Sequence[Any]) -> bool:
+    """Whether a tensor among xs lies in the memory of an output of g's
+    family (a replay of any member may write there)."""
+    if g.family is None:
+        return False
+    spans = [ops.extent(o) for outs in g.family.outputs.values() for o in outs if ops.is_tensor(o) and ops.nbytes(o)]
+    for x in xs:
+        if ops.is_tensor(x):
+            a, b = ops.extent(x)
+            if any(a < hi and lo < b for lo, hi in spans):
+                return True
+    return False
+
+
+_IN_ARENA = ("a parameter or buffer lies in the memory of an output of a graph sharing the arena (the capture "
+             "would read it in place where the replays write); calls with it run without a graph")
 
 
 class _Runner(_Warns):
@@ -190,13 +284,19 @@ class _Runner(_Warns):
         fam = g.family
         fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
         outs = self._outs[m.index]
-        if g.last is not None and g.last is not outs:
-            # Another member's outputs: the copies in and the replay write
-            # their memory, so those held move out first (an input among
-            # them is then copied in from where it went); one that cannot
-            # (a view of it is held) keeps its memory: this call runs
-            # without a graph.
-            if not g.last.overwritten():
+        for o in g.inside:
+            if o is outs:
+                continue
+            # Another member's outputs: the copies in and the replay may
+            # write their memory, so those held move out first (an input
+            # among them is then copied in from where it went), but for
+            # those in memory this member's plan leaves alone (m.around);
+            # one that cannot move (a view of it is held) keeps its memory:
+            # this call runs without a graph.
+            before = o.moved
+            ok = o.overwritten(m.around)
+            g.moved += o.moved - before
+            if not ok:
                 self._warn("view", _VIEW_HELD)
                 return self._plain(inputs)
         if m.dst:
@@ -206,6 +306,9 @@ class _Runner(_Warns):
         m.calls += 1
         self.replays += 1
         g.last = outs
+        g.inside = [o for o in g.inside if o is not outs and o.held()]
+        g.inside.append(outs)
+        _last_on[self.device] = (g.ref, threading.get_ident())
         return outs.take()
 
     def _copy_in(self, m: _Member, inputs: list) -> None:
@@ -269,8 +372,11 @@ class _Runner(_Warns):
                           "(torch._C._construct_storage_from_data_pointer, Tensor._use_count)")
             return None
         if self.group is None:
-            self.group = _group_of(self.frame, self.device)
+            self.group = _group_of(self.frame, self.device, self._after())
             self.group.runners.append(weakref.ref(self))
+        if _in_outputs(ops, self.group, [inputs[i] for i in self.static]):
+            self._warn("in arena", _IN_ARENA)
+            return None
         args, ptrs, copy_idxs, nbytes = [], [None] * len(inputs), [], 0
         m = _Member(self.group.next_index, args, ptrs, copy_idxs, 0)
         for i, x in enumerate(inputs):
@@ -286,23 +392,71 @@ class _Runner(_Warns):
             else:
                 args.append(x)
         m.nbytes = nbytes
+        around = self._held(inputs) if self._crosses(inputs) else []
         self.group.next_index += 1
         self.members[key] = m
         with _unseen(ops, self.device, self.written(inputs)):
-            if not self._grow(m, {i: inputs[i] for i in copy_idxs}):
+            if not self._grow(m, {i: inputs[i] for i in copy_idxs}, around):
                 return None
         self.input_bytes += nbytes
         return m
+
+    def _after(self) -> Optional[_Group]:
+        """The group of the graph replayed last on this graph's device, where
+        this graph may join it (see :class:`_Group`): same thread, both
+        sharing frames over the same ops. None: a group of its own."""
+        if not self.opts.share_frames:
+            return None
+        last = _last_on.get(self.device)
+        g = last[0]() if last is not None else None
+        if g is None or last[1] != threading.get_ident() or g.family is None or g.last is None:
+            return None
+        rs = g.live()
+        if not rs or any(r.ops is not self.ops or not r.opts.share_frames for r in rs):
+            return None
+        return g
+
+    def _crosses(self, inputs: list) -> bool:
+        """Whether values may cross into this call from another graph of
+        its group: the group has graphs of other frames, or the call reads
+        the memory of an output of its family. Then the call's member is
+        planned around what the program holds (:meth:`_held`); a group of
+        one frame's shapes that reads nothing of its arena is planned as
+        one graph's shapes are, jointly, largest first."""
+        g = self.group
+        if g is None or g.family is None:
+            return False
+        return any(r.frame != self.frame for r in g.live()) or _in_outputs(self.ops, g, inputs)
+
+    def _held(self, inputs: list) -> List[Tuple[int, int]]:
+        """The memory of the group's family arena that the program holds
+        while this call runs, as address ranges: the outputs of its
+        members' replays that something holds, and this call's inputs that
+        lie in the memory of an output of the family (it reads them)."""
+        g, ops = self.group, self.ops
+        if g is None or g.family is None:
+            return []
+        spans = [ops.extent(o.current(i)) for o in g.inside for i in o.held()]
+        outs = [ops.extent(o) for os_ in g.family.outputs.values() for o in os_ if ops.is_tensor(o) and ops.nbytes(o)]
+        for x in inputs:
+            if ops.is_tensor(x) and ops.nbytes(x):
+                a, b = ops.extent(x)
+                if any(a < hi and lo < b for lo, hi in outs):
+                    spans.append((a, b))
+        return sorted(set(spans))
 
     def written(self, inputs: list) -> List[Any]:
         """The call's inputs that the graph writes in place."""
         return [inputs[i] for i in self.mutated if i < len(inputs) and self.ops.is_tensor(inputs[i])]
 
-    def _grow(self, new: _Member, new_inputs: Dict[int, Any]) -> bool:
+    def _grow(self, new: _Member, new_inputs: Dict[int, Any], around: Sequence[Tuple[int, int]] = ()) -> bool:
         """Capture member new into the family's arena as it is (the others
         keep their graphs, and the last call's outputs stay valid): when it
-        fits, which a smaller shape after a larger one does; else, or with
-        no family yet, capture every member again (:meth:`_build`)."""
+        fits, which a smaller shape after a larger one does, or, planned
+        ``around`` the memory the program holds in the arena (see
+        :meth:`_held`), with the arena grown in place where it needs more;
+        else, or with no family yet, capture every member again
+        (:meth:`_build`)."""
         fam, ops = self.family, self.ops
         if fam is None or len(self.members) > self.opts.max_shapes:
             # No family yet, or one member too many: the members whose
@@ -311,7 +465,10 @@ class _Runner(_Warns):
             return self._build(new, new_inputs)
         new.addrs.clear()
         try:
-            ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts)
+            if around:
+                ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts, around=around)
+            else:
+                ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts)
         except Exception:  # noqa: BLE001 - it does not fit, or its capture failed: capture every member again
             return self._build(new, new_inputs)
         if any(i not in new.addrs for i in new.copy_idxs):
@@ -319,6 +476,7 @@ class _Runner(_Warns):
         self.captures += 1
         self._outs[new.index] = _Outputs(ops, fam.outputs[new.index])
         new.dst = self._dst(new)
+        new.around = list(around)
         new.let_go(self.static)
         return True
 
@@ -367,6 +525,7 @@ class _Runner(_Warns):
         written: Dict[int, Any] = {}  # what the other members' runs write in place, by identity
         for m, r in owned:
             m.addrs.clear()
+            m.around = []  # planned jointly: every member's plan starts at the arena's start
             fns[m.index] = r._step(m, new_inputs if m is new and new_inputs else m.host)
             if m is not new:
                 written.update((id(x), x) for x in r.written(m.args))
@@ -438,6 +597,7 @@ class _Runner(_Warns):
         r: Dict[str, Any] = {"graph": self.name, "captured": captured, "reason": self.reason,
                              "members": len(self.members), "captures": self.captures,
                              "family_builds": g.builds if g is not None else 0, "replays": self.replays,
+                             "outputs_moved_out": g.moved if g is not None else 0,
                              "plain_calls": self.plain_calls, "input_bytes_planned": self.input_bytes,
                              "input_bytes_outside": 0,
                              "static_inputs": len(self.static), "other_inputs": len(self.dyn or ()),
@@ -469,7 +629,7 @@ class _Runner(_Warns):
             if g.family is not None:
                 g.family.close()
                 g.family = None
-            g.last = None
+            g.last, g.inside = None, []
         self.members.clear()
 
     def _release_outputs(self) -> None:
@@ -479,4 +639,4 @@ class _Runner(_Warns):
             o.release()
         self._outs.clear()
         if self.group is not None:
-            self.group.last = None
+            self.group.last, self.group.inside = None, []

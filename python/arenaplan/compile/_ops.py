@@ -215,11 +215,13 @@ class _Ops:
         return graphs(fns, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
                       name=name, device=device, stream=self.stream(device))
 
-    def add_member(self, fam, key: Hashable, fn: Callable[[], Any], device: int, opts: CompileOptions) -> None:
+    def add_member(self, fam, key: Hashable, fn: Callable[[], Any], device: int, opts: CompileOptions,
+                   around: Sequence[Tuple[int, int]] = ()) -> None:
         """GraphFamily.add on the backend's capture stream: raises when the
-        member does not fit in the family's arena."""
+        member does not fit in the family's arena (a member planned
+        ``around`` memory the program holds grows the arena instead)."""
         fam.add(key, fn, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
-                stream=self.stream(device))
+                stream=self.stream(device), around=around)
 
     def capture_chain(self, stages: List[Callable[[Optional[list]], Any]], name: str, device: int,
                       opts: CompileOptions, capture: Optional[int] = None):

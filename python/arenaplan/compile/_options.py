@@ -11,7 +11,7 @@ class CompileOptions:
     """The backend's options, validated: a bad value raises ValueError."""
 
     _KEYS = {"warmup": int, "capture_warmup": int, "max_shapes": int, "budget": float, "strict": bool,
-             "capture": bool, "from_mode": str}
+             "capture": bool, "share_frames": bool, "from_mode": str}
 
     def __init__(self, mode: Optional[str] = None, options: Optional[Dict[str, Any]] = None):
         self.mode = mode or "default"
@@ -19,6 +19,7 @@ class CompileOptions:
             raise ValueError(f"arenaplan: mode={mode!r}: want one of {_MODES}")
         self.warmup, self.capture_warmup, self.max_shapes = 1, 2, 8
         self.budget, self.strict, self.capture = 1.0, False, True
+        self.share_frames = True  # graphs of other frames may join this one's arena (see _infer._Group)
         self.from_mode: Optional[str] = None  # what the program asked torch.compile for, where it was routed here
         self.inductor: Dict[str, Any] = {}
         for k, v in (options or {}).items():

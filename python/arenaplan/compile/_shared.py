@@ -7,7 +7,7 @@ import contextlib
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 from ._ops import _Ops
 
@@ -114,7 +114,7 @@ class _Outputs:
     that AccumulateGrad takes a gradient as it would take a new tensor
     (without, the reference kept here makes it copy every gradient)."""
 
-    __slots__ = ("ops", "makers", "slots", "tokens", "cached", "missing")
+    __slots__ = ("ops", "makers", "slots", "tokens", "cached", "missing", "moved")
 
     def __init__(self, ops: "_Ops", outs: Sequence[Any], cached: bool = False):
         self.ops = ops
@@ -123,6 +123,7 @@ class _Outputs:
         self.tokens: List[Any] = [None] * len(outs)  # per made tensor: what tells whether its memory is held
         self.cached = cached and ops.can_cache()
         self.missing = [i for i, mk in enumerate(self.makers) if mk is not None]  # the tensors to make
+        self.moved = 0  # tensors moved out of the arena (see overwritten)
 
     def take(self, deny: Optional[Iterable[int]] = None) -> List[Any]:
         """The outputs after a replay: the tensors of the last one where
@@ -168,19 +169,26 @@ class _Outputs:
                     self.ops.set_cached(t, False)
             self.cached = False
 
-    def overwritten(self) -> bool:
+    def overwritten(self, spare: Sequence[Tuple[int, int]] = ()) -> bool:
         """Another member of the family is about to write this memory: the
         tensors something holds are moved into memory of their own first,
         as CUDAGraph Trees keep one graph's live outputs from another's;
         the others stay, handed back at this member's next replay, which
-        rewrites them. False where one cannot be moved (another tensor
+        rewrites them. A held tensor whose memory lies inside one of the
+        address ranges ``spare`` (what the writer's plan leaves alone)
+        stays where it is. False where one cannot be moved (another tensor
         shares its memory: a view of it is held, which a move would leave
         behind): that one stays where it is, and the caller must not
         write there."""
         moved = True
         for i in self.held():
+            if spare:
+                lo, hi = self.ops.extent(self.slots[i])
+                if any(a <= lo and hi <= b for a, b in spare):
+                    continue
             if self._move_out(i):
                 self._drop(i, False)  # the program's now
+                self.moved += 1
             else:
                 moved = False
         return moved
