@@ -86,7 +86,7 @@ def run(args):
         rep = apc.report()
         res["graphs"] = rep
         res["routed"] = sum(1 for r in rep if r.get("from_mode"))
-        res["captured"] = bool(rep) and all(r["captured"] for r in rep if r.get("replays", 0) + r.get("plain_calls", 0) > 1)
+        res["captured"] = bool(rep) and all(r.get("captures", 0) > 0 for r in rep if r.get("replays", 0) + r.get("plain_calls", 0) > 1)
         res["plain_calls"] = sum(r.get("plain_calls", 0) for r in rep)
     os.makedirs(args.out, exist_ok=True)
     torch.save(tokens, os.path.join(args.out, f"tokens-{args.model}-{args.new}-{args.mode}.pt"))
