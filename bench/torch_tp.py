@@ -104,7 +104,7 @@ def build(torch, F, dist, a, rank, world, dev, ctl):
     def step():
         with torch.no_grad():
             x = F.embedding(tok, emb)
-            mask = (ar <= pos).view(1, 1, 1, T)
+            mask = None if a.prefill else (ar <= pos).view(1, 1, 1, T)
             for p in layers:
                 h = F.rms_norm(x, (W,), p["n1"])
                 q, k, v = F.linear(h, p["qkv"]).split([Hl * hd, KVl * hd, KVl * hd], -1)
