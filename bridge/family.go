@@ -365,6 +365,10 @@ func (f *Family) planMember(s *Step, budget time.Duration, held []Range, op stri
 		why = "its members share buffers: plan the family again"
 	}
 	ar := f.ar
+	var size int64
+	if f.plan != nil {
+		size = f.plan.Arena
+	}
 	d.mu.Unlock()
 	if why != "" {
 		return f.errorf("%s: %s", op, why)
@@ -378,6 +382,11 @@ func (f *Family) planMember(s *Step, budget time.Duration, held []Range, op stri
 	p, err := planAround(t, around, budget)
 	if err != nil {
 		return f.errorf("member %q: planning: %w", s.name, err)
+	}
+	if p.Arena > size && len(around) > 0 {
+		// The arena grows: what the member's warm-up and recorded runs
+		// left cached goes back first, as before a new arena.
+		d.beforeArena()
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -335,6 +335,7 @@ func TestFamilyRefusesRepeatedName(t *testing.T) {
 // larger need plus the held bytes, not the sum.
 func TestFamilyMemberAroundHeldOutput(t *testing.T) {
 	b := newTestBridge(t)
+	b.CapturesUnderway(0) // as the Python package says at install: the cache may be trimmed
 	f, ps := recordFamily(t, b, []uint64{2})
 	if err := f.Plan(0); err != nil {
 		t.Fatal(err)
@@ -349,8 +350,15 @@ func TestFamilyMemberAroundHeldOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	recordRun(t, s, pb)
+	if st, _ := b.Stats(0); st.Spill.Cached == 0 {
+		t.Fatal("the recorded run left nothing cached: the test below proves nothing")
+	}
 	if err := f.PlanMemberAround(s, 0, []Range{held, {1, 2}}); err != nil { // a range outside the arena is ignored
 		t.Fatal(err)
+	}
+	// The arena grew; what the recorded run left cached went back first.
+	if st, _ := b.Stats(0); st.Spill.Cached != 0 {
+		t.Fatalf("%d bytes stay cached in the spill beside the grown arena: %+v", st.Spill.Cached, st.Spill)
 	}
 	r := f.Report()
 	if r.Arena <= before {
