@@ -173,6 +173,45 @@ def timed(torch, fn, iters, blocks=5):
     return best
 
 
+def per_call(torch, fn, iters, blocks):
+    """(fastest, median, p90) µs of one call over blocks of iters calls,
+    each call between its own pair of CUDA events: a slow call shows as
+    one instead of being averaged into its block."""
+    times = []
+    for _ in range(blocks):
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        torch.cuda.synchronize()
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        ev[-1][1].synchronize()
+        times += [s.elapsed_time(e) * 1000 for s, e in ev]
+    times.sort()
+    return times[0], times[len(times) // 2], times[min(len(times) - 1, len(times) * 9 // 10)]
+
+
+# arenaplan's counters per eager step (ap.stats() paths): calls into Go,
+# what the spill allocator asked of the driver, and waits.
+STEP_COUNTERS = (("Allocs",), ("FastPath", "Hits"), ("FastPath", "GoAllocs"), ("FastPath", "FreeCalls"),
+                 ("FastPath", "GrowthDrains"), ("Spill", "Grows"), ("Spill", "Unmaps"), ("Spill", "CrossStreamFrees"),
+                 ("Spill", "EventQueries"), ("Spill", "Syncs"))
+
+
+def counters_per_step(torch, ap, step, n):
+    """arenaplan's counters (STEP_COUNTERS) per call over n calls."""
+    def get(st, path):
+        for k in path:
+            st = st[k]
+        return st
+    s0 = ap.stats()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    s1 = ap.stats()
+    return {"/".join(p): round((get(s1, p) - get(s0, p)) / n, 1) for p in STEP_COUNTERS}
+
+
 def warm_stream(torch, step, n=3):
     """A new stream with n runs of step on it (lazy state, cuBLAS
     workspaces), ordered after the current stream and finished."""
@@ -250,7 +289,9 @@ def main():
     if args.eager_only:
         r["mode"] = args.mode + "-eager"
         r["eager_us_20_blocks"] = timed(torch, step, iters, blocks=20)
+        r["eager_call_us"] = dict(zip(("fastest", "median", "p90"), per_call(torch, step, iters, blocks=10)))
         if args.mode == "ours":
+            r["per_step"] = counters_per_step(torch, ap, step, iters)
             r["fast_path"] = ap.stats().get("FastPath")
         print(json.dumps(r), flush=True)
         return

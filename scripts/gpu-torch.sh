@@ -137,9 +137,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = eager ]; then
 	# processes more than between allocators: alternate the two, one
 	# process each, EAGER_REPS times, every process on the same cores.
 	for rep in $(seq ${EAGER_REPS:-3}); do
-		for m in ${EAGER_MODELS:-gpt2-decode-b1 llama-decode}; do
+		for m in ${EAGER_MODELS:-gpt2-decode-b1 llama-decode gpt2-train}; do
 			# ours-slow: the same with the C fast path off (ARENAPLAN_FASTPATH=0).
-			for mode in ${EAGER_MODES:-torch ours}; do
+			for mode in ${EAGER_MODES:-torch ours ours-slow}; do
 				echo "== eager $rep $mode $m" | tee -a "$OUT/log.txt"
 				env=(); [ $mode = ours-slow ] && env=(ARENAPLAN_FASTPATH=0)
 				env "${env[@]}" taskset -c 2-5 timeout 120 python3 bench/torch_bridge.py --mode ${mode%-slow} --model $m --eager-only \
@@ -154,15 +154,18 @@ runs = {}
 for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
-        runs.setdefault(r["model"], {}).setdefault(r["mode"], []).append(r["eager_us_20_blocks"])
+        runs.setdefault(r["model"], {}).setdefault(r["mode"], []).append(r)
+med = lambda rs, k: statistics.median(r["eager_call_us"][k] for r in rs)  # noqa: E731
+print("eager step µs, one call at a time: median over processes of each one's median / p90 / fastest")
+print(f"{'model':15} {'torch':>20} {'ours':>20} {'ours/torch':>11} {'fast path off':>20} {'off/torch':>10}  ours per step")
 for m, d in runs.items():
-    t = d.get("torch-eager", [])
-    for name in ("ours-eager", "ours-slow-eager"):
-        o = d.get(name, [])
-        if t and o:
-            mt, mo = statistics.median(t), statistics.median(o)
-            print(f"{m:15} eager us (fastest of 20 blocks of 50, one process each)  torch {[round(x) for x in t]} median {mt:.0f}"
-                  f"  {name[:-6]} {[round(x) for x in o]} median {mo:.0f}  {name[:-6]}/torch {mo/mt:.3f}")
+    t, o, n = d.get("torch-eager", []), d.get("ours-eager", []), d.get("ours-slow-eager", [])
+    if not t or not o or "eager_call_us" not in t[0]:
+        continue
+    trip = lambda rs: "/".join(f"{med(rs, k):.0f}" for k in ("median", "p90", "fastest"))  # noqa: E731
+    rat = lambda rs: f"{med(rs, 'median') / med(t, 'median'):.3f} {med(rs, 'p90') / med(t, 'p90'):.3f}"  # noqa: E731
+    print(f"{m:15} {trip(t):>20} {trip(o):>20} {rat(o):>11} {trip(n) if n else '-':>20} {rat(n) if n else '-':>10}  "
+          f"{o[-1].get('per_step')}")
 PY
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = sanitizer ]; then
