@@ -173,14 +173,17 @@ def timed(torch, fn, iters, blocks=5):
     return best
 
 
-def per_call(torch, fn, iters, blocks):
+def per_call(torch, fn, iters, blocks, begin=None):
     """(fastest, median, p90) µs of one call over blocks of iters calls,
     each call between its own pair of CUDA events: a slow call shows as
-    one instead of being averaged into its block."""
+    one instead of being averaged into its block. begin, where given,
+    runs before each block once the device is idle."""
     times = []
     for _ in range(blocks):
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
         torch.cuda.synchronize()
+        if begin is not None:
+            begin()
         for s, e in ev:
             s.record()
             fn()

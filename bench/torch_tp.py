@@ -50,7 +50,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from torch_bridge import warm_stream  # noqa: E402
+from torch_bridge import per_call, warm_stream  # noqa: E402
 
 
 def build(torch, F, dist, a, rank, world, dev, ctl):
@@ -290,26 +290,14 @@ def checksum(torch, t):
 
 
 def timed_ranks(torch, dist, fn, iters, blocks):
-    """(fastest, median, p90) µs of one call, over blocks of iters calls
-    each timed by its own pair of CUDA events (a slow step shows as one,
-    not averaged into its block), every block begun on all ranks
-    together: a rank's step waits at each all-reduce for the slowest rank,
-    so a block that one rank starts late measures that rank's lateness,
-    not the step."""
-    times = []
-    for _ in range(blocks):
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        torch.cuda.synchronize()
+    """(fastest, median, p90) µs of one call (per_call), every block
+    begun on all ranks together: a rank's step waits at each all-reduce
+    for the slowest rank, so a block that one rank starts late measures
+    that rank's lateness, not the step."""
+    def begin():
         dist.barrier()
         torch.cuda.synchronize()
-        for s, e in ev:
-            s.record()
-            fn()
-            e.record()
-        ev[-1][1].synchronize()
-        times += [s.elapsed_time(e) * 1000 for s, e in ev]
-    times.sort()
-    return times[0], times[len(times) // 2], times[min(len(times) - 1, (len(times) * 9) // 10)]
+    return per_call(torch, fn, iters, blocks, begin)
 
 
 def pin(rank, world):
