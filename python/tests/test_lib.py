@@ -24,18 +24,18 @@ def run_step(stream, layers=6, extra=0, scale=1):
     for i in range(layers):
         size = (4096 + 1000 * i) * scale + (extra if i == 3 else 0)
         a = LIB.alloc(size, 0, stream)
-        acts.append(a)
+        acts.append((a, size))
         ws = LIB.alloc(65536, 0, stream)
         z = LIB.alloc(0, 0, stream)
         addrs += [a, ws]
         LIB.free(ws, 65536, 0, stream)
         LIB.free(z, 0, 0, stream)
         if len(acts) > 2:
-            LIB.free(acts.pop(0))
+            LIB.free(*acts.pop(0), 0, stream)  # with its size, as torch frees: the memory stats count it
     out = LIB.alloc(8192, 0, stream)
     addrs.append(out)
     for a in acts:
-        LIB.free(a)
+        LIB.free(*a, 0, stream)
     return addrs, out
 
 
