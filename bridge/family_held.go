@@ -6,6 +6,7 @@ package bridge
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -122,4 +123,128 @@ func (f *Family) growLocked(size int64) error {
 	defer restore()
 	f.d.notePeak() // the arenas' mapped bytes change
 	return f.ar.Grow(size)
+}
+
+// ErrHeldOnOutput says that a held range meets an output of the member
+// being planned around it: its outputs stay where they are, so its replays
+// write there whatever its plan; what the program holds there must move
+// out instead.
+var ErrHeldOnOutput = errors.New("a held range meets one of the member's outputs")
+
+// ReplanMemberAround plans member s again, planned already and captured
+// perhaps, so that it leaves held alone as well as what its plan left
+// alone before: a member captured before the program held another
+// member's outputs across its replays (a loop: the first graph replays
+// again while the program keeps the second one's output). Its outputs
+// (the buffers of its plan's run never freed) keep their offsets, fixed
+// buffers of its trace: the other members' plans that avoid them stay
+// valid. The plan is checked by planner.Check and, with the others',
+// planner.CheckFamily; where it needs more than the arena, the arena
+// grows in place as for PlanMemberAround. The step's capture pools are
+// released (destroy its graphs first, as for Replan) and it is served
+// from the new plan; its later Replans leave the same ranges alone, but
+// do not pin its outputs. A held range that meets an output is refused
+// (ErrHeldOnOutput), as is one outside the arena alone; on any error the
+// member keeps its plan and its captures.
+func (f *Family) ReplanMemberAround(s *Step, budget time.Duration, held []Range) error {
+	if err := checkBudget(fmt.Sprintf("family %d (%s): ReplanMemberAround", f.id, f.name), budget); err != nil {
+		return err
+	}
+	d := f.d
+	d.mu.Lock()
+	i := slices.Index(f.members, s)
+	t, p0, before := s.trace, s.plan, s.around
+	var why string
+	switch {
+	case f.chained || f.plan == nil || f.ar == nil || f.closing:
+		why = "needs a planned family, not a chain, not closed"
+	case i < 0 || i >= len(f.plan.Members):
+		why = fmt.Sprintf("step %d is not a planned member", s.id)
+	case s.closing || s.state != stepIdle || t == nil || p0 == nil:
+		why = fmt.Sprintf("member %q needs a plan and no run underway (%s)", s.name, s.state)
+	}
+	ar, size := f.ar, int64(0)
+	if f.plan != nil {
+		size = f.plan.Arena
+	}
+	d.mu.Unlock()
+	if why != "" {
+		return f.errorf("ReplanMemberAround: %s", why)
+	}
+	around := heldOffsets(ar, held)
+	if len(around) == 0 {
+		return f.errorf("ReplanMemberAround: member %q: no held range lies in the arena", s.name)
+	}
+	pinned, err := pinOutputs(t, p0, around)
+	if err != nil {
+		return f.errorf("member %q: %w", s.name, err)
+	}
+	all := mergeRanges(append(slices.Clone(before), around...), 1)
+	p, err := planAround(pinned, all, budget)
+	if err != nil {
+		return f.errorf("member %q: planning around held memory: %w", s.name, err)
+	}
+	if p.Arena > size {
+		d.beforeArena() // as PlanMemberAround: what the spill keeps cached goes back first
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.plan != p0 || s.state != stepIdle || s.closing || f.closing || f.ar != ar {
+		return f.errorf("member %q changed while it was planned around held memory", s.name)
+	}
+	if p.Arena > f.plan.Arena {
+		if err := f.growLocked(p.Arena); err != nil {
+			return f.errorf("member %q needs %s around %d held ranges: %w", s.name, fmtBytes(uint64(p.Arena)), len(all), err)
+		}
+	}
+	fp := f.plan.WithMember(i, p)
+	if err := planner.CheckFamily(f.membersLocked(), fp); err != nil {
+		return f.errorf("member %q planned around held memory: %w", s.name, err)
+	}
+	l, err := f.ar.Place(t, p)
+	if err != nil {
+		return f.errorf("member %q planned around held memory: %w", s.name, err)
+	}
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	if err := s.dropCaptures(); err != nil {
+		return f.errorf("member %q: %w", s.name, err)
+	}
+	s.replace(l, nil)
+	s.replanReason = fmt.Sprintf("planned around %d held ranges, its outputs where they were", len(all))
+	s.around = all
+	f.plan = fp
+	return nil
+}
+
+// pinOutputs returns a copy of trace t whose outputs (the buffers never
+// freed in its run: they end last) are fixed at their offsets in plan p,
+// or ErrHeldOnOutput where one meets a range of around (rounded out as
+// planAround rounds them).
+func pinOutputs(t *lifetime.Trace, p *planner.Plan, around []offRange) (*lifetime.Trace, error) {
+	var end int64
+	for _, b := range t.Buffers {
+		end = max(end, b.End)
+	}
+	align := max(p.Align, int64(planner.DefaultAlign))
+	rounded := mergeRanges(slices.Clone(around), align)
+	pinned := &lifetime.Trace{Name: t.Name, Buffers: slices.Clone(t.Buffers)}
+	for k := range pinned.Buffers {
+		b := &pinned.Buffers[k]
+		if b.End != end {
+			continue
+		}
+		lo := p.Offsets[k]
+		n, _ := planner.Need(b, p.Align)
+		for _, r := range rounded {
+			if lo < r.hi && r.lo < lo+n {
+				return nil, fmt.Errorf("%w: output %d at [%d, %d), held [%d, %d)", ErrHeldOnOutput, k, lo, lo+n, r.lo, r.hi)
+			}
+		}
+		b.Fixed, b.HasFixed = lo, true
+	}
+	return pinned, nil
 }

@@ -446,3 +446,87 @@ func TestPlanAroundAvoidsHeldRanges(t *testing.T) {
 		}
 	}
 }
+
+// TestFamilyMemberReplannedAroundHeldOutput: a member planned before the
+// program held another member's output across its replays (a loop: the
+// first graph replays again while the program keeps the second one's
+// output) is planned again around that output: its outputs stay where
+// they were (the second member's plan avoids them), none of its
+// allocations meets the held output any more, it serves without a
+// divergence, and the other member keeps its addresses. A held range on
+// its own output is refused, and so is one outside the arena alone; the
+// member then keeps its plan.
+func TestFamilyMemberReplannedAroundHeldOutput(t *testing.T) {
+	b := newTestBridge(t)
+	b.CapturesUnderway(0)
+	f, ps := recordFamily(t, b, []uint64{2})
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	a := f.Members()[0]
+	_, outA := serveRun(t, a, ps[0])
+	pb := &program{t: t, b: b, stream: 0x77, layers: 6, scale: 4}
+	s, err := f.NewMember("bs4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordRun(t, s, pb)
+	if err := f.PlanMemberAround(s, 0, []Range{{outA, outA.Add(8192 * 2)}}); err != nil {
+		t.Fatal(err)
+	}
+	ps[0].free(outA)
+	addrsB, outB := serveRun(t, s, pb)
+	held := Range{outB, outB.Add(8192 * 4)}
+	meets := func() bool {
+		for j, p := range ps[0].addrs {
+			if ps[0].sizes[j] > 0 && p < held.Hi && held.Lo < p.Add(ps[0].sizes[j]) {
+				return true
+			}
+		}
+		return false
+	}
+	_, out := serveRun(t, a, ps[0])
+	ps[0].free(out)
+	if out != outA {
+		t.Fatalf("the first member's output moved from %#x to %#x without a plan", uint64(outA), uint64(out))
+	}
+	if !meets() {
+		t.Fatal("the first member's plan leaves the second one's output alone already: the test below proves nothing")
+	}
+	plan := a.plan
+	for _, bad := range [][]Range{{{outA, outA.Add(16)}}, {{1, 2}}} {
+		if err := f.ReplanMemberAround(a, 0, bad); err == nil || a.plan != plan {
+			t.Fatalf("planned around %v (its own output, or nothing in the arena): %v", bad, err)
+		}
+	}
+	if err := f.ReplanMemberAround(a, 0, []Range{{outA, outA.Add(16)}}); !errors.Is(err, ErrHeldOnOutput) {
+		t.Fatalf("a held range on its own output: %v, want ErrHeldOnOutput", err)
+	}
+	if err := f.ReplanMemberAround(a, 0, []Range{held}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		_, out := serveRun(t, a, ps[0])
+		ps[0].free(out)
+		if out != outA {
+			t.Fatalf("the first member's output moved from %#x to %#x", uint64(outA), uint64(out))
+		}
+		if meets() {
+			t.Fatal("an allocation of the replanned member meets the held output")
+		}
+	}
+	if r := a.Report(); r.Replans != 1 || r.Divergences != 0 || !strings.Contains(r.ReplanReason, "held") {
+		t.Fatalf("replans %d, divergences %d, reason %q", r.Replans, r.Divergences, r.ReplanReason)
+	}
+	pb.free(outB)
+	again, out := serveRun(t, s, pb)
+	pb.free(out)
+	for j := range again {
+		if pb.sizes[j] > 0 && again[j] != addrsB[j] {
+			t.Fatalf("the second member's allocation %d moved from %#x to %#x", j, uint64(addrsB[j]), uint64(again[j]))
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

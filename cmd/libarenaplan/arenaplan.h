@@ -96,6 +96,12 @@ char *arenaplan_family_plan_member(int id, int sid, double budgetSeconds);
 // address ranges [ranges[2k], ranges[2k+1]) alone, and the arena grows in
 // place where it needs more room.
 char *arenaplan_family_plan_member_around(int id, int sid, double budgetSeconds, uint64_t *ranges, int n);
+// Plans member sid, planned already, again around the n address ranges
+// [ranges[2k], ranges[2k+1]) and those its plan left alone before, its
+// outputs kept where they are; the arena grows in place where it needs
+// more room. Reset the member's graphs first. On an error the member
+// keeps its plan and its captures.
+char *arenaplan_family_replan_member_around(int id, int sid, double budgetSeconds, uint64_t *ranges, int n);
 char *arenaplan_family_save(int id, char *path);
 char *arenaplan_family_load(int id, char *path);
 char *arenaplan_family_close(int id);

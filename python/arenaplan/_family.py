@@ -145,6 +145,59 @@ class GraphFamily:
         self.captures[key] = n
         self.capture_parts_ms[key] = list(_capture_parts)
 
+    def replan_around(self, key, fn: Callable[[], Any], around: Sequence[Tuple[int, int]], *, strict: bool = False,
+                      budget: float = 1.0, stream: Optional["torch.cuda.Stream"] = None) -> None:
+        """Plan member ``key`` again so that it also leaves the device
+        address ranges ``around`` alone (memory the program now holds in
+        the arena across its replays: another member's outputs, kept by a
+        loop), beside what its plan left alone before, its outputs kept at
+        their addresses (the other members' plans avoid them), and capture
+        it once more from ``fn``: one capture, two where it diverged. The
+        arena grows in place where it needs more (every address stays).
+        Costs a synchronize, a plan and a capture; call it between
+        replays, outside a capture. :attr:`outputs` then holds the new
+        capture's outputs.
+
+        Raises :class:`ArenaplanError` where the library refuses (a range
+        meets one of the member's outputs, or none lies in the arena): the
+        member is captured again on its plan, as it was, first. Where a
+        capture fails, the member leaves the family and the error is
+        raised."""
+        if self._graphs is None:
+            raise ArenaplanError(f"arenaplan: replan of a member of a closed graph family (family {self._fid})")
+        old = self._graphs.get(key)
+        if old is None:
+            raise KeyError(f"arenaplan: no member {key!r} (members: {self.keys})")
+        _state.check_budget(budget)
+        lib, dev, sid = self._lib, self._device, self._sids[key]
+        stream = capture_stream(dev, stream)
+        torch.cuda.synchronize(dev)  # no replay of it still runs: its graph and capture pools go
+        old.reset()
+        refused = None
+        t1 = time.perf_counter()
+        try:
+            lib.family_replan_member_around(self._fid, sid, budget, list(around))
+        except ArenaplanError as e:
+            refused = e  # the member keeps its plan: captured again on it below
+        self.plan_ms += (time.perf_counter() - t1) * 1e3
+        t = time.perf_counter()
+        try:
+            g, out, n = _serve_capture(lib, sid, fn, stream, strict, budget)
+        except BaseException:
+            del self._graphs[key], self._sids[key]
+            self.outputs.pop(key, None)
+            lib.step_close(sid)
+            raise
+        self.outputs[key] = _weak(out)
+        del out
+        self._graphs[key] = g
+        torch.cuda.synchronize(dev)
+        self.capture_ms[key] = (time.perf_counter() - t) * 1e3
+        self.captures[key] = self.captures.get(key, 0) + n
+        self.capture_parts_ms[key] = list(_capture_parts)
+        if refused is not None:
+            raise refused
+
     def save(self, path: str) -> None:
         """Write the family plan (every member, one arena) to a plan file."""
         self._lib.family_save(self._fid, path)

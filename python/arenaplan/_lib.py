@@ -74,6 +74,7 @@ SIGNATURES = {
     "arenaplan_family_plan": ("char *", ["int", "double"]),
     "arenaplan_family_plan_member": ("char *", ["int", "int", "double"]),
     "arenaplan_family_plan_member_around": ("char *", ["int", "int", "double", "uint64_t *", "int"]),
+    "arenaplan_family_replan_member_around": ("char *", ["int", "int", "double", "uint64_t *", "int"]),
     "arenaplan_family_save": ("char *", ["int", "char *"]),
     "arenaplan_family_load": ("char *", ["int", "char *"]),
     "arenaplan_family_close": ("char *", ["int"]),
@@ -243,6 +244,17 @@ class Library:
         grows in place where it needs more room."""
         flat = (ctypes.c_uint64 * (2 * len(held)))(*[int(v) for r in held for v in r])
         self.check(self._lib.arenaplan_family_plan_member_around(fid, sid, budget_s, flat, len(held)))
+
+    def family_replan_member_around(self, fid: int, sid: int, budget_s: float,
+                                    held: Sequence[Tuple[int, int]]) -> None:
+        """Plan member sid, planned already, again so that it leaves
+        ``held`` ((start, end) address pairs in the family's arena) alone
+        too, its outputs kept where they are; the arena grows in place
+        where it needs more room. Reset the member's graphs first (its
+        capture pools are released). On an error (a held range on one of
+        its outputs, none in the arena) it keeps its plan and captures."""
+        flat = (ctypes.c_uint64 * (2 * len(held)))(*[int(v) for r in held for v in r])
+        self.check(self._lib.arenaplan_family_replan_member_around(fid, sid, budget_s, flat, len(held)))
 
     def family_save(self, fid: int, path: str) -> None:
         self.check(self._lib.arenaplan_family_save(fid, os.fsencode(path)))

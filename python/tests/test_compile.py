@@ -136,6 +136,8 @@ class _Family:
                 del out
         self.ops, self.warmup, self.size = ops, warmup, 0
         self.grown, self.around = 0, {}  # growths in place; per member added around held memory: the ranges
+        self.replanned = []  # the members planned again around held memory, in turn
+        self.refuse = False  # refuse every plan made again (as the library may)
         for k, fn in fns.items():
             for c in range(captures):
                 self._capture(k, fn, self.base + c * 0x10000)
@@ -175,6 +177,27 @@ class _Family:
         if around:
             self.around[key] = list(around)
         self.keys.append(key)
+
+    def replan_around(self, key, fn, around):
+        """GraphFamily.replan_around: captured once more at the arena's start
+        past every range it is now planned around, its outputs where they
+        were, the arena grown where it needs more; refused, the member
+        captured again as it was, where a range meets one of its outputs
+        (they stay where they are)."""
+        self.replanned.append(key)
+        spans = [(o.ptr, o.ptr + _size(o.shape)) for o in self.outputs[key]]
+        refused = self.refuse or any(a < hi and lo < b for lo, hi in around for a, b in spans)
+        size = self.size
+        self.ops.avoid = list(self.around.get(key, [])) if refused else list(around)
+        try:
+            used = self._capture(key, fn, self.base)
+        finally:
+            self.ops.avoid = []
+        assert [(o.ptr, o.ptr + _size(o.shape)) for o in self.outputs[key]] == spans, "its outputs stay"
+        if refused:
+            raise ArenaplanError("arenaplan: a held range meets one of the member's outputs")
+        self.grown += used > size
+        self.around[key] = list(around)
 
     def prepare(self):
         assert not self.closed
@@ -344,6 +367,10 @@ class _FakeOps(apc._Ops):
     @staticmethod
     def add_member(fam, key, fn, device, opts, around=()):
         fam.add(key, fn, around)
+
+    @staticmethod
+    def replan_member(fam, key, fn, around, device, opts):
+        fam.replan_around(key, fn, around)
 
     def output_makers(self, outs):
         def maker(o):
@@ -1130,6 +1157,89 @@ class FramesTest(unittest.TestCase):
         self.assertEqual(rb([wb, _Tensor((32,), value="c")])[0].value, ("f", "c"))
         self.assertEqual((h.ptr, h.value), (p, ("f", "a9")), "left alone by the graph planned around it")
         self.assertEqual(ra.report()["outputs_moved_out"], 1)
+        self.assertEqual(len(ops.families), 1)
+
+    def test_a_loop_plans_the_first_graph_again_around_the_output_it_keeps(self):
+        # x = head(body(x)) in a loop: the body's graph was captured first,
+        # planned around nothing, and its replay finds the head's output
+        # (its input) held in the arena: it moves it out (one copy). At the
+        # next step it would move the same range again: it is planned again
+        # around it, its output where it was (the head's plan avoids it),
+        # and captured once more; no copy after that, values as uncaptured.
+        # The head's output lies where the body's input was planned: that
+        # input goes elsewhere, and replays copy it there.
+        ra, _, ops, opts, (wa, wb) = self.pair()
+        rb = apc._Runner(_Graph(ops, out_offset=0), "graph1", [0], None, opts, ops, 0, frame=12)
+        x, want, moved, at, dst = _Tensor((32,), value="x"), "x", [], set(), []
+        for k in range(6):
+            h = ra([wa, x])[0]
+            at.add(h.ptr)
+            dst.append(ops.copies[-1][0])  # where the body's input went
+            x = rb([wb, h])[0]
+            del h
+            want = ("f", ("f", want))
+            self.assertEqual(x.value, want, "as the uncaptured run")
+            moved.append(ra.report()["outputs_moved_out"])
+        self.assertNotEqual(dst[1], dst[2], "the body's input planned elsewhere")
+        self.assertEqual(len(set(dst[2:])), 1)
+        self.assertFalse(x.ptr < dst[2] + 32 and dst[2] < x.ptr + 32, "away from the head's output")
+        fam = ops.families[0]
+        self.assertEqual(len(ops.families), 1)
+        self.assertFalse(fam.closed, "never captured anew")
+        self.assertEqual(moved, [0, 1, 1, 1, 1, 1], "one copy, then none")
+        self.assertEqual(fam.replanned, [0], "the first graph only, once")
+        self.assertEqual((ra.captures, rb.captures), (2, 1))
+        self.assertEqual(fam.around[0], [(x.ptr, x.ptr + 32)], "planned around the output the loop keeps")
+        self.assertEqual(len(at), 1, "its output where it was")
+        self.assertEqual(fam.replays, [0, 1] * 6)
+        self.assertEqual((ra.plain_calls, rb.plain_calls), (0, 0))
+
+    def test_a_refused_plan_leaves_the_graph_as_it_was(self):
+        # The same loop, every plan made again refused (the member captured
+        # again as it was): the output keeps moving out, values intact, and
+        # the graph stops asking after two refusals.
+        ra, rb, ops, _, (wa, wb) = self.pair()
+        x, want, moved = _Tensor((32,), value="x"), "x", []
+        for k in range(6):
+            h = ra([wa, x])[0]
+            ops.families[0].refuse = True
+            x = rb([wb, h])[0]
+            del h
+            want = ("f", ("f", want))
+            self.assertEqual(x.value, want, "as the uncaptured run")
+            moved.append(ra.report()["outputs_moved_out"])
+        fam = ops.families[0]
+        self.assertEqual(moved, [0, 1, 2, 3, 4, 5], "a copy per step, as without the plan")
+        self.assertEqual(fam.replanned, [0, 0])
+        self.assertEqual((ra.captures, len(ops.families), ra.plain_calls), (3, 1, 0))
+        self.assertNotIn(0, fam.around)
+
+    def test_an_order_that_keeps_changing_plans_a_graph_again_at_most_twice(self):
+        # The program keeps the output of another graph across the first
+        # graph's replay, a different graph every three steps: the first
+        # graph is planned again around the first two (after two replays
+        # that moved the same range), then no more; the third's output
+        # keeps moving out, intact, and the first one's again stays.
+        ops = _FakeOps()
+        ops.arenas = 0x700  # addresses no other test's arena uses
+        opts = apc.CompileOptions(None, {"warmup": 0})
+        ra = apc._Runner(_Graph(ops), "graph0", [0], None, opts, ops, 0, frame=21)
+        others = [apc._Runner(_Graph(ops, out_offset=off), f"graph{j + 1}", [0], None, opts, ops, 0, frame=22 + j)
+                  for j, off in enumerate((0x200, 0x300, 0x400))]
+        wa, w = _Tensor((16,)), _Tensor((16,))
+        self.assertEqual(ra([wa, _Tensor((16,), value="a")])[0].value, ("f", "a"))
+        moved = []
+        for k in range(12):
+            kept = others[(k // 3) % 3]([w, _Tensor((16,), value=f"g{k}")])[0]
+            self.assertEqual(ra([wa, _Tensor((16,), value=f"a{k}")])[0].value, ("f", f"a{k}"))
+            self.assertEqual(kept.value, ("f", f"g{k}"), "kept across the first graph's replay, intact")
+            self.assertFalse(getattr(kept, "denied", False))
+            del kept
+            moved.append(ra.report()["outputs_moved_out"])
+        fam = ops.families[0]
+        self.assertEqual(fam.replanned, [0, 0], "at most twice")
+        self.assertEqual(ra.captures, 3)
+        self.assertEqual(moved, [1, 1, 1, 2, 2, 2, 3, 4, 5, 5, 5, 5])
         self.assertEqual(len(ops.families), 1)
 
     def test_share_frames_off_keeps_a_reading_graph_apart(self):

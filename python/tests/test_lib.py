@@ -24,18 +24,18 @@ def run_step(stream, layers=6, extra=0, scale=1):
     for i in range(layers):
         size = (4096 + 1000 * i) * scale + (extra if i == 3 else 0)
         a = LIB.alloc(size, 0, stream)
-        acts.append(a)
+        acts.append((a, size))
         ws = LIB.alloc(65536, 0, stream)
         z = LIB.alloc(0, 0, stream)
         addrs += [a, ws]
         LIB.free(ws, 65536, 0, stream)
         LIB.free(z, 0, 0, stream)
         if len(acts) > 2:
-            LIB.free(acts.pop(0))
+            LIB.free(*acts.pop(0), 0, stream)  # with its size, as torch frees: the memory stats count it
     out = LIB.alloc(8192, 0, stream)
     addrs.append(out)
     for a in acts:
-        LIB.free(a)
+        LIB.free(*a, 0, stream)
     return addrs, out
 
 
@@ -213,6 +213,50 @@ class FamilyAndSleepTest(unittest.TestCase):
         LIB.free(held)
         with self.assertRaises(ArenaplanError):
             LIB.family_plan_member_around(fid, 999999, 1.0, [])
+        LIB.family_close(fid)
+
+    def test_family_member_replanned_around_a_held_output(self):
+        # The first member planned again around the second one's output,
+        # held across its replays: its output stays where it was, none of
+        # its allocations meets the held output any more. A held range on
+        # its own output is refused, the member's plan kept.
+        stream = 0x5353
+        fid = LIB.family_new(0, "loop")
+        first = LIB.family_member(fid, "a")
+        LIB.step_record(first, stream)
+        _, out = run_step(stream)
+        LIB.step_end(first)
+        LIB.free(out)
+        LIB.family_plan(fid, 1.0)
+        LIB.step_serve(first, stream, True)
+        before, out_a = run_step(stream)
+        LIB.step_end(first)
+        second = LIB.family_member(fid, "b")
+        LIB.step_record(second, stream)
+        _, out = run_step(stream, scale=3)
+        LIB.step_end(second)
+        LIB.free(out)
+        LIB.family_plan_member_around(fid, second, 1.0, [(out_a, out_a + 8192)])
+        LIB.free(out_a)
+        LIB.step_serve(second, stream, True)
+        _, held = run_step(stream, scale=3)
+        LIB.step_end(second)
+        sizes = [n for i in range(6) for n in (4096 + 1000 * i, 65536)] + [8192]  # run_step's, in order
+        meets = lambda addrs: [a for a, n in zip(addrs, sizes) if a < held + 8192 and held < a + n]  # noqa: E731
+        self.assertTrue(meets(before), "the first member's plan avoids the held output already: this proves nothing")
+        with self.assertRaises(ArenaplanError):
+            LIB.family_replan_member_around(fid, first, 1.0, [(out_a, out_a + 16)])
+        LIB.family_replan_member_around(fid, first, 1.0, [(held, held + 8192)])
+        for _ in range(2):
+            LIB.step_serve(first, stream, True)
+            addrs, out = run_step(stream)
+            LIB.step_end(first)
+            LIB.free(out)
+            self.assertEqual(out, out_a, "its output stays where it was")
+            self.assertFalse(meets(addrs), "an allocation of the replanned member meets the held output")
+        r = LIB.family_report(fid)["members"][0]
+        self.assertEqual((r["replans"], r["divergences"]), (1, 0))
+        LIB.free(held)
         LIB.family_close(fid)
 
     def test_region_pause_resume(self):

@@ -128,8 +128,12 @@ stays). The arena is then about the largest need plus what lives from one
 graph to the next, not the sum. An output held across the replay of a
 graph that was not planned around it (in a loop, the head's output still
 held when the body runs again) is moved out first, as between shapes
-(counted in the report's ``outputs_moved_out``). See ``_infer._Group``;
-option ``share_frames=False`` keeps every frame's arena apart.
+(counted in the report's ``outputs_moved_out``); when the next replay
+would move it out again, that graph is planned again around it, its own
+outputs where they were, and captured once more (at most twice per
+graph), so a loop pays one copy, not one per step. See
+``_infer._Group``; option ``share_frames=False`` keeps every frame's arena
+apart.
 
 Where a graph cannot be captured (tensors on the CPU, several devices, an
 input other than a parameter or buffer written in place, an operation CUDA

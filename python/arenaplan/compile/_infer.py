@@ -32,7 +32,7 @@ class _Member:
     addresses; a call with tensors at those addresses replays it."""
 
     __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst",
-                 "around")
+                 "around", "moved", "replans")
 
     def __init__(self, index: int, args: list, ptrs: list, copy_idxs: list, nbytes: int):
         self.index = index  # its key in the family (short, for the library)
@@ -43,8 +43,11 @@ class _Member:
         self.addrs: Dict[int, int] = {}  # from the member's last capture: the addresses replays use
         self.dst: List[Tuple[int, Any, int, int]] = []  # (input, tensor at its address, start, end)
         # Address ranges its plan leaves alone (memory the program held in
-        # the arena when it joined, see _Group): its replays never write there.
+        # the arena when it joined, or that its replays kept moving out,
+        # see _Group): its replays never write there.
         self.around: List[Tuple[int, int]] = []
+        self.moved: List[Tuple[int, int]] = []  # the held ranges its last replay moved out
+        self.replans = 0  # plans of it made again around what its replays kept moving out (at most _REPLANS)
 
     def let_go(self, static: Sequence[int]) -> None:
         """Hold the tensors among args at indices static by weak references."""
@@ -111,16 +114,28 @@ class _Group:
       are. A group of one frame's shapes that reads nothing of its arena
       is planned as before: a member that does not fit captures the
       family anew, largest first.
-    - What is not planned around. A member captured before the crossing
-      it meets later (in a loop, A replays again while the program still
-      holds B's output from the step before) was not planned around it:
-      its replay moves that output out first, one copy per step. Making
-      it avoid B's outputs means planning A again with its own outputs
-      fixed where they are (B's plan avoids them) plus B's held outputs,
-      and capturing it once more; not done yet. A family captured anew
+    - Crossings met later: the loop. A member captured before the
+      crossing it meets later (in a loop, A replays again while the
+      program still holds B's output from the step before, its input
+      ``x = head(body(x))`` or a value kept) was not planned around it:
+      its replay moves that output out first (one copy), and the ranges
+      moved are kept (``_Member.moved``). When its next replay would move
+      out held outputs from the same ranges again, it is planned again
+      around them, beside its own ``around``, with its own outputs fixed
+      where they are, so that the plans of the others, which avoid them,
+      stay valid (``GraphFamily.replan_around``, the bridge's
+      ``ReplanMemberAround``, checked by ``planner.Check`` and
+      ``planner.CheckFamily``; the arena grows in place where needed),
+      and captured once more; its later replays move nothing there. So a
+      loop pays one copy and one capture of A, not a copy per step. A
+      held range on one of A's own outputs is never planned around (A
+      writes it): it keeps moving out. Bounded: a member is planned again
+      at most ``_REPLANS`` (2) times in its life, so a program whose
+      order keeps changing does not capture every step; past that, its
+      replays move out what they must, as before. A family captured anew
       (a member over ``max_shapes``, an ``add`` that failed) is planned
       jointly without the crossings: its held outputs move out again at
-      each replay that may write them.
+      each replay that may write them, and the loop is learned again.
     - The order changes, or a graph joins later. Correctness never rests
       on the order learned: each replay moves out the held outputs of
       the group's earlier replays (``_Group.inside``, whichever graph
@@ -128,8 +143,9 @@ class _Group:
       graph while a view of one that would move is held (``_VIEW_HELD``);
       a new graph that does not fit captures the family anew, moving held
       outputs out first. What a changed order costs is copies, counted in
-      the report's ``outputs_moved_out``; a group that keeps paying them
-      should split or replan, which is not done yet.
+      the report's ``outputs_moved_out``, and at most ``_REPLANS``
+      captures of a member planned again (above); a group that keeps
+      paying copies past that is not split, which is not done.
     - Threads. Members of one family must not run concurrently;
       :meth:`GraphFamily.prepare` orders a replay after the previous one
       on another stream, and a graph joins only a group last replayed by
@@ -155,6 +171,10 @@ class _Group:
         self.runners = [weakref.ref(r) for r in rs]
         return rs
 
+
+# Plans of a member made again around held outputs its replays kept moving
+# out (see _Group): a program whose order keeps changing stops there.
+_REPLANS = 2
 
 _VIEW_HELD = ("a view of an output of an earlier call (at another shape, or of a graph sharing the arena) is still "
               "held; calls that would overwrite it run without a graph until it is released")
@@ -281,9 +301,12 @@ class _Runner(_Warns):
 
     def _replay(self, m: _Member, inputs: list) -> Any:
         g = self.group
+        if m.moved and m.replans < _REPLANS and not self._settle(m, inputs):
+            return self._plain(inputs)
         fam = g.family
         fam.prepare()  # the previous replay may still use the memory written here; a paused arena has none
         outs = self._outs[m.index]
+        moved: List[Tuple[int, int]] = []
         for o in g.inside:
             if o is outs:
                 continue
@@ -294,11 +317,12 @@ class _Runner(_Warns):
             # one that cannot move (a view of it is held) keeps its memory:
             # this call runs without a graph.
             before = o.moved
-            ok = o.overwritten(m.around)
+            ok = o.overwritten(m.around, moved)
             g.moved += o.moved - before
             if not ok:
                 self._warn("view", _VIEW_HELD)
                 return self._plain(inputs)
+        m.moved = moved
         if m.dst:
             self._copy_in(m, inputs)
         del inputs
@@ -310,6 +334,81 @@ class _Runner(_Warns):
         g.inside.append(outs)
         _last_on[self.device] = (g.ref, threading.get_ident())
         return outs.take()
+
+    def _settle(self, m: _Member, inputs: list) -> bool:
+        """Before a replay of member m whose last replay moved out held
+        outputs of other members: where some would move out again, from
+        the same addresses (the program keeps them across m's replays, a
+        loop), plan m again around them too, its outputs where they were,
+        and capture it once more (see :class:`_Group`); a synchronize, a
+        plan and a capture, at most ``_REPLANS`` times per member. False
+        where m is gone (its capture failed and the family could not be
+        captured anew): the call runs without a graph."""
+        g, ops = self.group, self.ops
+        outs = self._outs[m.index]
+        moving = {r for o in g.inside if o is not outs for r in o.exposed(m.around)}
+        again = sorted(r for r in m.moved if r in moving)
+        # A held range on one of m's own outputs cannot be left alone: m
+        # writes its outputs where they are. It keeps moving out.
+        mine = [ops.extent(o) for o in g.family.outputs[m.index] if ops.is_tensor(o) and ops.nbytes(o)]
+        again = [(lo, hi) for lo, hi in again if not any(a < hi and lo < b for a, b in mine)]
+        if not again:
+            return True
+        m.replans += 1  # a refused plan or a parameter gone counts too: no retry at every call
+        if not m.hold():
+            return True
+        around = sorted(set(m.around) | set(again))
+        fam = g.family
+        old = fam.outputs[m.index]
+        m.addrs.clear()
+        try:
+            with _unseen(ops, self.device, self.written(inputs)):
+                ops.replan_member(fam, m.index, self._step(m, m.host), around, self.device, self.opts)
+            m.around, m.moved = around, []
+        except Exception:  # noqa: BLE001 - refused (captured again as it was), or its capture failed
+            if m.index not in fam.keys:
+                return self._rebuilt(m)
+        finally:
+            m.let_go(self.static)
+        if any(i not in m.addrs for i in m.copy_idxs):
+            return self._rebuilt(m)
+        self.captures += 1
+        m.dst = self._dst(m)
+        new = fam.outputs[m.index]
+        if not self._same_outputs(old, new):
+            # Its outputs moved after all (its capture diverged and was
+            # planned again): those held go to memory of their own, as
+            # before a capture anew.
+            if not outs.overwritten():
+                outs.release()
+            g.inside = [o for o in g.inside if o is not outs]
+            if g.last is outs:
+                g.last = None
+            self._outs[m.index] = _Outputs(ops, new)
+        return True
+
+    def _same_outputs(self, old: Sequence[Any], new: Sequence[Any]) -> bool:
+        """Whether a capture's outputs new lie where the last capture's, old,
+        did, alike: then the member's _Outputs stays, and what the program
+        holds of it is as after any replay."""
+        ops = self.ops
+        if len(old) != len(new):
+            return False
+        for a, b in zip(old, new):
+            if ops.is_tensor(a) != ops.is_tensor(b):
+                return False
+            if ops.is_tensor(a) and (ops.data_ptr(a), ops.shape_key(a)) != (ops.data_ptr(b), ops.shape_key(b)):
+                return False
+        return True
+
+    def _rebuilt(self, m: _Member) -> bool:
+        """Member m lost its graph: capture the family anew; where that
+        fails, m is dropped (its shape is captured again at a later call)."""
+        if self._build() and m in self.members.values():
+            return True
+        self.members = {k: v for k, v in self.members.items() if v is not m}
+        self.by_shape = {s: k for s, k in self.by_shape.items() if k in self.members}
+        return False
 
     def _copy_in(self, m: _Member, inputs: list) -> None:
         """Copy the call's inputs to their planned addresses. An input
@@ -525,7 +624,7 @@ class _Runner(_Warns):
         written: Dict[int, Any] = {}  # what the other members' runs write in place, by identity
         for m, r in owned:
             m.addrs.clear()
-            m.around = []  # planned jointly: every member's plan starts at the arena's start
+            m.around, m.moved = [], []  # planned jointly: every member's plan starts at the arena's start
             fns[m.index] = r._step(m, new_inputs if m is new and new_inputs else m.host)
             if m is not new:
                 written.update((id(x), x) for x in r.written(m.args))

@@ -223,6 +223,15 @@ class _Ops:
         fam.add(key, fn, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
                 stream=self.stream(device), around=around)
 
+    def replan_member(self, fam, key: Hashable, fn: Callable[[], Any], around: Sequence[Tuple[int, int]],
+                      device: int, opts: CompileOptions) -> None:
+        """GraphFamily.replan_around on the backend's capture stream: member
+        key planned again around ``around`` too, its outputs where they
+        were, and captured once more from fn; raises where the library
+        refuses (the member captured again as it was) or the capture
+        fails (the member gone from the family)."""
+        fam.replan_around(key, fn, around, strict=opts.strict, budget=opts.budget, stream=self.stream(device))
+
     def capture_chain(self, stages: List[Callable[[Optional[list]], Any]], name: str, device: int,
                       opts: CompileOptions, capture: Optional[int] = None):
         """A chain of the stages, its first ``capture`` captured (default

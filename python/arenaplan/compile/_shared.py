@@ -169,7 +169,7 @@ class _Outputs:
                     self.ops.set_cached(t, False)
             self.cached = False
 
-    def overwritten(self, spare: Sequence[Tuple[int, int]] = ()) -> bool:
+    def overwritten(self, spare: Sequence[Tuple[int, int]] = (), into: Optional[List[Tuple[int, int]]] = None) -> bool:
         """Another member of the family is about to write this memory: the
         tensors something holds are moved into memory of their own first,
         as CUDAGraph Trees keep one graph's live outputs from another's;
@@ -179,19 +179,36 @@ class _Outputs:
         stays where it is. False where one cannot be moved (another tensor
         shares its memory: a view of it is held, which a move would leave
         behind): that one stays where it is, and the caller must not
-        write there."""
+        write there. ``into``: where given, the address ranges the moved
+        tensors had are appended to it."""
         moved = True
-        for i in self.held():
-            if spare:
-                lo, hi = self.ops.extent(self.slots[i])
-                if any(a <= lo and hi <= b for a, b in spare):
-                    continue
+        for i in self._exposed(spare):
+            at = self.ops.extent(self.slots[i]) if into is not None else None
             if self._move_out(i):
+                if at is not None:
+                    into.append(at)
                 self._drop(i, False)  # the program's now
                 self.moved += 1
             else:
                 moved = False
         return moved
+
+    def exposed(self, spare: Sequence[Tuple[int, int]] = ()) -> List[Tuple[int, int]]:
+        """The address ranges of the held tensors that :meth:`overwritten`
+        would move out with the same ``spare``."""
+        return [self.ops.extent(self.slots[i]) for i in self._exposed(spare)]
+
+    def _exposed(self, spare: Sequence[Tuple[int, int]]) -> List[int]:
+        """The indices of the held tensors not inside a range of spare."""
+        held = self.held()
+        if not spare:
+            return held
+        out = []
+        for i in held:
+            lo, hi = self.ops.extent(self.slots[i])
+            if not any(a <= lo and hi <= b for a, b in spare):
+                out.append(i)
+        return out
 
     def release(self, deny: bool = True) -> None:
         """Drop every tensor, those held made unreadable (``deny``): the
