@@ -470,6 +470,27 @@ func TestCaptureOnSim(t *testing.T) {
 	}
 	b.Free(eager, 0)
 	p.free(out)
+	// Its graph destroyed, the step gives its captures' pools back and
+	// can be captured again on its plan; not while a run is underway.
+	if err := s.Serve(p.stream, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DropCaptures(); err == nil {
+		t.Fatal("DropCaptures during a run succeeded")
+	}
+	if err := s.End(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DropCaptures(); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Report(); r.SpillHeld != 0 {
+		t.Fatalf("%d bytes held for dropped captures", r.SpillHeld)
+	}
+	p.free(capture(true))
+	if r := s.Report(); r.SpillHeld == 0 {
+		t.Fatalf("report %+v: the capture again spills into a pool of its own", r)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -195,6 +195,28 @@ func (s *Step) replanReady() (*lifetime.Trace, error) {
 
 // dropCaptures releases the step's capture pools (the graphs captured
 // through them are destroyed); d.mu is held and the device current.
+// DropCaptures gives back the spill pools of the step's earlier captures,
+// so that a member captured again on its plan (its parameters replaced by
+// others of the same shapes) holds no pool per capture: destroy the graphs
+// captured from it first. It refuses while a run is underway.
+func (s *Step) DropCaptures() error {
+	d := s.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.state != stepIdle {
+		return s.errorf("DropCaptures while %s", s.state)
+	}
+	restore, err := makeCurrent(d.dev)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	if err := s.dropCaptures(); err != nil {
+		return fmt.Errorf("bridge: step %d (%s): dropping its captures: %w", s.id, s.name, err)
+	}
+	return nil
+}
+
 func (s *Step) dropCaptures() error {
 	var errs []error
 	for _, c := range s.captures {

@@ -80,6 +80,7 @@ char *arenaplan_step_join_capture(int id);
 char *arenaplan_step_end(int id, int failed);
 char *arenaplan_step_plan(int id, double budgetSeconds);
 char *arenaplan_step_replan(int id, double budgetSeconds);
+char *arenaplan_step_drop_captures(int id);
 char *arenaplan_step_save(int id, char *path);
 char *arenaplan_step_load(int id, char *path);
 char *arenaplan_step_close(int id);

@@ -435,6 +435,14 @@ func arenaplan_step_replan(id C.int, budgetSeconds C.double) *C.char {
 	return step("arenaplan_step_replan", id, func(s *bridge.Step) error { return withBudget(budgetSeconds, s.Replan) })
 }
 
+// arenaplan_step_drop_captures gives back the spill pools of the step's
+// earlier captures (bridge.Step.DropCaptures); destroy their graphs first.
+//
+//export arenaplan_step_drop_captures
+func arenaplan_step_drop_captures(id C.int) *C.char {
+	return step("arenaplan_step_drop_captures", id, func(s *bridge.Step) error { return s.DropCaptures() })
+}
+
 //export arenaplan_step_save
 func arenaplan_step_save(id C.int, path *C.char) *C.char {
 	return step("arenaplan_step_save", id, func(s *bridge.Step) error { return withPath("arenaplan_step_save", path, s.Save) })

@@ -163,22 +163,48 @@ class GraphFamily:
         member is captured again on its plan, as it was, first. Where a
         capture fails, the member leaves the family and the error is
         raised."""
+        refused = []
+
+        def replan(lib, sid):
+            try:
+                lib.family_replan_member_around(self._fid, sid, budget, list(around))
+            except ArenaplanError as e:
+                refused.append(e)  # the member keeps its plan: captured again on it
+                lib.step_drop_captures(sid)
+        self._again("replan", key, fn, replan, strict, budget, capture_stream(self._device, stream))
+        if refused:
+            raise refused[0]
+
+    def recapture(self, key, fn: Callable[[], Any], *, strict: bool = False, budget: float = 1.0,
+                  stream: Optional["torch.cuda.Stream"] = None) -> None:
+        """Capture member ``key`` once more on its plan, from ``fn``: the same
+        step reading other parameters or buffers of the same shapes (those
+        it was captured with are gone). No eager run and no planning: one
+        capture (two where it allocated differently, planned again inside
+        the arena). Call it between replays, outside a capture, on the
+        stream the member was captured on (default: a new one).
+        :attr:`outputs` then holds the new capture's outputs. Where the
+        capture fails, the member leaves the family and the error is
+        raised."""
+        self._again("recapture", key, fn, lambda lib, sid: lib.step_drop_captures(sid), strict, budget,
+                    capture_stream(self._device) if stream is None else stream)
+
+    def _again(self, what: str, key, fn: Callable[[], Any], prepare: Callable[[Library, int], None], strict: bool,
+               budget: float, stream: "torch.cuda.Stream") -> None:
+        """Member key's graph destroyed, prepare(lib, step) (its plan made
+        again, or its capture pools given back), and the member captured
+        once more from fn: see :meth:`replan_around`, :meth:`recapture`."""
         if self._graphs is None:
-            raise ArenaplanError(f"arenaplan: replan of a member of a closed graph family (family {self._fid})")
+            raise ArenaplanError(f"arenaplan: {what} of a member of a closed graph family (family {self._fid})")
         old = self._graphs.get(key)
         if old is None:
             raise KeyError(f"arenaplan: no member {key!r} (members: {self.keys})")
         _state.check_budget(budget)
         lib, dev, sid = self._lib, self._device, self._sids[key]
-        stream = capture_stream(dev, stream)
         torch.cuda.synchronize(dev)  # no replay of it still runs: its graph and capture pools go
         old.reset()
-        refused = None
         t1 = time.perf_counter()
-        try:
-            lib.family_replan_member_around(self._fid, sid, budget, list(around))
-        except ArenaplanError as e:
-            refused = e  # the member keeps its plan: captured again on it below
+        prepare(lib, sid)
         self.plan_ms += (time.perf_counter() - t1) * 1e3
         t = time.perf_counter()
         try:
@@ -195,8 +221,6 @@ class GraphFamily:
         self.capture_ms[key] = (time.perf_counter() - t) * 1e3
         self.captures[key] = self.captures.get(key, 0) + n
         self.capture_parts_ms[key] = list(_capture_parts)
-        if refused is not None:
-            raise refused
 
     def save(self, path: str) -> None:
         """Write the family plan (every member, one arena) to a plan file."""

@@ -57,6 +57,7 @@ SIGNATURES = {
     "arenaplan_step_end": ("char *", ["int", "int"]),
     "arenaplan_step_plan": ("char *", ["int", "double"]),
     "arenaplan_step_replan": ("char *", ["int", "double"]),
+    "arenaplan_step_drop_captures": ("char *", ["int"]),
     "arenaplan_step_save": ("char *", ["int", "char *"]),
     "arenaplan_step_load": ("char *", ["int", "char *"]),
     "arenaplan_step_close": ("char *", ["int"]),
@@ -199,6 +200,9 @@ class Library:
 
     def step_load(self, sid: int, path: str) -> None:
         self.check(self._lib.arenaplan_step_load(sid, os.fsencode(path)), mismatch=True)
+
+    def step_drop_captures(self, sid: int) -> None:
+        self.check(self._lib.arenaplan_step_drop_captures(sid))
 
     def step_close(self, sid: int) -> None:
         self.check(self._lib.arenaplan_step_close(sid))

@@ -137,6 +137,7 @@ class _Family:
         self.ops, self.warmup, self.size = ops, warmup, 0
         self.grown, self.around = 0, {}  # growths in place; per member added around held memory: the ranges
         self.replanned = []  # the members planned again around held memory, in turn
+        self.recaptured = []  # the members captured once more on their plans, in turn
         self.refuse = False  # refuse every plan made again (as the library may)
         for k, fn in fns.items():
             for c in range(captures):
@@ -198,6 +199,17 @@ class _Family:
             raise ArenaplanError("arenaplan: a held range meets one of the member's outputs")
         self.grown += used > size
         self.around[key] = list(around)
+
+    def recapture(self, key, fn):
+        """GraphFamily.recapture: captured once more on its plan (at the
+        arena's start, past the ranges it was planned around), no eager
+        run."""
+        self.recaptured.append(key)
+        self.ops.avoid = list(self.around.get(key, []))
+        try:
+            self._capture(key, fn, self.base)
+        finally:
+            self.ops.avoid = []
 
     def prepare(self):
         assert not self.closed
@@ -371,6 +383,10 @@ class _FakeOps(apc._Ops):
     @staticmethod
     def replan_member(fam, key, fn, around, device, opts):
         fam.replan_around(key, fn, around)
+
+    @staticmethod
+    def recapture_member(fam, key, fn, device, opts):
+        fam.recapture(key, fn)
 
     def output_makers(self, outs):
         def maker(o):
@@ -878,7 +894,12 @@ class PlannedInputTest(unittest.TestCase):
             del cache, out
         gc.collect()
         self.assertEqual([c() for c in gone], [None] * 3, "no cache kept alive by a member")
-        self.assertEqual(len(r.members), 3)
+        # Each new cache of the same shape takes the member whose cache is
+        # gone: captured once more on its plan, no new member, no eager run.
+        self.assertEqual(len(r.members), 1)
+        fam = ops.families[-1]
+        self.assertEqual(fam.recaptured, [0, 0])
+        self.assertEqual((r.report()["captures"], r.report()["plain_calls"]), (3, 0))
         # A capture of the whole family again drops the members whose
         # buffers are gone and captures the live ones.
         cache = _Tensor((16,), value="c3")

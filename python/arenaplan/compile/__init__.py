@@ -62,9 +62,13 @@ Several shapes (a graph compiled with dynamic shapes and called at batch 32,
 shape beyond that runs inductor's code without a graph, with one warning.
 A call at a captured shape whose parameters or buffers are elsewhere (a
 static KV cache made anew for each Hugging Face ``generate`` call) is
-captured as a member too. Members hold no parameter or buffer alive; at
-the limit, members whose buffers are gone make room: the family is
-captured anew without them.
+captured as a member too. Members hold no parameter or buffer alive; where
+a member of the call's shape has lost its parameters or buffers and the
+call's have the same shapes, that member is captured once more on its plan
+with the call's (:meth:`GraphFamily.recapture`: one capture, no eager run
+and no planning, as CUDAGraph Trees record again for new static
+addresses); at the limit, members whose buffers are gone make room: the
+family is captured anew without them.
 A new shape that fits in the family's arena (a smaller one after a larger)
 joins it with one capture of its own (:meth:`GraphFamily.add`); one that
 does not re-captures the family, every member once more, largest first.

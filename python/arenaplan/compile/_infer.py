@@ -32,7 +32,7 @@ class _Member:
     addresses; a call with tensors at those addresses replays it."""
 
     __slots__ = ("index", "args", "ptrs", "copy_idxs", "nbytes", "calls", "layouts", "host", "addrs", "dst",
-                 "around", "moved", "replans")
+                 "around", "moved", "replans", "static_layouts")
 
     def __init__(self, index: int, args: list, ptrs: list, copy_idxs: list, nbytes: int):
         self.index = index  # its key in the family (short, for the library)
@@ -47,6 +47,7 @@ class _Member:
         # see _Group): its replays never write there.
         self.around: List[Tuple[int, int]] = []
         self.moved: List[Tuple[int, int]] = []  # the held ranges its last replay moved out
+        self.static_layouts: Tuple[Hashable, ...] = ()  # its parameters' and buffers' shape keys (see _Runner._reuse)
         self.replans = 0  # plans of it made again around what its replays kept moving out (at most _REPLANS)
 
     def let_go(self, static: Sequence[int]) -> None:
@@ -293,7 +294,7 @@ class _Runner(_Warns):
                 if n < self.opts.warmup:
                     self.seen[shape] = n + 1
                     return self._plain(inputs)
-                m = self._add(key, inputs)
+                m = self._reuse(shape, key, inputs) or self._add(key, inputs)
                 if m is None:
                     return self._plain(inputs)
             self.by_shape[shape] = key
@@ -370,6 +371,15 @@ class _Runner(_Warns):
                 return self._rebuilt(m)
         finally:
             m.let_go(self.static)
+        return self._captured_again(m, old)
+
+    def _captured_again(self, m: _Member, old: Sequence[Any]) -> bool:
+        """After member m was captured once more (planned again, or on its
+        plan with other parameters): its input addresses and outputs taken
+        from the new capture (old: the outputs of the one before). False
+        where it lost its graph and the family could not be captured anew."""
+        g, ops, fam = self.group, self.ops, self.group.family
+        outs = self._outs[m.index]
         if any(i not in m.addrs for i in m.copy_idxs):
             return self._rebuilt(m)
         self.captures += 1
@@ -386,6 +396,36 @@ class _Runner(_Warns):
                 g.last = None
             self._outs[m.index] = _Outputs(ops, new)
         return True
+
+    def _reuse(self, shape: Hashable, key: Hashable, inputs: list) -> Optional[_Member]:
+        """A member of the call's shape whose parameters or buffers are all
+        of the call's shapes but gone (a static KV cache that each
+        ``generate`` call makes anew), captured once more on its plan with
+        the call's instead of a new member: one capture, no eager run, no
+        planning (:meth:`GraphFamily.recapture`). None where there is none
+        (or its capture failed: the family was captured anew without it)."""
+        fam, ops = self.family, self.ops
+        if fam is None or not self.static:
+            return None
+        layouts = tuple(ops.shape_key(inputs[i]) for i in self.static)
+        old_key = next((k for k, m in self.members.items()
+                        if k[0] == shape and m.static_layouts == layouts and m.gone()), None)
+        if old_key is None or _in_outputs(ops, self.group, [inputs[i] for i in self.static]):
+            return None
+        m = self.members.pop(old_key)
+        for i in self.static:
+            m.args[i], m.ptrs[i] = inputs[i], ops.data_ptr(inputs[i])
+        self.members[key] = m
+        old = fam.outputs[m.index]
+        m.addrs.clear()
+        try:
+            with _unseen(ops, self.device, self.written(inputs)):
+                ops.recapture_member(fam, m.index, self._step(m, m.host), self.device, self.opts)
+        except Exception:  # noqa: BLE001 - its capture failed: it left the family
+            return m if self._rebuilt(m) else None
+        finally:
+            m.let_go(self.static)
+        return m if self._captured_again(m, old) else None
 
     def _same_outputs(self, old: Sequence[Any], new: Sequence[Any]) -> bool:
         """Whether a capture's outputs new lie where the last capture's, old,
@@ -491,6 +531,7 @@ class _Runner(_Warns):
             else:
                 args.append(x)
         m.nbytes = nbytes
+        m.static_layouts = tuple(ops.shape_key(inputs[i]) for i in self.static)
         around = self._held(inputs) if self._crosses(inputs) else []
         self.group.next_index += 1
         self.members[key] = m

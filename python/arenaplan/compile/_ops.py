@@ -232,6 +232,12 @@ class _Ops:
         fails (the member gone from the family)."""
         fam.replan_around(key, fn, around, strict=opts.strict, budget=opts.budget, stream=self.stream(device))
 
+    def recapture_member(self, fam, key: Hashable, fn: Callable[[], Any], device: int, opts: CompileOptions) -> None:
+        """GraphFamily.recapture on the backend's capture stream: member key
+        captured once more on its plan from fn (other parameters of the same
+        shapes); raises where the capture fails (the member gone)."""
+        fam.recapture(key, fn, strict=opts.strict, budget=opts.budget, stream=self.stream(device))
+
     def capture_chain(self, stages: List[Callable[[Optional[list]], Any]], name: str, device: int,
                       opts: CompileOptions, capture: Optional[int] = None):
         """A chain of the stages, its first ``capture`` captured (default
