@@ -301,18 +301,26 @@ func (f *Family) replan(s *Step, t *lifetime.Trace, p *planner.Plan) error {
 				s.name, fmtBytes(uint64(p.Arena)), fmtBytes(uint64(f.plan.Arena)), err)
 		}
 	}
-	i := slices.Index(f.members, s)
+	return f.installMemberLocked(s, slices.Index(f.members, s), t, p, "replanned")
+}
+
+// installMemberLocked makes p, a plan of trace t, member i's (s) in the
+// family plan: checked with the others' (planner.CheckFamily), placed in
+// the arena, the step's capture pools released (its graphs destroyed
+// first) and its layout replaced; what names the change in errors. d.mu
+// is held.
+func (f *Family) installMemberLocked(s *Step, i int, t *lifetime.Trace, p *planner.Plan, what string) error {
 	fp := f.plan.WithMember(i, p)
 	ms := f.membersLocked()
 	ms[i].Trace = t
 	if err := planner.CheckFamily(ms, fp); err != nil {
-		return f.errorf("member %q replanned: %w", s.name, err)
+		return f.errorf("member %q %s: %w", s.name, what, err)
 	}
 	l, err := f.ar.Place(t, p)
 	if err != nil {
-		return f.errorf("member %q replanned: %w", s.name, err)
+		return f.errorf("member %q %s: %w", s.name, what, err)
 	}
-	restore, err := makeCurrent(d.dev)
+	restore, err := makeCurrent(f.d.dev)
 	if err != nil {
 		return err
 	}

@@ -197,26 +197,11 @@ func (f *Family) ReplanMemberAround(s *Step, budget time.Duration, held []Range)
 			return f.errorf("member %q needs %s around %d held ranges: %w", s.name, fmtBytes(uint64(p.Arena)), len(all), err)
 		}
 	}
-	fp := f.plan.WithMember(i, p)
-	if err := planner.CheckFamily(f.membersLocked(), fp); err != nil {
-		return f.errorf("member %q planned around held memory: %w", s.name, err)
-	}
-	l, err := f.ar.Place(t, p)
-	if err != nil {
-		return f.errorf("member %q planned around held memory: %w", s.name, err)
-	}
-	restore, err := makeCurrent(d.dev)
-	if err != nil {
+	if err := f.installMemberLocked(s, i, t, p, "planned around held memory"); err != nil {
 		return err
 	}
-	defer restore()
-	if err := s.dropCaptures(); err != nil {
-		return f.errorf("member %q: %w", s.name, err)
-	}
-	s.replace(l, nil)
 	s.replanReason = fmt.Sprintf("planned around %d held ranges, its outputs where they were", len(all))
 	s.around = all
-	f.plan = fp
 	return nil
 }
 
