@@ -16,6 +16,28 @@ from arenaplan._lib import ArenaplanError, Library, PlanMismatchError  # noqa: E
 LIB = Library()
 
 
+def planned_pair(stream, name):
+    """A family whose first member is recorded, planned and served once
+    (its output kept), and a second member recorded after it. Returns
+    (family, first, second, the served run's addresses, its output)."""
+    fid = LIB.family_new(0, name)
+    first = LIB.family_member(fid, "a")
+    LIB.step_record(first, stream)
+    _, out = run_step(stream)
+    LIB.step_end(first)
+    LIB.free(out)
+    LIB.family_plan(fid, 1.0)
+    LIB.step_serve(first, stream, True)
+    addrs, held = run_step(stream)
+    LIB.step_end(first)
+    second = LIB.family_member(fid, "b")
+    LIB.step_record(second, stream)
+    _, out = run_step(stream, scale=3)
+    LIB.step_end(second)
+    LIB.free(out)
+    return fid, first, second, addrs, held
+
+
 def run_step(stream, layers=6, extra=0, scale=1):
     """A model-like step: activations freed two layers later, a workspace
     and a 0-byte request per layer, one output kept. Returns (addresses,
@@ -182,22 +204,8 @@ class FamilyAndSleepTest(unittest.TestCase):
         # held in the arena: its allocations never meet it, and the arena
         # grows in place where the member needs more room.
         stream = 0x5252
-        fid = LIB.family_new(0, "frames")
-        first = LIB.family_member(fid, "a")
-        LIB.step_record(first, stream)
-        _, out = run_step(stream)
-        LIB.step_end(first)
-        LIB.free(out)
-        LIB.family_plan(fid, 1.0)
+        fid, first, second, _, held = planned_pair(stream, "frames")
         arena = LIB.family_report(fid)["arena"]
-        LIB.step_serve(first, stream, True)
-        _, held = run_step(stream)
-        LIB.step_end(first)
-        second = LIB.family_member(fid, "b")
-        LIB.step_record(second, stream)
-        _, out = run_step(stream, scale=3)
-        LIB.step_end(second)
-        LIB.free(out)
         LIB.family_plan_member_around(fid, second, 1.0, [(held, held + 8192)])
         r = LIB.family_report(fid)
         self.assertGreater(r["arena"], arena, "the arena grew for the larger member")
@@ -221,21 +229,7 @@ class FamilyAndSleepTest(unittest.TestCase):
         # its allocations meets the held output any more. A held range on
         # its own output is refused, the member's plan kept.
         stream = 0x5353
-        fid = LIB.family_new(0, "loop")
-        first = LIB.family_member(fid, "a")
-        LIB.step_record(first, stream)
-        _, out = run_step(stream)
-        LIB.step_end(first)
-        LIB.free(out)
-        LIB.family_plan(fid, 1.0)
-        LIB.step_serve(first, stream, True)
-        before, out_a = run_step(stream)
-        LIB.step_end(first)
-        second = LIB.family_member(fid, "b")
-        LIB.step_record(second, stream)
-        _, out = run_step(stream, scale=3)
-        LIB.step_end(second)
-        LIB.free(out)
+        fid, first, second, before, out_a = planned_pair(stream, "loop")
         LIB.family_plan_member_around(fid, second, 1.0, [(out_a, out_a + 8192)])
         LIB.free(out_a)
         LIB.step_serve(second, stream, True)
