@@ -333,6 +333,16 @@ func (f *Family) installMemberLocked(s *Step, i int, t *lifetime.Trace, p *plann
 	return nil
 }
 
+// arenaSize is the family plan's arena, 0 before Plan.
+func (f *Family) arenaSize() int64 {
+	f.d.mu.Lock()
+	defer f.d.mu.Unlock()
+	if f.plan == nil {
+		return 0
+	}
+	return f.plan.Arena
+}
+
 // ErrDoesNotFit says that a member added after Plan needs more memory than
 // the family's arena has: plan the family again, with it, instead.
 var ErrDoesNotFit = errors.New("does not fit in the family's arena")

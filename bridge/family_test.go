@@ -385,8 +385,13 @@ func TestFamilyMemberAroundHeldOutput(t *testing.T) {
 	pb.extra = 4096
 	_, out := serveRun(t, s, pb)
 	pb.free(out)
+	grown := f.Report().Arena
 	if err := s.Replan(0); err != nil {
 		t.Fatal(err)
+	}
+	if st, _ := b.Stats(0); f.Report().Arena <= grown || st.Spill.Cached != 0 {
+		t.Fatalf("the replan grew the arena from %d to %d with %d bytes still cached in the spill; want it grown, the cache given back first",
+			grown, f.Report().Arena, st.Spill.Cached)
 	}
 	_, out = serveRun(t, s, pb)
 	avoids("replanned")

@@ -70,6 +70,9 @@ func (s *Step) Replan(budget time.Duration) error {
 		return fmt.Errorf("bridge: step %d (%s): planning its served run: %w", s.id, s.name, err)
 	}
 	if s.fam != nil {
+		if len(around) > 0 && p.Arena > s.fam.arenaSize() {
+			d.beforeArena() // the family arena grows: what the spill keeps cached goes back first
+		}
 		return s.fam.replan(s, t, p)
 	}
 	d.mu.Lock()
