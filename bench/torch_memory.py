@@ -262,6 +262,8 @@ def run(a):
     free, total = torch.cuda.mem_get_info(dev)
     base = total - free  # the CUDA context
     torch.cuda.reset_peak_memory_stats(dev)
+    if a.snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=200000)
     res = {"workload": a.workload, "mode": a.mode, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "base_used": base}
     info, ms, first, err = {}, [], [], None
@@ -278,6 +280,9 @@ def run(a):
                 ms.append((time.perf_counter() - t) * 1e3)
                 if k < 3:
                     first.append(torch.cuda.memory_reserved(dev))
+                if k == 2 and a.snapshot:
+                    torch.cuda.memory._dump_snapshot(a.snapshot)
+                    torch.cuda.memory._record_memory_history(enabled=None)
         except Exception as e:  # noqa: BLE001 - reported in the row
             err = f"{type(e).__name__}: {e}"[:400]
         caught = sorted({str(m.message)[:300] for m in w if "arenaplan" in str(m.message)})
@@ -375,6 +380,9 @@ def main():
     p.add_argument("--mode", choices=["ours", "ro", "plain"])
     p.add_argument("--workload", choices=WORKLOADS)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--snapshot", metavar="PATH",
+                   help="record the memory history from the start through the first three steps and dump a "
+                        "snapshot there (torch.cuda.memory._dump_snapshot; open it in memory_viz)")
     p.add_argument("--summary")
     a = p.parse_args()
     if a.summary:

@@ -16,7 +16,9 @@
 # take longer for it (run twice to compare them warm). JSON lines go to
 # $OUT/results.jsonl (default OUT=/tmp/gpu-memory; a later run's row of a
 # workload and mode replaces an earlier one in the table), logs to
-# $OUT/log.txt; the table last (also $OUT/summary.txt).
+# $OUT/log.txt; the table last (also $OUT/summary.txt). SNAPSHOT=1 also
+# dumps a memory snapshot of each process's first three steps
+# ($OUT/snapshot-MODE-WORKLOAD.pickle, for memory_viz).
 set -u
 OUT=${OUT:-/tmp/gpu-memory}
 mkdir -p "$OUT"
@@ -31,7 +33,9 @@ MODES=${MODES:-ro plain ours}
 one() {
 	if [ "$SECONDS" -ge "${DEADLINE:-540}" ]; then echo "SKIPPED $1 $2 (deadline)" | tee -a "$OUT/log.txt"; return; fi
 	echo "== $1 $2 $(date +%T)" | tee -a "$OUT/log.txt"
-	timeout "${TIMEOUT:-150}" python3 bench/torch_memory.py --mode "$1" --workload "$2" \
+	local snap=()
+	[ "${SNAPSHOT:-0}" = 1 ] && snap=(--snapshot "$OUT/snapshot-$1-$2.pickle")
+	timeout "${TIMEOUT:-150}" python3 bench/torch_memory.py --mode "$1" --workload "$2" "${snap[@]}" \
 		>>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $1 $2 ($?)" | tee -a "$OUT/log.txt"
 }
 for w in $WORKLOADS; do
