@@ -333,14 +333,16 @@ func (f *Family) installMemberLocked(s *Step, i int, t *lifetime.Trace, p *plann
 	return nil
 }
 
-// arenaSize is the family plan's arena, 0 before Plan.
-func (f *Family) arenaSize() int64 {
+// beforeGrow readies the device for the family arena growing to size
+// bytes, where it would: what the spill keeps wholly free goes back first,
+// as before a new arena (Device.beforeArena). d.mu is not held.
+func (f *Family) beforeGrow(size int64) {
 	f.d.mu.Lock()
-	defer f.d.mu.Unlock()
-	if f.plan == nil {
-		return 0
+	grows := f.plan != nil && size > f.plan.Arena
+	f.d.mu.Unlock()
+	if grows {
+		f.d.beforeArena()
 	}
-	return f.plan.Arena
 }
 
 // ErrDoesNotFit says that a member added after Plan needs more memory than
@@ -353,7 +355,8 @@ var ErrDoesNotFit = errors.New("does not fit in the family's arena")
 // in the arena (else ErrDoesNotFit) and pass planner.CheckFamily with the
 // others'. A family with buffers its members share cannot grow. When its
 // planning or placing fails, the member is closed and leaves the family.
-// PlanMemberAround plans a member around memory the program holds.
+// (PlanMemberAround plans one around memory the program holds, growing
+// the arena instead of ErrDoesNotFit.)
 func (f *Family) PlanMember(s *Step, budget time.Duration) error {
 	return f.planMember(s, budget, nil, "PlanMember")
 }
@@ -383,10 +386,6 @@ func (f *Family) planMember(s *Step, budget time.Duration, held []Range, op stri
 		why = "its members share buffers: plan the family again"
 	}
 	ar := f.ar
-	var size int64
-	if f.plan != nil {
-		size = f.plan.Arena
-	}
 	d.mu.Unlock()
 	if why != "" {
 		return f.errorf("%s: %s", op, why)
@@ -401,10 +400,8 @@ func (f *Family) planMember(s *Step, budget time.Duration, held []Range, op stri
 	if err != nil {
 		return f.errorf("member %q: planning: %w", s.name, err)
 	}
-	if p.Arena > size && len(around) > 0 {
-		// The arena grows: what the member's warm-up and recorded runs
-		// left cached goes back first, as before a new arena.
-		d.beforeArena()
+	if len(around) > 0 {
+		f.beforeGrow(p.Arena) // the warm-up's and recorded run's cache goes back first
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

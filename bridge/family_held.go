@@ -163,10 +163,7 @@ func (f *Family) ReplanMemberAround(s *Step, budget time.Duration, held []Range)
 	case s.closing || s.state != stepIdle || t == nil || p0 == nil:
 		why = fmt.Sprintf("member %q needs a plan and no run underway (%s)", s.name, s.state)
 	}
-	ar, size := f.ar, int64(0)
-	if f.plan != nil {
-		size = f.plan.Arena
-	}
+	ar := f.ar
 	d.mu.Unlock()
 	if why != "" {
 		return f.errorf("ReplanMemberAround: %s", why)
@@ -184,9 +181,7 @@ func (f *Family) ReplanMemberAround(s *Step, budget time.Duration, held []Range)
 	if err != nil {
 		return f.errorf("member %q: planning around held memory: %w", s.name, err)
 	}
-	if p.Arena > size {
-		d.beforeArena() // as PlanMemberAround: what the spill keeps cached goes back first
-	}
+	f.beforeGrow(p.Arena)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if s.plan != p0 || s.state != stepIdle || s.closing || f.closing || f.ar != ar {

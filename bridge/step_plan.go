@@ -70,8 +70,8 @@ func (s *Step) Replan(budget time.Duration) error {
 		return fmt.Errorf("bridge: step %d (%s): planning its served run: %w", s.id, s.name, err)
 	}
 	if s.fam != nil {
-		if len(around) > 0 && p.Arena > s.fam.arenaSize() {
-			d.beforeArena() // the family arena grows: what the spill keeps cached goes back first
+		if len(around) > 0 {
+			s.fam.beforeGrow(p.Arena) // only a member planned around held memory grows the arena
 		}
 		return s.fam.replan(s, t, p)
 	}
@@ -196,8 +196,6 @@ func (s *Step) replanReady() (*lifetime.Trace, error) {
 	return s.rerun, nil
 }
 
-// dropCaptures releases the step's capture pools (the graphs captured
-// through them are destroyed); d.mu is held and the device current.
 // DropCaptures gives back the spill pools of the step's earlier captures,
 // so that a member captured again on its plan (its parameters replaced by
 // others of the same shapes) holds no pool per capture: destroy the graphs
@@ -220,6 +218,8 @@ func (s *Step) DropCaptures() error {
 	return nil
 }
 
+// dropCaptures releases the step's capture pools (the graphs captured
+// through them are destroyed); d.mu is held and the device current.
 func (s *Step) dropCaptures() error {
 	var errs []error
 	for _, c := range s.captures {
