@@ -159,7 +159,6 @@ class _Group:
         self.runners: List["weakref.ref[_Runner]"] = []
         self.family = None  # the GraphFamily, once captured
         self.next_index = 0  # the next member's key in the family
-        self.last: Optional[_Outputs] = None  # the outputs of the last replay, any graph's
         self.inside: List[_Outputs] = []  # outputs of replays that the program may still hold in the arena
         self.builds = 0  # captures of the family anew
         self.moved = 0  # held outputs moved out of the arena before a replay
@@ -330,7 +329,6 @@ class _Runner(_Warns):
         fam.replay(m.index, prepared=True)
         m.calls += 1
         self.replays += 1
-        g.last = outs
         g.inside = [o for o in g.inside if o is not outs and o.held()]
         g.inside.append(outs)
         _last_on[self.device] = (g.ref, threading.get_ident())
@@ -392,8 +390,6 @@ class _Runner(_Warns):
             if not outs.overwritten():
                 outs.release()
             g.inside = [o for o in g.inside if o is not outs]
-            if g.last is outs:
-                g.last = None
             self._outs[m.index] = _Outputs(ops, new)
         return True
 
@@ -549,7 +545,7 @@ class _Runner(_Warns):
             return None
         last = _last_on.get(self.device)
         g = last[0]() if last is not None else None
-        if g is None or last[1] != threading.get_ident() or g.family is None or g.last is None:
+        if g is None or last[1] != threading.get_ident() or g.family is None or not g.inside:
             return None
         rs = g.live()
         if not rs or any(r.ops is not self.ops or not r.opts.share_frames for r in rs):
@@ -769,7 +765,7 @@ class _Runner(_Warns):
             if g.family is not None:
                 g.family.close()
                 g.family = None
-            g.last, g.inside = None, []
+            g.inside = []
         self.members.clear()
 
     def _release_outputs(self) -> None:
@@ -779,4 +775,4 @@ class _Runner(_Warns):
             o.release()
         self._outs.clear()
         if self.group is not None:
-            self.group.last, self.group.inside = None, []
+            self.group.inside = []
