@@ -34,6 +34,7 @@ counters. The summary puts ours' peak and reserve at rest over the least of
 the PyTorch modes'. Nothing is downloaded.
 """
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -45,7 +46,7 @@ import warnings
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 COMPILED = ["gpt2-prefill", "convnext", "bert3", "t5enc", "breaks", "resnet18-train", "llama-train"]
-WORKLOADS = COMPILED + ["graphs", "eager"]
+WORKLOADS = COMPILED + ["graphs", "sleep", "eager"]
 BATCHES = (256, 64, 16, 1)  # the family's members, largest first
 M = 2 ** 20
 
@@ -74,8 +75,8 @@ def build(name, mode, torch, dev, ap, info):
     """The workload's step, a function of no arguments (its first calls
     compile and capture). The family writes its graphs' memory into info."""
     torch.manual_seed(0)
-    if name == "graphs":
-        return _family(mode, torch, dev, ap, info)
+    if name in ("graphs", "sleep"):
+        return _family(mode, torch, dev, ap, info, sleep=name == "sleep")
     Wrap = _make_wrap(torch)
 
     def compile_fn(m):
@@ -196,11 +197,17 @@ def _breaks(torch, dev, compile_fn):
     return step
 
 
-def _family(mode, torch, dev, ap, info):
+def _family(mode, torch, dev, ap, info, sleep=False):
     """An MLP captured at every batch size of BATCHES; a step replays each
-    once. The first step captures."""
+    once. The first step captures. sleep: ours puts the weights in a
+    region backed up to the host and ends each step with a sleep and a
+    wake of everything (arenaplan.torch.pause(), resume()), noting the
+    device memory in use while asleep (``asleep_used``, beyond the
+    context); PyTorch, which has no sleep, runs the same steps awake."""
     nn = torch.nn
-    mlp = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).to(dev, torch.float16).eval()
+    weights = ap.region("weights", backup=True) if sleep and mode == "ours" else contextlib.nullcontext()
+    with weights:
+        mlp = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).to(dev, torch.float16).eval()
     xs = {b: torch.randn(b, 1024, device=dev, dtype=torch.float16) for b in BATCHES}
     fns = {b: (lambda x=xs[b]: mlp(x)) for b in BATCHES}  # each reads its static input
     replay, held = {}, {}
@@ -244,6 +251,11 @@ def _family(mode, torch, dev, ap, info):
                 capture()
             for b in BATCHES:
                 replay[b]()
+        if sleep and mode == "ours":
+            ap.pause()
+            free, total = torch.cuda.mem_get_info(dev)
+            info["asleep_used"] = max(info.get("asleep_used", 0), total - free - info["base_used"])
+            ap.resume()
     return step
 
 
@@ -266,7 +278,7 @@ def run(a):
         torch.cuda.memory._record_memory_history(max_entries=200000)
     res = {"workload": a.workload, "mode": a.mode, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "base_used": base}
-    info, ms, first, err = {}, [], [], None
+    info, ms, first, err = {"base_used": base}, [], [], None
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         try:
@@ -348,6 +360,8 @@ def summary(path):
         ours = d.get("ours", [])
         notes += [f"- {w} ours: not every graph captured" for r in ours
                   if r.get("captured") is False and not r.get("error")]
+        notes += [f"- {w} ours: device memory in use while asleep {mib(r['asleep_used'])} MiB beyond the context "
+                  f"(awake, at rest: {mib(r.get('rest_used'))})" for r in ours if num(r.get("asleep_used"))]
         last = {mode: rs[-1] for mode, rs in d.items()}  # a later run's row replaces an earlier one
         o = last.get("ours", {})
 

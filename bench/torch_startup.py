@@ -93,18 +93,26 @@ def main():
         t0 = time.perf_counter()
         if a.mode == "torch":
             graphs, outs, pool = {}, {}, None
+            warm_ms, cap_ms = [], []
             for B, fn in fns.items():
+                t = time.perf_counter()
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
                     for _ in range(2):
                         fn()
                 torch.cuda.current_stream().wait_stream(s)
+                t1 = time.perf_counter()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool, stream=s):
                     outs[B] = fn()
                 pool = pool or g.pool()
                 graphs[B] = g
+                warm_ms.append((t1 - t) * 1e3)
+                cap_ms.append((time.perf_counter() - t1) * 1e3)
             torch.cuda.synchronize()
+            # host time of each size's warm-up runs and capture (no waits added)
+            res["warmup_ms"] = [round(v, 1) for v in warm_ms]
+            res["capture_ms"] = round(sum(cap_ms), 1)
             res["startup_ms"] = (time.perf_counter() - t0) * 1e3
             res["graph_bytes"] = torch.cuda.memory_reserved() - r0
         else:
@@ -115,9 +123,12 @@ def main():
             res["graph_bytes"] = rep["graph_bytes"]
             res["arena"], res["lower_bound"] = rep["arena"], rep["lower_bound"]
             res["plan_ms"] = rep["plan_build_ms"]
+            res["warmup_ms"] = [round(v, 1) for v in rep["warmup_ms"].values()]
             res["record_ms"] = sum(rep["record_ms"].values())
             res["capture_ms"] = sum(rep["capture_ms"].values())
             res["capture_parts_ms"] = rep["capture_parts_ms"]
+            sp = ap.stats()["Spill"]
+            res["spill"] = {k: sp[k] for k in ("Grows", "Unmaps", "Syncs", "PeakMapped")}
         res["per_size_ms"] = res["startup_ms"] / len(SIZES)
     print(json.dumps(res), flush=True)
 

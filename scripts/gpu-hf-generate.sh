@@ -9,6 +9,7 @@
 #
 # copy .dev/torch to the GPU machine beside the checkout, then run this.
 # MODELS= (default: gpt2 llama), NEW= new tokens a call (default: 64 256),
+# MODES= (default: ro ours eager),
 # REPS= timed calls after the first three (default 5; each call makes a new
 # static cache, so more than five reach past max_shapes members),
 # TIMEOUT= seconds a process (default 240). Logs and JSON lines go to $OUT
@@ -22,7 +23,7 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inducto
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 for m in ${MODELS:-gpt2 llama}; do
 	for n in ${NEW:-64 256}; do
-		for mode in ro ours eager; do
+		for mode in ${MODES:-ro ours eager}; do
 			echo "== $mode $m $n $(date +%T)"
 			timeout "${TIMEOUT:-240}" python3 bench/torch_hf_generate.py --mode $mode --model $m --new $n --reps "${REPS:-5}" \
 				--out "$OUT" >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $m $n ($?)" | tee -a "$OUT/log.txt"

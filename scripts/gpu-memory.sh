@@ -12,8 +12,10 @@
 # WORKLOADS= (space-separated, default all), MODES= (default "ro plain ours"),
 # TIMEOUT= seconds a process (default 150), DEADLINE= seconds after which no
 # process starts (default 540), so that the table comes. The modes share one
-# inductor cache: a workload's first mode compiles cold, and its first steps
-# take longer for it (run twice to compare them warm). JSON lines go to
+# inductor cache, filled first by a process of plain compile per compiled
+# workload whose row is not kept (WARM=0 skips it): a cold cache autotunes,
+# which takes time and memory of its own (a buffer that clears the L2
+# cache), and would count against whichever mode ran first. JSON lines go to
 # $OUT/results.jsonl (default OUT=/tmp/gpu-memory; a later run's row of a
 # workload and mode replaces an earlier one in the table), logs to
 # $OUT/log.txt; the table last (also $OUT/summary.txt). SNAPSHOT=1 also
@@ -27,18 +29,20 @@ export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inductor-cache}
 export CUBLAS_WORKSPACE_CONFIG=:4096:8
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-WORKLOADS=${WORKLOADS:-gpt2-prefill convnext bert3 t5enc breaks resnet18-train llama-train graphs eager}
+WORKLOADS=${WORKLOADS:-gpt2-prefill convnext bert3 t5enc breaks resnet18-train llama-train graphs sleep eager}
 MODES=${MODES:-ro plain ours}
-# one MODE WORKLOAD: a process, unless the deadline passed
+# one MODE WORKLOAD [FILE]: a process, unless the deadline passed; its row to
+# FILE (default results.jsonl)
 one() {
 	if [ "$SECONDS" -ge "${DEADLINE:-540}" ]; then echo "SKIPPED $1 $2 (deadline)" | tee -a "$OUT/log.txt"; return; fi
 	echo "== $1 $2 $(date +%T)" | tee -a "$OUT/log.txt"
 	local snap=()
-	[ "${SNAPSHOT:-0}" = 1 ] && snap=(--snapshot "$OUT/snapshot-$1-$2.pickle")
+	[ "${SNAPSHOT:-0}" = 1 ] && [ -z "${3:-}" ] && snap=(--snapshot "$OUT/snapshot-$1-$2.pickle")
 	timeout "${TIMEOUT:-150}" python3 bench/torch_memory.py --mode "$1" --workload "$2" "${snap[@]}" \
-		>>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $1 $2 ($?)" | tee -a "$OUT/log.txt"
+		>>"$OUT/${3:-results.jsonl}" 2>>"$OUT/log.txt" || echo "FAILED $1 $2 ($?)" | tee -a "$OUT/log.txt"
 }
 for w in $WORKLOADS; do
+	[ "${WARM:-1}" = 1 ] && one plain "$w" warm.jsonl
 	for m in $MODES; do
 		one "$m" "$w"
 	done

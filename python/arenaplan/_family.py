@@ -32,6 +32,7 @@ class GraphFamily:
         self._lib, self._fid = lib, fid
         self._graphs, self.outputs, self._sids = graphs, outputs, sids
         self.capture_ms, self.plan_ms = capture_ms, plan_ms
+        self.warmup_ms: Dict[Any, float] = {}  # each member's warm-up runs (ap.graphs)
         self.record_ms: Dict[Any, float] = {}  # each member's recording run
         self.captures: Dict[Any, int] = {}  # each member's captures, the recording one included
         self.capture_parts_ms: Dict[Any, list] = {}  # per served capture: [entry, step, end]
@@ -79,6 +80,7 @@ class GraphFamily:
         each member's report (plan, divergences, spill held)."""
         r = self._lib.family_report(self._fid)
         r["capture_ms"] = self.capture_ms
+        r["warmup_ms"] = self.warmup_ms
         r["record_ms"] = self.record_ms
         r["captures"] = self.captures
         r["capture_parts_ms"] = self.capture_parts_ms
@@ -258,10 +260,12 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
     stream = capture_stream(dev, stream)
     h = stream.cuda_stream
     fid = lib.family_new(dev, name or "family")
-    sids, cap_ms, rec_ms, gs, outs, ncap = {}, {}, {}, {}, {}, {}
+    sids, cap_ms, rec_ms, warm_ms, gs, outs, ncap = {}, {}, {}, {}, {}, {}, {}
     try:
         for key, fn in fns.items():
+            t = time.perf_counter()
             _warm_up(fn, stream, warmup - 1 if eager_rec else warmup)
+            warm_ms[key] = (time.perf_counter() - t) * 1e3
             sids[key] = lib.family_member(fid, str(key))
         if plan is None:
             for key, fn in fns.items():
@@ -298,7 +302,7 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
         _abandon(lib, fid, gs.values())
         raise
     fam = GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
-    fam.record_ms, fam.captures, fam.capture_parts_ms = rec_ms, ncap, parts
+    fam.warmup_ms, fam.record_ms, fam.captures, fam.capture_parts_ms = warm_ms, rec_ms, ncap, parts
     return fam
 
 

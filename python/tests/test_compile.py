@@ -252,6 +252,20 @@ class _FakeOps(apc._Ops):
         self.pools = []  # the warm-up pools made
         self.routed = []  # per block routed to a pool: its index in pools
         self.rng = 0  # the stand-in CUDA generator: random numbers drawn so far
+        self.stream_now = False  # inside on_capture_stream's block
+        self.used = []  # the outputs used_here marked
+
+    @contextlib.contextmanager
+    def on_capture_stream(self, device):
+        assert not self.stream_now, "on the capture stream twice"
+        self.stream_now = True
+        try:
+            yield
+        finally:
+            self.stream_now = False
+
+    def used_here(self, outs, device):
+        self.used.extend(outs if isinstance(outs, (list, tuple)) else [outs])
 
     def rng_state(self, device):
         return self.rng
@@ -450,17 +464,21 @@ class _Inner:
     """Inductor's compiled graph: records the inputs of every call, empties
     the list (the boxed convention) and returns one output per call."""
 
-    def __init__(self):
+    def __init__(self, ops=None):
         self.calls = []
+        self.ops = ops
+        self.on_stream = []  # per call: whether it ran on the capture stream
 
     def __call__(self, args):
         self.calls.append(list(args))
+        self.on_stream.append(bool(self.ops and self.ops.stream_now))
         args.clear()
         return (_Tensor((1,)),)
 
 
 def _runner(reason=None, frame=None, ops=None, name="graph0", **options):
-    inner, ops = _Inner(), ops or _FakeOps(options.pop("fail", None))
+    ops = ops or _FakeOps(options.pop("fail", None))
+    inner = _Inner(ops)
     opts = apc.CompileOptions(None, options)
     r = apc._Runner(inner, name, static_idxs=[0, 1], reason=reason, opts=opts, ops=ops, device=0, frame=frame)
     return r, inner, ops
@@ -521,6 +539,25 @@ class RunnerTest(unittest.TestCase):
         wrapper(args)
         self.assertEqual(args, [], "the caller's list is emptied: it holds no input through the call")
         self.assertEqual(len(inner.calls), 1)
+
+    def test_warmup_calls_run_on_the_capture_stream(self):
+        # A warm-up call runs where the captures run, so that its matrix
+        # products use the capture stream's workspaces and not the
+        # program's stream's made anew beside them; its outputs are marked
+        # as used on the program's stream. Calls without a graph for other
+        # reasons run where the program runs.
+        r, inner, ops = _runner(warmup=2)
+        w0, w1 = _Tensor((4, 4)), _Tensor((4,))
+        outs = [r([w0, w1, _Tensor((8, 4)), 3]) for _ in range(2)]
+        self.assertEqual(inner.on_stream, [True, True])
+        self.assertEqual([id(o) for o in ops.used], [id(o[0]) for o in outs])
+        r([w0, w1, _Tensor((8, 4)), 3])
+        self.assertEqual(len(ops.families), 1)
+        self.assertEqual(inner.on_stream[2:], [False] * (len(inner.calls) - 2),
+                         "the family's runs and capture are its own")
+        gave_up, inner, ops = _runner(reason="a test", warmup=2)
+        gave_up([w0, w1, _Tensor((8, 4)), 3])
+        self.assertEqual((inner.on_stream, ops.used), ([False], []))
 
     def test_outputs_reused_while_nothing_holds_them(self):
         r, inner, ops = _runner(warmup=0)

@@ -292,7 +292,7 @@ class _Runner(_Warns):
                 n = self.seen.get(shape, 0)
                 if n < self.opts.warmup:
                     self.seen[shape] = n + 1
-                    return self._plain(inputs)
+                    return self._warm(inputs)
                 m = self._reuse(shape, key, inputs) or self._add(key, inputs)
                 if m is None:
                     return self._plain(inputs)
@@ -466,6 +466,18 @@ class _Runner(_Warns):
     def _plain(self, inputs: list) -> Any:
         self.plain_calls += 1
         return self.inner(inputs)
+
+    def _warm(self, inputs: list) -> Any:
+        """A warm-up call (one before its shape's capture): a plain call on
+        the capture stream (see _Ops.on_capture_stream), as CUDAGraph Trees
+        warm up, so that a process holds one set of math-library
+        workspaces, the captures', as it would hold one without graphs."""
+        if self.device is None:
+            return self._plain(inputs)
+        with self.ops.on_capture_stream(self.device):
+            out = self._plain(inputs)
+        self.ops.used_here(out, self.device)
+        return out
 
     # Shapes and members.
     def _shape_key(self, inputs: list) -> Optional[Hashable]:

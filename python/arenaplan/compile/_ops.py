@@ -188,6 +188,43 @@ class _Ops:
             s = self._streams[device] = capture_stream(device)
         return s
 
+    @contextlib.contextmanager
+    def on_capture_stream(self, device: int):
+        """Run the block on device's capture stream (:meth:`stream`), after
+        the work queued on the program's current stream, which then waits
+        for it: a compiled graph's warm-up calls run there, as CUDAGraph
+        Trees' do, so that their matrix products use the capture stream's
+        cuBLAS and cuBLASLt workspaces, which every capture keeps anyway,
+        and not workspaces of the program's stream made anew beside them
+        (32 MiB each on a Hopper GPU). Where a capture is under way, or the
+        capture stream is current, the block runs where it is."""
+        if self.capturing():
+            yield
+            return
+        s = self.stream(device)
+        cur = torch.cuda.current_stream(device)
+        if s == cur:
+            yield
+            return
+        s.wait_stream(cur)
+        try:
+            with torch.cuda.stream(s):
+                yield
+        finally:
+            cur.wait_stream(s)
+
+    @staticmethod
+    def used_here(outs: Any, device: int) -> None:
+        """Mark every CUDA tensor of outs (a tensor, or a list or tuple of
+        them) as used on device's current stream (``record_stream``): made
+        on the capture stream by :meth:`on_capture_stream`'s block, their
+        memory goes to no allocation there before the program is done with
+        them."""
+        cur = torch.cuda.current_stream(device)
+        for t in outs if isinstance(outs, (list, tuple)) else (outs,):
+            if isinstance(t, torch.Tensor) and t.is_cuda and t.device.index == device:
+                t.record_stream(cur)
+
     @staticmethod
     def warm_pool():
         """A new memory pool (arenaplan's ``torch.cuda.MemPool``), or None
