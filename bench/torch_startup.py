@@ -123,6 +123,7 @@ def main():
             res["graph_bytes"] = rep["graph_bytes"]
             res["arena"], res["lower_bound"] = rep["arena"], rep["lower_bound"]
             res["plan_ms"] = rep["plan_build_ms"]
+            res["setup_ms"] = round(rep["setup_ms"], 1)
             res["warmup_ms"] = [round(v, 1) for v in rep["warmup_ms"].values()]
             res["record_ms"] = sum(rep["record_ms"].values())
             res["capture_ms"] = sum(rep["capture_ms"].values())

@@ -32,6 +32,7 @@ class GraphFamily:
         self._lib, self._fid = lib, fid
         self._graphs, self.outputs, self._sids = graphs, outputs, sids
         self.capture_ms, self.plan_ms = capture_ms, plan_ms
+        self.setup_ms = 0.0  # ap.graphs: the capture stream made ready and the family made
         self.warmup_ms: Dict[Any, float] = {}  # each member's warm-up runs (ap.graphs)
         self.record_ms: Dict[Any, float] = {}  # each member's recording run
         self.captures: Dict[Any, int] = {}  # each member's captures, the recording one included
@@ -80,6 +81,7 @@ class GraphFamily:
         each member's report (plan, divergences, spill held)."""
         r = self._lib.family_report(self._fid)
         r["capture_ms"] = self.capture_ms
+        r["setup_ms"] = self.setup_ms
         r["warmup_ms"] = self.warmup_ms
         r["record_ms"] = self.record_ms
         r["captures"] = self.captures
@@ -250,6 +252,7 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
     member, two for a member whose capture allocated differently from its
     eager run (it is planned again from its capture, inside the family
     arena). ``stream``: the capture stream, as for :func:`graph`."""
+    t0 = time.perf_counter()
     lib = _state.need()
     _state.check_budget(budget)
     dev = torch.cuda.current_device() if device is None else device
@@ -260,6 +263,7 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
     stream = capture_stream(dev, stream)
     h = stream.cuda_stream
     fid = lib.family_new(dev, name or "family")
+    setup_ms = (time.perf_counter() - t0) * 1e3
     sids, cap_ms, rec_ms, warm_ms, gs, outs, ncap = {}, {}, {}, {}, {}, {}, {}
     try:
         for key, fn in fns.items():
@@ -303,6 +307,7 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
         raise
     fam = GraphFamily(lib, fid, gs, outs, sids, cap_ms, plan_ms, dev)
     fam.warmup_ms, fam.record_ms, fam.captures, fam.capture_parts_ms = warm_ms, rec_ms, ncap, parts
+    fam.setup_ms = setup_ms
     return fam
 
 

@@ -226,6 +226,9 @@ class GraphFlowTest(unittest.TestCase):
         self.assertEqual([m["replans"] for m in r["members"]], [0, 1, 0])
         self.assertEqual(sum(m["divergences"] for m in r["members"]), 0)
         self.assertEqual(r["arena"], r["lower_bound"])
+        # Where the start-up went: each member's warm-up and recording.
+        self.assertEqual((set(r["warmup_ms"]), set(r["record_ms"])), (set(fns), set(fns)))
+        self.assertGreaterEqual(r["setup_ms"], 0)
         for k in (1, 4, 2, 2, 1):
             fam.replay(k)
         fam.close()
