@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
 	"strconv"
 	"unsafe"
 )
@@ -547,6 +548,7 @@ func torchTrace(name string, dev int, evs []torchEvent, segs []torchSegment, has
 	st := &TorchStats{Device: dev, HasSegments: hasSegs, LiveAtStart: liveAtStart}
 	if hasSegs {
 		var reservedAfter int64
+		var kept []torchBlock
 		for _, s := range segs {
 			if s.device != int64(dev) {
 				continue
@@ -555,7 +557,18 @@ func torchTrace(name string, dev int, evs []torchEvent, segs []torchSegment, has
 			for _, b := range s.blocks {
 				if b.active && !touched[b.addr] {
 					liveAtStart += b.size
+					kept = append(kept, b)
 				}
+			}
+		}
+		if len(kept) > 0 {
+			if err := mem.spendOn(name, 8*uint64(len(kept))); err != nil {
+				return nil, err
+			}
+			sort.Slice(kept, func(i, j int) bool { return kept[i].addr < kept[j].addr })
+			st.Kept = make([]int64, len(kept))
+			for i, b := range kept {
+				st.Kept[i] = b.size
 			}
 		}
 		reserved := reservedAfter - segDelta

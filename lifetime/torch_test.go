@@ -70,8 +70,8 @@ func TestReadTorchSnapshotFixture(t *testing.T) {
 	// -1 MiB, so 5 MiB before, 7 MiB at the peak. Live at start: the untouched
 	// active block W (8192) and the pre-trace block P freed in the trace
 	// (4096); E's block is the trace's own.
-	wantStats := TorchStats{Device: 0, ReservedPeak: 7 << 20, LiveAtStart: 12288, HasSegments: true}
-	if *d0.Torch != wantStats {
+	wantStats := TorchStats{Device: 0, ReservedPeak: 7 << 20, LiveAtStart: 12288, HasSegments: true, Kept: []int64{8192}}
+	if !reflect.DeepEqual(*d0.Torch, wantStats) {
 		t.Errorf("device 0 stats %+v, want %+v", *d0.Torch, wantStats)
 	}
 	if r := d0.Torch.Reserved(); r != 7<<20-12288 {
@@ -80,7 +80,7 @@ func TestReadTorchSnapshotFixture(t *testing.T) {
 	if got := bufsOf(d2); !reflect.DeepEqual(got, []wantBuf{{"0x7000@alloc#0", 64, 0, 2, 0}}) {
 		t.Errorf("device 2 buffers %+v", got)
 	}
-	if s := *d2.Torch; s != (TorchStats{Device: 2, ReservedPeak: 1 << 20, LiveAtStart: 0, HasSegments: true}) {
+	if s := *d2.Torch; !reflect.DeepEqual(s, TorchStats{Device: 2, ReservedPeak: 1 << 20, LiveAtStart: 0, HasSegments: true}) {
 		t.Errorf("device 2 stats %+v", s)
 	}
 }

@@ -93,6 +93,10 @@ type TorchStats struct {
 	// LiveAtStart is the bytes of blocks already allocated when the trace
 	// began (weights, inputs), which a plan of the trace does not cover.
 	LiveAtStart int64
+	// Kept are the sizes of the blocks allocated before the trace that it
+	// neither touched nor freed (weights, optimizer state), by address:
+	// what a replay of the trace allocates first. Only with segment data.
+	Kept []int64
 	// HasSegments is false when the snapshot carries no segment data.
 	HasSegments bool
 }

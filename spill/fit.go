@@ -15,6 +15,20 @@ const MinBlock = 512
 // both.
 const SmallBlock = 1 << 20
 
+// MidBlock and MidSegment: in the default pool, as in PyTorch's caching
+// allocator, a request larger than SmallBlock and at most MidBlock that
+// no free block serves maps a segment of MidSegment (and the requests of
+// those sizes after it share it) instead of one of its own size rounded
+// up to a chunk, whose rest no other size class can use. Replaying the
+// recorded steps of ../shared/data/torch, the allocator then maps at its
+// peak what PyTorch's reserved on two (BERT-base, GPT-2 inference) and
+// 2–8% less than with segments of each request's own size on five of
+// eight (one maps 4% more).
+const (
+	MidBlock   = 10 << 20
+	MidSegment = 20 << 20
+)
+
 type blockState uint8
 
 const (

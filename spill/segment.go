@@ -42,14 +42,21 @@ type vaRange struct{ lo, hi uint64 } // offsets into the reservation
 
 // grow maps a new segment of at least rsize bytes for (pool, st) and
 // returns its single free block, out of the tree. A small request (see
-// SmallBlock) gets a segment of one chunk that serves small requests only.
+// SmallBlock) gets a segment of one chunk that serves small requests only;
+// in the default pool, a request of at most MidBlock a segment of
+// MidSegment, which later ones of those sizes share (where that much is
+// not left, one of its own size).
 func (s *Allocator) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	size := roundUp(rsize, s.cfg.chunk)
 	if pool.user != nil && pool.user.src != nil {
 		size = userSegmentSize(rsize)
 	}
 	small := pool.small(rsize)
-	b, err := s.mapSegment(pool, st, size, small)
+	want := s.segmentSize(pool, rsize)
+	b, err := s.mapSegment(pool, st, want, small)
+	if err != nil && want > size && errors.Is(err, ErrOutOfMemory) {
+		b, err = s.mapSegment(pool, st, size, small)
+	}
 	if err != nil && len(s.captures) == 0 && s.trim(false) > 0 {
 		b, err = s.mapSegment(pool, st, size, small)
 	}
@@ -57,6 +64,21 @@ func (s *Allocator) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, erro
 		s.pinBackup(b.seg)
 	}
 	return b, err
+}
+
+// segmentSize is the segment grow maps first for rsize bytes in pool: a
+// MidSegment for a request of at most MidBlock in the default pool, else
+// the request rounded up to the chunk (a user pool's source: see
+// userSegmentSize).
+func (s *Allocator) segmentSize(pool *Pool, rsize uint64) uint64 {
+	if pool.user != nil && pool.user.src != nil {
+		return userSegmentSize(rsize)
+	}
+	size := roundUp(rsize, s.cfg.chunk)
+	if pool == s.def && !pool.small(rsize) && rsize <= MidBlock {
+		size = max(size, roundUp(MidSegment, s.cfg.chunk))
+	}
+	return size
 }
 
 func (s *Allocator) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bool) (*block, error) {

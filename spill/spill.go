@@ -26,7 +26,10 @@ import (
 // Blocks. Requests are rounded up to 512 bytes; those of at most 1 MiB
 // (SmallBlock) take blocks from segments of one chunk that serve only
 // them, larger ones from segments that serve only larger ones, as in
-// PyTorch's caching allocator. Free blocks live in a
+// PyTorch's caching allocator; in the default pool, a larger request of
+// at most 10 MiB (MidBlock) that finds no free block maps a segment of 20
+// MiB (MidSegment) that later ones share, a still larger one a segment of
+// its own size. Free blocks live in a
 // github.com/google/btree per (pool, stream, size class) ordered by (size, address);
 // an allocation takes the best fit on its own stream and splits off the
 // rest (when at least 512 bytes); a free block coalesces with free
@@ -201,7 +204,7 @@ func (s *Allocator) regrow(pool *Pool, rsize uint64) bool {
 	if pool != s.def {
 		return false
 	}
-	return s.st.Mapped+roundUp(rsize, s.cfg.chunk) <= s.mappedHigh
+	return s.st.Mapped+s.segmentSize(pool, rsize) <= s.mappedHigh
 }
 
 // alloc serves Alloc (in == nil: the default pool or the capture's) and

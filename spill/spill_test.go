@@ -205,8 +205,8 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	// request a large segment's.
 	held := mustAlloc(t, s, 1000, st) // the small segment is not wholly free: it stays (see makeRoom)
 	big := mustAlloc(t, s, SmallBlock+MinBlock, st)
-	if st := s.Stats(); st.Segments != 2 || st.Mapped != 4*MiB {
-		t.Errorf("1 MiB + 512 B beside a small segment with room: %+v, want a second segment", st)
+	if st := s.Stats(); st.Segments != 2 || st.Mapped != 2*MiB+MidSegment {
+		t.Errorf("1 MiB + 512 B beside a small segment with room: %+v, want a second segment of MidSegment", st)
 	}
 	mustFree(t, s, big)
 	mustFree(t, s, held)
@@ -218,12 +218,41 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 		t.Errorf("after EmptyCache: %+v, device free %d", st, e.Free(t))
 	}
 	mustValid(t, s)
-	// Large requests take a segment of their own, rounded to the chunk.
+	// Requests of at most MidBlock share segments of MidSegment: a second
+	// one takes the first one's segment.
 	big = mustAlloc(t, s, 5*MiB+1, st)
-	if st := s.Stats(); st.Mapped != 6*MiB {
-		t.Errorf("5 MiB+1 mapped %d", st.Mapped)
+	mid := mustAlloc(t, s, 3*MiB, st)
+	if st := s.Stats(); st.Mapped != MidSegment || st.Segments != 1 {
+		t.Errorf("5 MiB+1 and 3 MiB: %+v, want one segment of MidSegment", st)
 	}
+	mustFree(t, s, mid)
+	// Larger requests take a segment of their own, rounded to the chunk.
+	huge := mustAlloc(t, s, MidSegment+1, st)
+	if st := s.Stats(); st.Mapped != 2*MidSegment+2*MiB {
+		t.Errorf("MidSegment+1 beside it mapped %d", st.Mapped)
+	}
+	mustFree(t, s, huge)
 	mustFree(t, s, big)
+	mustValid(t, s)
+}
+
+// TestSpillMidSegmentNearTheLimit: where a MidSegment would pass the
+// limit, a request of at most MidBlock maps a segment of its own size
+// instead of failing.
+func TestSpillMidSegmentNearTheLimit(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e, WithLimit(16*MiB))
+	st := e.Stream(t)
+	p := mustAlloc(t, s, 5*MiB, st)
+	if got := s.Stats(); got.Mapped != 6*MiB {
+		t.Errorf("5 MiB under a 16 MiB limit: %d mapped, want 6 MiB", got.Mapped)
+	}
+	q := mustAlloc(t, s, 9*MiB, st)
+	if got := s.Stats(); got.Mapped != 16*MiB {
+		t.Errorf("and 9 MiB: %d mapped, want 16 MiB", got.Mapped)
+	}
+	mustFree(t, s, q)
+	mustFree(t, s, p)
 	mustValid(t, s)
 }
 
@@ -616,12 +645,12 @@ func TestSpillRegrow(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e)
 	st := e.Stream(t)
-	x := mustAlloc(t, s, 4*MiB, st)
-	y := mustAlloc(t, s, 4*MiB, st)
+	x := mustAlloc(t, s, 16*MiB, st)
+	y := mustAlloc(t, s, 16*MiB, st)
 	mustFree(t, s, x)
 	mustFree(t, s, y)
-	if _, _, err := s.AllocDefault(6*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
-		t.Fatalf("6 MiB with two free 4 MiB segments at the high mark: %v, want ErrWouldGrow", err)
+	if _, _, err := s.AllocDefault(24*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
+		t.Fatalf("24 MiB with two free 16 MiB segments at the high mark: %v, want ErrWouldGrow", err)
 	}
 	if err := s.EmptyCache(); err != nil {
 		t.Fatal(err)
@@ -629,20 +658,24 @@ func TestSpillRegrow(t *testing.T) {
 	if got := s.Stats().Mapped; got != 0 {
 		t.Fatalf("mapped %d after EmptyCache", got)
 	}
-	if _, _, err := s.AllocDefault(6*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
-		t.Fatalf("after EmptyCache, 6 MiB told not to grow: %v, want ErrWouldGrow (nothing held since)", err)
+	if _, _, err := s.AllocDefault(24*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
+		t.Fatalf("after EmptyCache, 24 MiB told not to grow: %v, want ErrWouldGrow (nothing held since)", err)
 	}
-	a := mustAlloc(t, s, 8*MiB, st) // held once: 8 MiB
+	a := mustAlloc(t, s, 32*MiB, st) // held once: 32 MiB
 	mustFree(t, s, a)
 	s.mu.Lock()
 	s.trim(true) // unmapped without EmptyCache (as a released pool's segments are): the mark stays
 	s.mu.Unlock()
-	p, _, err := s.AllocDefault(6*MiB, st, false)
+	p, _, err := s.AllocDefault(24*MiB, st, false)
 	if err != nil {
-		t.Fatalf("6 MiB told not to grow, under the 8 MiB held before: %v", err)
+		t.Fatalf("24 MiB told not to grow, under the 32 MiB held before: %v", err)
 	}
+	if _, _, err := s.AllocDefault(16*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
+		t.Fatalf("16 MiB more would pass the 32 MiB held before: %v, want ErrWouldGrow", err)
+	}
+	// A request of at most MidBlock regrows by the segment it would map.
 	if _, _, err := s.AllocDefault(4*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
-		t.Fatalf("4 MiB more would pass the 8 MiB held before: %v, want ErrWouldGrow", err)
+		t.Fatalf("4 MiB (a MidSegment) beside the 24 MiB held, under the 32 MiB held before: %v, want ErrWouldGrow", err)
 	}
 	mustFree(t, s, p)
 	mustValid(t, s)
@@ -659,23 +692,23 @@ func TestSpillNewPeakGivesCacheBack(t *testing.T) {
 	phase := func() {
 		var ps []cuda.DevicePtr
 		for range 4 {
-			ps = append(ps, mustAlloc(t, s, SmallBlock+MinBlock, st)) // a 2 MiB segment each, at first
+			ps = append(ps, mustAlloc(t, s, MidBlock+MinBlock, st)) // a 12 MiB segment each, at first
 		}
 		for _, p := range ps {
 			mustFree(t, s, p)
 		}
-		mustFree(t, s, mustAlloc(t, s, 6*MiB, st)) // fits in none of them
+		mustFree(t, s, mustAlloc(t, s, 36*MiB, st)) // fits in none of them
 	}
 	phase()
 	got := s.Stats()
-	if got.PeakMapped != 8*MiB || got.Syncs != 1 || got.Unmaps != 4 || got.Mapped != 6*MiB {
-		t.Fatalf("after the first phase: %+v; want a peak of 8 MiB (four free 2 MiB segments given back for 6 MiB), "+
-			"one device wait, 6 MiB mapped", got)
+	if got.PeakMapped != 48*MiB || got.Syncs != 1 || got.Unmaps != 4 || got.Mapped != 36*MiB {
+		t.Fatalf("after the first phase: %+v; want a peak of 48 MiB (four free 12 MiB segments given back for 36 MiB), "+
+			"one device wait, 36 MiB mapped", got)
 	}
 	for range 3 {
 		phase()
 	}
-	if again := s.Stats(); again.Syncs != got.Syncs || again.Unmaps != got.Unmaps || again.PeakMapped != 8*MiB {
+	if again := s.Stats(); again.Syncs != got.Syncs || again.Unmaps != got.Unmaps || again.PeakMapped != 48*MiB {
 		t.Errorf("steady phases: %+v; want no device wait or unmap more, the same peak", again)
 	}
 	mustValid(t, s)
@@ -683,14 +716,14 @@ func TestSpillNewPeakGivesCacheBack(t *testing.T) {
 	// Free segments smaller than the new one stay: giving them back would
 	// not keep the peak.
 	s2 := newSpill(t, e)
-	mustFree(t, s2, mustAlloc(t, s2, 2*MiB, st))
-	mustFree(t, s2, mustAlloc(t, s2, 10*MiB, st))
-	if got := s2.Stats(); got.Mapped != 12*MiB || got.Syncs != 0 {
-		t.Errorf("10 MiB beside a free 2 MiB segment: %+v, want both mapped and no device wait", got)
+	mustFree(t, s2, mustAlloc(t, s2, MidBlock+2*MiB, st))
+	mustFree(t, s2, mustAlloc(t, s2, 40*MiB, st))
+	if got := s2.Stats(); got.Mapped != 52*MiB || got.Syncs != 0 {
+		t.Errorf("40 MiB beside a free 12 MiB segment: %+v, want both mapped and no device wait", got)
 	}
 	// A small request at a new peak maps one chunk and gives nothing back.
 	s3 := newSpill(t, e)
-	mustFree(t, s3, mustAlloc(t, s3, 4*MiB, st))
+	mustFree(t, s3, mustAlloc(t, s3, 16*MiB, st))
 	for range 3 {
 		mustAlloc(t, s3, SmallBlock, st)
 	}
