@@ -17,7 +17,10 @@ arenaplan's allocator, where CUDAGraph Trees cannot run (they need the
 caching allocator's private pools and checkpoints, which a plugged allocator
 refuses). The backend compiles with inductor, inductor's own CUDA graphs
 off, and wraps every compiled graph: its first ``warmup`` calls run
-inductor's code as it is (autotuning, lazy workspaces); the next call
+inductor's code as it is (autotuning, lazy state) on the capture stream,
+as CUDAGraph Trees warm up on their graphs' stream, so that their matrix
+products use the captures' workspaces (below) rather than make the
+program stream's beside them; the next call
 captures it with :func:`arenaplan.torch.graphs`: warm-up runs, one recorded,
 a plan at the lower bound of live bytes, one capture; every later call
 copies the inputs that are not parameters or buffers to their planned
