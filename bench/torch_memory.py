@@ -153,9 +153,11 @@ def build(name, mode, torch, dev, ap, info):
 def _breaks(torch, dev, compile_fn):
     """Graphs of different frames, run one after another on one stream: a
     6-block transformer (512 wide, fp16, batch 4 x 512) whose forward
-    breaks the graph after its third block (two frames), then a head
-    compiled as a module of its own (a third), the hidden states flowing
-    from each into the next."""
+    breaks the graph after its third block, then a head compiled as a
+    module of its own, the hidden states flowing from each into the next.
+    (Dynamo, meeting the break inside the loop over blocks, compiles the
+    block's forward as a frame of its own, called with each block's
+    parameters: six members of one graph, then the head's.)"""
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
