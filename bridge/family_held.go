@@ -84,10 +84,7 @@ func planAround(t *lifetime.Trace, around []offRange, budget time.Duration) (*pl
 	}
 	align := int64(planner.DefaultAlign)
 	around = mergeRanges(slices.Clone(around), align)
-	start, end := t.Buffers[0].Start, t.Buffers[0].End
-	for i := range t.Buffers {
-		start, end = min(start, t.Buffers[i].Start), max(end, t.Buffers[i].End)
-	}
+	start, end := t.Span()
 	n := len(t.Buffers)
 	ext := &lifetime.Trace{Name: t.Name, Buffers: slices.Clone(t.Buffers)}
 	for k, r := range around {
@@ -205,10 +202,7 @@ func (f *Family) ReplanMemberAround(s *Step, budget time.Duration, held []Range)
 // or ErrHeldOnOutput where one meets a range of around (rounded out as
 // planAround rounds them).
 func pinOutputs(t *lifetime.Trace, p *planner.Plan, around []offRange) (*lifetime.Trace, error) {
-	var end int64
-	for _, b := range t.Buffers {
-		end = max(end, b.End)
-	}
+	_, end := t.Span()
 	align := max(p.Align, int64(planner.DefaultAlign))
 	rounded := mergeRanges(slices.Clone(around), align)
 	pinned := &lifetime.Trace{Name: t.Name, Buffers: slices.Clone(t.Buffers)}

@@ -43,7 +43,7 @@ func arenaplan_family_replan_member_around(id, sid C.int, budgetSeconds C.double
 }
 
 // aroundMember calls plan for member sid of family id with the budget and
-// the n held ranges at ranges.
+// the n held ranges at ranges (none for arenaplan_family_plan_member).
 func aroundMember(export string, id, sid C.int, budgetSeconds C.double, ranges *C.uint64_t, n C.int,
 	plan func(*bridge.Family, *bridge.Step, time.Duration, []bridge.Range) error) *C.char {
 	return family(export, id, func(f *bridge.Family) error {

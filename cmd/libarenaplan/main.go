@@ -636,18 +636,10 @@ func arenaplan_family_plan(id C.int, budgetSeconds C.double) *C.char {
 //
 //export arenaplan_family_plan_member
 func arenaplan_family_plan_member(id, sid C.int, budgetSeconds C.double) *C.char {
-	return family("arenaplan_family_plan_member", id, func(f *bridge.Family) error {
-		budget, err := bridge.BudgetSeconds(float64(budgetSeconds))
-		if err != nil {
-			return err
-		}
-		for _, s := range f.Members() {
-			if s.ID() == int(sid) {
-				return f.PlanMember(s, budget)
-			}
-		}
-		return fmt.Errorf("arenaplan_family_plan_member: step %d is not a member of family %d", int(sid), int(id))
-	})
+	return aroundMember("arenaplan_family_plan_member", id, sid, budgetSeconds, nil, 0,
+		func(f *bridge.Family, s *bridge.Step, budget time.Duration, _ []bridge.Range) error {
+			return f.PlanMember(s, budget)
+		})
 }
 
 //export arenaplan_family_save

@@ -99,6 +99,12 @@ _CTYPES = {"void": None, "void *": ctypes.c_void_p, "size_t": ctypes.c_size_t,
            "uint64_t *": ctypes.POINTER(ctypes.c_uint64)}
 
 
+def _ranges(held: Sequence[Tuple[int, int]]):
+    """(start, end) address pairs as the C ABI takes them: a uint64_t array
+    of 2n values, and n."""
+    return (ctypes.c_uint64 * (2 * len(held)))(*[int(v) for r in held for v in r]), len(held)
+
+
 def ctype(c: str, owned: bool):
     """The ctypes type of C type c. A char * the library hands out (a
     return value) or takes back to free (arenaplan_free_string's argument)
@@ -246,8 +252,7 @@ class Library:
         holds the device memory ``held`` ((start, end) address pairs) in
         the family's arena: its plan leaves them alone, and the arena
         grows in place where it needs more room."""
-        flat = (ctypes.c_uint64 * (2 * len(held)))(*[int(v) for r in held for v in r])
-        self.check(self._lib.arenaplan_family_plan_member_around(fid, sid, budget_s, flat, len(held)))
+        self.check(self._lib.arenaplan_family_plan_member_around(fid, sid, budget_s, *_ranges(held)))
 
     def family_replan_member_around(self, fid: int, sid: int, budget_s: float,
                                     held: Sequence[Tuple[int, int]]) -> None:
@@ -257,8 +262,7 @@ class Library:
         where it needs more room. Reset the member's graphs first (its
         capture pools are released). On an error (a held range on one of
         its outputs, none in the arena) it keeps its plan and captures."""
-        flat = (ctypes.c_uint64 * (2 * len(held)))(*[int(v) for r in held for v in r])
-        self.check(self._lib.arenaplan_family_replan_member_around(fid, sid, budget_s, flat, len(held)))
+        self.check(self._lib.arenaplan_family_replan_member_around(fid, sid, budget_s, *_ranges(held)))
 
     def family_save(self, fid: int, path: str) -> None:
         self.check(self._lib.arenaplan_family_save(fid, os.fsencode(path)))

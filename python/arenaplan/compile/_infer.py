@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 from ._options import CompileOptions
 from ._ops import _Ops
@@ -200,12 +200,25 @@ def _group_of(frame: Optional[Hashable], device: Optional[int], after: Optional[
     return g
 
 
+def _spans(ops: _Ops, outs: Iterable[Any]) -> List[Tuple[int, int]]:
+    """The address ranges of the tensors among outs that have memory."""
+    return [ops.extent(o) for o in outs if ops.is_tensor(o) and ops.nbytes(o)]
+
+
+def _family_spans(ops: _Ops, g: _Group) -> List[Tuple[int, int]]:
+    """The address ranges of every output of g's family (a replay of its
+    member may write there); none before the family is captured."""
+    if g.family is None:
+        return []
+    return [r for outs in g.family.outputs.values() for r in _spans(ops, outs)]
+
+
 def _in_outputs(ops: _Ops, g: _Group, xs: Sequence[Any]) -> bool:
     """Whether a tensor among xs lies in the memory of an output of g's
     family (a replay of any member may write there)."""
-    if g.family is None:
+    spans = _family_spans(ops, g)
+    if not spans:
         return False
-    spans = [ops.extent(o) for outs in g.family.outputs.values() for o in outs if ops.is_tensor(o) and ops.nbytes(o)]
     for x in xs:
         if ops.is_tensor(x):
             a, b = ops.extent(x)
@@ -349,7 +362,7 @@ class _Runner(_Warns):
         again = sorted(r for r in m.moved if r in moving)
         # A held range on one of m's own outputs cannot be left alone: m
         # writes its outputs where they are. It keeps moving out.
-        mine = [ops.extent(o) for o in g.family.outputs[m.index] if ops.is_tensor(o) and ops.nbytes(o)]
+        mine = _spans(ops, g.family.outputs[m.index])
         again = [(lo, hi) for lo, hi in again if not any(a < hi and lo < b for a, b in mine)]
         if not again:
             return True
@@ -585,7 +598,7 @@ class _Runner(_Warns):
         if g is None or g.family is None:
             return []
         spans = [ops.extent(o.current(i)) for o in g.inside for i in o.held()]
-        outs = [ops.extent(o) for os_ in g.family.outputs.values() for o in os_ if ops.is_tensor(o) and ops.nbytes(o)]
+        outs = _family_spans(ops, g)
         for x in inputs:
             if ops.is_tensor(x) and ops.nbytes(x):
                 a, b = ops.extent(x)
@@ -613,10 +626,7 @@ class _Runner(_Warns):
             return self._build(new, new_inputs)
         new.addrs.clear()
         try:
-            if around:
-                ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts, around=around)
-            else:
-                ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts)
+            ops.add_member(fam, new.index, self._step(new, new_inputs), self.device, self.opts, around=around)
         except Exception:  # noqa: BLE001 - it does not fit, or its capture failed: capture every member again
             return self._build(new, new_inputs)
         if any(i not in new.addrs for i in new.copy_idxs):
