@@ -253,11 +253,13 @@ class _FakeOps(apc._Ops):
         self.routed = []  # per block routed to a pool: its index in pools
         self.rng = 0  # the stand-in CUDA generator: random numbers drawn so far
         self.stream_now = False  # inside on_capture_stream's block
+        self.stream_blocks = []  # per such block: whether it made the thread's own workspaces
         self.used = []  # the outputs used_here marked
 
     @contextlib.contextmanager
-    def on_capture_stream(self, device):
+    def on_capture_stream(self, device, own_workspaces=False):
         assert not self.stream_now, "on the capture stream twice"
+        self.stream_blocks.append(own_workspaces)
         self.stream_now = True
         try:
             yield
@@ -1677,8 +1679,12 @@ class TrainPairTest(unittest.TestCase):
         # Inductor's code ran for the plain step, the recording pass and
         # once per stage in its capture.
         self.assertEqual((self.fw_inner.calls, self.bw_inner.calls), (3, 3))
-        # The plain forward and backward ran each in a pool of its own, released when it returned.
+        # The plain forward and backward ran each in a pool of its own, released when it returned,
+        # on the capture stream with their threads' workspaces there, their outputs marked as used
+        # on the program's stream.
         self.assertEqual((self.ops.routed, [p.closed for p in self.ops.pools]), ([0, 1], [True, True]))
+        self.assertEqual(self.ops.stream_blocks, [True, True])
+        self.assertEqual(len(self.ops.used), 3, "the forward's two outputs and the backward's gradient")
         self.assertEqual(self.pair.bw_map[0], ("fw", 1))
         self.assertEqual(self.pair.bw_map[1][0], "tan")
         r = self.fw.report()

@@ -189,18 +189,33 @@ class _TrainPair(_Warns):
         if shape is None or shape in self.learned:
             return self.fw.inner(inputs)
         self.fw_in_meta = [ops.meta(x) if ops.is_tensor(x) else None for x in inputs]
-        with _warm_pool(ops, self.fw.device):
-            outs = self.fw.inner(inputs)
+        outs = self._warm(self.fw, inputs)
         self.fw_out_meta = [ops.meta(o) if ops.is_tensor(o) else None for o in outs]
         return outs
 
     def _plain_bw(self, inputs: list, warm: bool = False) -> Any:
-        """Inductor's backward without a graph (learning a shape: in the warm-up pool)."""
+        """Inductor's backward without a graph (learning a shape: as :meth:`_warm`)."""
         self.plain["backward"] += 1
         if not warm:
             return self.bw.inner(inputs)
-        with _warm_pool(self.ops, self.bw.device):
-            return self.bw.inner(inputs)
+        return self._warm(self.bw, inputs)
+
+    def _warm(self, r: _Runner, inputs: list) -> Any:
+        """A call that learns its shape, before the capture: inductor's code
+        in the warm-up pool, on the capture stream, as CUDAGraph Trees warm
+        up (see _Ops.on_capture_stream: the forward in the program's thread
+        and the backward in autograd's take turns on the captures' one
+        workspace, and the program's stream makes none beside it), its
+        outputs (saved activations, gradients) marked as used on the
+        program's stream, which autograd sees them made on."""
+        ops, dev = self.ops, r.device
+        if dev is None:
+            with _warm_pool(ops, dev):
+                return r.inner(inputs)
+        with ops.on_capture_stream(dev, own_workspaces=True), _warm_pool(ops, dev):
+            outs = r.inner(inputs)
+        ops.used_here(outs, dev)
+        return outs
 
     def _release_grads(self, m: _TrainMember) -> bool:
         """Whether m's chain may replay with respect to the gradients its
