@@ -13,7 +13,8 @@
 # TIMEOUT= seconds a process (default 150), DEADLINE= seconds after which no
 # process starts (default 540), so that the table comes. The modes share one
 # inductor cache, filled first by a process of plain compile per compiled
-# workload whose row is not kept (WARM=0 skips it): a cold cache autotunes,
+# workload whose row is not kept (WARM=0 skips it; WARMJOBS= how many run
+# at once, default 4): a cold cache autotunes,
 # which takes time and memory of its own (a buffer that clears the L2
 # cache), and would count against whichever mode ran first. JSON lines go to
 # $OUT/results.jsonl (default OUT=/tmp/gpu-memory; a later run's row of a
@@ -41,8 +42,16 @@ one() {
 	timeout "${TIMEOUT:-150}" python3 bench/torch_memory.py --mode "$1" --workload "$2" "${snap[@]}" \
 		>>"$OUT/${3:-results.jsonl}" 2>>"$OUT/log.txt" || echo "FAILED $1 $2 ($?)" | tee -a "$OUT/log.txt"
 }
+if [ "${WARM:-1}" = 1 ]; then
+	# The cache-filling processes, WARMJOBS (default 4) at a time: their
+	# rows are not kept, so sharing the device costs them nothing.
+	for w in $WORKLOADS; do
+		while [ "$(jobs -r | wc -l)" -ge "${WARMJOBS:-4}" ]; do wait -n; done
+		one plain "$w" warm.jsonl &
+	done
+	wait
+fi
 for w in $WORKLOADS; do
-	[ "${WARM:-1}" = 1 ] && one plain "$w" warm.jsonl
 	for m in $MODES; do
 		one "$m" "$w"
 	done

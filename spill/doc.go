@@ -17,7 +17,9 @@
 // with free blocks per (pool, stream, size class) in a btree ordered by
 // (size, address), best fit, splitting and coalescing; requests of at
 // most 1 MiB (SmallBlock) use segments of their own, as in PyTorch's
-// caching allocator. AllocDefault can be told not to grow (ErrWouldGrow),
+// caching allocator, and those of at most 10 MiB (MidBlock) share
+// segments that map only what their blocks need and grow in place (see
+// MidSegment). AllocDefault can be told not to grow (ErrWouldGrow),
 // so that a cache of freed blocks in front of it (the PyTorch bridge's C
 // fast path) gives them back before more memory is mapped. Freed memory
 // stays cached until EmptyCache, with one exception: a large request that

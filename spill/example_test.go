@@ -34,7 +34,7 @@ func ExampleNew() {
 	defer st.Close()
 
 	a, _ := s.Alloc(3*MiB, st)
-	fmt.Printf("3 MiB asked, %d MiB mapped (a segment that requests of up to 10 MiB share)\n", s.Stats().Mapped/MiB)
+	fmt.Printf("3 MiB asked, %d MiB mapped (of a segment that requests of up to 10 MiB share)\n", s.Stats().Mapped/MiB)
 	_ = s.Free(a)
 	b, _ := s.Alloc(3*MiB, st)
 	fmt.Printf("same block again: %v\n", a == b)
@@ -46,9 +46,9 @@ func ExampleNew() {
 	_ = s.EmptyCache()
 	fmt.Printf("after EmptyCache: mapped %d MiB\n", s.Stats().Mapped/MiB)
 	// Output:
-	// 3 MiB asked, 20 MiB mapped (a segment that requests of up to 10 MiB share)
+	// 3 MiB asked, 4 MiB mapped (of a segment that requests of up to 10 MiB share)
 	// same block again: true
 	// 100 MiB under a 64 MiB limit: out of memory true
-	// in use 0 MiB, cached 20 MiB, segments 1
+	// in use 0 MiB, cached 4 MiB, segments 1
 	// after EmptyCache: mapped 0 MiB
 }

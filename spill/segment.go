@@ -12,9 +12,14 @@ import (
 // segment is physical memory mapped at one place, owned by one pool and
 // one stream.
 type segment struct {
-	addr   cuda.DevicePtr
-	size   uint64
-	h      cuda.MemHandle
+	addr cuda.DevicePtr
+	size uint64         // mapped bytes
+	h    cuda.MemHandle // the first mapping's
+	// va: the addresses reserved for it (0: size), of which a mid segment
+	// (MidSegment) maps only what its blocks need, extending in place
+	// with more mappings (tail) as requests of its size class come.
+	va     uint64
+	tail   []piece
 	plain  bool // from cuMemAlloc (WithPlainSegments), not mapped
 	paused bool // its physical memory is released (PausePools); h is stale
 	host   []byte
@@ -40,25 +45,44 @@ func (seg *segment) wholeFree() bool {
 
 type vaRange struct{ lo, hi uint64 } // offsets into the reservation
 
-// grow maps a new segment of at least rsize bytes for (pool, st) and
-// returns its single free block, out of the tree. A small request (see
-// SmallBlock) gets a segment of one chunk that serves small requests only;
-// in the default pool, a request of at most MidBlock a segment of
-// MidSegment, which later ones of those sizes share (where that much is
-// not left, one of its own size).
+// piece is a mapping that extended a segment in place: size bytes after
+// the segment's earlier mappings.
+type piece struct {
+	size uint64
+	h    cuda.MemHandle
+}
+
+// reserved is the bytes of addresses seg holds.
+func (seg *segment) reserved() uint64 { return max(seg.va, seg.size) }
+
+// grow maps memory for a block of at least rsize bytes for (pool, st)
+// and returns that free block, out of the tree. A small request (see
+// SmallBlock) gets a segment of one chunk that serves small requests only.
+// In the default pool, a request of at most MidBlock extends a segment of
+// its stream and size class in place where one has the addresses left
+// (MidSegment's worth), or else starts one: it reserves MidSegment of
+// addresses and maps what the request needs, so that later requests of
+// those sizes share it, as PyTorch's 20 MiB segments are shared, without
+// mapping the rest before it is used. Others get a segment of their own
+// size.
 func (s *Allocator) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	size := roundUp(rsize, s.cfg.chunk)
 	if pool.user != nil && pool.user.src != nil {
 		size = userSegmentSize(rsize)
 	}
 	small := pool.small(rsize)
-	want := s.segmentSize(pool, rsize)
-	b, err := s.mapSegment(pool, st, want, small)
-	if err != nil && want > size && errors.Is(err, ErrOutOfMemory) {
-		b, err = s.mapSegment(pool, st, size, small)
+	va := s.reserveSize(pool, rsize)
+	if va > size {
+		if b := s.extend(pool, st, rsize); b != nil {
+			return b, nil
+		}
+	}
+	b, err := s.mapSegment(pool, st, size, va, small)
+	if err != nil && va > size {
+		b, err = s.mapSegment(pool, st, size, size, small) // addresses short
 	}
 	if err != nil && len(s.captures) == 0 && s.trim(false) > 0 {
-		b, err = s.mapSegment(pool, st, size, small)
+		b, err = s.mapSegment(pool, st, size, size, small)
 	}
 	if err == nil && pool.backup {
 		s.pinBackup(b.seg)
@@ -66,11 +90,72 @@ func (s *Allocator) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, erro
 	return b, err
 }
 
-// segmentSize is the segment grow maps first for rsize bytes in pool: a
-// MidSegment for a request of at most MidBlock in the default pool, else
-// the request rounded up to the chunk (a user pool's source: see
-// userSegmentSize).
-func (s *Allocator) segmentSize(pool *Pool, rsize uint64) uint64 {
+// extend maps more memory at the end of one of (pool, st)'s mid segments
+// for a block of rsize bytes, and returns that free block out of the tree
+// (the segment's free last block grown, or a new one after it); nil if no
+// segment has the addresses left or the mapping fails. Of the segments
+// that can, it takes the one that maps least. s.mu is held.
+func (s *Allocator) extend(pool *Pool, st cuda.Stream, rsize uint64) *block {
+	var best *segment
+	var bestNeed uint64
+	var bestLast *block
+	for seg := range s.segments {
+		if seg.pool != pool || seg.handle != st.Handle() || seg.small || seg.va <= seg.size || seg.doomed {
+			continue
+		}
+		last := seg.first
+		for last.next != nil {
+			last = last.next
+		}
+		need := roundUp(rsize, s.cfg.chunk)
+		if last.state == stFree {
+			need = roundUp(rsize-min(rsize, last.size), s.cfg.chunk)
+		}
+		if seg.size+need > seg.va || s.st.Mapped+need > s.cfg.limit {
+			continue
+		}
+		if best == nil || need < bestNeed || need == bestNeed && seg.addr < best.addr {
+			best, bestNeed, bestLast = seg, need, last
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	seg, at := best, best.addr.Add(best.size)
+	h, err := s.dev.MemCreate(bestNeed)
+	if err != nil {
+		return nil
+	}
+	if err := s.dev.MemMap(at, bestNeed, h); err != nil {
+		s.dev.MemRelease(h)
+		return nil
+	}
+	if err := s.dev.MemSetAccess(at, bestNeed); err != nil {
+		s.dev.MemUnmap(at, bestNeed)
+		s.dev.MemRelease(h)
+		return nil
+	}
+	s.unmarkIdle(seg)
+	seg.tail = append(seg.tail, piece{size: bestNeed, h: h})
+	seg.size += bestNeed
+	s.mapped(bestNeed)
+	b := bestLast
+	if b.state == stFree {
+		seg.pool.tree(seg.key).Delete(b)
+		b.size += bestNeed
+		return b
+	}
+	nb := s.newBlock()
+	*nb = block{addr: uint64(at), size: bestNeed, seg: seg, prev: b, state: stFree}
+	b.next = nb
+	return nb
+}
+
+// reserveSize is the addresses a new segment for rsize bytes in pool
+// reserves: MidSegment for a request of at most MidBlock in the default
+// pool, else the request rounded up to the chunk (a user pool's source:
+// see userSegmentSize), which is also what it maps.
+func (s *Allocator) reserveSize(pool *Pool, rsize uint64) uint64 {
 	if pool.user != nil && pool.user.src != nil {
 		return userSegmentSize(rsize)
 	}
@@ -81,7 +166,9 @@ func (s *Allocator) segmentSize(pool *Pool, rsize uint64) uint64 {
 	return size
 }
 
-func (s *Allocator) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bool) (*block, error) {
+// mapSegment maps a new segment of size bytes at va bytes of reserved
+// addresses (va > size: a mid segment, see grow).
+func (s *Allocator) mapSegment(pool *Pool, st cuda.Stream, size, va uint64, small bool) (*block, error) {
 	state := func() string {
 		return fmt.Sprintf("%s mapped (limit %s), %s in use, %s cached, of %s reserved addresses",
 			devmem.Bytes(s.st.Mapped), devmem.Bytes(s.cfg.limit), devmem.Bytes(s.st.InUse),
@@ -108,13 +195,13 @@ func (s *Allocator) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bo
 		}
 		return s.addSegment(&segment{addr: addr, size: size, plain: true, pool: pool, stream: st, handle: st.Handle(), small: small}), nil
 	}
-	off, ok := s.takeVA(size)
+	off, ok := s.takeVA(va)
 	if !ok {
-		return nil, fmt.Errorf("%w: no %s run of free reserved addresses left: %s", ErrOutOfMemory, devmem.Bytes(size), state())
+		return nil, fmt.Errorf("%w: no %s run of free reserved addresses left: %s", ErrOutOfMemory, devmem.Bytes(va), state())
 	}
 	addr := s.base.Add(off)
 	fail := func(err error) (*block, error) {
-		s.putVA(off, size)
+		s.putVA(off, va)
 		return nil, deviceErr("mapping", err)
 	}
 	h, err := s.dev.MemCreate(size)
@@ -130,7 +217,11 @@ func (s *Allocator) mapSegment(pool *Pool, st cuda.Stream, size uint64, small bo
 		s.dev.MemRelease(h)
 		return fail(err)
 	}
-	return s.addSegment(&segment{addr: addr, size: size, h: h, pool: pool, stream: st, handle: st.Handle(), small: small}), nil
+	seg := &segment{addr: addr, size: size, h: h, pool: pool, stream: st, handle: st.Handle(), small: small}
+	if va > size {
+		seg.va = va
+	}
+	return s.addSegment(seg), nil
 }
 
 // plainNow says whether a new segment may come from cuMemAlloc: plain
@@ -145,14 +236,19 @@ func (s *Allocator) addSegment(seg *segment) *block {
 	seg.key = freeKey(seg.handle, seg.small)
 	seg.first = &block{addr: uint64(seg.addr), size: size, seg: seg, state: stFree}
 	s.segments[seg] = true
-	s.st.Mapped += size
 	s.st.Segments++
+	s.mapped(size)
+	return seg.first
+}
+
+// mapped counts size bytes newly mapped.
+func (s *Allocator) mapped(size uint64) {
+	s.st.Mapped += size
 	s.st.Grows++
 	s.st.GrownBytes += size
 	s.st.PeakMapped = max(s.st.PeakMapped, s.st.Mapped)
 	s.mappedHigh = max(s.mappedHigh, s.st.Mapped)
 	s.intervalPeak = max(s.intervalPeak, s.st.Mapped)
-	return seg.first
 }
 
 // takeVA takes the lowest free run of size bytes of the reservation.
@@ -289,7 +385,7 @@ func (s *Allocator) trim(all bool) uint64 {
 		}
 		if seg.paused {
 			// Nothing is mapped: only the addresses go back.
-			s.putVA(uint64(seg.addr-s.base), seg.size)
+			s.putVA(uint64(seg.addr-s.base), seg.reserved())
 			delete(s.segments, seg)
 			s.st.Paused -= seg.size
 			s.st.Segments--
@@ -317,9 +413,20 @@ func (s *Allocator) unmapSegment(seg *segment) {
 	case seg.plain:
 		s.dev.Free(seg.addr)
 	default:
-		s.dev.MemUnmap(seg.addr, seg.size)
+		// Each mapping apart: cuMemUnmap takes whole mappings.
+		first := seg.size
+		for _, p := range seg.tail {
+			first -= p.size
+		}
+		s.dev.MemUnmap(seg.addr, first)
 		s.dev.MemRelease(seg.h)
-		s.putVA(uint64(seg.addr-s.base), seg.size)
+		at := seg.addr.Add(first)
+		for _, p := range seg.tail {
+			s.dev.MemUnmap(at, p.size)
+			s.dev.MemRelease(p.h)
+			at = at.Add(p.size)
+		}
+		s.putVA(uint64(seg.addr-s.base), seg.reserved())
 	}
 	delete(s.segments, seg)
 	s.st.Mapped -= seg.size

@@ -204,7 +204,7 @@ func (s *Allocator) regrow(pool *Pool, rsize uint64) bool {
 	if pool != s.def {
 		return false
 	}
-	return s.st.Mapped+s.segmentSize(pool, rsize) <= s.mappedHigh
+	return s.st.Mapped+roundUp(rsize, s.cfg.chunk) <= s.mappedHigh
 }
 
 // alloc serves Alloc (in == nil: the default pool or the capture's) and

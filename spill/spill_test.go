@@ -39,7 +39,14 @@ func (s *Allocator) validate() error {
 	var spans []span
 	for seg := range s.segments {
 		mapped += seg.size
-		spans = append(spans, span{uint64(seg.addr - s.base), uint64(seg.addr-s.base) + seg.size})
+		spans = append(spans, span{uint64(seg.addr - s.base), uint64(seg.addr-s.base) + seg.reserved()})
+		var tail uint64
+		for _, p := range seg.tail {
+			tail += p.size
+		}
+		if seg.va != 0 && (seg.size > seg.va || tail >= seg.size) || seg.va == 0 && len(seg.tail) > 0 {
+			return fmt.Errorf("segment %#x: %d bytes mapped (%d by extensions) of %d reserved", seg.addr, seg.size, tail, seg.va)
+		}
 		at := uint64(seg.addr)
 		var prev *block
 		for b := seg.first; b != nil; b = b.next {
@@ -205,8 +212,8 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	// request a large segment's.
 	held := mustAlloc(t, s, 1000, st) // the small segment is not wholly free: it stays (see makeRoom)
 	big := mustAlloc(t, s, SmallBlock+MinBlock, st)
-	if st := s.Stats(); st.Segments != 2 || st.Mapped != 2*MiB+MidSegment {
-		t.Errorf("1 MiB + 512 B beside a small segment with room: %+v, want a second segment of MidSegment", st)
+	if st := s.Stats(); st.Segments != 2 || st.Mapped != 2*MiB+2*MiB {
+		t.Errorf("1 MiB + 512 B beside a small segment with room: %+v, want a second segment mapping one chunk", st)
 	}
 	mustFree(t, s, big)
 	mustFree(t, s, held)
@@ -218,17 +225,18 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 		t.Errorf("after EmptyCache: %+v, device free %d", st, e.Free(t))
 	}
 	mustValid(t, s)
-	// Requests of at most MidBlock share segments of MidSegment: a second
-	// one takes the first one's segment.
+	// Requests of at most MidBlock share segments of MidSegment's
+	// addresses, mapped as they are needed: a second one extends the
+	// first one's segment in place, using the rest of its last chunk.
 	big = mustAlloc(t, s, 5*MiB+1, st)
 	mid := mustAlloc(t, s, 3*MiB, st)
-	if st := s.Stats(); st.Mapped != MidSegment || st.Segments != 1 {
-		t.Errorf("5 MiB+1 and 3 MiB: %+v, want one segment of MidSegment", st)
+	if st := s.Stats(); st.Mapped != 10*MiB || st.Segments != 1 || mid != big+5*MiB+MinBlock {
+		t.Errorf("5 MiB+1 and 3 MiB: %+v, the second at %#x; want one segment mapping 10 MiB, the second at %#x", st, mid, big+5*MiB+MinBlock)
 	}
 	mustFree(t, s, mid)
 	// Larger requests take a segment of their own, rounded to the chunk.
 	huge := mustAlloc(t, s, MidSegment+1, st)
-	if st := s.Stats(); st.Mapped != 2*MidSegment+2*MiB {
+	if st := s.Stats(); st.Mapped != 10*MiB+MidSegment+2*MiB {
 		t.Errorf("MidSegment+1 beside it mapped %d", st.Mapped)
 	}
 	mustFree(t, s, huge)
@@ -236,9 +244,9 @@ func TestSpillBestFitSplitCoalesce(t *testing.T) {
 	mustValid(t, s)
 }
 
-// TestSpillMidSegmentNearTheLimit: where a MidSegment would pass the
-// limit, a request of at most MidBlock maps a segment of its own size
-// instead of failing.
+// TestSpillMidSegmentNearTheLimit: a mid segment maps only what its
+// blocks need, so requests of at most MidBlock fill a limit exactly, and
+// the one that would pass it fails as out of memory.
 func TestSpillMidSegmentNearTheLimit(t *testing.T) {
 	e := newSimEnv(t, 1*GiB)
 	s := newSpill(t, e, WithLimit(16*MiB))
@@ -248,11 +256,70 @@ func TestSpillMidSegmentNearTheLimit(t *testing.T) {
 		t.Errorf("5 MiB under a 16 MiB limit: %d mapped, want 6 MiB", got.Mapped)
 	}
 	q := mustAlloc(t, s, 9*MiB, st)
-	if got := s.Stats(); got.Mapped != 16*MiB {
-		t.Errorf("and 9 MiB: %d mapped, want 16 MiB", got.Mapped)
+	if got := s.Stats(); got.Mapped != 14*MiB || got.Segments != 1 {
+		t.Errorf("and 9 MiB: %+v, want 14 MiB mapped in one segment", got)
 	}
-	mustFree(t, s, q)
-	mustFree(t, s, p)
+	r := mustAlloc(t, s, 2*MiB, st)
+	if got := s.Stats(); got.Mapped != 16*MiB {
+		t.Errorf("and 2 MiB: %d mapped, want 16 MiB", got.Mapped)
+	}
+	if _, err := s.Alloc(2*MiB, st); !errors.Is(err, ErrOutOfMemory) {
+		t.Errorf("2 MiB more past the limit: %v, want ErrOutOfMemory", err)
+	}
+	for _, x := range []cuda.DevicePtr{r, q, p} {
+		mustFree(t, s, x)
+	}
+	mustValid(t, s)
+}
+
+// TestSpillMidSegmentExtends: a mid segment grows in place up to
+// MidSegment of addresses, only for its own stream; a request it cannot
+// take starts another; EmptyCache gives every mapping back.
+func TestSpillMidSegmentExtends(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	s := newSpill(t, e)
+	st, other := e.Stream(t), e.Stream(t)
+	var held []cuda.DevicePtr
+	for i := range 6 { // 6 × 3 MiB: 18 MiB of MidSegment's 20
+		p := mustAlloc(t, s, 3*MiB, st)
+		if i > 0 && p != held[i-1]+3*MiB {
+			t.Errorf("request %d at %#x, want %#x (in place after the one before)", i, p, held[i-1]+3*MiB)
+		}
+		held = append(held, p)
+		mustValid(t, s)
+	}
+	if got := s.Stats(); got.Segments != 1 || got.Mapped != 18*MiB {
+		t.Errorf("six 3 MiB requests: %+v, want one segment mapping 18 MiB", got)
+	}
+	// Another stream's request does not take this stream's segment.
+	o := mustAlloc(t, s, 2*MiB, other)
+	if got := s.Stats(); got.Segments != 2 {
+		t.Errorf("another stream's 2 MiB: %d segments, want 2", got.Segments)
+	}
+	// 3 MiB more would pass MidSegment's addresses: a new segment.
+	n := mustAlloc(t, s, 3*MiB, st)
+	if got := s.Stats(); got.Segments != 3 || got.Mapped != 18*MiB+2*MiB+4*MiB || n >= held[0] && n < held[0]+MidSegment {
+		t.Errorf("a seventh 3 MiB request: %+v at %#x, want a third segment", got, n)
+	}
+	// Freed, the extended segment is one free block; the next request
+	// of its stream reuses it from its start.
+	for _, p := range held {
+		mustFree(t, s, p)
+	}
+	mustValid(t, s)
+	if p := mustAlloc(t, s, 10*MiB, st); p != held[0] {
+		t.Errorf("10 MiB after freeing the segment at %#x, want %#x", p, held[0])
+	} else {
+		mustFree(t, s, p)
+	}
+	mustFree(t, s, n)
+	mustFree(t, s, o)
+	if err := s.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats(); got.Mapped != 0 || got.Segments != 0 || e.Free(t) != 1*GiB {
+		t.Errorf("after EmptyCache: %+v, device free %d", got, e.Free(t))
+	}
 	mustValid(t, s)
 }
 
@@ -673,10 +740,16 @@ func TestSpillRegrow(t *testing.T) {
 	if _, _, err := s.AllocDefault(16*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
 		t.Fatalf("16 MiB more would pass the 32 MiB held before: %v, want ErrWouldGrow", err)
 	}
-	// A request of at most MidBlock regrows by the segment it would map.
-	if _, _, err := s.AllocDefault(4*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
-		t.Fatalf("4 MiB (a MidSegment) beside the 24 MiB held, under the 32 MiB held before: %v, want ErrWouldGrow", err)
+	// A request of at most MidBlock regrows by what it maps, not by the
+	// addresses its segment reserves.
+	q, _, err := s.AllocDefault(4*MiB, st, false)
+	if err != nil {
+		t.Fatalf("4 MiB beside the 24 MiB held, under the 32 MiB held before: %v", err)
 	}
+	if _, _, err := s.AllocDefault(6*MiB, st, false); !errors.Is(err, ErrWouldGrow) {
+		t.Fatalf("6 MiB more would pass the 32 MiB held before: %v, want ErrWouldGrow", err)
+	}
+	mustFree(t, s, q)
 	mustFree(t, s, p)
 	mustValid(t, s)
 }
