@@ -368,10 +368,13 @@ def summary(path):
         o = last.get("ours", {})
 
         def cells(key, modes, f=mib):
-            return " / ".join(f(last.get(mode, {}).get(key)) for mode in modes)
+            # a mode that raised did not run the program: its figure is marked, and no peer
+            return " / ".join(f(last.get(mode, {}).get(key)) + (" (raised)" if last.get(mode, {}).get("error") else "")
+                              for mode in modes)
 
         def ratio(key):
-            least = [last[m][key] for m in ("ro", "plain") if m in last and num(last[m].get(key))]
+            least = [last[m][key] for m in ("ro", "plain")
+                     if m in last and num(last[m].get(key)) and not last[m].get("error")]
             if not num(o.get(key)) or not least or min(least) <= 0:
                 return dash
             return f"{o[key] / min(least):.3f}"
