@@ -58,11 +58,11 @@ func (seg *segment) reserved() uint64 { return max(seg.va, seg.size) }
 // grow maps memory for a block of at least rsize bytes for (pool, st)
 // and returns that free block, out of the tree. A small request (see
 // SmallBlock) gets a segment of one chunk that serves small requests only.
-// In the default pool, a request larger than SmallBlock first extends a
-// mid segment of its stream in place where one has the addresses left;
-// failing that, one of at most MidBlock starts a mid segment: it reserves
-// MidSegment of addresses and maps what the request needs, so that later
-// requests share it, as PyTorch's 20 MiB segments are shared, without
+// In the default pool, a request of at most MidBlock extends a segment of
+// its stream and size class in place where one has the addresses left
+// (MidSegment's worth), or else starts one: it reserves MidSegment of
+// addresses and maps what the request needs, so that later requests of
+// those sizes share it, as PyTorch's 20 MiB segments are shared, without
 // mapping the rest before it is used. Others get a segment of their own
 // size.
 func (s *Allocator) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
@@ -72,10 +72,7 @@ func (s *Allocator) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, erro
 	}
 	small := pool.small(rsize)
 	va := s.reserveSize(pool, rsize)
-	if pool == s.def && !small {
-		// Any large request may take the rest of a mid segment's
-		// addresses, as it would take the unused rest of one of
-		// PyTorch's 20 MiB segments.
+	if va > size {
 		if b := s.extend(pool, st, rsize); b != nil {
 			return b, nil
 		}
