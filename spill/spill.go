@@ -27,9 +27,10 @@ import (
 // (SmallBlock) take blocks from segments of one chunk that serve only
 // them, larger ones from segments that serve only larger ones, as in
 // PyTorch's caching allocator; in the default pool, a larger request of
-// at most 10 MiB (MidBlock) that finds no free block maps a segment of 20
-// MiB (MidSegment) that later ones share, a still larger one a segment of
-// its own size. Free blocks live in a
+// at most 10 MiB (MidBlock) that finds no free block extends a segment of
+// its stream in place (up to 20 MiB of addresses, MidSegment) or starts
+// one, mapping only what its blocks need, and later ones share it; a
+// still larger one gets a segment of its own size. Free blocks live in a
 // github.com/google/btree per (pool, stream, size class) ordered by (size, address);
 // an allocation takes the best fit on its own stream and splits off the
 // rest (when at least 512 bytes); a free block coalesces with free
