@@ -99,7 +99,7 @@ func (s *Allocator) extend(pool *Pool, st cuda.Stream, rsize uint64) *block {
 	var best *segment
 	var bestNeed uint64
 	var bestLast *block
-	for seg := range s.segments {
+	for seg := range s.mids {
 		if seg.pool != pool || seg.handle != st.Handle() || seg.small || seg.va <= seg.size || seg.doomed {
 			continue
 		}
@@ -220,6 +220,7 @@ func (s *Allocator) mapSegment(pool *Pool, st cuda.Stream, size, va uint64, smal
 	seg := &segment{addr: addr, size: size, h: h, pool: pool, stream: st, handle: st.Handle(), small: small}
 	if va > size {
 		seg.va = va
+		s.mids[seg] = true
 	}
 	return s.addSegment(seg), nil
 }
@@ -387,6 +388,7 @@ func (s *Allocator) trim(all bool) uint64 {
 			// Nothing is mapped: only the addresses go back.
 			s.putVA(uint64(seg.addr-s.base), seg.reserved())
 			delete(s.segments, seg)
+			delete(s.mids, seg)
 			s.st.Paused -= seg.size
 			s.st.Segments--
 			continue
@@ -429,6 +431,7 @@ func (s *Allocator) unmapSegment(seg *segment) {
 		s.putVA(uint64(seg.addr-s.base), seg.reserved())
 	}
 	delete(s.segments, seg)
+	delete(s.mids, seg)
 	s.st.Mapped -= seg.size
 	s.st.Segments--
 	s.st.Unmaps++

@@ -72,6 +72,7 @@ type Allocator struct {
 	pools    map[*Pool]bool
 	live     map[cuda.DevicePtr]*block // allocated blocks by address
 	segments map[*segment]bool
+	mids     map[*segment]bool // the mid segments (segment.va set), which extend searches
 
 	captures  map[uint64]*Capture // underway, by capture id
 	nextPool  uint64
@@ -155,6 +156,7 @@ func New(dev cuda.Device, opts ...Option) (*Allocator, error) {
 		pools:    map[*Pool]bool{},
 		live:     map[cuda.DevicePtr]*block{},
 		segments: map[*segment]bool{},
+		mids:     map[*segment]bool{},
 		captures: map[uint64]*Capture{},
 	}
 	s.def = s.newPool(false)

@@ -47,6 +47,9 @@ func (s *Allocator) validate() error {
 		if seg.va != 0 && (seg.size > seg.va || tail >= seg.size) || seg.va == 0 && len(seg.tail) > 0 {
 			return fmt.Errorf("segment %#x: %d bytes mapped (%d by extensions) of %d reserved", seg.addr, seg.size, tail, seg.va)
 		}
+		if s.mids[seg] != (seg.va != 0) {
+			return fmt.Errorf("segment %#x: %d bytes of addresses reserved, among the mid segments: %v", seg.addr, seg.va, s.mids[seg])
+		}
 		at := uint64(seg.addr)
 		var prev *block
 		for b := seg.first; b != nil; b = b.next {
@@ -118,6 +121,11 @@ func (s *Allocator) validate() error {
 	}
 	if inTrees != free {
 		return fmt.Errorf("%d blocks in trees, %d free blocks", inTrees, free)
+	}
+	for seg := range s.mids {
+		if !s.segments[seg] {
+			return fmt.Errorf("mid segment %#x is not among the segments", seg.addr)
+		}
 	}
 	if live != len(s.live) || live != s.st.Live {
 		return fmt.Errorf("%d allocated blocks, live map %d, stats %d", live, len(s.live), s.st.Live)
