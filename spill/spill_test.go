@@ -814,3 +814,56 @@ func TestSpillNewPeakGivesCacheBack(t *testing.T) {
 	mustValid(t, s2)
 	mustValid(t, s3)
 }
+
+// failExtend is a device whose cuMemMap fails (as out of memory) at the
+// addresses right after an earlier mapping's end: where a segment would
+// extend in place.
+type failExtend struct {
+	cuda.Device
+	ends  map[cuda.DevicePtr]bool
+	fails int
+}
+
+func (d *failExtend) MemMap(p cuda.DevicePtr, size uint64, h cuda.MemHandle) error {
+	if d.ends[p] {
+		d.fails++
+		return &cuda.Error{Op: "cuMemMap", Code: cuda.ErrorOutOfMemory}
+	}
+	if err := d.Device.MemMap(p, size, h); err != nil {
+		return err
+	}
+	d.ends[p.Add(size)] = true
+	return nil
+}
+
+// TestSpillMidSegmentExtendFails: where mapping a segment's extension
+// fails, the request gets a segment of its own instead, and the handle
+// made for the extension is released (EmptyCache leaves the device as it
+// was).
+func TestSpillMidSegmentExtendFails(t *testing.T) {
+	e := newSimEnv(t, 1*GiB)
+	dev := &failExtend{Device: e.Dev, ends: map[cuda.DevicePtr]bool{}}
+	s, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	st := e.Stream(t)
+	a := mustAlloc(t, s, 4*MiB, st)
+	b := mustAlloc(t, s, 4*MiB, st)
+	if dev.fails == 0 {
+		t.Fatal("the second request did not try to extend the first one's segment")
+	}
+	if got := s.Stats(); got.Segments != 2 || got.Mapped != 8*MiB || b >= a && b < a+MidSegment {
+		t.Errorf("after a failed extension: %+v, second block at %#x; want two segments of 4 MiB", got, b)
+	}
+	mustValid(t, s)
+	mustFree(t, s, a)
+	mustFree(t, s, b)
+	if err := s.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Free(t); got != 1*GiB {
+		t.Errorf("after EmptyCache the device has %d free, want %d (a handle leaked)", got, 1*GiB)
+	}
+}
