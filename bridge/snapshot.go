@@ -40,6 +40,8 @@ const (
 	ActionFreeCompleted = "free_completed"
 	ActionSegmentAlloc  = "segment_alloc"
 	ActionSegmentFree   = "segment_free"
+	ActionSegmentMap    = "segment_map"   // a segment grown in place: the range mapped at its end
+	ActionSegmentUnmap  = "segment_unmap" // a segment shrunk in place: the range unmapped at its end
 	ActionOOM           = "oom"
 )
 
@@ -383,20 +385,35 @@ type segRegion struct {
 }
 
 // segmentDiff adds a segment_free for each segment of known (address →
-// size) that cur lacks or holds with another size, then a segment_alloc
-// for each segment of cur that known lacks, in address order, and makes
-// known cur's; b.hist.mu is held.
+// size) that cur lacks, a segment_map or segment_unmap of the range at the
+// end of each that cur holds with another size (a spill segment or an
+// arena grown in place, as PyTorch's expandable segments record it), then
+// a segment_alloc for each segment of cur that known lacks, in address
+// order, and makes known cur's; b.hist.mu is held.
 func (b *Bridge) segmentDiff(dh *deviceHistory, known map[uint64]uint64, cur map[uint64]segRegion, stream uintptr, now int64) {
-	var gone []uint64
+	var gone, resized []uint64
 	for a, size := range known {
-		if r, ok := cur[a]; !ok || r.size != size {
+		switch r, ok := cur[a]; {
+		case !ok:
 			gone = append(gone, a)
+		case r.size != size:
+			resized = append(resized, a)
 		}
 	}
 	slices.Sort(gone)
 	for _, a := range gone {
 		dh.add(TraceEntry{Action: ActionSegmentFree, Addr: a, Size: known[a], Stream: stream, TimeUS: now, Buffer: -1}, b.hist.max)
 		delete(known, a)
+	}
+	slices.Sort(resized)
+	for _, a := range resized {
+		old, r := known[a], cur[a]
+		e := TraceEntry{Action: ActionSegmentMap, Addr: a + old, Size: r.size - old, Stream: r.stream, TimeUS: now, Buffer: -1}
+		if r.size < old {
+			e = TraceEntry{Action: ActionSegmentUnmap, Addr: a + r.size, Size: old - r.size, Stream: stream, TimeUS: now, Buffer: -1}
+		}
+		dh.add(e, b.hist.max)
+		known[a] = r.size
 	}
 	var added []uint64
 	for a := range cur {

@@ -3,6 +3,7 @@ package bridge
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -616,5 +617,63 @@ func TestHistoryFirstSegment(t *testing.T) {
 	}
 	if len(snap.Segments) != 1 || !snap.Segments[0].Small {
 		t.Errorf("segments %+v: want one, small (it serves a 4 KiB request)", snap.Segments)
+	}
+}
+
+// TestHistorySegmentGrown: a spill segment grown in place (a second
+// request of 1–10 MiB on its stream) is a segment_map of the range added
+// at its end, as PyTorch records its expandable segments, not a
+// segment_free of a segment whose blocks are still live; given back, it
+// is one segment_free of its whole size.
+func TestHistorySegmentGrown(t *testing.T) {
+	b := New(Config{Sim: true, SimMemory: 256 << 20})
+	defer b.Close()
+	if err := b.RecordHistory(true, 0); err != nil {
+		t.Fatal(err)
+	}
+	const stream = 0x21
+	p, err := b.Alloc(3<<20, 0, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := b.Alloc(3<<20, 0, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q != p+3<<20 {
+		t.Fatalf("second 3 MiB at %#x, want %#x (the first one's segment grown in place)", q, p+3<<20)
+	}
+	snap, err := b.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var segs []string
+	for _, e := range snap.Trace {
+		if e.Action != ActionAlloc && e.Action != ActionFreeRequested && e.Action != ActionFreeCompleted {
+			segs = append(segs, fmt.Sprintf("%s %#x+%d", e.Action, e.Addr, e.Size))
+		}
+	}
+	want := []string{
+		fmt.Sprintf("%s %#x+%d", ActionSegmentAlloc, uint64(p), 4<<20),
+		fmt.Sprintf("%s %#x+%d", ActionSegmentMap, uint64(p)+4<<20, 2<<20),
+	}
+	if !slices.Equal(segs, want) {
+		t.Fatalf("segment events %v, want %v", segs, want)
+	}
+	for _, x := range []cuda.DevicePtr{p, q} {
+		if err := b.Free(x, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	snap, err = b.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := snap.Trace[len(snap.Trace)-1]
+	if last.Action != ActionSegmentFree || last.Addr != uint64(p) || last.Size != 6<<20 {
+		t.Errorf("after EmptyCache the last event is %+v, want a segment_free of %#x, 6 MiB", last, uint64(p))
 	}
 }

@@ -22,7 +22,9 @@ allocator, so that ``torch.cuda._memory_viz`` draws it and arenaplan's
 - while history is recorded, ``device_traces`` holds the allocator's
   events: ``alloc``, ``free_requested`` + ``free_completed``,
   ``segment_alloc`` / ``segment_free`` of spill segments and of planned
-  arenas' regions (mapped or closed while recording), ``oom``.
+  arenas' regions (mapped or closed while recording), ``segment_map`` /
+  ``segment_unmap`` of the range at the end of one grown or shrunk in
+  place (as PyTorch's expandable segments record it), ``oom``.
 
 With ``_record_memory_history(stacks="python")`` or ``"all"`` (the
 default), the library calls back after each recorded allocation and the

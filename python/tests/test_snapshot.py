@@ -148,7 +148,8 @@ class SnapshotSchemaTest(unittest.TestCase):
             self.assertEqual(len(s["segment_pool_id"]), 2)
         states = {b["state"] for b in r_blocks} | {"active_pending_free"}
         self.assertTrue({b["state"] for b in o_blocks} <= states)
-        actions = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
+        actions = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                   "segment_unmap", "oom"}
         self.assertTrue({e["action"] for e in o_trace} <= actions)
 
     def test_arena_segment_and_blocks(self):
