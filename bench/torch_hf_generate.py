@@ -3,8 +3,11 @@
 arenaplan installed (``ours``: the ``mode="reduce-overhead"`` compile that
 ``generate`` makes by itself lands on arenaplan's backend), on PyTorch's
 allocator with that same reduce-overhead compile (``ro``), and without a
-compile (``eager``: ``generate``'s dynamic cache). One mode a process (the
-allocator is process-wide).
+compile (``eager``: ``generate``'s dynamic cache), and on PyTorch's
+allocator with ``generate``'s compile in inductor's default mode, without
+graphs (``plain``: the same kernels as ours, what the tokens of ours and of
+reduce-overhead are compared with where they differ). One mode a process
+(the allocator is process-wide).
 
     python3 bench/torch_hf_generate.py --mode ours --model llama --new 64
     python3 bench/torch_hf_generate.py --summary results.jsonl
@@ -49,6 +52,14 @@ def run(args):
     if args.mode == "ours":
         import arenaplan.torch as ap
         ap.install()
+    if args.mode == "plain":
+        compile_ = torch.compile
+
+        def plain_compile(*a, **k):  # generate's reduce-overhead compile, without CUDA graphs
+            if k.get("mode") == "reduce-overhead":
+                k["mode"] = None
+            return compile_(*a, **k)
+        torch.compile = plain_compile
     dev = torch.device("cuda", 0)
     model = build(args.model, torch, dev)
     g = torch.Generator(device=dev).manual_seed(2)
@@ -102,7 +113,8 @@ def summary(path, out):
             rows.setdefault((r["model"], r["new"]), {})[r["mode"]] = r
     M = 2 ** 20
     print(f"{'model':6} {'new':>4} {'ms/token ours/RO/eager':>24} {'first call s ours/RO':>21} "
-          f"{'peak MiB ours/RO':>17} {'rest MiB ours/RO':>17} {'tokens = RO':>11} {'= eager':>8}  routed, captured")
+          f"{'peak MiB ours/RO':>17} {'rest MiB ours/RO':>17} {'tokens = RO':>11} {'= plain':>8} {'RO = plain':>10}"
+          f"  routed, captured")
     for (m, n), d in sorted(rows.items()):
         o, r, e = d.get("ours", {}), d.get("ro", {}), d.get("eager", {})
 
@@ -117,12 +129,12 @@ def summary(path, out):
               f"{str(o.get('first_call_s')) + '/' + str(r.get('first_call_s')):>21} "
               f"{f(o.get('max_reserved')) + '/' + f(r.get('max_reserved')):>17} "
               f"{f(o.get('reserved')) + '/' + f(r.get('reserved')):>17} {same('ours', 'ro'):>11} "
-              f"{same('ours', 'eager'):>8}  {o.get('routed')}, {o.get('captured')} ({o.get('plain_calls')} plain)")
+              f"{same('ours', 'plain'):>8} {same('ro', 'plain'):>10}  {o.get('routed')}, {o.get('captured')} ({o.get('plain_calls')} plain)")
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["ours", "ro", "eager"])
+    p.add_argument("--mode", choices=["ours", "ro", "eager", "plain"])
     p.add_argument("--model", choices=["gpt2", "llama"], default="llama")
     p.add_argument("--new", type=int, default=64, help="new tokens a call")
     p.add_argument("--reps", type=int, default=5)

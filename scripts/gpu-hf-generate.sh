@@ -9,7 +9,8 @@
 #
 # copy .dev/torch to the GPU machine beside the checkout, then run this.
 # MODELS= (default: gpt2 llama), NEW= new tokens a call (default: 64 256),
-# MODES= (default: ro ours eager),
+# MODES= (default: ro ours eager; plain: generate's compile without graphs on
+# PyTorch's allocator, the tokens' reference),
 # REPS= timed calls after the first three (default 5; each call makes a new
 # static cache, so more than five reach past max_shapes members),
 # TIMEOUT= seconds a process (default 240). Logs and JSON lines go to $OUT
