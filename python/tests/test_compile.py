@@ -387,6 +387,11 @@ class _FakeOps(apc._Ops):
         self.copies.append((dst.ptr, src.ptr))
         dst.value = src.value
 
+    def copy_all(self, dsts, srcs):
+        assert len(dsts) == len(srcs)
+        for d, s in zip(dsts, srcs):
+            self.copy(d, s)
+
     def capture(self, fns, name, device, opts):
         if self.fail:
             raise RuntimeError(self.fail)

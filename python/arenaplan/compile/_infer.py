@@ -473,8 +473,7 @@ class _Runner(_Warns):
                 tmp = ops.empty(ops.layout(src))
                 ops.copy(tmp, src)
                 todo[k] = (d, tmp, lo, hi)
-        for d, src, _, _ in todo:
-            ops.copy(d, src)
+        ops.copy_all([d for d, _, _, _ in todo], [src for _, src, _, _ in todo])
 
     def _plain(self, inputs: list) -> Any:
         self.plain_calls += 1

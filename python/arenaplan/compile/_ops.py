@@ -180,6 +180,17 @@ class _Ops:
     def copy(dst, src) -> None:
         dst.copy_(src)
 
+    @staticmethod
+    def copy_all(dsts: list, srcs: list) -> None:
+        """dsts[i].copy_(srcs[i]) for every i, in one call where there are
+        several (as CUDAGraph Trees copy a replay's inputs): a copy_ a
+        tensor costs a replay about as much host time as the replay
+        itself."""
+        if len(dsts) == 1:
+            dsts[0].copy_(srcs[0])
+        elif dsts:
+            torch._foreach_copy_(dsts, srcs)
+
     def stream(self, device: int):
         """One capture stream per device for every graph the backend captures
         (a stream used before eager steps keeps replays fast; see

@@ -120,11 +120,10 @@ class _TrainPair(_Warns):
             return self._plain_fw(inputs, None)
         if not self._release_grads(m):
             return self._plain_fw(inputs, None)
-        for i in fw.dyn or ():
-            dst, src = m.fw_args[i], inputs[i]
-            if i not in m.fw_inplace and ops.is_tensor(src) and ops.data_ptr(dst) != ops.data_ptr(src):
-                ops.copy(dst, src)
-        del inputs
+        moves = [(m.fw_args[i], inputs[i]) for i in fw.dyn or () if i not in m.fw_inplace
+                 and ops.is_tensor(inputs[i]) and ops.data_ptr(m.fw_args[i]) != ops.data_ptr(inputs[i])]
+        ops.copy_all([d for d, _ in moves], [s for _, s in moves])
+        del inputs, moves
         m.chain.replay(0)
         # The program's outputs still held are overwritten: they raise when
         # read. Saved activations still held (by a graph kept with
@@ -165,10 +164,9 @@ class _TrainPair(_Warns):
                                         "graph that made it ran without a graph, or another did); such backwards "
                                         "run without a graph")
                 return self._plain_bw(inputs)
-        for i, dst in m.tangents.items():
-            if ops.data_ptr(dst) != ops.data_ptr(inputs[i]):
-                ops.copy(dst, inputs[i])
-        del inputs
+        moves = [(dst, inputs[i]) for i, dst in m.tangents.items() if ops.data_ptr(dst) != ops.data_ptr(inputs[i])]
+        ops.copy_all([d for d, _ in moves], [s for _, s in moves])
+        del inputs, moves
         m.chain.replay(1)
         self.replays["backward"] += 1
         return m.bw_out.take(())
