@@ -326,7 +326,8 @@ def summary(out):
     # the first one's row, with the median of their step times.
     for d in rows.values():
         for mode, rs in list(d.items()):
-            steps = [r["step_ms"] for r in rs if r.get("step_ms")]
+            # a process that raised timed what ran before the error: no step time
+            steps = [r["step_ms"] for r in rs if r.get("step_ms") and not r.get("error")]
             d[mode] = dict(rs[0], step_ms=round(statistics.median(steps), 3) if steps else None,
                            processes=len(rs))
 
