@@ -410,7 +410,7 @@ func (b *Bridge) segmentDiff(dh *deviceHistory, known map[uint64]uint64, cur map
 		old, r := known[a], cur[a]
 		e := TraceEntry{Action: ActionSegmentMap, Addr: a + old, Size: r.size - old, Stream: r.stream, TimeUS: now, Buffer: -1}
 		if r.size < old {
-			e = TraceEntry{Action: ActionSegmentUnmap, Addr: a + r.size, Size: old - r.size, Stream: stream, TimeUS: now, Buffer: -1}
+			e = TraceEntry{Action: ActionSegmentUnmap, Addr: a + r.size, Size: old - r.size, Stream: r.stream, TimeUS: now, Buffer: -1}
 		}
 		dh.add(e, b.hist.max)
 		known[a] = r.size
