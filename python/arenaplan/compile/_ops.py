@@ -301,10 +301,16 @@ class _Ops:
     def capture_chain(self, stages: List[Callable[[Optional[list]], Any]], name: str, device: int,
                       opts: CompileOptions, capture: Optional[int] = None):
         """A chain of the stages, its first ``capture`` captured (default
-        all); :meth:`GraphChain.capture` captures the others."""
+        all); :meth:`GraphChain.capture` captures the others. Its eager
+        passes (the recorded one) run on the capture stream, as the
+        warm-up calls before them do (:meth:`on_capture_stream`): on the
+        program's stream, the forward's matrix products would make a
+        cuBLAS workspace there (32 MiB on a Hopper GPU) that stays beside
+        the capture stream's for good."""
         from .._chain import chain  # imported late: it needs torch
-        return chain(stages, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
-                     name=name, device=device, stream=self.stream(device), capture=capture)
+        with self.on_capture_stream(device):
+            return chain(stages, warmup=opts.capture_warmup, strict=opts.strict, budget=opts.budget,
+                         name=name, device=device, stream=self.stream(device), capture=capture)
 
     @staticmethod
     def meta(t) -> Hashable:
