@@ -42,11 +42,13 @@ group() {
 		case " $LOOPS " in *" $l "*) one ref "$l" ;; esac
 	done
 }
-echo "== ref $(date +%T)"
-group mlp-dropout whole-step accum train-eval zero-keep &
-group resnet-bn bert-clip &
-group gpt2-bf16 gpt2-fp16-scaler &
-wait
+if [ "${REF:-1}" != 0 ]; then
+	echo "== ref $(date +%T)"
+	group mlp-dropout whole-step accum train-eval zero-keep &
+	group resnet-bn bert-clip &
+	group gpt2-bf16 gpt2-fp16-scaler &
+	wait
+fi
 for k in $(seq "${REPEAT:-1}"); do
 	for l in $LOOPS; do
 		echo "== $l $(date +%T) ($k)"
