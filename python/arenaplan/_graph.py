@@ -3,6 +3,7 @@ and the capture helpers families and eager steps share."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterator, Optional
@@ -180,10 +181,15 @@ def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
     CUDAGraph Trees around each warm-up and recording, Lightning at
     teardown, checkpointing tools). Freed into this pool, that memory only
     ever goes to this stream's workspaces again, never to other tensors
-    while a graph still writes there."""
+    while a graph still writes there.
+
+    Dropping PyTorch's workspaces drops every thread's: a thread whose
+    workspaces another thread's call dropped makes them again with
+    :func:`ensure_workspaces` before it multiplies on the stream again."""
     pool = _workspace_pool(stream, device)
     release_workspaces()
-    with contextlib.ExitStack() as stack:
+    with _ws_lock, contextlib.ExitStack() as stack:
+        _ws_made.clear()
         if pool is not None:
             stack.enter_context(torch.cuda.use_mem_pool(pool, device=device))
         stack.enter_context(torch.cuda.stream(stream))
@@ -191,7 +197,28 @@ def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
         torch.addmm(a[0], a, a)  # cuBLASLt (a bias)
         torch.mm(a, a)  # cuBLAS
         del a
+        _ws_made.add((threading.get_ident(), device, stream.cuda_stream))
     stream.synchronize()
+
+
+def ensure_workspaces(stream: "torch.cuda.Stream", device: int) -> None:
+    """:func:`workspaces`, unless the calling thread's on stream are the
+    ones made last: another thread's call dropped them (a backward's
+    capture, in autograd's thread, drops the forward's), and the thread's
+    next matrix product on the stream would make them anew outside their
+    pool (the memory history of a training loop with an evaluation
+    forward: 32 MiB more at its peak, where a later drop would free a
+    workspace that captured graphs still write in to other tensors)."""
+    if (threading.get_ident(), device, stream.cuda_stream) not in _ws_made:
+        workspaces(stream, device)
+
+
+# (thread, device, stream) whose workspaces were made in their pool since
+# PyTorch's were last dropped; _ws_lock orders the drop and the making.
+_ws_made: set = set()
+_ws_lock = threading.Lock()
+
+
 
 
 _ws_pools: dict = {}

@@ -253,13 +253,13 @@ class _FakeOps(apc._Ops):
         self.routed = []  # per block routed to a pool: its index in pools
         self.rng = 0  # the stand-in CUDA generator: random numbers drawn so far
         self.stream_now = False  # inside on_capture_stream's block
-        self.stream_blocks = []  # per such block: whether it made the thread's own workspaces
+        self.stream_blocks = []  # per such block: its device
         self.used = []  # the outputs used_here marked
 
     @contextlib.contextmanager
-    def on_capture_stream(self, device, own_workspaces=False):
+    def on_capture_stream(self, device):
         assert not self.stream_now, "on the capture stream twice"
-        self.stream_blocks.append(own_workspaces)
+        self.stream_blocks.append(device)
         self.stream_now = True
         try:
             yield
@@ -1688,7 +1688,7 @@ class TrainPairTest(unittest.TestCase):
         # on the capture stream with their threads' workspaces there, their outputs marked as used
         # on the program's stream.
         self.assertEqual((self.ops.routed, [p.closed for p in self.ops.pools]), ([0, 1], [True, True]))
-        self.assertEqual(self.ops.stream_blocks, [True, True])
+        self.assertEqual(len(self.ops.stream_blocks), 2)
         self.assertEqual(len(self.ops.used), 3, "the forward's two outputs and the backward's gradient")
         self.assertEqual(self.pair.bw_map[0], ("fw", 1))
         self.assertEqual(self.pair.bw_map[1][0], "tan")

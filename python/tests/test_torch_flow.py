@@ -329,6 +329,34 @@ class GraphFlowTest(unittest.TestCase):
         with self.assertRaises(KeyError):
             ap.chain([fw, broken], stream=_Stream())
 
+    def test_workspaces_dropped_by_another_thread_are_made_again_in_their_pool(self):
+        # Making one thread's workspaces drops every thread's (PyTorch
+        # clears them all): the other thread makes its own again, in the
+        # stream's pool, before it multiplies on the stream, and not twice.
+        from arenaplan import _graph
+        st = _Stream()
+        me = threading.get_ident()
+        del _products[:]
+        _graph.ensure_workspaces(st, 0)
+        _graph.ensure_workspaces(st, 0)
+        made = [p[:3] for p in _products]
+        self.assertEqual(made, [("clear",), ("addmm", st.cuda_stream, me), ("mm", st.cuda_stream, me)])
+        other = []
+        th = threading.Thread(target=lambda: (_graph.ensure_workspaces(st, 0), other.append(threading.get_ident())))
+        th.start()
+        th.join()
+        self.assertEqual([p[:3] for p in _products[3:]],
+                         [("clear",), ("addmm", st.cuda_stream, other[0]), ("mm", st.cuda_stream, other[0])])
+        del _products[:]
+        _graph.ensure_workspaces(st, 0)
+        self.assertEqual([p[:3] for p in _products], made, "this thread's, dropped by the other's, made again")
+        self.assertTrue(all(isinstance(p[3], _Pool) for p in _products if p[0] != "clear"), "in the stream's pool")
+        # Another stream's are its own.
+        st2 = _Stream()
+        del _products[:]
+        _graph.ensure_workspaces(st2, 0)
+        self.assertEqual([p[:2] for p in _products], [("clear",), ("addmm", st2.cuda_stream), ("mm", st2.cuda_stream)])
+
     def test_capture_streams_have_their_workspaces_first(self):
         # cuBLAS and cuBLASLt make a workspace per stream at its first
         # matrix product: each capture stream has had one of each before

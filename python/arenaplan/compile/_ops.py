@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 try:
@@ -29,7 +28,6 @@ class _Ops:
 
     def __init__(self):
         self._streams: Dict[int, Any] = {}
-        self._ws_threads: Dict[int, set] = {}  # per device: threads whose workspaces on its stream were made
         self._ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
         self._storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
         self._tensor = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
@@ -198,23 +196,23 @@ class _Ops:
         if s is None:
             from .._graph import capture_stream  # imported late: it needs torch
             s = self._streams[device] = capture_stream(device)
-            self._ws_threads.setdefault(device, set()).add(threading.get_ident())
         return s
 
     @contextlib.contextmanager
-    def on_capture_stream(self, device: int, own_workspaces: bool = False):
+    def on_capture_stream(self, device: int):
         """Run the block on device's capture stream (:meth:`stream`), after
         the work queued on the program's current stream, which then waits
         for it: a compiled graph's warm-up calls run there, as CUDAGraph
         Trees' do, so that their matrix products use the capture stream's
         cuBLAS and cuBLASLt workspaces, which every capture keeps anyway,
         and not workspaces of the program's stream made anew beside them
-        (32 MiB each on a Hopper GPU). ``own_workspaces``: first make this
-        thread's on the capture stream in their pool (a backward runs in
-        autograd's thread, whose own would otherwise be made beside the
-        forward's; made in the pool, they take its memory in turn), once
-        per thread. Where a capture is under way, or the capture stream is
-        current, the block runs where it is."""
+        (32 MiB each on a Hopper GPU). This thread's workspaces on the
+        capture stream are made in their pool first, unless they are there
+        (a backward runs in autograd's thread, whose own would otherwise be
+        made beside the forward's; and each thread's making drops the
+        others': made in the pool, they take its memory in turn). Where a
+        capture is under way, or the capture stream is current, the block
+        runs where it is."""
         if self.capturing():
             yield
             return
@@ -223,12 +221,8 @@ class _Ops:
         if s == cur:
             yield
             return
-        if own_workspaces:
-            made = self._ws_threads.setdefault(device, set())
-            if threading.get_ident() not in made:
-                from .._graph import workspaces  # imported late: it needs torch
-                workspaces(s, device)
-                made.add(threading.get_ident())
+        from .._graph import ensure_workspaces  # imported late: it needs torch
+        ensure_workspaces(s, device)
         s.wait_stream(cur)
         try:
             with torch.cuda.stream(s):

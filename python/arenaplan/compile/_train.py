@@ -210,7 +210,7 @@ class _TrainPair(_Warns):
         if dev is None:
             with _warm_pool(ops, dev):
                 return r.inner(inputs)
-        with ops.on_capture_stream(dev, own_workspaces=True), _warm_pool(ops, dev):
+        with ops.on_capture_stream(dev), _warm_pool(ops, dev):
             outs = r.inner(inputs)
         ops.used_here(outs, dev)
         return outs
