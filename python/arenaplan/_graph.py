@@ -187,8 +187,8 @@ def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
     workspaces another thread's call dropped makes them again with
     :func:`ensure_workspaces` before it multiplies on the stream again."""
     pool = _workspace_pool(stream, device)
-    release_workspaces()
     with _ws_lock, contextlib.ExitStack() as stack:
+        release_workspaces()
         _ws_made.clear()
         if pool is not None:
             stack.enter_context(torch.cuda.use_mem_pool(pool, device=device))
@@ -217,8 +217,6 @@ def ensure_workspaces(stream: "torch.cuda.Stream", device: int) -> None:
 # PyTorch's were last dropped; _ws_lock orders the drop and the making.
 _ws_made: set = set()
 _ws_lock = threading.Lock()
-
-
 
 
 _ws_pools: dict = {}
