@@ -10,9 +10,14 @@ import (
 // addresses: a pointer names its device, which callers rely on (PyTorch's
 // record_stream hook, say, passes a pointer and no device). Windows are
 // 256 TiB apart, far more than a simulated device reserves, and go back to
-// the pool at Close; the first is where a lone Sim has always started.
+// the pool at Close. The first begins at 256 TiB, above every address a
+// process's own mappings get (the kernel maps below 128 TiB unless asked
+// for more): a simulated address is never also a host one, which C code
+// handed it, or Go's checks of pointers passed through cgo, would take
+// for that memory (a library's data, mapped where the first window once
+// began, made cgo's check fail a pointer returned to C).
 const (
-	simWindowBase = 0x7f00_0000_0000
+	simWindowBase = 1 << 48
 	simWindowSize = 1 << 48
 	simWindows    = 4096
 )
