@@ -9,7 +9,7 @@ import torch
 
 from . import _state
 from ._graph import (_capture, _capture_parts, _check_record, _record_eager, _recording_graph, _serve_capture, _warm_up,
-                     capture_stream)
+                     capture_stream, warm_up_first)
 from ._lib import ArenaplanError, Library
 
 class GraphFamily:
@@ -260,16 +260,22 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
         raise ArenaplanError("arenaplan.torch.graphs: no members")
     _check_keys(fns)
     eager_rec = plan is None and _check_record(record, warmup)
-    stream = capture_stream(dev, stream)
+    stream = torch.cuda.Stream(device=dev) if stream is None else stream
     h = stream.cuda_stream
     fid = lib.family_new(dev, name or "family")
     setup_ms = (time.perf_counter() - t0) * 1e3
     sids, cap_ms, rec_ms, warm_ms, gs, outs, ncap = {}, {}, {}, {}, {}, {}, {}
     try:
-        for key, fn in fns.items():
+        for i, (key, fn) in enumerate(fns.items()):
             t = time.perf_counter()
-            _warm_up(fn, stream, warmup - 1 if eager_rec else warmup)
-            warm_ms[key] = (time.perf_counter() - t) * 1e3
+            n = warmup - 1 if eager_rec else warmup
+            if i == 0:
+                ws_ms = warm_up_first(fn, stream, n, dev)  # the stream's workspaces, around the first runs
+                setup_ms += ws_ms
+            else:
+                ws_ms = 0.0
+                _warm_up(fn, stream, n)
+            warm_ms[key] = (time.perf_counter() - t) * 1e3 - ws_ms
             sids[key] = lib.family_member(fid, str(key))
         if plan is None:
             for key, fn in fns.items():

@@ -75,14 +75,56 @@ class Graph:
             self._lib.step_close(self._sid)
 
 
-def _warm_up(fn: Callable[[], Any], stream: "torch.cuda.Stream", n: int) -> None:
+def _warm_up(fn: Callable[[], Any], stream: "torch.cuda.Stream", n: int) -> Optional["torch.dtype"]:
+    """n eager runs of fn on stream; returns the dtype of the last one's
+    outputs (see :func:`_product_dtype`)."""
+    dtype = None
     stream.wait_stream(torch.cuda.current_stream(stream.device))
     with torch.cuda.stream(stream):
         for _ in range(n):
             out = fn()
+            dtype = _product_dtype(out)
             del out
     torch.cuda.current_stream(stream.device).wait_stream(stream)
     torch.cuda.synchronize(stream.device)
+    return dtype
+
+
+def _product_dtype(out: Any) -> Optional["torch.dtype"]:
+    """The dtype of the largest floating-point tensor among a step's
+    outputs, where it is one cuBLASLt multiplies in (half, bfloat16,
+    float32): the dtype the step's matrix products most likely ran in.
+    None without one."""
+    from torch.utils import _pytree
+    best, most = None, -1
+    for x in _pytree.tree_leaves(out):
+        if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16, torch.float32) \
+                and x.numel() > most:
+            best, most = x.dtype, x.numel()
+    return best
+
+
+def warm_up_first(fn: Callable[[], Any], stream: "torch.cuda.Stream", n: int, device: int) -> float:
+    """The warm-up of the first step on a new capture stream, with the
+    stream's workspaces made around it: as :func:`capture_stream` does,
+    but the cuBLASLt workspace is made after the n runs, by a product in
+    the dtype of their outputs (float32 without a run or a floating-point
+    output). A product's first run in a dtype loads that dtype's kernels:
+    50–130 ms on an H200 where the process has not multiplied in that
+    dtype yet, 4–5 ms where it has (an fp32 product in a bf16 program,
+    or the reverse, against one in the program's own dtype). The runs
+    make their own cuBLASLt workspace (1 MiB) outside the pool, dropped
+    when the pool's is made; the cuBLAS workspace (32 MiB on a Hopper
+    GPU) is made in the pool first, without a product. Returns the
+    milliseconds spent making workspaces."""
+    t = time.perf_counter()
+    workspaces(stream, device, lt=False)
+    torch.cuda.empty_cache()
+    ms = (time.perf_counter() - t) * 1e3
+    dtype = _warm_up(fn, stream, n)
+    t = time.perf_counter()
+    workspaces(stream, device, dtype)
+    return ms + (time.perf_counter() - t) * 1e3
 
 
 @contextlib.contextmanager
@@ -163,7 +205,8 @@ def capture_stream(device: int, stream: Optional["torch.cuda.Stream"] = None) ->
     return stream
 
 
-def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
+def workspaces(stream: "torch.cuda.Stream", device: int, dtype: Optional["torch.dtype"] = None,
+               lt: bool = True) -> None:
     """Make the calling thread's cuBLAS and cuBLASLt workspaces on stream
     (PyTorch keeps one per handle, and so per thread, and stream), as
     :func:`capture_stream` does: a capture in another thread (a backward,
@@ -185,7 +228,14 @@ def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
 
     Dropping PyTorch's workspaces drops every thread's: a thread whose
     workspaces another thread's call dropped makes them again with
-    :func:`ensure_workspaces` before it multiplies on the stream again."""
+    :func:`ensure_workspaces` before it multiplies on the stream again.
+
+    The cuBLAS workspace comes with the stream's cuBLAS handle, no product
+    run; the cuBLASLt one with a product in ``dtype`` (default: the last
+    one given, float32 before; see :func:`warm_up_first` for why the dtype
+    matters). ``lt=False``:
+    the cuBLAS workspace only, and the thread's workspaces not noted as
+    made."""
     pool = _workspace_pool(stream, device)
     with _ws_lock, contextlib.ExitStack() as stack:
         release_workspaces()
@@ -193,11 +243,14 @@ def workspaces(stream: "torch.cuda.Stream", device: int) -> None:
         if pool is not None:
             stack.enter_context(torch.cuda.use_mem_pool(pool, device=device))
         stack.enter_context(torch.cuda.stream(stream))
-        a = torch.ones(8, 8, device=torch.device("cuda", device))
-        torch.addmm(a[0], a, a)  # cuBLASLt (a bias)
-        torch.mm(a, a)  # cuBLAS
-        del a
-        _ws_made.add((threading.get_ident(), device, stream.cuda_stream))
+        torch.cuda.current_blas_handle()  # cuBLAS: the handle gets its workspace on the current stream
+        if lt:
+            global _lt_dtype
+            _lt_dtype = dtype or _lt_dtype
+            a = torch.ones(8, 8, device=torch.device("cuda", device), dtype=_lt_dtype or torch.float32)
+            torch.addmm(a[0], a, a)  # cuBLASLt (a bias)
+            del a
+            _ws_made.add((threading.get_ident(), device, stream.cuda_stream))
     stream.synchronize()
 
 
@@ -217,6 +270,7 @@ def ensure_workspaces(stream: "torch.cuda.Stream", device: int) -> None:
 # PyTorch's were last dropped; _ws_lock orders the drop and the making.
 _ws_made: set = set()
 _ws_lock = threading.Lock()
+_lt_dtype: Optional["torch.dtype"] = None  # the cuBLASLt products' dtype, once a step's outputs told it
 
 
 _ws_pools: dict = {}
@@ -353,8 +407,8 @@ def graph(fn: Callable[[], Any], *, plan: Optional[str] = None, warmup: int = 3,
     _state.check_budget(budget)
     dev = torch.cuda.current_device() if device is None else device
     eager_rec = plan is None and _check_record(record, warmup)
-    stream = capture_stream(dev, stream)
-    _warm_up(fn, stream, warmup - 1 if eager_rec else warmup)
+    stream = torch.cuda.Stream(device=dev) if stream is None else stream
+    warm_up_first(fn, stream, warmup - 1 if eager_rec else warmup, dev)
     sid = lib.step_new(dev, name or getattr(fn, "__name__", "step"))
     h = stream.cuda_stream
     try:

@@ -76,10 +76,14 @@ def _graph_ctx(g, stream=None, pool=None, capture_error_mode="global"):
 
 
 class _Tensor:
-    pass
+    """A tensor, as far as its dtype and size go."""
 
+    def __init__(self, dtype="float32", numel=1):
+        self.dtype, self._numel = dtype, numel
 
-class _Mat:
+    def numel(self):
+        return self._numel
+
     def __getitem__(self, i):
         return self
 
@@ -109,22 +113,28 @@ torch.Tensor = _Tensor
 _products: list = []
 
 
-def _product(name):
-    _products.append((name, _state.stream.cuda_stream, threading.get_ident(), getattr(_routed, "pool", None)))
+def _product(name, dtype=None):
+    _products.append((name, _state.stream.cuda_stream, threading.get_ident(), getattr(_routed, "pool", None), dtype))
 
 
 torch.device = lambda kind, index=None: (kind, index)
-torch.ones = lambda *shape, device=None: _Mat()
-torch.addmm = lambda bias, a, b: _product("addmm")
-torch.mm = lambda a, b: _product("mm")
+torch.float16, torch.bfloat16, torch.float32, torch.int64 = "float16", "bfloat16", "float32", "int64"
+torch.ones = lambda *shape, device=None, dtype="float32": _Tensor(dtype, 64)
+torch.addmm = lambda bias, a, b: _product("addmm", a.dtype)
 # Dropping PyTorch's workspaces: noted among the products, in order.
 torch._C = types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: _products.append(("clear",)))
 torch.cuda = types.SimpleNamespace(
     Stream=_Stream, CUDAGraph=_Graph, current_device=lambda: 0,
     current_stream=lambda device=None: _state.stream, stream=_stream_ctx, graph=_graph_ctx,
     synchronize=lambda device=None: None, empty_cache=lambda: _products.append(("empty",)), MemPool=_Pool,
-    use_mem_pool=_use_pool)
-torch.utils = types.SimpleNamespace(_pytree=types.SimpleNamespace(tree_map=lambda f, x: f(x)))
+    use_mem_pool=_use_pool, current_blas_handle=lambda: _product("handle"))
+
+
+def _leaves(x):
+    return [y for v in x for y in _leaves(v)] if isinstance(x, (list, tuple)) else [x]
+
+
+torch.utils = types.SimpleNamespace(_pytree=types.SimpleNamespace(tree_map=lambda f, x: f(x), tree_leaves=_leaves))
 sys.modules.setdefault("torch", torch)
 sys.modules.setdefault("torch.utils", torch.utils)
 sys.modules.setdefault("torch.utils._pytree", torch.utils._pytree)
@@ -139,7 +149,16 @@ if sys.modules["torch"] is not torch:
 LIB = Library()
 ap_state.lib = LIB
 LIB.step_join_capture = lambda sid: None  # the stand-in captures nothing
-_family._weak = lambda out: types.SimpleNamespace(ptr=out.ptr)  # a view that does not own the memory
+
+
+def _weak(out):
+    """A view of a step's outputs that does not own their memory."""
+    if isinstance(out, (list, tuple)):
+        return type(out)(_weak(o) for o in out)
+    return types.SimpleNamespace(ptr=out.ptr) if isinstance(out, _Out) else out
+
+
+_family._weak = _weak
 
 
 class _Out:
@@ -299,8 +318,8 @@ class GraphFlowTest(unittest.TestCase):
             try:
                 ch.capture(bw)
                 me = threading.get_ident()
-                errs.append([p[:3] for p in _products] == [("clear",), ("addmm", st.cuda_stream, me),
-                                                           ("mm", st.cuda_stream, me)])
+                errs.append([p[:3] for p in _products] == [("clear",), ("handle", st.cuda_stream, me),
+                                                           ("addmm", st.cuda_stream, me)])
             except BaseException as e:  # noqa: BLE001 - reported below
                 errs.append(e)
         th = threading.Thread(target=later)
@@ -340,13 +359,13 @@ class GraphFlowTest(unittest.TestCase):
         _graph.ensure_workspaces(st, 0)
         _graph.ensure_workspaces(st, 0)
         made = [p[:3] for p in _products]
-        self.assertEqual(made, [("clear",), ("addmm", st.cuda_stream, me), ("mm", st.cuda_stream, me)])
+        self.assertEqual(made, [("clear",), ("handle", st.cuda_stream, me), ("addmm", st.cuda_stream, me)])
         other = []
         th = threading.Thread(target=lambda: (_graph.ensure_workspaces(st, 0), other.append(threading.get_ident())))
         th.start()
         th.join()
         self.assertEqual([p[:3] for p in _products[3:]],
-                         [("clear",), ("addmm", st.cuda_stream, other[0]), ("mm", st.cuda_stream, other[0])])
+                         [("clear",), ("handle", st.cuda_stream, other[0]), ("addmm", st.cuda_stream, other[0])])
         del _products[:]
         _graph.ensure_workspaces(st, 0)
         self.assertEqual([p[:3] for p in _products], made, "this thread's, dropped by the other's, made again")
@@ -355,7 +374,7 @@ class GraphFlowTest(unittest.TestCase):
         st2 = _Stream()
         del _products[:]
         _graph.ensure_workspaces(st2, 0)
-        self.assertEqual([p[:2] for p in _products], [("clear",), ("addmm", st2.cuda_stream), ("mm", st2.cuda_stream)])
+        self.assertEqual([p[:2] for p in _products], [("clear",), ("handle", st2.cuda_stream), ("addmm", st2.cuda_stream)])
 
     def test_capture_streams_have_their_workspaces_first(self):
         # cuBLAS and cuBLASLt make a workspace per stream at its first
@@ -364,7 +383,10 @@ class GraphFlowTest(unittest.TestCase):
         # dropped (so that threads capturing on one stream take turns on
         # one workspace's memory) in the stream's own pool, never released
         # (so that dropping them frees that memory only to later
-        # workspaces of the stream).
+        # workspaces of the stream). A graph's or a family's first step
+        # warms up between the two: its cuBLASLt workspace is made after
+        # it, in the dtype of its outputs.
+        from arenaplan import _graph
         pools = {}
 
         def runs(f):
@@ -372,22 +394,34 @@ class GraphFlowTest(unittest.TestCase):
                 _products.append(("run",))
                 return f()
             return step
-        for make in (lambda st: ap.graphs({1: runs(model())}, stream=st), lambda st: ap.chain([runs(model())], stream=st),
-                     lambda st: ap.graph(runs(model()), stream=st)):
+        for kind, make in (("graphs", lambda st: ap.graphs({1: runs(model())}, stream=st)),
+                           ("chain", lambda st: ap.chain([runs(model())], stream=st)),
+                           ("graph", lambda st: ap.graph(runs(model()), stream=st))):
             for st in (_Stream(), _Stream()):
+                _graph._lt_dtype = None
                 del _products[:]
                 n = _Graph.captures
                 g = make(st)
                 me = threading.get_ident()
-                # Then the cache goes back, before the runs of the capture
-                # (the stand-in's torch.cuda.graph empties nothing).
-                self.assertEqual([p[:3] for p in _products[:4]], [("clear",), ("addmm", st.cuda_stream, me),
-                                                                  ("mm", st.cuda_stream, me), ("empty",)])
-                self.assertEqual(set(_products[4:]), {("run",)}, "every run of the step after them")
-                self.assertGreaterEqual(len(_products), 6, "warm-up, recording and capture runs")
-                self.assertIsInstance(_products[1][3], _Pool)
-                self.assertIs(_products[1][3], _products[2][3])
-                pools[st.cuda_stream] = _products[1][3]
+                ps = [p[:3] for p in _products]
+                if kind == "chain":
+                    # Then the cache goes back, before the runs of the capture
+                    # (the stand-in's torch.cuda.graph empties nothing).
+                    self.assertEqual(ps[:4], [("clear",), ("handle", st.cuda_stream, me),
+                                              ("addmm", st.cuda_stream, me), ("empty",)])
+                    rest, made = _products[4:], _products[1:3]
+                else:
+                    k = ps.index(("clear",), 1)  # after the warm-up runs
+                    self.assertEqual(ps[:3], [("clear",), ("handle", st.cuda_stream, me), ("empty",)])
+                    self.assertEqual(set(ps[3:k]), {("run",)})
+                    self.assertEqual(ps[k:k + 3], [("clear",), ("handle", st.cuda_stream, me), ("addmm", st.cuda_stream, me)])
+                    rest, made = _products[k + 3:], _products[k + 1:k + 3]
+                    self.assertEqual(_products[k + 2][4], "float32", "no floating-point output: float32")
+                self.assertEqual(set(rest), {("run",)}, "every later run of the step after them")
+                self.assertGreaterEqual(len(rest), 2, "recording and capture runs")
+                self.assertIsInstance(made[0][3], _Pool)
+                self.assertIs(made[0][3], made[1][3])
+                pools[st.cuda_stream] = made[0][3]
                 self.assertGreater(_Graph.captures, n)
                 g.close()
                 # Again on the same stream: the same pool.
@@ -396,6 +430,31 @@ class GraphFlowTest(unittest.TestCase):
                 self.assertIs(_products[1][3], pools[st.cuda_stream])
                 g.close()
         self.assertEqual(len({id(p) for p in pools.values()}), len(pools), "a pool per stream")
+
+    def test_cublaslt_workspace_is_made_in_the_outputs_dtype(self):
+        # A product's first run in a dtype loads its kernels (tens of
+        # milliseconds): the workspace's product runs in the dtype the
+        # step's largest floating-point output has, and later workspaces
+        # of the process in that dtype too.
+        from arenaplan import _graph
+        _graph._lt_dtype = None
+        inner = model()
+
+        def step():
+            return inner(), [_Tensor("int64", 4096), _Tensor("bfloat16", 512), _Tensor("float32", 8)]
+        for make in (lambda: ap.graphs({1: step, 2: step}, stream=_Stream()), lambda: ap.graph(step, stream=_Stream())):
+            del _products[:]
+            g = make()
+            self.assertEqual([p[4] for p in _products if p[0] == "addmm"], ["bfloat16"])
+            g.close()
+        del _products[:]
+        _graph.ensure_workspaces(_Stream(), 0)
+        self.assertEqual([p[4] for p in _products if p[0] == "addmm"], ["bfloat16"], "the dtype learned")
+        # With no warm-up run before the recorded one, no dtype is known yet.
+        _graph._lt_dtype = None
+        del _products[:]
+        ap.graph(step, warmup=1, stream=_Stream()).close()
+        self.assertEqual([p[4] for p in _products if p[0] == "addmm"], ["float32"])
 
     def test_step_error_ends_the_run(self):
         def bad():
