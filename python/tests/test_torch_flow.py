@@ -456,6 +456,32 @@ class GraphFlowTest(unittest.TestCase):
         ap.graph(step, warmup=1, stream=_Stream()).close()
         self.assertEqual([p[4] for p in _products if p[0] == "addmm"], ["float32"])
 
+    def test_replay_on_another_stream_waits_for_the_last(self):
+        # A replay on another stream than the last one's waits for it
+        # first (its memory is the same arena); on the same stream it does
+        # not. With PyTorch's C call for the stream's identity and without.
+        waits = []
+
+        class S(_Stream):
+            def wait_stream(self, other):
+                waits.append((self.cuda_stream, other.cuda_stream))
+        fam = ap.graphs({1: model()}, stream=_Stream())
+        a, b = S(), S()
+        for fast in (False, True):
+            if fast:
+                torch._C._cuda_getCurrentStream = lambda d: (_state.stream.cuda_stream, d, 1)
+            try:
+                del waits[:]
+                fam._last_stream = fam._last_key = None
+                for st in (a, a, b, b, a):
+                    with _stream_ctx(st):
+                        fam.replay(1)
+                self.assertEqual(waits, [(b.cuda_stream, a.cuda_stream), (a.cuda_stream, b.cuda_stream)])
+            finally:
+                if fast:
+                    del torch._C._cuda_getCurrentStream
+        fam.close()
+
     def test_step_error_ends_the_run(self):
         def bad():
             LIB.alloc(4096, 0, _state.stream.cuda_stream)

@@ -49,6 +49,8 @@ class _Ops:
 
     @staticmethod
     def device(t) -> Tuple[str, Optional[int]]:
+        if t.is_cuda:  # without the torch.device object, which costs a call microseconds
+            return ("cuda", t.get_device())
         return (t.device.type, t.device.index)
 
     @staticmethod
