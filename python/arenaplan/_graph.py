@@ -81,9 +81,10 @@ def _warm_up(fn: Callable[[], Any], stream: "torch.cuda.Stream", n: int) -> Opti
     dtype = None
     stream.wait_stream(torch.cuda.current_stream(stream.device))
     with torch.cuda.stream(stream):
-        for _ in range(n):
+        for k in range(n):
             out = fn()
-            dtype = _product_dtype(out)
+            if k == n - 1:
+                dtype = _product_dtype(out)
             del out
     torch.cuda.current_stream(stream.device).wait_stream(stream)
     torch.cuda.synchronize(stream.device)
