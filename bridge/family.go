@@ -385,7 +385,7 @@ func (f *Family) planMember(s *Step, budget time.Duration, held []Range, op stri
 	case len(f.plan.Shared) > 0 || f.plan.SharedRegion.Hi > 0:
 		why = "its members share buffers: plan the family again"
 	}
-	ar := f.ar
+	ar, goal := f.ar, arenaGoal(f.plan)
 	d.mu.Unlock()
 	if why != "" {
 		return f.errorf("%s: %s", op, why)
@@ -396,7 +396,7 @@ func (f *Family) planMember(s *Step, budget time.Duration, held []Range, op stri
 		}
 	}()
 	around := heldOffsets(ar, held)
-	p, err := planAround(t, around, budget)
+	p, err := planAround(t, around, budget, goal)
 	if err != nil {
 		return f.errorf("member %q: planning: %w", s.name, err)
 	}

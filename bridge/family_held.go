@@ -70,14 +70,24 @@ func mergeRanges(rs []offRange, align int64) []offRange {
 	return out
 }
 
+// arenaGoal is the planner's goal for a step planned into a family's
+// arena as it is: its size (a plan that fits serves as well as a
+// smaller one), 0 before the family is planned.
+func arenaGoal(fp *planner.GroupPlan) int64 {
+	if fp == nil {
+		return 0
+	}
+	return fp.Arena
+}
+
 // planAround plans trace t ("auto" within budget) so that no buffer
 // meets a range of around at any time: each range is a fixed buffer
 // live over the whole step in a copy of t, planned with t's buffers
 // (planner.Run, which places around fixed buffers) and checked there;
 // the plan returned is that plan's projection on t. With nothing around,
-// t is planned as any step is (planner.RunByTag).
-func planAround(t *lifetime.Trace, around []offRange, budget time.Duration) (*planner.Plan, error) {
-	ctx, opt := context.Background(), planner.Options{Budget: budget}
+// t is planned as any step is (planner.RunByTag). goal: planner.Options.Goal.
+func planAround(t *lifetime.Trace, around []offRange, budget time.Duration, goal int64) (*planner.Plan, error) {
+	ctx, opt := context.Background(), planner.Options{Budget: budget, Goal: goal}
 	if len(around) == 0 || len(t.Buffers) == 0 {
 		p, _, err := planner.RunByTag(ctx, planner.Auto, t, opt)
 		return p, err
@@ -160,7 +170,7 @@ func (f *Family) ReplanMemberAround(s *Step, budget time.Duration, held []Range)
 	case s.closing || s.state != stepIdle || t == nil || p0 == nil:
 		why = fmt.Sprintf("member %q needs a plan and no run underway (%s)", s.name, s.state)
 	}
-	ar := f.ar
+	ar, goal := f.ar, arenaGoal(f.plan)
 	d.mu.Unlock()
 	if why != "" {
 		return f.errorf("ReplanMemberAround: %s", why)
@@ -174,7 +184,7 @@ func (f *Family) ReplanMemberAround(s *Step, budget time.Duration, held []Range)
 		return f.errorf("member %q: %w", s.name, err)
 	}
 	all := mergeRanges(append(slices.Clone(before), around...), 1)
-	p, err := planAround(pinned, all, budget)
+	p, err := planAround(pinned, all, budget, goal)
 	if err != nil {
 		return f.errorf("member %q: planning around held memory: %w", s.name, err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/arenaplan/arenaplan/cuda"
 	"github.com/arenaplan/arenaplan/lifetime"
+	"github.com/arenaplan/arenaplan/lifetime/tracegen"
 	"github.com/arenaplan/arenaplan/planner"
 )
 
@@ -434,7 +435,7 @@ func TestPlanAroundAvoidsHeldRanges(t *testing.T) {
 			lo := rng.Int64N(1 << 16)
 			around = append(around, offRange{lo, lo + 1 + rng.Int64N(1<<13)})
 		}
-		p, err := planAround(tr, around, 20*time.Millisecond)
+		p, err := planAround(tr, around, 20*time.Millisecond, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -533,5 +534,36 @@ func TestFamilyMemberReplannedAroundHeldOutput(t *testing.T) {
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPlanAroundStopsAtTheGoal: a step planned into an arena as it is
+// (PlanMember, ReplanMemberAround, a member's Replan: the goal is the
+// family's arena) stops at its first plan that fits, with or without
+// held ranges, rather than search for a smaller one the arena would not
+// use; without a goal it searches on.
+func TestPlanAroundStopsAtTheGoal(t *testing.T) {
+	tr, err := tracegen.TorchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: 1}, Attention: "efficient"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	searched, err := planAround(tr, nil, time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if searched.Stop == planner.StopGoal || searched.Arena <= searched.LowerBound {
+		t.Fatalf("without a goal: arena %d (peak %d), stopped by %q; want a search above the peak", searched.Arena, searched.LowerBound, searched.Stop)
+	}
+	goal := 2 * searched.Arena
+	held := []offRange{{goal - 4096, goal}}
+	for _, around := range [][]offRange{nil, held} {
+		p, err := planAround(tr, around, time.Second, goal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Stop != planner.StopGoal || p.Arena > goal {
+			t.Errorf("%d held ranges, goal %d: arena %d, stopped by %q; want at most the goal, stopped by %q",
+				len(around), goal, p.Arena, p.Stop, planner.StopGoal)
+		}
 	}
 }

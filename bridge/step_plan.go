@@ -61,11 +61,15 @@ func (s *Step) Replan(budget time.Duration) error {
 	d.mu.Lock()
 	t, err := s.replanReady()
 	around := s.around
+	var goal int64 // a member's plan fits its family's arena as it is
+	if s.fam != nil {
+		goal = arenaGoal(s.fam.plan)
+	}
 	d.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	p, err := planAround(t, around, budget) // a family member planned around held memory keeps leaving it alone
+	p, err := planAround(t, around, budget, goal) // a family member planned around held memory keeps leaving it alone
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): planning its served run: %w", s.id, s.name, err)
 	}

@@ -153,6 +153,10 @@ func anytimeIn(ctx context.Context, t *lifetime.Trace, opt Options, nested bool)
 		base.Stop = StopBound
 		return base, nil
 	}
+	if opt.Goal > 0 && base.Arena <= opt.Goal {
+		base.Stop = StopGoal
+		return base, nil
+	}
 	r.t, r.ceil = t, base.Arena/p.unit
 	defer r.dropAhead()
 	// Turns: each leaf not yet done gets an even share of the time left,

@@ -2,8 +2,10 @@ package planner
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -247,5 +249,99 @@ func BenchmarkTorchDecodeEfficient(b *testing.B) {
 				b.ReportMetric(1, "stop-"+string(p.Stop))
 			})
 		}
+	}
+}
+
+// TestFamilyMembersStopUnderTheLargestPeak: in a family of decode steps,
+// the members whose private buffers' plan fits under the largest
+// member's peak stop there (StopGoal), and the family's arena is the
+// one its largest member gets planned alone: stopping the others early
+// costs the family nothing.
+func TestFamilyMembersStopUnderTheLargestPeak(t *testing.T) {
+	for _, att := range []string{"efficient", "math16"} {
+		ms := torchDecodeFamily(att)
+		opt := Options{Workers: 1}
+		fp, err := PlanFamily(context.Background(), Auto, ms, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var largest int
+		var peak int64
+		for i, m := range ms {
+			if lb, _ := m.Trace.LowerBound(DefaultAlign); lb > peak {
+				largest, peak = i, lb
+			}
+		}
+		alone, err := Run(context.Background(), Auto, ms[largest].Trace, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fp.Arena != alone.Arena {
+			t.Errorf("%s: family arena %d, want %d (member %s planned alone)", att, fp.Arena, alone.Arena, ms[largest].Name)
+		}
+		family := 0
+		for i, mp := range fp.Members {
+			p := mp.Plan
+			switch {
+			case i == largest && p.Stop == StopGoal:
+				t.Errorf("%s: the largest member %s stopped by %q", att, mp.Name, p.Stop)
+			case p.Stop == StopGoal:
+				family++
+				if p.Arena > peak {
+					t.Errorf("%s: member %s stopped by %q at %d, above the family's peak %d", att, mp.Name, p.Stop, p.Arena, peak)
+				}
+			}
+		}
+		if family < len(ms)-2 {
+			t.Errorf("%s: %d of %d members stopped under the largest peak, want all but the largest (and one at its bound)", att, family, len(ms))
+		}
+	}
+}
+
+// TestGoalStopsAtTheFirstPlanUnderIt: with Options.Goal at or above the
+// baselines' arena, auto returns that plan at once (StopGoal); a goal
+// below every plan it finds changes nothing; a negative one is refused.
+func TestGoalStopsAtTheFirstPlanUnderIt(t *testing.T) {
+	tr, err := tracegen.TorchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: 1}, Attention: "efficient"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, opt := context.Background(), Options{Workers: 1}
+	searched, err := Run(ctx, Auto, tr, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if searched.Stop == StopBound {
+		t.Fatalf("the trace is planned at its peak (%q): it cannot tell a goal from the bound", searched.Stop)
+	}
+	goal := int64(math.MaxInt64)
+	for _, algo := range Baselines {
+		p, err := Run(ctx, algo, tr, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		goal = min(goal, p.Arena)
+	}
+	if goal <= searched.Arena {
+		t.Fatalf("the baselines' arena %d is not above the search's %d", goal, searched.Arena)
+	}
+	opt.Goal = goal
+	p, err := Run(ctx, Auto, tr, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Stop != StopGoal || p.Arena > goal {
+		t.Errorf("goal %d: arena %d, stopped by %q; want at most the goal, stopped by %q", goal, p.Arena, p.Stop, StopGoal)
+	}
+	opt.Goal = p.LowerBound - 1
+	if p, err = Run(ctx, Auto, tr, opt); err != nil {
+		t.Fatal(err)
+	}
+	if p.Stop != searched.Stop || p.Arena != searched.Arena {
+		t.Errorf("goal below the peak: arena %d stopped by %q; want %d stopped by %q as without one", p.Arena, p.Stop, searched.Arena, searched.Stop)
+	}
+	opt.Goal = -1
+	if _, err := Run(ctx, Auto, tr, opt); !errors.Is(err, ErrOptions) {
+		t.Errorf("a negative goal: %v; want ErrOptions", err)
 	}
 }

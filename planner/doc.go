@@ -21,7 +21,9 @@
 // nothing left to try; within 1/256 the rolling search gets 4 nodes a
 // buffer instead of 256. The rule counts nodes, not time, so with one
 // worker it stops at the same point on every machine;
-// Options.FullBudget turns it off.
+// Options.FullBudget turns it off. A first plan at most Options.Goal
+// ends it too (StopGoal): in a family (PlanFamily), a member under the
+// largest member's peak, as the family's arena cannot be smaller.
 //
 // Plan.Bound is the strongest lower bound auto proved, at least the
 // peak of live bytes: where the greedy passes stay above the peak, the

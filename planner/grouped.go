@@ -62,6 +62,7 @@ func RunGrouped(ctx context.Context, algo string, t *lifetime.Trace, opt Options
 		return nil, nil, fmt.Errorf("planner: %w", err)
 	}
 	regionAlign = max(regionAlign, opt.Align)
+	opt.Goal = 0 // a goal for the whole arena says nothing of one group's
 	members := map[string][]int{}
 	for i := range t.Buffers {
 		g := group(&t.Buffers[i])

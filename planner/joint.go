@@ -378,21 +378,33 @@ func (j *Joint) planWindows(ctx context.Context, algo string, windows []Window, 
 		}
 	}
 	base := lifetime.RoundUp(wp.Top, baseAlign)
-	err := sideBySide(len(windows), opt, func(w int, opt Options) error {
+	// Each window's private buffers, and the largest of their peaks: the
+	// private part of the arena is at least that, so a window planned
+	// under it is as good as planned at its own peak (Options.Goal).
+	subs := make([]*lifetime.Trace, len(windows))
+	owns := make([][]int, len(windows))
+	var goal int64
+	for w := range windows {
 		t := windows[w].Trace
 		sub := &lifetime.Trace{Name: t.Name + "/private"}
-		var own []int
 		for i, id := range j.Spans[w].Joint {
 			if j.own[id] {
 				b := t.Buffers[i]
-				b.ID = lifetime.ID(len(own))
+				b.ID = lifetime.ID(len(owns[w]))
 				sub.Buffers = append(sub.Buffers, b)
-				own = append(own, i)
+				owns[w] = append(owns[w], i)
 			}
 		}
+		subs[w] = sub
+		peak, _ := sub.LowerBound(opt.Align)
+		goal = max(goal, peak)
+	}
+	err := sideBySide(len(windows), opt, func(w int, opt Options) error {
+		sub, own := subs[w], owns[w]
 		if len(own) == 0 {
 			return nil
 		}
+		opt.Goal = max(opt.Goal, goal)
 		p, err := Run(ctx, algo, sub, opt)
 		if err != nil {
 			return fmt.Errorf("window %d (%s): private buffers: %w", w, windows[w].Name, err)

@@ -67,6 +67,10 @@ const (
 	// StopProof: the search proved that no smaller arena exists, or the
 	// arena met a lower bound above the peak of live bytes (Plan.Bound).
 	StopProof Stop = "proof"
+	// StopGoal: the arena is at most Options.Goal, which serves the
+	// caller as well as any smaller one (a family member's under the
+	// peak of the largest member, PlanFamily).
+	StopGoal Stop = "goal"
 	// StopRule: the stop rule (see Options.FullBudget) decided that more
 	// search was unlikely to pay, or nothing was left to try.
 	StopRule Stop = "rule"
@@ -123,6 +127,14 @@ type Options struct {
 	// Progress, if set, is called now and then by long searches, from the
 	// goroutine that called the algorithm.
 	Progress func(Progress)
+	// Goal, where positive, is an arena in bytes that serves the caller
+	// as well as any smaller one: a step added to an arena of that size
+	// that it fits in, a family member whose arena cannot exceed the
+	// largest member's (PlanFamily sets it so). Auto stops at its first
+	// plan at most Goal, its baselines', with StopGoal, where no search
+	// is needed; 0 (the default) searches as usual. Grouped plans
+	// (RunGrouped, a trace of several tags) ignore it.
+	Goal int64
 
 	// spare lends a search with one worker the cores that the runs planned
 	// beside it no longer need (sideBySide).
@@ -130,7 +142,7 @@ type Options struct {
 }
 
 // Validate reports an invalid field: an Align that is not 0 or a power of
-// two up to MaxAlign, a negative Budget or a negative Workers. Errors wrap
+// two up to MaxAlign, a negative Budget, Workers or Goal. Errors wrap
 // ErrOptions.
 func (o Options) Validate() error {
 	switch {
@@ -140,6 +152,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: Budget %v is negative (0: %v)", ErrOptions, o.Budget, DefaultBudget)
 	case o.Workers < 0:
 		return fmt.Errorf("%w: Workers %d is negative (0: GOMAXPROCS)", ErrOptions, o.Workers)
+	case o.Goal < 0:
+		return fmt.Errorf("%w: Goal %d is negative (0: none)", ErrOptions, o.Goal)
 	}
 	return nil
 }
