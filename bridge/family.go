@@ -44,6 +44,7 @@ type Family struct {
 	ar      *arena.Arena
 	loaded  string
 	closing bool
+	ahead   map[*Step]*aheadPlan // members planned ahead (PlanAhead), until Plan
 }
 
 // NewFamily makes an empty family on device ordinal.
@@ -135,6 +136,7 @@ func (f *Family) Plan(budget time.Duration) error {
 	if err != nil {
 		return err
 	}
+	members = f.takeAhead(members, budget)
 	fp, err := planner.PlanFamily(context.Background(), "auto", members, planner.Options{Budget: budget})
 	if err != nil {
 		return f.errorf("planning: %w", err)
@@ -488,6 +490,7 @@ func (f *Family) Close() error {
 		}
 	}
 	f.d.mu.Unlock()
+	f.stopAhead()
 	for _, s := range open {
 		if err := s.Close(); err != nil {
 			errs = append(errs, err)

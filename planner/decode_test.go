@@ -345,3 +345,39 @@ func TestGoalStopsAtTheFirstPlanUnderIt(t *testing.T) {
 		t.Errorf("a negative goal: %v; want ErrOptions", err)
 	}
 }
+
+// TestPlanFamilyTakesPlansMadeAhead: members' plans made before the
+// family's (Member.Ahead) are taken as they are, and the family's arena
+// is the one planned without them; one made at another alignment is not.
+func TestPlanFamilyTakesPlansMadeAhead(t *testing.T) {
+	ctx := context.Background()
+	ms := torchDecodeFamily("efficient")
+	want, err := PlanFamily(ctx, Auto, ms, Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var goal int64
+	for i := range ms {
+		peak, _ := ms[i].Trace.LowerBound(DefaultAlign)
+		goal = max(goal, peak)
+		align := int64(DefaultAlign)
+		if i == 1 {
+			align *= 2
+		}
+		if ms[i].Ahead, err = Run(ctx, Auto, ms[i].Trace, Options{Workers: 1, Goal: goal, Align: align}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fp, err := PlanFamily(ctx, Auto, ms, Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fp.Arena != want.Arena {
+		t.Errorf("arena %d, want %d as planned without plans made ahead", fp.Arena, want.Arena)
+	}
+	for i, mp := range fp.Members {
+		if taken := mp.Plan.Elapsed == ms[i].Ahead.Elapsed; taken != (i != 1) {
+			t.Errorf("member %s: plan made ahead taken: %v, want %v", mp.Name, taken, i != 1)
+		}
+	}
+}

@@ -20,10 +20,17 @@ import (
 // offset in the whole family, and no buffer of any member, shared or
 // private, ever overlaps its bytes. Buffers with the same key must agree
 // on size and alignment; a key names at most one buffer of a member.
+//
+// Ahead, where set, is a plan of Trace made before the family's
+// (Options.Goal at most the largest member's peak, the family's
+// alignment), while the other members were still being recorded:
+// PlanFamily takes it for a member that shares nothing instead of
+// planning it again, and checks it with the rest.
 type Member struct {
 	Name  string
 	Trace *lifetime.Trace
 	Keys  []string
+	Ahead *Plan
 }
 
 // SharedByTag returns Keys for t that share, under their names, the
@@ -185,10 +192,14 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 		}
 	}
 	windows := make([]Window, len(members))
+	ahead := make([]*Plan, len(members))
 	for i, m := range members {
 		windows[i] = Window{Name: m.Name, Trace: m.Trace}
+		if m.Ahead != nil && countShared(m) == 0 {
+			ahead[i] = m.Ahead
+		}
 	}
-	wp, err := j.planWindows(ctx, algo, windows, opt)
+	wp, err := j.planWindows(ctx, algo, windows, ahead, opt)
 	if err != nil {
 		return nil, fmt.Errorf("planner: family: %w", err)
 	}

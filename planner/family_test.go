@@ -192,15 +192,15 @@ func TestFamilyErrors(t *testing.T) {
 		wants   string
 	}{
 		{"none", nil, "no members"},
-		{"size", []Member{{"a", tr(w, x), []string{"w", ""}}, {"b", tr(w2, x), []string{"w", ""}}}, `shared key "w" is 1000 bytes aligned to 1 in member "a"`},
-		{"align", []Member{{"a", tr(w, x), []string{"w", ""}}, {"b", tr(wa, x), []string{"w", ""}}}, "aligned to 4096"},
-		{"twice in a member", []Member{{"a", tr(w, w), []string{"w", "w"}}}, `both have shared key "w"`},
-		{"names", []Member{{"a", tr(w), nil}, {"a", tr(w), nil}}, `"a" appears twice`},
-		{"no name", []Member{{"", tr(w), nil}}, "no name"},
-		{"no trace", []Member{{"a", nil, nil}}, "no trace"},
-		{"keys", []Member{{"a", tr(w, x), []string{"w"}}}, "1 keys for 2 buffers"},
-		{"fixed", []Member{{"a", fixed, nil}}, "fixed offset"},
-		{"invalid trace", []Member{{"a", tr(lifetime.Buffer{Name: "bad", Size: 0}), nil}}, "size 0"},
+		{"size", []Member{{Name: "a", Trace: tr(w, x), Keys: []string{"w", ""}}, {Name: "b", Trace: tr(w2, x), Keys: []string{"w", ""}}}, `shared key "w" is 1000 bytes aligned to 1 in member "a"`},
+		{"align", []Member{{Name: "a", Trace: tr(w, x), Keys: []string{"w", ""}}, {Name: "b", Trace: tr(wa, x), Keys: []string{"w", ""}}}, "aligned to 4096"},
+		{"twice in a member", []Member{{Name: "a", Trace: tr(w, w), Keys: []string{"w", "w"}}}, `both have shared key "w"`},
+		{"names", []Member{{Name: "a", Trace: tr(w), Keys: nil}, {Name: "a", Trace: tr(w), Keys: nil}}, `"a" appears twice`},
+		{"no name", []Member{{Name: "", Trace: tr(w), Keys: nil}}, "no name"},
+		{"no trace", []Member{{Name: "a", Trace: nil, Keys: nil}}, "no trace"},
+		{"keys", []Member{{Name: "a", Trace: tr(w, x), Keys: []string{"w"}}}, "1 keys for 2 buffers"},
+		{"fixed", []Member{{Name: "a", Trace: fixed, Keys: nil}}, "fixed offset"},
+		{"invalid trace", []Member{{Name: "a", Trace: tr(lifetime.Buffer{Name: "bad", Size: 0}), Keys: nil}}, "size 0"},
 	}
 	for _, c := range cases {
 		_, err := PlanFamily(context.Background(), "bestfit", c.members, Options{})
@@ -212,7 +212,7 @@ func TestFamilyErrors(t *testing.T) {
 			t.Errorf("%s: %v does not wrap ErrFamily", c.name, err)
 		}
 	}
-	if _, err := PlanFamily(context.Background(), "nope", []Member{{"a", tr(w), nil}}, Options{}); err == nil || !strings.Contains(err.Error(), "unknown algorithm") {
+	if _, err := PlanFamily(context.Background(), "nope", []Member{{Name: "a", Trace: tr(w), Keys: nil}}, Options{}); err == nil || !strings.Contains(err.Error(), "unknown algorithm") {
 		t.Errorf("unknown algorithm: %v", err)
 	}
 }

@@ -339,7 +339,11 @@ type windowPlan struct {
 // order; each window's own buffers are planned alone with algo and moved
 // above them, windows side by side, since no two windows overlap in time.
 // It is optimal when the stacked buffers are live through every window.
-func (j *Joint) planWindows(ctx context.Context, algo string, windows []Window, opt Options) (*windowPlan, error) {
+//
+// ahead (nil, or one per window) holds plans of windows that share
+// nothing, made before: such a window's plan is taken as it is where it
+// plans its whole trace at opt.Align.
+func (j *Joint) planWindows(ctx context.Context, algo string, windows []Window, ahead []*Plan, opt Options) (*windowPlan, error) {
 	wp := &windowPlan{Offsets: make([]int64, len(j.Trace.Buffers)), Own: make([]*Plan, len(windows))}
 	for id := range j.Trace.Buffers {
 		switch {
@@ -405,9 +409,17 @@ func (j *Joint) planWindows(ctx context.Context, algo string, windows []Window, 
 			return nil
 		}
 		opt.Goal = max(opt.Goal, goal)
-		p, err := Run(ctx, algo, sub, opt)
-		if err != nil {
-			return fmt.Errorf("window %d (%s): private buffers: %w", w, windows[w].Name, err)
+		var p *Plan
+		if ahead != nil {
+			if a := ahead[w]; a != nil && len(own) == len(windows[w].Trace.Buffers) && len(a.Offsets) == len(own) && a.Align == opt.Align {
+				p = a
+			}
+		}
+		if p == nil {
+			var err error
+			if p, err = Run(ctx, algo, sub, opt); err != nil {
+				return fmt.Errorf("window %d (%s): private buffers: %w", w, windows[w].Name, err)
+			}
 		}
 		for k, i := range own {
 			wp.Offsets[j.Spans[w].Joint[i]] = base + p.Offsets[k]

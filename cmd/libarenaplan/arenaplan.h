@@ -91,6 +91,9 @@ char *arenaplan_family_new(int device, char *name, int *id);
 char *arenaplan_chain_new(int device, char *name, int *id);
 char *arenaplan_family_member(int id, char *name, int *sid);
 char *arenaplan_family_plan(int id, double budgetSeconds);
+// Starts planning member sid, its recording finished, in the background;
+// arenaplan_family_plan with the same budget takes that plan.
+char *arenaplan_family_plan_ahead(int id, int sid, double budgetSeconds);
 char *arenaplan_family_plan_member(int id, int sid, double budgetSeconds);
 // As arenaplan_family_plan_member, for a member that replays while the
 // program holds memory in the family's arena: its plan leaves the n

@@ -628,6 +628,19 @@ func arenaplan_family_plan(id C.int, budgetSeconds C.double) *C.char {
 	return family("arenaplan_family_plan", id, func(f *bridge.Family) error { return withBudget(budgetSeconds, f.Plan) })
 }
 
+// arenaplan_family_plan_ahead starts planning member sid of family id,
+// its recording finished, in the background while the program records
+// the other members; arenaplan_family_plan with the same budget takes
+// that plan instead of planning the member again.
+//
+//export arenaplan_family_plan_ahead
+func arenaplan_family_plan_ahead(id, sid C.int, budgetSeconds C.double) *C.char {
+	return aroundMember("arenaplan_family_plan_ahead", id, sid, budgetSeconds, nil, 0,
+		func(f *bridge.Family, s *bridge.Step, budget time.Duration, _ []bridge.Range) error {
+			return f.PlanAhead(s, budget)
+		})
+}
+
 // arenaplan_family_plan_member plans member sid, added to planned family
 // id after its plan and since recorded, on its own into the family's
 // arena; the other members keep their plans. On an error (its plan does

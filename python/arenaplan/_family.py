@@ -259,8 +259,9 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
     SGLang's batch-size graphs. ``fns`` maps a key (a batch size) to a step
     taking no arguments; members are captured in the dict's order (give
     the largest first, as engines do). Each member: ``warmup`` eager runs,
-    the last one recorded (``record`` as in :func:`graph`); then one plan
-    for all (``plan``: a family plan file, refused with
+    the last one recorded (``record`` as in :func:`graph`), its plan
+    started on other cores as the next members record; then one plan
+    for all, taking those (``plan``: a family plan file, refused with
     :class:`PlanMismatchError` for another family); then one capture per
     member, two for a member whose capture allocated differently from its
     eager run (it is planned again from its capture, inside the family
@@ -300,6 +301,10 @@ def graphs(fns: Dict[Any, Callable[[], Any]], *, plan: Optional[str] = None, war
                     o = _capture(lib, sids[key], fn, stream, g0, lambda: lib.step_record(sids[key], h))
                     del o
                     g0.reset()
+                # Planned on other cores while the next members record;
+                # family_plan takes the plan (the largest member first
+                # searches longest, the others stop under its peak).
+                lib.family_plan_ahead(fid, sids[key], budget)
                 rec_ms[key] = (time.perf_counter() - t) * 1e3
             t1 = time.perf_counter()
             lib.family_plan(fid, budget)

@@ -73,6 +73,7 @@ SIGNATURES = {
     "arenaplan_chain_new": ("char *", ["int", "char *", "int *"]),
     "arenaplan_family_member": ("char *", ["int", "char *", "int *"]),
     "arenaplan_family_plan": ("char *", ["int", "double"]),
+    "arenaplan_family_plan_ahead": ("char *", ["int", "int", "double"]),
     "arenaplan_family_plan_member": ("char *", ["int", "int", "double"]),
     "arenaplan_family_plan_member_around": ("char *", ["int", "int", "double", "uint64_t *", "int"]),
     "arenaplan_family_replan_member_around": ("char *", ["int", "int", "double", "uint64_t *", "int"]),
@@ -242,6 +243,11 @@ class Library:
 
     def family_plan(self, fid: int, budget_s: float) -> None:
         self.check(self._lib.arenaplan_family_plan(fid, budget_s))
+
+    def family_plan_ahead(self, fid: int, sid: int, budget_s: float) -> None:
+        """Start planning recorded member sid in the background; a
+        family_plan with the same budget takes that plan."""
+        self.check(self._lib.arenaplan_family_plan_ahead(fid, sid, budget_s))
 
     def family_plan_member(self, fid: int, sid: int, budget_s: float) -> None:
         self.check(self._lib.arenaplan_family_plan_member(fid, sid, budget_s))

@@ -252,6 +252,21 @@ class GraphFlowTest(unittest.TestCase):
             fam.replay(k)
         fam.close()
 
+    def test_family_members_are_planned_while_the_next_ones_record(self):
+        # Each member's plan starts right after its recording, with the
+        # family's budget, so that family_plan finds it made.
+        lib, calls = ap_state.need(), []
+        ahead, plan = lib.family_plan_ahead, lib.family_plan
+        lib.family_plan_ahead = lambda fid, sid, b: (calls.append(("ahead", b)), ahead(fid, sid, b))[1]
+        lib.family_plan = lambda fid, b: (calls.append(("plan", b)), plan(fid, b))[1]
+        try:
+            fam = ap.graphs({4: model(scale=4), 2: model(scale=2), 1: model(scale=1)}, budget=0.5)
+        finally:
+            del lib.family_plan_ahead, lib.family_plan
+        self.assertEqual(calls, [("ahead", 0.5)] * 3 + [("plan", 0.5)])
+        self.assertEqual(sum(m["divergences"] for m in fam.report()["members"]), 0)
+        fam.close()
+
     def test_family_grows_without_recapturing_its_members(self):
         # A smaller member joins the family's arena: one recording and one
         # capture, the others' graphs and outputs untouched, the arena as
