@@ -65,6 +65,10 @@ func (f *Family) PlanAhead(s *Step, budget time.Duration) error {
 	f.ahead[s] = a
 	go func() {
 		defer close(a.done)
+		// A goroutine of its own: a panic here would end the program
+		// whose allocator this is. Recovered, the plan is not made, and
+		// Plan plans the member itself, where errors reach the caller.
+		defer func() { _ = recover() }()
 		p, err := planner.Run(ctx, planner.Auto, a.trace, planner.Options{Budget: budget, Goal: goal})
 		if err == nil && ctx.Err() == nil {
 			a.plan = p
