@@ -25,8 +25,11 @@ import (
 //     (rollThin), within 1/stopGap of it, dives (one path of the exact
 //     search per order), then on long thin leaves the rolling search
 //     (rolling.go), the exact search one window of buffers at a time at
-//     the lower bound, under a node budget; then, for leaves up to
-//     bigLeaf buffers, the exact search (exact.go) at capacity = lower
+//     the lower bound, under a node budget; within 1/stopGap, the hot
+//     set (hot.go): the buffers live where the load comes within the
+//     gap of the bound, packed alone at it, the others around them;
+//     then, for leaves up to bigLeaf buffers, the exact search
+//     (exact.go) at capacity = lower
 //     bound under node limits that double round by round, beside a
 //     descent that asks for capacities below the best plan so far; for
 //     larger leaves, the peak core (core.go: the buffers around the peak

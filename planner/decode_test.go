@@ -381,3 +381,26 @@ func TestPlanFamilyTakesPlansMadeAhead(t *testing.T) {
 		}
 	}
 }
+
+// TestHotStagePacksDecodeAtThePeak: decode steps as PyTorch records them
+// with the memory-efficient attention, at 3 to 5 layers, pack at the
+// peak of live bytes (hot.go), where the search of the whole leaf stops
+// 2560 to 3072 bytes above it at batch 1 (TestTorchDecodeReference
+// finds the peak at 1 to 3 layers with a minute of search).
+func TestHotStagePacksDecodeAtThePeak(t *testing.T) {
+	for layers := 3; layers <= 5; layers++ {
+		for _, batch := range []int{1, 8} {
+			tr, err := tracegen.TorchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: batch, Layers: layers}, Attention: "efficient"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := Run(context.Background(), Auto, tr, Options{Workers: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Arena != p.LowerBound || p.Stop != StopBound {
+				t.Errorf("%d layers, batch %d: arena %d, peak %d, stopped by %q; want the peak", layers, batch, p.Arena, p.LowerBound, p.Stop)
+			}
+		}
+	}
+}

@@ -27,6 +27,7 @@ type leafSearch struct {
 	idle bool // nothing left to try
 
 	greedy, coreTried, rest, rolled bool // stages done
+	hotTried                        bool
 	// stale is the nodes the dives and the rolling search spent without
 	// finding a plan below best: where the stop rule's count starts in
 	// the exact search.
@@ -179,6 +180,15 @@ func (r *anytimeRun) solveLeaf(ls *leafSearch, until time.Time) {
 		}
 		// Cut off by the clock: it runs again, from the start, next turn.
 		ls.rolled = complete
+	}
+	if ls.rolled && !ls.hotTried && !r.nested && !ls.big && ls.best > target && !r.opt.FullBudget && (ls.best-target)*stopGap <= target {
+		// Still above the bound, near it: the buffers live where it is
+		// tight packed first, the others around them (hot.go). Once:
+		// it reaches the bound or not.
+		ls.hotTried = true
+		if offs, h := r.hotStage(ls.l.items, ls.l.lo, ls.l.hi, ls.l.base, target, ls.best, until); offs != nil {
+			better(h, offs)
+		}
 	}
 	switch {
 	case ls.best <= target:
