@@ -17,7 +17,8 @@ Llama-style decoder. Calls: greedy at batch 2 with prompts of 24 and then 40
 tokens, then sampling (seed 1) at 24; each call's tokens are written under
 --out so that the summary compares them between modes. Prints one JSON
 line: ms per new token (median of --reps timed greedy calls after the
-first ones), the first call's seconds (compile and capture), the reserved
+first ones), the first call's seconds (compile and capture; with
+--profile, its cProfile by cumulative time under --out), the reserved
 memory at its peak and at the end, and ours: the backend's report (graphs
 routed here, captured, calls without a graph).
 """
@@ -72,10 +73,20 @@ def run(args):
     tokens = {}
     with warnings.catch_warnings(record=True) as w, torch.no_grad():
         warnings.simplefilter("always")
+        prof = None
+        if args.profile:
+            import cProfile
+            prof = cProfile.Profile()
         t = time.perf_counter()
+        if prof is not None:
+            prof.enable()
         tokens["greedy24"] = model.generate(prompts[24], do_sample=False, **kw).cpu()
         torch.cuda.synchronize()
+        if prof is not None:
+            prof.disable()
         res["first_call_s"] = round(time.perf_counter() - t, 2)
+        if prof is not None:
+            _write_profile(prof, os.path.join(args.out, f"profile-{args.model}-{args.new}-{args.mode}.txt"))
         tokens["greedy40"] = model.generate(prompts[40], do_sample=False, **kw).cpu()
         torch.manual_seed(1)
         tokens["sample24"] = model.generate(prompts[24], do_sample=True, top_k=50, **kw).cpu()
@@ -102,6 +113,18 @@ def run(args):
     os.makedirs(args.out, exist_ok=True)
     torch.save(tokens, os.path.join(args.out, f"tokens-{args.model}-{args.new}-{args.mode}.pt"))
     print(json.dumps(res), flush=True)
+
+
+def _write_profile(prof, path):
+    """The first call's profile, by cumulative time: where its seconds go
+    (dynamo, AOTAutograd, inductor's cache, the captures)."""
+    import io
+    import pstats
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+    with open(path, "w") as f:
+        f.write(buf.getvalue())
 
 
 def summary(path, out):
@@ -139,6 +162,7 @@ def main():
     p.add_argument("--new", type=int, default=64, help="new tokens a call")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default="/tmp/arenaplan-hf-generate")
+    p.add_argument("--profile", action="store_true", help="write the first call's cProfile under --out")
     p.add_argument("--summary")
     a = p.parse_args()
     if a.summary:

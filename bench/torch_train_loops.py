@@ -249,6 +249,7 @@ def run(args):
         res["step_ms"] = round(statistics.median(later), 3) if later else None
         res["max_reserved"] = torch.cuda.max_memory_reserved(dev)
         res["reserved"] = torch.cuda.memory_reserved(dev)
+        res["segments"] = _segments(torch)  # where the reserved bytes are at rest
         if apc is not None:
             rep = [r.report() for r in sorted(apc._runners, key=lambda r: r.order) if r.order > start]
             res["graphs"] = rep
@@ -271,6 +272,24 @@ def run(args):
             torch.save(st, os.path.join(args.out, f"state-{name}-{args.mode}.pt"))
         print(json.dumps(res), flush=True)
         loop = None
+
+
+def _segments(torch):
+    """The memory snapshot's segments at rest, largest first: [MiB
+    mapped, MiB allocated in it, its pool, its stream], so that a
+    difference in reserved memory between modes can be told apart (a
+    graph pool, a workspace, the program's tensors)."""
+    try:
+        snap = torch.cuda.memory_snapshot()
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        return f"no snapshot: {type(e).__name__}: {e}"[:200]
+    M = 2 ** 20
+    rows = []
+    for seg in snap:
+        alloc = sum(b["size"] for b in seg.get("blocks", ()) if b.get("state") == "active_allocated")
+        rows.append([round(seg["total_size"] / M, 2), round(alloc / M, 3), str(seg.get("segment_pool_id")),
+                     seg.get("stream")])
+    return sorted(rows, key=lambda r: -r[0])
 
 
 def _ro_pool_bytes(torch, dev):

@@ -13,7 +13,8 @@
 # PyTorch's allocator, the tokens' reference),
 # REPS= timed calls after the first three (default 5; each call makes a new
 # static cache, so more than five reach past max_shapes members),
-# TIMEOUT= seconds a process (default 240). Logs and JSON lines go to $OUT
+# TIMEOUT= seconds a process (default 240), PROFILE=1 (each first call's
+# cProfile, by cumulative time, in $OUT/profile-*.txt). Logs and JSON lines go to $OUT
 # (default /tmp/gpu-hf-generate); the table last.
 set -u
 OUT=${OUT:-/tmp/gpu-hf-generate}
@@ -27,7 +28,7 @@ for m in ${MODELS:-gpt2 llama}; do
 		for mode in ${MODES:-ro ours eager}; do
 			echo "== $mode $m $n $(date +%T)"
 			timeout "${TIMEOUT:-240}" python3 bench/torch_hf_generate.py --mode $mode --model $m --new $n --reps "${REPS:-5}" \
-				--out "$OUT" >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $m $n ($?)" | tee -a "$OUT/log.txt"
+				${PROFILE:+--profile} --out "$OUT" >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $m $n ($?)" | tee -a "$OUT/log.txt"
 		done
 	done
 done
