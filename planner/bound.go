@@ -40,8 +40,9 @@ import (
 // stay 12 × 256 bytes above the peak at batch 1 from 6 layers up, every
 // window fits at the peak, and the whole trace is beyond the exact
 // search. The peak is not the obstacle: the hot stage (hot.go) packs
-// 3 to 5 layers at it, and 6 with some 140k nodes of exact search on the
-// hot set, past what the stop rule gives it.
+// 3 to 5 layers at it, 6 with some 140k nodes of exact search on the
+// hot set, past what the stop rule gives it, and the 8-layer step at
+// batch 1 has a layout at the peak (testdata/*.peak.csv, found offline).
 
 // boundWindow is a range of sections [lo, hi).
 type boundWindow struct{ lo, hi int32 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -401,6 +402,63 @@ func TestHotStagePacksDecodeAtThePeak(t *testing.T) {
 			if p.Arena != p.LowerBound || p.Stop != StopBound {
 				t.Errorf("%d layers, batch %d: arena %d, peak %d, stopped by %q; want the peak", layers, batch, p.Arena, p.LowerBound, p.Stop)
 			}
+		}
+	}
+}
+
+// TestTorchDecodeEfficientPacksAtThePeak checks the offline reference
+// layouts of the 8-layer memory-efficient decode steps (testdata
+// *.peak.csv: an offset per buffer, by name): each passes Check at the
+// peak of live bytes, so the optimum of those traces is the peak, and
+// the plans auto makes there (12 × 256 bytes above it at batch 1) are
+// that far from it. They were found layer by layer: the hot set (hot.go)
+// of the first k layers packed at the peak with the layers before the
+// last two fixed where the search for k−1 layers put them, several
+// search orders tried in turn, then the other buffers around them.
+func TestTorchDecodeEfficientPacksAtThePeak(t *testing.T) {
+	refs, _ := filepath.Glob(filepath.Join("testdata", "*.peak.csv"))
+	if len(refs) == 0 {
+		t.Fatal("no reference layouts in testdata")
+	}
+	for _, ref := range refs {
+		name := strings.TrimSuffix(filepath.Base(ref), ".peak.csv")
+		f, err := os.Open(filepath.Join("testdata", name+".csv"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := lifetime.ReadCSV(f, name)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offset := map[string]int64{}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n")[1:] {
+			var off int64
+			k := strings.LastIndexByte(line, ',')
+			if _, err := fmt.Sscan(line[k+1:], &off); k < 0 || err != nil {
+				t.Fatalf("%s: bad line %q", ref, line)
+			}
+			offset[line[:k]] = off
+		}
+		p := &Plan{Algo: "reference", Align: DefaultAlign, Offsets: make([]int64, len(tr.Buffers))}
+		for i, b := range tr.Buffers {
+			off, ok := offset[b.Name]
+			if !ok {
+				t.Fatalf("%s: no offset for buffer %d (%s)", ref, i, b.Name)
+			}
+			p.Offsets[i] = off
+		}
+		p.Arena = ArenaSize(tr, p.Offsets, p.Align)
+		p.LowerBound, _ = tr.LowerBound(p.Align)
+		if err := Check(tr, p); err != nil {
+			t.Fatalf("%s: %v", ref, err)
+		}
+		if p.Arena != p.LowerBound {
+			t.Errorf("%s: arena %d, peak %d: want a layout at the peak", ref, p.Arena, p.LowerBound)
 		}
 	}
 }

@@ -28,8 +28,11 @@ import (
 // within hotNodes nodes a buffer and the rest around it, in 3 to 6 ms
 // in all. At 6 layers the hot set, and then the whole leaf, pack at the
 // peak too, but the hot set only after some 140k nodes of exact search
-// (0.3 s, past what the stop rule gives it); at 8 the search neither
-// finds one nor proves there is none within 20M nodes.
+// (0.3 s, past what the stop rule gives it); at 8, 20M nodes neither
+// find one nor prove there is none, but layer by layer (the first k
+// layers' hot set at the peak with the layers before the last two fixed
+// where the search for k−1 put them) one was found offline in 44 s:
+// testdata/torch-decode-efficient-b1.peak.csv.
 
 // hotStage packs the items ids of p (a leaf: sections [lo, hi), placed
 // from base up) by their hot set, the items live where the load comes
