@@ -165,6 +165,45 @@ if __name__ == "__main__":
 
 
 class FamilyAndSleepTest(unittest.TestCase):
+    def test_family_members_planned_ahead(self):
+        # Each member's plan starts as soon as it is recorded; the
+        # family's plan takes them. Refused: a member not recorded yet,
+        # one planned ahead already, a step of another family, any
+        # member once the family is planned.
+        stream = 0x5252
+        fid = LIB.family_new(0, "ahead")
+        other = LIB.family_new(0, "other")
+        stranger = LIB.family_member(other, "x")
+        sids = []
+        for k in (4, 2, 1):
+            sid = LIB.family_member(fid, f"bs{k}")
+            with self.assertRaises(ArenaplanError):
+                LIB.family_plan_ahead(fid, sid, 1.0)
+            LIB.step_record(sid, stream)
+            _, out = run_step(stream, scale=k)
+            LIB.step_end(sid)
+            LIB.free(out)
+            LIB.family_plan_ahead(fid, sid, 1.0)
+            with self.assertRaises(ArenaplanError):
+                LIB.family_plan_ahead(fid, sid, 1.0)
+            sids.append(sid)
+        with self.assertRaises(ArenaplanError):
+            LIB.family_plan_ahead(fid, stranger, 1.0)
+        LIB.family_plan(fid, 1.0)
+        with self.assertRaises(ArenaplanError):
+            LIB.family_plan_ahead(fid, sids[0], 1.0)
+        r = LIB.family_report(fid)
+        self.assertEqual([m["name"] for m in r["members"]], ["bs4", "bs2", "bs1"])
+        self.assertGreaterEqual(r["arena"], r["lower_bound"])
+        for k, sid in zip((4, 2, 1), sids):
+            LIB.step_serve(sid, stream, True)
+            _, out = run_step(stream, scale=k)
+            LIB.step_end(sid)
+            LIB.free(out)
+        self.assertEqual(sum(m["divergences"] for m in LIB.family_report(fid)["members"]), 0)
+        LIB.family_close(fid)
+        LIB.family_close(other)
+
     def test_family_one_arena_and_plan_file(self):
         stream = 0x5151
         fid = LIB.family_new(0, "decode")
