@@ -462,3 +462,38 @@ func TestTorchDecodeEfficientPacksAtThePeak(t *testing.T) {
 		}
 	}
 }
+
+// TestHotStageLeavesFixedBuffersAlone: a decode step with a buffer at a
+// fixed offset that the hot set's packing would take for one of its
+// own (the first layer's gate projection, fixed inside the key
+// expansion's place in the plan without it; the gate lives only where
+// the load is far below the peak) plans to a valid plan that keeps it
+// there: the hot stage gives way where the others cannot be placed
+// around its packing.
+func TestHotStageLeavesFixedBuffersAlone(t *testing.T) {
+	tr, err := tracegen.TorchDecode(tracegen.TorchDecodeOptions{Model: tracegen.Model{Batch: 1, Layers: 4}, Attention: "efficient"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := Run(context.Background(), Auto, tr, Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := map[string]int{}
+	for i, b := range tr.Buffers {
+		at[b.Name] = i
+	}
+	gate, kx := at["l1.gate"], at["l1.kx"]
+	b := &tr.Buffers[gate]
+	if k := tr.Buffers[kx]; !lifetime.Overlaps(b.Start, b.End, k.Start, k.End) {
+		t.Fatalf("l1.gate [%d, %d) and l1.kx [%d, %d) do not meet in time", b.Start, b.End, k.Start, k.End)
+	}
+	b.Fixed, b.HasFixed = free.Offsets[kx], true
+	p, err := Run(context.Background(), Auto, tr, Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Offsets[gate] != b.Fixed {
+		t.Errorf("l1.gate at %d, fixed at %d", p.Offsets[gate], b.Fixed)
+	}
+}

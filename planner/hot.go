@@ -39,7 +39,8 @@ import (
 // within best − target of target (best: the leaf's best height so far),
 // until deadline. It returns their offsets in units, in the order of
 // ids, and the height; nil where the hot set is all of them or none, or
-// where it does not pack at target.
+// where it does not pack at target, or the others do not fit around it
+// (bysize refuses a fixed buffer left out that the packing meets).
 func (r *anytimeRun) hotStage(ids []int32, lo, hi int32, base, target, best int64, deadline time.Time) ([]int64, int64) {
 	p := r.p
 	gap := best - target
