@@ -106,7 +106,10 @@ func (r *anytimeRun) hotStage(ids []int32, lo, hi int32, base, target, best int6
 	}
 	// The others around them, by the bysize baseline, which honours
 	// fixed buffers: outside the hot times there is room for them.
-	all, _ := p.cut(ids, lo, hi, base, lo, hi)
+	all, pos := p.cut(ids, lo, hi, base, lo, hi)
+	if len(pos) != len(ids) {
+		return nil, 0 // an item outside [lo, hi): not a part of p
+	}
 	for j, h := range hot {
 		b := &all.Buffers[h]
 		b.Fixed, b.HasFixed = sol[j]-base, true
