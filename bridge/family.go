@@ -45,6 +45,8 @@ type Family struct {
 	loaded  string
 	closing bool
 	ahead   map[*Step]*aheadPlan // members planned ahead (PlanAhead), until Plan
+	// aheadGoal is the largest peak of the members planned ahead.
+	aheadGoal int64
 }
 
 // NewFamily makes an empty family on device ordinal.

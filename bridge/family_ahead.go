@@ -23,9 +23,9 @@ type aheadPlan struct {
 // that the plan is made while the program records the family's other
 // members, and Plan with the same budget takes it instead of planning s
 // again (it waits for it there). Its goal (planner.Options.Goal) is the
-// largest peak of the members recorded so far: record the largest member
-// first, as engines capture, and the others stop at their first plan
-// under it, as in Plan. The plan is checked with the family's in Plan.
+// largest peak of the members planned ahead so far: record the largest
+// member first, as engines capture, and the others stop at their first
+// plan under it, as in Plan. The plan is checked with the family's in Plan.
 // Close stops a plan still running. Costs one goroutine per call; an
 // error only for a step that is not a recorded member of an unplanned
 // family.
@@ -35,21 +35,22 @@ func (f *Family) PlanAhead(s *Step, budget time.Duration) error {
 	}
 	d := f.d
 	d.mu.Lock()
+	t := s.trace
+	recorded := s.fam == f && s.state == stepIdle && t != nil
+	d.mu.Unlock()
+	var peak int64
+	if recorded { // outside the lock: allocations wait on it
+		peak, _ = t.LowerBound(planner.DefaultAlign)
+	}
+	d.mu.Lock()
 	defer d.mu.Unlock()
 	var why string
-	var goal int64
-	for _, m := range f.members {
-		if m.state == stepIdle && m.trace != nil {
-			peak, _ := m.trace.LowerBound(planner.DefaultAlign)
-			goal = max(goal, peak)
-		}
-	}
 	switch {
 	case f.chained || f.plan != nil || f.closing:
 		why = "needs a family not planned yet, not a chain, not closed"
 	case s.fam != f:
 		why = fmt.Sprintf("step %d is not a member", s.id)
-	case s.state != stepIdle || s.trace == nil:
+	case !recorded || s.state != stepIdle || s.trace != t:
 		why = fmt.Sprintf("member %q needs a finished recording", s.name)
 	case f.ahead[s] != nil:
 		why = fmt.Sprintf("member %q is planned ahead already", s.name)
@@ -57,6 +58,8 @@ func (f *Family) PlanAhead(s *Step, budget time.Duration) error {
 	if why != "" {
 		return f.errorf("PlanAhead: %s", why)
 	}
+	f.aheadGoal = max(f.aheadGoal, peak)
+	goal := f.aheadGoal
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &aheadPlan{trace: s.trace, budget: budget, cancel: cancel, done: make(chan struct{})}
 	if f.ahead == nil {
