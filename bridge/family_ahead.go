@@ -91,15 +91,16 @@ func (f *Family) takeAhead(members []planner.Member, budget time.Duration) []pla
 	f.d.mu.Unlock()
 	for i, s := range steps {
 		a := ahead[s]
-		if a == nil || i >= len(members) {
+		if a == nil {
 			continue
 		}
-		if a.budget != budget || a.trace != members[i].Trace {
+		use := i < len(members) && a.budget == budget && a.trace == members[i].Trace
+		if !use {
 			a.cancel()
 		}
 		<-a.done
 		a.cancel()
-		if a.plan != nil && a.budget == budget && a.trace == members[i].Trace {
+		if use && a.plan != nil {
 			members[i].Ahead = a.plan
 		}
 	}

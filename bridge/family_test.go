@@ -36,6 +36,16 @@ func recordFamily(t *testing.T, b *Bridge, scales []uint64) (*Family, []*program
 	return f, ps
 }
 
+// noDivergence fails t where a member of f has diverged from its plan.
+func noDivergence(t *testing.T, f *Family) {
+	t.Helper()
+	for _, m := range f.Report().Members {
+		if m.Divergences != 0 {
+			t.Fatalf("member %s: %d divergences (%s)", m.Name, m.Divergences, m.FirstDivergence)
+		}
+	}
+}
+
 // TestFamilySharesOneArena: members planned jointly share one arena as
 // large as the largest member's lower bound; each replays at its own
 // addresses every time, in any order, inside that arena.
@@ -89,11 +99,7 @@ func TestFamilySharesOneArena(t *testing.T) {
 	if hi-base >= uint64(r.Arena) {
 		t.Fatalf("members' addresses span %d bytes, beyond the %d-byte arena", hi-base, r.Arena)
 	}
-	for _, m := range f.Report().Members {
-		if m.Divergences != 0 {
-			t.Fatalf("member %s: %d divergences (%s)", m.Name, m.Divergences, m.FirstDivergence)
-		}
-	}
+	noDivergence(t, f)
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -290,11 +296,7 @@ func TestFamilyGrowsAfterPlan(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range f.Report().Members {
-		if m.Divergences != 0 {
-			t.Fatalf("member %s: %d divergences (%s)", m.Name, m.Divergences, m.FirstDivergence)
-		}
-	}
+	noDivergence(t, f)
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -406,11 +408,7 @@ func TestFamilyMemberAroundHeldOutput(t *testing.T) {
 			t.Fatalf("the first member's allocation %d moved from %#x to %#x", j, uint64(addrsA[j]), uint64(again[j]))
 		}
 	}
-	for _, m := range f.Report().Members {
-		if m.Divergences != 0 {
-			t.Fatalf("member %s: %d divergences (%s)", m.Name, m.Divergences, m.FirstDivergence)
-		}
-	}
+	noDivergence(t, f)
 	if st, _ := b.Stats(0); st.ArenaMapped < uint64(f.Report().Arena) {
 		t.Fatalf("the device maps %d arena bytes, less than the grown arena's %d", st.ArenaMapped, f.Report().Arena)
 	}

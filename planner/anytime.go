@@ -29,8 +29,8 @@ import (
 //     set (hot.go): the buffers live where the load comes within the
 //     gap of the bound, packed alone at it, the others around them;
 //     then, for leaves up to bigLeaf buffers, the exact search
-//     (exact.go) at capacity = lower
-//     bound under node limits that double round by round, beside a
+//     (exact.go) at capacity = lower bound under node limits that
+//     double round by round, beside a
 //     descent that asks for capacities below the best plan so far; for
 //     larger leaves, the peak core (core.go: the buffers around the peak
 //     packed on their own, the rest filled in around them), then repair

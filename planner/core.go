@@ -77,21 +77,7 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 			return nil, 0
 		}
 	}
-	// The load of these items alone, per section.
-	load := make([]int64, hi-lo+1)
-	for _, i := range ids {
-		it := &p.items[i]
-		load[max(it.lo, lo)-lo] += it.size
-		load[min(it.hi, hi)-lo] -= it.size
-	}
-	var peak int64
-	for s := range hi - lo {
-		if s > 0 {
-			load[s] += load[s-1]
-		}
-		peak = max(peak, load[s])
-	}
-	load = load[:hi-lo]
+	load, peak := p.sectionLoad(ids, lo, hi)
 	fill := time.Duration(len(ids)) * sweepCost
 	var (
 		best   []int64
@@ -149,6 +135,25 @@ func (r *anytimeRun) coreStage(ids []int32, lo, hi int32, base int64, deadline t
 		best[k] += base
 	}
 	return best, bestH
+}
+
+// sectionLoad returns the load of the items ids alone (units) in each
+// of the sections [lo, hi), indexed from lo, and its largest.
+func (p *problem) sectionLoad(ids []int32, lo, hi int32) ([]int64, int64) {
+	load := make([]int64, hi-lo+1)
+	for _, i := range ids {
+		it := &p.items[i]
+		load[max(it.lo, lo)-lo] += it.size
+		load[min(it.hi, hi)-lo] -= it.size
+	}
+	var peak int64
+	for s := range hi - lo {
+		if s > 0 {
+			load[s] += load[s-1]
+		}
+		peak = max(peak, load[s])
+	}
+	return load[:hi-lo], peak
 }
 
 // window returns the sections [lo, hi) from the first to the last whose

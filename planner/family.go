@@ -195,9 +195,7 @@ func PlanFamily(ctx context.Context, algo string, members []Member, opt Options)
 	ahead := make([]*Plan, len(members))
 	for i, m := range members {
 		windows[i] = Window{Name: m.Name, Trace: m.Trace}
-		if m.Ahead != nil && countShared(m) == 0 {
-			ahead[i] = m.Ahead
-		}
+		ahead[i] = m.Ahead
 	}
 	wp, err := j.planWindows(ctx, algo, windows, ahead, opt)
 	if err != nil {

@@ -47,15 +47,7 @@ func (r *anytimeRun) hotStage(ids []int32, lo, hi int32, base, target, best int6
 	if gap <= 0 {
 		return nil, 0
 	}
-	load := make([]int64, hi-lo+1)
-	for _, i := range ids {
-		it := &p.items[i]
-		load[max(it.lo, lo)-lo] += it.size
-		load[min(it.hi, hi)-lo] -= it.size
-	}
-	for s := int32(1); s < hi-lo; s++ {
-		load[s] += load[s-1]
-	}
+	load, _ := p.sectionLoad(ids, lo, hi)
 	var hot []int32 // positions in ids
 	for k, i := range ids {
 		it := &p.items[i]
@@ -70,18 +62,10 @@ func (r *anytimeRun) hotStage(ids []int32, lo, hi int32, base, target, best int6
 		return nil, 0
 	}
 	hotIDs := make([]int32, len(hot))
-	clear(load)
 	for k, h := range hot {
 		hotIDs[k] = ids[h]
-		it := &p.items[ids[h]]
-		load[max(it.lo, lo)-lo] += it.size
-		load[min(it.hi, hi)-lo] -= it.size
 	}
-	peak := load[0]
-	for s := int32(1); s < hi-lo; s++ {
-		load[s] += load[s-1]
-		peak = max(peak, load[s])
-	}
+	_, peak := p.sectionLoad(hotIDs, lo, hi)
 	hd := newLeafData(p, &leaf{items: hotIDs, lo: lo, hi: hi, base: base, lb: base + peak}, p.times)
 	// The exact search of the hot set at target, in the dives' orders,
 	// each within hotNodes nodes a buffer: where it packs, it does so

@@ -26,8 +26,7 @@ type leafSearch struct {
 	done bool // at the lower bound, or proven optimal
 	idle bool // nothing left to try
 
-	greedy, coreTried, rest, rolled bool // stages done
-	hotTried                        bool
+	greedy, coreTried, rest, rolled, hotTried bool // stages done
 	// stale is the nodes the dives and the rolling search spent without
 	// finding a plan below best: where the stop rule's count starts in
 	// the exact search.
