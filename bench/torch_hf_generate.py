@@ -18,7 +18,8 @@ tokens, then sampling (seed 1) at 24; each call's tokens are written under
 --out so that the summary compares them between modes. Prints one JSON
 line: ms per new token (median of --reps timed greedy calls after the
 first ones), the first call's seconds (compile and capture; with
---profile, its cProfile by cumulative time under --out), the reserved
+--profile, its cProfile by cumulative time under --out, and the timed
+calls' by own time, which then include the profiler's cost), the reserved
 memory at its peak and at the end, and ours: the backend's report (graphs
 routed here, captured, calls without a graph).
 """
@@ -91,13 +92,22 @@ def run(args):
         torch.manual_seed(1)
         tokens["sample24"] = model.generate(prompts[24], do_sample=True, top_k=50, **kw).cpu()
         times = []
+        if prof is not None:
+            prof = cProfile.Profile()
         for _ in range(args.reps):
             torch.cuda.synchronize()
             t = time.perf_counter()
+            if prof is not None:
+                prof.enable()
             out = model.generate(prompts[24], do_sample=False, **kw)
             torch.cuda.synchronize()
+            if prof is not None:
+                prof.disable()
             times.append((time.perf_counter() - t) * 1e3 / args.new)
             del out
+        if prof is not None:
+            _write_profile(prof, os.path.join(args.out, f"profile-{args.model}-{args.new}-{args.mode}-timed.txt"),
+                           "tottime")
         res["warnings"] = sorted({str(m.message)[:200] for m in w if "arenaplan" in str(m.message)})[:5]
     res["ms_per_token"] = round(statistics.median(times), 3)
     res["call_ms"] = [round(t * args.new, 1) for t in times]  # each timed call, in order
@@ -115,14 +125,19 @@ def run(args):
     print(json.dumps(res), flush=True)
 
 
-def _write_profile(prof, path):
-    """The first call's profile, by cumulative time: where its seconds go
-    (dynamo, AOTAutograd, inductor's cache, the captures)."""
+def _write_profile(prof, path, order="cumulative"):
+    """A profile: the first call's by cumulative time, where its seconds go
+    (dynamo, AOTAutograd, inductor's cache, the captures); the timed
+    calls' by own time, where a token's host time goes."""
     import io
     import pstats
     os.makedirs(os.path.dirname(path), exist_ok=True)
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+    st = pstats.Stats(prof, stream=buf).sort_stats(order)
+    st.print_stats(60)
+    # Where the backends differ: arenaplan's and CUDAGraph Trees' code,
+    # AOTAutograd and its cache, inductor's compile and its caches.
+    st.print_stats("arenaplan|cudagraph|compile_fx|aot_autograd|autograd_cache|codecache|output_code", 80)
     with open(path, "w") as f:
         f.write(buf.getvalue())
 
