@@ -143,28 +143,40 @@ def _write_profile(prof, path, order="cumulative"):
 
 
 def summary(path, out):
-    import torch
+    """The table of a results file: per model, tokens and mode, the median
+    of its processes' ms per token (their count in brackets: processes of
+    one mode differ by up to 50% on a host-bound step), the range of their
+    first calls, memory and the report from the last process of each."""
     rows = {}
     for line in open(path):
         if line.startswith("{"):
             r = json.loads(line)
-            rows.setdefault((r["model"], r["new"]), {})[r["mode"]] = r
+            rows.setdefault((r["model"], r["new"]), {}).setdefault(r["mode"], []).append(r)
     M = 2 ** 20
-    print(f"{'model':6} {'new':>4} {'ms/token ours/RO/eager':>24} {'first call s ours/RO':>21} "
+    print(f"{'model':6} {'new':>4} {'ms/token ours/RO/eager (processes)':>36} {'first call s ours/RO':>21} "
           f"{'peak MiB ours/RO':>17} {'rest MiB ours/RO':>17} {'tokens = RO':>11} {'= plain':>8} {'RO = plain':>10}"
           f"  routed, captured")
     for (m, n), d in sorted(rows.items()):
-        o, r, e = d.get("ours", {}), d.get("ro", {}), d.get("eager", {})
+        o, r = (d.get(k, [{}])[-1] for k in ("ours", "ro"))
+
+        def per_token(mode):
+            v = [x["ms_per_token"] for x in d.get(mode, []) if x.get("ms_per_token") is not None]
+            return f"{statistics.median(v):.3g}({len(v)})" if v else "-"
+
+        def first(mode):
+            v = sorted(x["first_call_s"] for x in d.get(mode, []) if x.get("first_call_s") is not None)
+            return "-" if not v else f"{v[0]}" if v[0] == v[-1] else f"{v[0]}-{v[-1]}"
 
         def same(a, b):
             pa, pb = (os.path.join(out, f"tokens-{m}-{n}-{k}.pt") for k in (a, b))
             if not (os.path.exists(pa) and os.path.exists(pb)):
                 return "-"
+            import torch
             ta, tb = torch.load(pa), torch.load(pb)
             return "yes" if all(torch.equal(ta[k], tb[k]) for k in ta) else "no"
         f = lambda v: f"{v / M:.0f}" if v else "-"  # noqa: E731
-        print(f"{m:6} {n:>4} {str(o.get('ms_per_token')) + '/' + str(r.get('ms_per_token')) + '/' + str(e.get('ms_per_token')):>24} "
-              f"{str(o.get('first_call_s')) + '/' + str(r.get('first_call_s')):>21} "
+        print(f"{m:6} {n:>4} {per_token('ours') + '/' + per_token('ro') + '/' + per_token('eager'):>36} "
+              f"{first('ours') + '/' + first('ro'):>21} "
               f"{f(o.get('max_reserved')) + '/' + f(r.get('max_reserved')):>17} "
               f"{f(o.get('reserved')) + '/' + f(r.get('reserved')):>17} {same('ours', 'ro'):>11} "
               f"{same('ours', 'plain'):>8} {same('ro', 'plain'):>10}  {o.get('routed')}, {o.get('captured')} ({o.get('plain_calls')} plain)")

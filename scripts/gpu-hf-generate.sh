@@ -14,8 +14,12 @@
 # REPS= timed calls after the first three (default 5; each call makes a new
 # static cache, so more than five reach past max_shapes members),
 # TIMEOUT= seconds a process (default 240), PROFILE=1 (each first call's
-# cProfile, by cumulative time, in $OUT/profile-*.txt). Logs and JSON lines go to $OUT
-# (default /tmp/gpu-hf-generate); the table last.
+# cProfile by cumulative time and the timed calls' by own time, in
+# $OUT/profile-*.txt; the profiler slows the timed calls), ROUNDS= times
+# the whole sequence runs, the modes in turn (default 1; the table takes
+# the median of a mode's processes), PIN= CPUs every process runs on
+# (taskset -c, e.g. 2-5: processes of one mode then vary less). Logs and
+# JSON lines go to $OUT (default /tmp/gpu-hf-generate); the table last.
 set -u
 OUT=${OUT:-/tmp/gpu-hf-generate}
 mkdir -p "$OUT"
@@ -23,12 +27,17 @@ export ARENAPLAN_LIB=${ARENAPLAN_LIB:-$PWD/.dev/torch/libarenaplan.so}
 export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/arenaplan-inductor-cache}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-for m in ${MODELS:-gpt2 llama}; do
-	for n in ${NEW:-64 256}; do
-		for mode in ${MODES:-ro ours eager}; do
-			echo "== $mode $m $n $(date +%T)"
-			timeout "${TIMEOUT:-240}" python3 bench/torch_hf_generate.py --mode $mode --model $m --new $n --reps "${REPS:-5}" \
-				${PROFILE:+--profile} --out "$OUT" >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" || echo "FAILED $mode $m $n ($?)" | tee -a "$OUT/log.txt"
+pin=()
+if [ -n "${PIN:-}" ]; then pin=(taskset -c "$PIN"); fi
+for round in $(seq "${ROUNDS:-1}"); do
+	for m in ${MODELS:-gpt2 llama}; do
+		for n in ${NEW:-64 256}; do
+			for mode in ${MODES:-ro ours eager}; do
+				echo "== $mode $m $n round $round $(date +%T)"
+				timeout "${TIMEOUT:-240}" "${pin[@]}" python3 bench/torch_hf_generate.py --mode $mode --model $m --new $n \
+					--reps "${REPS:-5}" ${PROFILE:+--profile} --out "$OUT" >>"$OUT/results.jsonl" 2>>"$OUT/log.txt" ||
+					echo "FAILED $mode $m $n ($?)" | tee -a "$OUT/log.txt"
+			done
 		done
 	done
 done
