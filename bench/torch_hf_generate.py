@@ -62,6 +62,7 @@ def run(args):
                 k["mode"] = None
             return compile_(*a, **k)
         torch.compile = plain_compile
+    in_compiled = _time_compiled(torch)
     dev = torch.device("cuda", 0)
     model = build(args.model, torch, dev)
     g = torch.Generator(device=dev).manual_seed(2)
@@ -94,8 +95,17 @@ def run(args):
         times = []
         if prof is not None:
             prof = cProfile.Profile()
+        # capture_ms: each member's last; allocs: the allocations a call made
+        # (PyTorch's count); go_calls: ours' allocator calls into Go
+        # (allocations the C fast path did not serve, and frees sent alone).
+        split = {"cpu_ms": [], "thread_ms": [], "captures": [], "capture_ms": [], "allocs": [], "go_calls": [], "compiled_ms": [], "compiled_calls": []}
         for _ in range(args.reps):
             torch.cuda.synchronize()
+            before = _graph_totals(ap)
+            a0, g0 = _alloc_counts(torch, ap)
+            s0, n0 = in_compiled["s"], in_compiled["n"]
+            in_compiled["events"] = [] if args.gpu_time else None
+            c0, h0 = time.process_time(), time.thread_time()
             t = time.perf_counter()
             if prof is not None:
                 prof.enable()
@@ -104,7 +114,27 @@ def run(args):
             if prof is not None:
                 prof.disable()
             times.append((time.perf_counter() - t) * 1e3 / args.new)
+            # Where a call's time goes: the whole process's CPU (every
+            # thread) against the calling thread's, and ours' captures.
+            split["cpu_ms"].append(round((time.process_time() - c0) * 1e3, 1))
+            split["thread_ms"].append(round((time.thread_time() - h0) * 1e3, 1))
+            after = _graph_totals(ap)
+            split["captures"].append(after[0] - before[0])
+            split["capture_ms"].append(round(after[1], 1))
+            a1, g1 = _alloc_counts(torch, ap)
+            split["allocs"].append(a1 - a0)
+            split["go_calls"].append(g1 - g0)
+            split["compiled_ms"].append(round((in_compiled["s"] - s0) * 1e3, 1))
+            split["compiled_calls"].append(in_compiled["n"] - n0)
+            if in_compiled["events"] is not None:  # the device time between each compiled call's start and end
+                split.setdefault("compiled_gpu_ms", []).append(
+                    round(sum(a.elapsed_time(b) for a, b in in_compiled["events"]), 2))
+                in_compiled["events"] = None
             del out
+        res["call_split"] = split
+        if args.alloc_sites:
+            _alloc_sites(torch, lambda: model.generate(prompts[24], do_sample=False, **kw),
+                         os.path.join(args.out, f"alloc-sites-{args.model}-{args.new}-{args.mode}.txt"))
         if prof is not None:
             _write_profile(prof, os.path.join(args.out, f"profile-{args.model}-{args.new}-{args.mode}-timed.txt"),
                            "tottime")
@@ -123,6 +153,84 @@ def run(args):
     os.makedirs(args.out, exist_ok=True)
     torch.save(tokens, os.path.join(args.out, f"tokens-{args.model}-{args.new}-{args.mode}.pt"))
     print(json.dumps(res), flush=True)
+
+
+def _alloc_sites(torch, call, path):
+    """Where one more call allocates: its memory history's allocations
+    counted by size and the innermost Python frames, most frequent first."""
+    import collections
+    torch.cuda.memory._record_memory_history(max_entries=200000)
+    call()
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    sites = collections.Counter()
+    for trace in snap.get("device_traces", []):
+        for e in trace:
+            if e.get("action") != "alloc":
+                continue
+            frames = [f"{os.path.basename(f.get('filename', '?'))}:{f.get('line', 0)}:{f.get('name', '?')}"
+                      for f in e.get("frames", []) if f.get("filename", "").endswith(".py")][:4]
+            sites[(e.get("size", 0), " < ".join(frames))] += 1
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path.replace(".txt", ".trace"), "w") as f:  # the call's events in order: action, address, size, stream
+        for trace in snap.get("device_traces", []):
+            for e in trace:
+                f.write(f"{e.get('action')} {e.get('addr', 0)} {e.get('size', 0)} {e.get('stream', 0)}\n")
+    with open(path, "w") as f:
+        f.write(f"{sum(sites.values())} allocations\n")
+        for (size, where), n in sites.most_common(60):
+            f.write(f"{n:6d} {size:>10d}  {where}\n")
+
+
+def _time_compiled(torch):
+    """Wrap what torch.compile returns (after any mode's own wrapping) so
+    that the host time spent inside compiled calls is summed: a call's time
+    split into the compiled forward's (the graph launch and the backend's
+    wrapper) and the rest of generate's (eager ops, the allocator)."""
+    acc = {"s": 0.0, "n": 0, "events": None}  # events: a list to append (start, end) CUDA events to
+    compile_ = torch.compile
+
+    def timed_compile(*a, **k):
+        f = compile_(*a, **k)
+
+        def call(*x, **y):
+            ev = acc["events"]
+            if ev is not None:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+            t = time.perf_counter()
+            try:
+                return f(*x, **y)
+            finally:
+                acc["s"] += time.perf_counter() - t
+                acc["n"] += 1
+                if ev is not None:
+                    e1.record()
+                    ev.append((e0, e1))
+        return call
+    torch.compile = timed_compile
+    return acc
+
+
+def _alloc_counts(torch, ap):
+    """Allocations made so far on device 0, and ours' allocator calls into
+    Go (0 on PyTorch's allocator)."""
+    n = torch.cuda.memory_stats(0).get("allocation.all.allocated", 0)
+    if ap is None:
+        return n, 0
+    fp = ap.stats(0)["FastPath"]
+    return n, fp["GoAllocs"] + fp["FreeCalls"]
+
+
+def _graph_totals(ap):
+    """Captures made so far by the backend's graphs, and the milliseconds
+    of each member's last capture, summed (0, 0 on PyTorch's allocator)."""
+    if ap is None:
+        return 0, 0.0
+    import arenaplan.compile as apc
+    rep = apc.report()
+    return sum(r.get("captures", 0) for r in rep), sum(r.get("capture_ms", 0.0) for r in rep)
 
 
 def _write_profile(prof, path, order="cumulative"):
@@ -190,6 +298,10 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default="/tmp/arenaplan-hf-generate")
     p.add_argument("--profile", action="store_true", help="write the first call's cProfile under --out")
+    p.add_argument("--alloc-sites", action="store_true",
+                   help="after the timed calls, write one more call's allocations by size and Python frames under --out")
+    p.add_argument("--gpu-time", action="store_true",
+                   help="time each compiled call on the device too (CUDA events around it)")
     p.add_argument("--summary")
     a = p.parse_args()
     if a.summary:

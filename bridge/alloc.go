@@ -12,8 +12,8 @@ import (
 )
 
 // AllocCacheable is Alloc that also says whether the block came from the
-// spill allocator's default pool outside any step, region or capture: a
-// block the caller may keep when it is freed and hand out again for the
+// spill allocator's default pool outside any step, region or capture, or
+// is a 0-byte request's token: a block the caller may keep when it is freed and hand out again for the
 // next request of the same size, device and stream without calling Alloc
 // (the C library's fast path), while FastPathAllowed holds. With grow
 // false, an allocation the spill allocator could serve only by mapping
@@ -139,9 +139,11 @@ func (d *Device) alloc(size uint64, stream uintptr, cacheable, grow bool) (cuda.
 	defer d.mu.Unlock()
 	d.st.Allocs++
 	if size == 0 {
+		// A token, whichever step or region is open: the caller may keep
+		// it for the next 0-byte request (it is an address, never memory).
 		d.st.ZeroAllocs++
 		p, err := d.zero.take()
-		return p, false, err
+		return p, cacheable && err == nil, err
 	}
 	if len(d.active) > 0 {
 		if s := d.active[stream]; s != nil {

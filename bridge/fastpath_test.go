@@ -9,8 +9,8 @@ import (
 
 // TestFastPathRules: a caller may keep a freed block and hand it out again
 // (the C library's fast path) only for blocks of the spill allocator's
-// default pool, and only while no capture is underway as the host counts
-// them, no step runs and no region is open.
+// default pool and 0-byte requests' tokens, and only while no capture is
+// underway as the host counts them, no step runs and no region is open.
 func TestFastPathRules(t *testing.T) {
 	tid := 7
 	b := New(Config{Sim: true, SimMemory: 1 << 30, SpillAddressSpace: 256 << 20, ThreadID: func() int { return tid }})
@@ -38,7 +38,7 @@ func TestFastPathRules(t *testing.T) {
 	b.CapturesUnderway(0)
 	allowed(true, "no capture, step or region")
 	mustKeep(4096, 0x10, true, "a default-pool block")
-	mustKeep(0, 0x10, false, "a 0-byte request")
+	mustKeep(0, 0x10, true, "a 0-byte request's token")
 
 	s, err := b.NewStep(0, "fp")
 	if err != nil {
@@ -50,6 +50,7 @@ func TestFastPathRules(t *testing.T) {
 	allowed(false, "a step recording")
 	mustKeep(4096, 0x20, false, "the step's allocation")
 	mustKeep(4096, 0x21, true, "another stream's allocation while a step runs")
+	mustKeep(0, 0x20, true, "a 0-byte request's token while a step runs")
 	if err := s.End(false); err != nil {
 		t.Fatal(err)
 	}

@@ -21,8 +21,12 @@
 // reported, never kept twice.
 //
 // Blocks used on another stream (record_stream) are never kept: their
-// free goes to Go, which orders their reuse with events. 0-byte requests
-// always go to Go (each needs an address of its own).
+// free goes to Go, which orders their reuse with events. A 0-byte request
+// gets a token (an address of its own, never memory) that is kept and
+// handed out again like a block of size 0: PyTorch asks for hundreds of
+// them in a step of eager code (a decoding loop's, each token), two calls
+// into Go each otherwise. A kept token is no live allocation's, so two
+// live allocations still never share an address.
 //
 // A free the fast path does not keep costs no call of its own while the
 // fast path is open: a block it handed out (in live, freed once, on its
@@ -128,7 +132,9 @@ static inline void count_pool(ap_dev_stats *d, int pool, size_t size, int add) {
 // counted records an allocation (add 1) or a free (0) of size bytes on
 // device in its statistics, or takes a free back (-1); mu is held.
 static inline void counted(int device, size_t size, int add) {
-	if ((unsigned)device < AP_MAX_DEVICES) {
+	// A 0-byte request is not counted: PyTorch's own allocator never sees
+	// one (it hands out no memory for it), so its statistics do not.
+	if (size > 0 && (unsigned)device < AP_MAX_DEVICES) {
 		count_pool(&dstats[device], 0, size, add);
 		count_pool(&dstats[device], size <= SMALL ? 1 : 2, size, add);
 	}
@@ -425,26 +431,24 @@ static void *go_alloc(size_t size, int device, void *stream) {
 // arenaplan_alloc is the allocator for C callers: size bytes on device for
 // use on stream, or NULL with the reason in arenaplan_last_error.
 void *arenaplan_alloc(size_t size, int device, void *stream) {
-	if (size > 0) {
-		pthread_mutex_lock(&mu);
-		if (on) {
-			bin *b = bin_find(size, stream, device, 0);
-			if (b != NULL && b->n > 0) {
-				uintptr_t p = b->ptr[--b->n];
-				live_entry *e = live_find(p);
-				e->state = OUT;
-				counts.hits++;
-				counts.blocks--;
-				counts.bytes -= size;
-				counted(device, size, 1);
-				pthread_mutex_unlock(&mu);
-				clear_error();
-				return (void *)p;
-			}
-			counts.misses++;
+	pthread_mutex_lock(&mu);
+	if (on) {
+		bin *b = bin_find(size, stream, device, 0);
+		if (b != NULL && b->n > 0) {
+			uintptr_t p = b->ptr[--b->n];
+			live_entry *e = live_find(p);
+			e->state = OUT;
+			counts.hits++;
+			counts.blocks--;
+			counts.bytes -= size;
+			counted(device, size, 1);
+			pthread_mutex_unlock(&mu);
+			clear_error();
+			return (void *)p;
 		}
-		pthread_mutex_unlock(&mu);
+		counts.misses++;
 	}
+	pthread_mutex_unlock(&mu);
 	return go_alloc(size, device, stream);
 }
 

@@ -276,6 +276,25 @@ int main(int argc, char **argv) {
   CHECK(z[0] != NULL && zdup == 0, "100 live 0-byte allocations: %d duplicates", zdup);
   for (int i = 0; i < 100; i++) ap_free(z[i], 0, 0, NULL);
   if (!zdup) printf("ok   0-byte requests: 100 distinct addresses\n");
+  // Their tokens kept by the fast path and handed out again: still
+  // distinct while live, through frees and new requests interleaved.
+  void *zl[300];
+  int nl = 0, zbad = 0;
+  for (int round = 0; round < 6; round++) {
+    for (int i = 0; i < 40; i++) zl[nl++] = ap_alloc(0, 0, NULL);
+    for (int i = round % 2; i < nl; i += 2) ap_free(zl[i], 0, 0, NULL), zl[i] = NULL;
+    int k = 0;
+    for (int i = 0; i < nl; i++)
+      if (zl[i] != NULL) zl[k++] = zl[i];
+    nl = k;
+    for (int i = 0; i < nl; i++) {
+      zbad += zl[i] == NULL;
+      for (int j = 0; j < i; j++) zbad += zl[i] == zl[j];
+    }
+  }
+  CHECK(zbad == 0, "0-byte tokens handed out again: %d NULL or shared among %d live", zbad, nl);
+  for (int i = 0; i < nl; i++) ap_free(zl[i], 0, 0, NULL);
+  if (!zbad) printf("ok   0-byte tokens kept and handed out again: distinct while live\n");
 
   // A step: record, plan, serve twice at the same addresses.
   void *stream = (void *)(uintptr_t)0x77;
