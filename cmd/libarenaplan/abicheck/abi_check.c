@@ -261,6 +261,12 @@ int main(int argc, char **argv) {
   CHECK(((uintptr_t)a & 255) == 0 && ((uintptr_t)b & 255) == 0, "alignment: %p %p", a, b);
   ap_free(a, 1000, 0, NULL);
   ap_free(b, 1000, 0, NULL);
+  // Kept by size class (512-byte multiples): a request of another size in
+  // the freed blocks' class (513..1024) gets one of them back.
+  void *c = ap_alloc(700, 0, NULL);
+  CHECK(c == a || c == b, "700 B after two 1000 B blocks were freed: %p, not %p or %p", c, a, b);
+  ap_free(c, 700, 0, NULL);
+  if (c == a || c == b) printf("ok   a freed block serves the next request of its size class\n");
   void *huge = ap_alloc((size_t)1 << 50, 0, NULL);
   char *why = last_error();
   CHECK(huge == NULL && why && strstr(why, "CUDA out of memory. Tried to allocate"), "1 PiB: %p, last error %s", huge, why ? why : "(none)");
