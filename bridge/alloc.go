@@ -13,9 +13,11 @@ import (
 
 // AllocCacheable is Alloc that also says whether the block came from the
 // spill allocator's default pool outside any step, region or capture, or
-// is a 0-byte request's token: a block the caller may keep when it is freed and hand out again for the
-// next request of the same size, device and stream without calling Alloc
-// (the C library's fast path), while FastPathAllowed holds. With grow
+// is a 0-byte request's token: a block the caller may keep when it is
+// freed and hand out again for the next request of its size class (the
+// spill allocator rounds requests up to 512-byte multiples; tokens are a
+// class of their own), device and stream without calling Alloc (the C
+// library's fast path), while FastPathAllowed holds. With grow
 // false, an allocation the spill allocator could serve only by mapping
 // more memory fails with spill.ErrWouldGrow (counted nowhere): a caller
 // keeping blocks gives them back (Free) and asks again with grow true, so

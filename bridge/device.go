@@ -91,8 +91,8 @@ type slot struct {
 // DeviceStats are a device's counters (PyTorch's own statistics are off
 // while a plugged allocator is installed; these replace them).
 type DeviceStats struct {
-	Allocs, Frees uint64 // every call
-	ZeroAllocs    uint64 // 0-byte requests
+	Allocs, Frees uint64 // every call (those the C library's fast path serves never reach here)
+	ZeroAllocs    uint64 // 0-byte requests among them
 	Planned       uint64 // allocations served from a step's plan
 	Spilled       uint64 // allocations served by the spill allocator
 	Divergences   uint64 // step allocations the plan could not serve
