@@ -228,6 +228,8 @@ def run(args):
         start = max([r.order for r in apc._runners], default=0) if apc else 0
         res = {"loop": name, "mode": args.mode, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
         losses, ms, err = [], [], None
+        if args.where:
+            torch.cuda.memory._record_memory_history(max_entries=100000)  # the live blocks' stacks
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             try:
@@ -250,6 +252,9 @@ def run(args):
         res["max_reserved"] = torch.cuda.max_memory_reserved(dev)
         res["reserved"] = torch.cuda.memory_reserved(dev)
         res["segments"] = _segments(torch)  # where the reserved bytes are at rest
+        if args.where:
+            res["blocks_outside_default"] = _blocks_outside_default(torch)
+            torch.cuda.memory._record_memory_history(enabled=None)
         if apc is not None:
             rep = [r.report() for r in sorted(apc._runners, key=lambda r: r.order) if r.order > start]
             res["graphs"] = rep
@@ -290,6 +295,28 @@ def _segments(torch):
         rows.append([round(seg["total_size"] / M, 2), round(alloc / M, 3), str(seg.get("segment_pool_id")),
                      seg.get("stream")])
     return sorted(rows, key=lambda r: -r[0])
+
+
+def _blocks_outside_default(torch):
+    """The live blocks of segments outside the default pool (graph pools,
+    workspaces, pools of calls before a capture) and where each was made:
+    [pool, MiB of its segment, bytes, innermost Python frames]."""
+    try:
+        snap = torch.cuda.memory_snapshot()
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        return f"no snapshot: {type(e).__name__}: {e}"[:200]
+    rows = []
+    for seg in snap:
+        pool = tuple(seg.get("segment_pool_id", (0, 0)))
+        if pool == (0, 0):
+            continue
+        for b in seg.get("blocks", ()):
+            if b.get("state") != "active_allocated":
+                continue
+            frames = [f"{os.path.basename(f.get('filename', '?'))}:{f.get('line', 0)}:{f.get('name', '?')}"
+                      for f in b.get("frames", []) if f.get("filename", "").endswith(".py")][:5]
+            rows.append([str(pool), round(seg["total_size"] / 2 ** 20, 2), b["size"], " < ".join(frames)])
+    return rows
 
 
 def _ro_pool_bytes(torch, dev):
@@ -386,6 +413,9 @@ def main():
     p.add_argument("--loops", default=",".join(LOOPS))
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default="/tmp/arenaplan-train-loops")
+    p.add_argument("--where", action="store_true",
+                   help="record where each block is made, and list the live blocks outside the default pool "
+                        "at the end of each loop (slower: every allocation's stack)")
     p.add_argument("--summary")
     a = p.parse_args()
     if a.summary:
