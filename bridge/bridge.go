@@ -130,7 +130,7 @@ func (b *Bridge) Close() error {
 		d.closeDeferred()
 		errs = append(errs, d.lastCloseErr)
 		d.mu.Unlock()
-		errs = append(errs, d.zero.close(), d.spill.Close(), d.dev.Close())
+		errs = append(errs, d.zero.close(), d.spill.Close(), d.heap.close(), d.dev.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -149,5 +149,5 @@ func (f *Family) planChain(budget time.Duration) error {
 	}
 	gp := j.Group(p, windows)
 	gp.Elapsed = time.Since(t0)
-	return f.install(gp, "", func() (*arena.GroupLayout, error) { return arena.NewGroupLayout(f.d.dev, traces, gp) })
+	return f.install(gp, "", func(dev cuda.Device) (*arena.GroupLayout, error) { return arena.NewGroupLayout(dev, traces, gp) })
 }

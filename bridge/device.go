@@ -59,6 +59,7 @@ type Device struct {
 	dev     cuda.Device
 	spill   *spill.Allocator
 	zero    *zeroTokens
+	heap    *graphHeap // small arenas and the graphs' workspaces (heap.go)
 
 	mu      sync.Mutex
 	active  map[uintptr]*Step       // steps recording or serving, by stream handle
@@ -99,10 +100,13 @@ type DeviceStats struct {
 	PlannedLive   int    // planned buffers live now
 	// CloseError is the last failure closing an arena whose close waited
 	// for the captures underway to end ("" if none).
-	CloseError  string `json:",omitempty"`
-	Arenas      int    // planned arenas held
-	ArenaBytes  uint64 // planned arenas, sum of sizes
-	ArenaMapped uint64 // physical bytes the arenas map now
+	CloseError string `json:",omitempty"`
+	Arenas     int    // planned arenas held
+	ArenaBytes uint64 // planned arenas, sum of sizes
+	// ArenaMapped: physical bytes the arenas map now; for those laid out
+	// in the graph heap, the heap's granules less the memory pools'
+	// segments there (which Spill counts).
+	ArenaMapped uint64
 	// ReservedPeak is the most device memory held at once, spill and
 	// arenas together, since the last reset.
 	ReservedPeak uint64
@@ -194,7 +198,7 @@ func newDevice(b *Bridge, ordinal int, dev cuda.Device) (*Device, error) {
 		sp.Close()
 		return nil, err
 	}
-	return &Device{b: b, ordinal: ordinal, dev: dev, spill: sp, zero: zero,
+	return &Device{b: b, ordinal: ordinal, dev: dev, spill: sp, zero: zero, heap: newGraphHeap(dev),
 		active: map[uintptr]*Step{}, planned: map[cuda.DevicePtr]slot{}, streams: map[uintptr]cuda.Stream{},
 		regions: map[string]*region{}, threadRegion: map[int]*region{}}, nil
 }
@@ -268,10 +272,18 @@ func (d *Device) beforeArena() {
 // open steps' arenas, and how many there are; d.mu is held.
 func (d *Device) arenas() (planned, mapped uint64, n int) {
 	seen := map[*arena.Arena]bool{}
+	// Arenas in the graph heap count in the heap's granules, once.
+	own := func(a *arena.Arena) uint64 {
+		if rs := a.Regions(); len(rs) > 0 && d.heap.owns(rs[0].VA) {
+			return 0
+		}
+		return a.Mapped()
+	}
+	mapped = d.heap.extra()
 	for _, a := range d.deferred {
 		seen[a] = true
 		planned += uint64(a.Size())
-		mapped += a.Mapped()
+		mapped += own(a)
 	}
 	for _, s := range d.b.stepsOf(d) {
 		ars := []*arena.Arena{s.ar}
@@ -282,7 +294,7 @@ func (d *Device) arenas() (planned, mapped uint64, n int) {
 			if a != nil && !seen[a] {
 				seen[a] = true
 				planned += uint64(a.Size())
-				mapped += a.Mapped()
+				mapped += own(a)
 			}
 		}
 	}

@@ -247,13 +247,13 @@ func shares(keys []string) bool {
 // (arena.NewFamilyLayout, which checks it) and gives each member its
 // layout in it.
 func (f *Family) installFamily(ms []planner.Member, fp *planner.GroupPlan, from string) error {
-	return f.install(fp, from, func() (*arena.GroupLayout, error) { return arena.NewFamilyLayout(f.d.dev, ms, fp) })
+	return f.install(fp, from, func(dev cuda.Device) (*arena.GroupLayout, error) { return arena.NewFamilyLayout(dev, ms, fp) })
 }
 
 // install maps the arena of fp with build and gives each member its
 // layout in it. Every region is dropped on Pause: a PyTorch family
 // shares nothing between its members, and a replay rewrites the rest.
-func (f *Family) install(fp *planner.GroupPlan, from string, build func() (*arena.GroupLayout, error)) error {
+func (f *Family) install(fp *planner.GroupPlan, from string, build func(cuda.Device) (*arena.GroupLayout, error)) error {
 	d := f.d
 	restore, err := makeCurrent(d.dev)
 	if err != nil {
@@ -261,7 +261,7 @@ func (f *Family) install(fp *planner.GroupPlan, from string, build func() (*aren
 	}
 	defer restore()
 	d.beforeArena()
-	lay, err := build()
+	lay, err := arenaOn(d, fp.Arena, build)
 	if err != nil {
 		return f.errorf("arena of %s: %w", fmtBytes(uint64(fp.Arena)), err)
 	}

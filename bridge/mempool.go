@@ -36,7 +36,8 @@ type PoolAllocator struct {
 // memPool is a pool made with NewMemPool.
 type memPool struct {
 	id       int
-	alloc    *PoolAllocator // nil: the spill allocator's memory
+	alloc    *PoolAllocator // nil: the spill allocator's memory (or the graph heap's)
+	graphs   bool           // segments laid out in the device's graph heap (NewGraphMemPool)
 	devices  map[int]*region
 	routing  int // threads routing to it now, on any device
 	released bool
@@ -72,6 +73,21 @@ func (b *Bridge) NewMemPool(alloc *PoolAllocator) (int, error) {
 	if alloc != nil && (alloc.Alloc == nil || alloc.Free == nil) {
 		return 0, errors.New("bridge: NewMemPool: the pool's allocator needs both Alloc and Free")
 	}
+	return b.newMemPool(&memPool{alloc: alloc})
+}
+
+// NewGraphMemPool makes a memory pool for what CUDA graphs keep beside
+// their arenas (the math libraries' workspaces of a capture stream): its
+// segments are laid out in the device's graph heap, each of the size its
+// block needs, sharing granules of physical memory with each other and
+// with the small arenas (heap.go), as CUDA graphs on PyTorch's allocator
+// keep their workspaces and tensors in one pool. Like any pool, freed
+// blocks go only to the pool's next allocations.
+func (b *Bridge) NewGraphMemPool() (int, error) {
+	return b.newMemPool(&memPool{graphs: true})
+}
+
+func (b *Bridge) newMemPool(p *memPool) (int, error) {
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
@@ -85,7 +101,7 @@ func (b *Bridge) NewMemPool(alloc *PoolAllocator) (int, error) {
 		ps.byID = map[int]*memPool{}
 	}
 	ps.next++
-	p := &memPool{id: ps.next, alloc: alloc, devices: map[int]*region{}}
+	p.id, p.devices = ps.next, map[int]*region{}
 	ps.byID[p.id] = p
 	return p.id, nil
 }
@@ -136,8 +152,11 @@ func (b *Bridge) beginMemPool(op string, p *memPool, d *Device, thread, id int) 
 	r := p.devices[ordinal]
 	if r == nil {
 		var src spill.SegmentSource
-		if p.alloc != nil {
+		switch {
+		case p.alloc != nil:
 			src = poolSource{a: p.alloc, ordinal: ordinal}
+		case p.graphs:
+			src = d.heap
 		}
 		name := fmt.Sprintf("MemPool %d", id)
 		ap, err := d.spill.NewUserPool(name, src)

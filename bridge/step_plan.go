@@ -103,7 +103,7 @@ func (s *Step) Replan(budget time.Duration) error {
 			return nil
 		}
 		d.notePeak()
-		l, err := arena.NewLayout(d.dev, t, p)
+		l, err := arenaOn(d, p.Arena, func(dev cuda.Device) (*arena.Layout, error) { return arena.NewLayout(dev, t, p) })
 		if err != nil {
 			return fmt.Errorf("bridge: step %d (%s): replan: arena of %s (%d of its buffers still live in the old one of %s): %w",
 				s.id, s.name, fmtBytes(uint64(p.Arena)), s.live.Len(), fmtBytes(uint64(s.ar.Size())), err)
@@ -285,7 +285,7 @@ func (s *Step) install(t *lifetime.Trace, p *planner.Plan, from string) error {
 	}
 	defer restore()
 	d.beforeArena()
-	l, err := arena.NewLayout(d.dev, t, p)
+	l, err := arenaOn(d, p.Arena, func(dev cuda.Device) (*arena.Layout, error) { return arena.NewLayout(dev, t, p) })
 	if err != nil {
 		return fmt.Errorf("bridge: step %d (%s): arena of %s for %d buffers: %w", s.id, s.name, fmtBytes(uint64(p.Arena)), len(t.Buffers), err)
 	}

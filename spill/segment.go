@@ -68,7 +68,7 @@ func (seg *segment) reserved() uint64 { return max(seg.va, seg.size) }
 func (s *Allocator) grow(pool *Pool, st cuda.Stream, rsize uint64) (*block, error) {
 	size := roundUp(rsize, s.cfg.chunk)
 	if pool.user != nil && pool.user.src != nil {
-		size = userSegmentSize(rsize)
+		size = pool.user.segmentSize(rsize)
 	}
 	small := pool.small(rsize)
 	va := s.reserveSize(pool, rsize)
@@ -157,7 +157,7 @@ func (s *Allocator) extend(pool *Pool, st cuda.Stream, rsize uint64) *block {
 // see userSegmentSize), which is also what it maps.
 func (s *Allocator) reserveSize(pool *Pool, rsize uint64) uint64 {
 	if pool.user != nil && pool.user.src != nil {
-		return userSegmentSize(rsize)
+		return pool.user.segmentSize(rsize)
 	}
 	size := roundUp(rsize, s.cfg.chunk)
 	if pool == s.def && !pool.small(rsize) && rsize <= MidBlock {

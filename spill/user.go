@@ -30,6 +30,15 @@ type SegmentSource interface {
 	FreeSegment(p cuda.DevicePtr, size uint64, st cuda.Stream) error
 }
 
+// PackingSource is a SegmentSource that lays its segments out side by
+// side, sharing the granules of physical memory they touch: a user pool
+// with one asks it for segments of the request's size (rounded up to
+// MinBlock) rather than of the request's size class.
+type PackingSource interface {
+	SegmentSource
+	Packs() bool
+}
+
 // userPool is what a user pool adds to a Pool.
 type userPool struct {
 	name string
@@ -48,6 +57,15 @@ const (
 	userLargeSegment = 20 << 20
 	userRound        = 2 << 20
 )
+
+// segmentSize is the segment u's source is asked for to serve rsize
+// bytes.
+func (u *userPool) segmentSize(rsize uint64) uint64 {
+	if ps, ok := u.src.(PackingSource); ok && ps.Packs() {
+		return roundUp(rsize, MinBlock)
+	}
+	return userSegmentSize(rsize)
+}
 
 // userSegmentSize is the segment a SegmentSource is asked for to serve
 // rsize bytes.

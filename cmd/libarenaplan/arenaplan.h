@@ -122,6 +122,7 @@ char *arenaplan_paused(int device, char **out);
 extern uint64_t arenaplan_pause_generation;
 
 char *arenaplan_mempool_new(uintptr_t allocFn, uintptr_t freeFn, int *id);
+char *arenaplan_mempool_new_graphs(int *id);
 char *arenaplan_mempool_begin(int device, long int thread, int id);
 char *arenaplan_mempool_end(int device, long int thread, int id);
 char *arenaplan_mempool_release(int id);

@@ -77,6 +77,26 @@ func arenaplan_mempool_new(allocFn, freeFn C.uintptr_t, id *C.int) *C.char {
 	})
 }
 
+// arenaplan_mempool_new_graphs makes a memory pool for what CUDA graphs
+// keep beside their arenas (a capture stream's cuBLAS and cuBLASLt
+// workspaces) and sets *id to its id: its segments are laid out beside
+// the small arenas, each of its block's size, sharing physical memory
+// with them (bridge.Bridge.NewGraphMemPool).
+//
+//export arenaplan_mempool_new_graphs
+func arenaplan_mempool_new_graphs(id *C.int) *C.char {
+	return control("arenaplan_mempool_new_graphs", func(b *bridge.Bridge) error {
+		if id == nil {
+			return errNil("arenaplan_mempool_new_graphs", "id")
+		}
+		n, err := b.NewGraphMemPool()
+		if err == nil {
+			*id = C.int(n)
+		}
+		return err
+	})
+}
+
 // arenaplan_mempool_begin routes thread's allocations on device (thread:
 // the OS thread id, Python's threading.get_native_id()) to pool id until
 // arenaplan_mempool_end; routings nest, innermost first. The C fast path

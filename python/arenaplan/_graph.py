@@ -279,15 +279,18 @@ _ws_pools: dict = {}
 
 def _workspace_pool(stream: "torch.cuda.Stream", device: int) -> Optional[Any]:
     """The pool of a capture stream's math-library workspaces (arenaplan's
-    ``torch.cuda.MemPool``, kept for the process's life, as a graph may
-    be), or None where arenaplan's pools are not installed."""
+    ``torch.cuda.MemPool`` for graph memory: its segments are laid out
+    beside the small arenas, sharing physical memory with them, as CUDA
+    graphs on PyTorch's allocator keep workspaces and tensors in one pool;
+    kept for the process's life, as a graph may be), or None where
+    arenaplan's pools are not installed."""
     key = (device, stream.cuda_stream)
     pool = _ws_pools.get(key)
     if pool is None:
         mp = getattr(torch.cuda, "MemPool", None)
         if getattr(mp, "__module__", "") != "arenaplan._mempool":
             return None
-        pool = _ws_pools.setdefault(key, mp())
+        pool = _ws_pools.setdefault(key, mp(_graph_memory=True))
     return pool
 
 

@@ -87,6 +87,7 @@ SIGNATURES = {
     "arenaplan_resume": ("char *", ["int", "char *"]),
     "arenaplan_paused": ("char *", ["int", "char **"]),
     "arenaplan_mempool_new": ("char *", ["uintptr_t", "uintptr_t", "int *"]),
+    "arenaplan_mempool_new_graphs": ("char *", ["int *"]),
     "arenaplan_mempool_begin": ("char *", ["int", "long int", "int"]),
     "arenaplan_mempool_end": ("char *", ["int", "long int", "int"]),
     "arenaplan_mempool_release": ("char *", ["int"]),

@@ -77,6 +77,14 @@ class Pools:
         self._lib.check(self._lib._lib.arenaplan_mempool_new(alloc_fn or 0, free_fn or 0, ctypes.byref(i)))
         return i.value
 
+    def new_graphs(self) -> int:
+        """A new pool for what CUDA graphs keep beside their arenas (the
+        capture streams' workspaces), laid out beside the small arenas;
+        returns its id."""
+        i = ctypes.c_int(-1)
+        self._lib.check(self._lib._lib.arenaplan_mempool_new_graphs(ctypes.byref(i)))
+        return i.value
+
     def begin(self, device: int, thread: int, pool: int) -> None:
         self._lib.check(self._lib._lib.arenaplan_mempool_begin(device, thread, pool))
 
@@ -177,7 +185,10 @@ def install(lib, torch) -> Pools:
                         "after install)")
                 fa, ff = fns
             self._allocator = allocator
-            self._n = pools.new(fa, ff)
+            # arenaplan's own pools for the graphs' workspaces (see
+            # arenaplan._graph.workspaces): laid out beside small arenas.
+            graphs = bool(kwargs.pop("_graph_memory", False)) and allocator is None
+            self._n = pools.new_graphs() if graphs else pools.new(fa, ff)
             self._routing = 0
             self._devices: List[int] = []
             self._lock = threading.Lock()

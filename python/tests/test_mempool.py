@@ -104,6 +104,31 @@ class MemPoolTest(unittest.TestCase):
         self.assertEqual(pool.use_count(), 1)
         self.assertNotEqual(TORCH.cuda.MemPool().id, pool.id)
 
+    def test_graph_memory_pool_packs_its_segments(self):
+        # The pool arenaplan makes for a capture stream's workspaces: its
+        # segments are each of its block's size (laid out beside the small
+        # arenas), where a pool of arenaplan's memory maps a 2 MiB segment
+        # for any request up to 1 MiB.
+        stream = 0x53
+        graphs = TORCH.cuda.MemPool(_graph_memory=True)
+        plain = TORCH.cuda.MemPool()
+        with TORCH.cuda.use_mem_pool(graphs):
+            lt = LIB.alloc(1 * MiB, 0, stream)
+            ws = LIB.alloc(3 * MiB + 4096, 0, stream)
+        with TORCH.cuda.use_mem_pool(plain):
+            other = LIB.alloc(1 * MiB, 0, stream)
+        self.assertEqual(sorted(s["total_size"] for s in graphs.snapshot()), [1 * MiB, 3 * MiB + 4096])
+        self.assertEqual([s["total_size"] for s in plain.snapshot()], [2 * MiB])
+        self.assertEqual(ws, lt + 1 * MiB, "laid out side by side")
+        # Freed blocks stay the pool's: the next request of the size gets one.
+        LIB.free(lt, 1 * MiB, 0, stream)
+        with TORCH.cuda.use_mem_pool(graphs):
+            self.assertEqual(LIB.alloc(1 * MiB, 0, stream), lt)
+        for p, n in ((lt, 1 * MiB), (ws, 3 * MiB + 4096), (other, 1 * MiB)):
+            LIB.free(p, n, 0, stream)
+        del graphs, plain
+        gc.collect()
+
     def test_own_allocator_receives_memory(self):
         alloc = RecordingAllocator()
         pool = self.pool_with(alloc)

@@ -89,7 +89,11 @@ class _Tensor:
 
 
 class _Pool:
-    """arenaplan's torch.cuda.MemPool, as far as routing goes."""
+    """arenaplan's torch.cuda.MemPool, as far as routing goes, and whether
+    it was made for graph memory (laid out beside the small arenas)."""
+
+    def __init__(self, allocator=None, *args, _graph_memory=False, **kwargs):
+        self.graph_memory = _graph_memory
 
 
 _Pool.__module__ = "arenaplan._mempool"
@@ -385,6 +389,8 @@ class GraphFlowTest(unittest.TestCase):
         _graph.ensure_workspaces(st, 0)
         self.assertEqual([p[:3] for p in _products], made, "this thread's, dropped by the other's, made again")
         self.assertTrue(all(isinstance(p[3], _Pool) for p in _products if p[0] != "clear"), "in the stream's pool")
+        self.assertTrue(all(p[3].graph_memory for p in _products if p[0] != "clear"),
+                        "the stream's pool is one for graph memory")
         # Another stream's are its own.
         st2 = _Stream()
         del _products[:]

@@ -1,0 +1,241 @@
+package bridge
+
+import (
+	"testing"
+
+	"github.com/arenaplan/arenaplan/cuda"
+)
+
+// TestGraphHeapGranules: what the heap lays out shares granules, a
+// granule is mapped while anything touches it, and given-back addresses
+// are laid out again.
+func TestGraphHeapGranules(t *testing.T) {
+	b := newTestBridge(t)
+	d, err := b.device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := d.heap
+	p1, err := h.AllocSegment(1<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gran := h.gran
+	if h.mapped != gran {
+		t.Fatalf("a 1 MiB segment: %d bytes mapped, want one granule (%d)", h.mapped, gran)
+	}
+	p2, err := h.reserve(gran/2+4096, 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uint64(p2)%heapAlign != 0 || p2 != p1.Add(1<<20) {
+		t.Fatalf("laid out at %#x, want right after the segment at %#x", uint64(p2), uint64(p1.Add(1<<20)))
+	}
+	if err := h.use(p2, gran/2+4096); err != nil {
+		t.Fatal(err)
+	}
+	if h.mapped != 2*gran {
+		t.Fatalf("1 MiB + %d bytes side by side: %d mapped, want two granules", gran/2+4096, h.mapped)
+	}
+	if h.extra() != 2*gran-1<<20 {
+		t.Fatalf("extra %d, want the mapped bytes less the segment's", h.extra())
+	}
+	if err := h.FreeSegment(p1, 1<<20, nil); err != nil {
+		t.Fatal(err)
+	}
+	if h.mapped != 2*gran {
+		t.Fatalf("the segment given back: %d mapped, want both granules (the other range touches them)", h.mapped)
+	}
+	if err := h.unuse(p2, gran/2+4096); err != nil {
+		t.Fatal(err)
+	}
+	if h.mapped != 0 || len(h.pieces) != 0 {
+		t.Fatalf("nothing used: %d mapped in %d granules", h.mapped, len(h.pieces))
+	}
+	if err := h.release(p2, gran/2+4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.release(p2, gran/2+4096); err == nil {
+		t.Fatal("a second release: no error")
+	}
+	if len(h.free) != 1 {
+		t.Fatalf("free runs %v, want one (coalesced)", h.free)
+	}
+	if p, err := h.reserve(4096, 0); err != nil || p != p1 {
+		t.Fatalf("laid out again at %#x (%v), want the first address %#x", uint64(p), err, uint64(p1))
+	}
+}
+
+// TestSmallArenasShareGranules: steps planned into small arenas are laid
+// out in the graph heap side by side: two of them map one granule where
+// arenas of their own mapped two, their buffers never overlap, a pause
+// of the graphs unmaps the granule and a resume serves the same
+// addresses; a workspace made in a graph memory pool shares it too.
+func TestSmallArenasShareGranules(t *testing.T) {
+	b := New(Config{Sim: true, SimMemory: 1 << 30, SpillAddressSpace: 256 << 20, ThreadID: func() int { return 1 }})
+	t.Cleanup(func() { b.Close() })
+	p1 := &program{t: t, b: b, stream: 0x10, layers: 6}
+	p2 := &program{t: t, b: b, stream: 0x20, layers: 4, scale: 2}
+	s1 := recordAndPlan(t, b, p1)
+	s2 := recordAndPlan(t, b, p2)
+	d := b.devices[0]
+	gran := d.heap.gran
+	st, _ := b.Stats(0)
+	if st.Arenas != 2 || st.ArenaMapped != gran {
+		t.Fatalf("two small arenas (%d bytes in all): %d arenas map %d bytes, want one granule (%d)", st.ArenaBytes, st.Arenas, st.ArenaMapped, gran)
+	}
+	serve := func(s *Step, p *program) map[cuda.DevicePtr]uint64 {
+		t.Helper()
+		if err := s.Serve(p.stream, true); err != nil {
+			t.Fatal(err)
+		}
+		out := p.run()
+		if err := s.End(false); err != nil {
+			t.Fatal(err)
+		}
+		p.free(out)
+		got := map[cuda.DevicePtr]uint64{}
+		for i, a := range p.addrs {
+			if p.sizes[i] > 0 {
+				if !d.heap.owns(a) {
+					t.Fatalf("planned buffer at %#x: not in the graph heap", uint64(a))
+				}
+				got[a] = p.sizes[i]
+			}
+		}
+		return got
+	}
+	a1, a2 := serve(s1, p1), serve(s2, p2)
+	// Every buffer of one arena against every buffer of the other: the
+	// two arenas' memory is disjoint, whatever runs when.
+	lo1, hi1 := extentOf(a1)
+	lo2, hi2 := extentOf(a2)
+	if lo1 < hi2 && lo2 < hi1 {
+		t.Fatalf("arenas overlap: [%#x, %#x) and [%#x, %#x)", lo1, hi1, lo2, hi2)
+	}
+	if r := s1.Report(); r.Divergences != 0 {
+		t.Fatalf("served from the heap: %d divergences", r.Divergences)
+	}
+
+	if err := b.Pause(0, GraphsTag); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := b.Stats(0); st.ArenaMapped != 0 || d.heap.mapped != 0 {
+		t.Fatalf("paused: arenas map %d, heap %d bytes; want 0", st.ArenaMapped, d.heap.mapped)
+	}
+	if err := b.Resume(0, GraphsTag); err != nil {
+		t.Fatal(err)
+	}
+	if again := serve(s1, p1); len(again) != len(a1) {
+		t.Fatalf("after resume: %d buffers, want %d", len(again), len(a1))
+	} else {
+		for a := range again {
+			if _, ok := a1[a]; !ok {
+				t.Fatalf("after resume: a buffer at %#x, not an address of the first run", uint64(a))
+			}
+		}
+	}
+
+	// A 1 MiB workspace in a graph memory pool: laid out after the
+	// arenas, in the granule they map (rather than a segment of its own),
+	// and it stays when the graphs pause.
+	st, _ = b.Stats(0)
+	before := st.Spill.Mapped + st.ArenaMapped
+	if st.ArenaBytes+1<<20 > gran {
+		t.Fatalf("arenas of %d bytes: too large for the test's granule", st.ArenaBytes)
+	}
+	id, err := b.NewGraphMemPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.BeginMemPool(0, 1, id); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := b.Alloc(1<<20, 0, 0x10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EndMemPool(0, 1, id); err != nil {
+		t.Fatal(err)
+	}
+	if !d.heap.owns(ws) {
+		t.Fatalf("the pool's block at %#x: not in the graph heap", uint64(ws))
+	}
+	st, _ = b.Stats(0)
+	if after := st.Spill.Mapped + st.ArenaMapped; after != before || d.heap.mapped != gran {
+		t.Fatalf("a 1 MiB block beside arenas of %d bytes: %d bytes held (were %d), the heap maps %d; want no more, one granule",
+			st.ArenaBytes, after, before, d.heap.mapped)
+	}
+	if err := b.Pause(0, GraphsTag); err != nil {
+		t.Fatal(err)
+	}
+	if d.heap.mapped == 0 {
+		t.Fatal("paused: the workspace's granule was unmapped")
+	}
+	if err := b.Resume(0, GraphsTag); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(ws, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ReleaseMemPool(id); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if d.heap.mapped != 0 {
+		t.Fatalf("every arena closed and the pool released: the heap maps %d bytes", d.heap.mapped)
+	}
+}
+
+// extentOf returns the lowest and highest address of the buffers in m.
+func extentOf(m map[cuda.DevicePtr]uint64) (lo, hi uint64) {
+	first := true
+	for a, n := range m {
+		if first || uint64(a) < lo {
+			lo = uint64(a)
+		}
+		if first || uint64(a)+n > hi {
+			hi = uint64(a) + n
+		}
+		first = false
+	}
+	return lo, hi
+}
+
+// TestGraphPoolKeptToClose: a graph memory pool kept for the process's
+// life (as the capture streams' workspace pools are) is no error when the
+// bridge closes: its granules go with the heap.
+func TestGraphPoolKeptToClose(t *testing.T) {
+	b := New(Config{Sim: true, SimMemory: 1 << 30, SpillAddressSpace: 256 << 20, ThreadID: func() int { return 1 }})
+	id, err := b.NewGraphMemPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.BeginMemPool(0, 1, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Alloc(32<<20, 0, 0x10); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EndMemPool(0, 1, id); err != nil {
+		t.Fatal(err)
+	}
+	d := b.devices[0]
+	if d.heap.mapped != 32<<20 {
+		t.Fatalf("a 32 MiB block: the heap maps %d bytes", d.heap.mapped)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close with the pool held: %v", err)
+	}
+	if d.heap.mapped != 0 || d.heap.base != 0 {
+		t.Fatalf("after Close: the heap maps %d bytes, reservation %#x", d.heap.mapped, uint64(d.heap.base))
+	}
+}
