@@ -27,6 +27,12 @@
 //     buffers on (a forward and its backward): planned on one timeline, a
 //     buffer a later member frees lives to that free at one address
 //     (arena.NewGroupLayout of the joint plan).
+//   - Small arenas (at most 16 MiB) and the segments of graph memory
+//     pools (NewGraphMemPool: the capture streams' workspaces) are laid
+//     out side by side in one range of addresses per device, the graph
+//     heap, and share its granules of physical memory (heap.go), as CUDA
+//     graphs on PyTorch's allocator keep workspaces and tensors in one
+//     pool; larger arenas map granules of their own.
 //   - Regions (BeginRegion, per thread) set memory apart by tag; Pause
 //     releases the physical memory of tags and of the graphs (GraphsTag:
 //     every arena and graph pool) keeping every address, backing up the

@@ -59,8 +59,9 @@ const (
 	// block size, which PyTorch's allocator aligns tensors to as well.
 	heapAlign = 512
 	// heapArenaMax is the largest arena laid out in the heap; larger
-	// ones get granules of their own, whose rounding costs them under
-	// 3% where it cost a small step half its size.
+	// ones get granules of their own, whose rounding costs them less
+	// than a granule in eight (it cost a small step half its size), and
+	// which a pause gives back whole.
 	heapArenaMax = 16 << 20
 	// heapReserve is the addresses the heap reserves (no memory).
 	heapReserve = 4 << 30
