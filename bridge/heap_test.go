@@ -239,3 +239,53 @@ func TestGraphPoolKeptToClose(t *testing.T) {
 		t.Fatalf("after Close: the heap maps %d bytes, reservation %#x", d.heap.mapped, uint64(d.heap.base))
 	}
 }
+
+// TestWorkspacesAndStepInOnePool: a capture stream's workspaces (32 MiB
+// and 1 MiB, made first) and a training step planned at 2.26 MiB take 36
+// MiB, the pool CUDA graphs on PyTorch's allocator hold them in, where
+// granules of their own took 38.
+func TestWorkspacesAndStepInOnePool(t *testing.T) {
+	b := New(Config{Sim: true, SimMemory: 1 << 30, SpillAddressSpace: 256 << 20, ThreadID: func() int { return 1 }})
+	t.Cleanup(func() { b.Close() })
+	const st = 0x30
+	id, err := b.NewGraphMemPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.BeginMemPool(0, 1, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []uint64{32 << 20, 1 << 20} {
+		if _, err := b.Alloc(n, 0, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.EndMemPool(0, 1, id); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.NewStep(0, "train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Record(st); err != nil {
+		t.Fatal(err)
+	}
+	x := mustAlloc(t, b, 1<<20, st)
+	y := mustAlloc(t, b, 1<<20+1<<18+10<<10, st) // 2.26 MiB live with x
+	for _, p := range []cuda.DevicePtr{x, y} {
+		if err := b.Free(p, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.End(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	d := b.devices[0]
+	stats, _ := b.Stats(0)
+	if d.heap.mapped != 36<<20 || stats.ArenaBytes < 2<<20 {
+		t.Fatalf("workspaces of 33 MiB and an arena of %d bytes: the heap maps %d bytes, want 36 MiB", stats.ArenaBytes, d.heap.mapped)
+	}
+}
