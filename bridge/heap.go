@@ -363,6 +363,15 @@ func (d heapDevice) MemMap(p cuda.DevicePtr, size uint64, _ cuda.MemHandle) erro
 
 func (d heapDevice) MemUnmap(p cuda.DevicePtr, size uint64) error { return d.h.unuse(p, size) }
 
+// MemGetInfo reports the device's free memory and, as its total, what an
+// arena laid out in the heap may grow to in place (heapArenaMax): a
+// family's arena reserves the total as room for Arena.Grow, which in the
+// heap's addresses must stay small.
+func (d heapDevice) MemGetInfo() (free, total uint64, err error) {
+	free, _, err = d.Device.MemGetInfo()
+	return free, heapArenaMax, err
+}
+
 // MemSetAccess: the heap's granules are made accessible when mapped.
 func (d heapDevice) MemSetAccess(cuda.DevicePtr, uint64) error { return nil }
 

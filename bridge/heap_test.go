@@ -1,8 +1,10 @@
 package bridge
 
 import (
+	"errors"
 	"testing"
 
+	"github.com/arenaplan/arenaplan/arena"
 	"github.com/arenaplan/arenaplan/cuda"
 )
 
@@ -287,5 +289,43 @@ func TestWorkspacesAndStepInOnePool(t *testing.T) {
 	stats, _ := b.Stats(0)
 	if d.heap.mapped != 36<<20 || stats.ArenaBytes < 2<<20 {
 		t.Fatalf("workspaces of 33 MiB and an arena of %d bytes: the heap maps %d bytes, want 36 MiB", stats.ArenaBytes, d.heap.mapped)
+	}
+}
+
+// TestFamilyInHeapGrows: a small family's arena is laid out in the heap
+// with room to grow in place up to heapArenaMax more (the room a family
+// keeps for members planned around held memory): it grows there, its
+// buffers where they were, and is refused past its room, left as it was.
+func TestFamilyInHeapGrows(t *testing.T) {
+	b := newTestBridge(t)
+	f, _ := recordFamily(t, b, []uint64{8, 4})
+	if err := f.Plan(0); err != nil {
+		t.Fatal(err)
+	}
+	d := b.devices[0]
+	a := f.ar
+	rs := a.Regions()
+	if len(rs) == 0 || !d.heap.owns(rs[0].VA) {
+		t.Fatal("a small family's arena: not in the graph heap")
+	}
+	if a.Room() == 0 || a.Room() > heapArenaMax {
+		t.Fatalf("room %d, want some, at most %d", a.Room(), heapArenaMax)
+	}
+	size, mapped := a.Size(), d.heap.mapped
+	d.mu.Lock()
+	err := f.growLocked(size + 3<<20)
+	d.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Size() != size+3<<20 || d.heap.mapped <= mapped || a.Regions()[0].VA != rs[0].VA {
+		t.Fatalf("grown: size %d (was %d), heap maps %d (was %d), first region at %#x (was %#x)",
+			a.Size(), size, d.heap.mapped, mapped, uint64(a.Regions()[0].VA), uint64(rs[0].VA))
+	}
+	d.mu.Lock()
+	err = f.growLocked(a.Size() + int64(a.Room()) + 1<<20)
+	d.mu.Unlock()
+	if !errors.Is(err, arena.ErrOutOfMemory) || a.Size() != size+3<<20 {
+		t.Fatalf("grown past its room: %v (size %d); want ErrOutOfMemory and the size as it was", err, a.Size())
 	}
 }
