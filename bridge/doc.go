@@ -32,7 +32,9 @@
 //     out side by side in one range of addresses per device, the graph
 //     heap, and share its granules of physical memory (heap.go), as CUDA
 //     graphs on PyTorch's allocator keep workspaces and tensors in one
-//     pool; larger arenas map granules of their own.
+//     pool; larger arenas map granules of their own. Pausing the graphs
+//     unmaps the heap's granules that only paused arenas touch (one a
+//     workspace shares stays mapped).
 //   - Regions (BeginRegion, per thread) set memory apart by tag; Pause
 //     releases the physical memory of tags and of the graphs (GraphsTag:
 //     every arena and graph pool) keeping every address, backing up the
