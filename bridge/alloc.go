@@ -128,7 +128,11 @@ func (b *Bridge) EmptyCache() error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := d.spill.EmptyCache(); err != nil && !errors.Is(err, spill.ErrCapturing) {
+		err = d.spill.EmptyCache()
+		if err == nil {
+			err = d.heap.trim()
+		}
+		if err != nil && !errors.Is(err, spill.ErrCapturing) {
 			errs = append(errs, fmt.Errorf("bridge: device %d: %w", d.ordinal, err))
 		}
 		restore()

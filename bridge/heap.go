@@ -142,7 +142,7 @@ func (h *graphHeap) use(p cuda.DevicePtr, size uint64) error {
 		if pc == nil {
 			if pc, err = h.mapPiece(i); err != nil {
 				for j := first; j < i; j++ {
-					h.drop(j)
+					h.drop(j, false)
 				}
 				return err
 			}
@@ -153,9 +153,11 @@ func (h *graphHeap) use(p cuda.DevicePtr, size uint64) error {
 }
 
 // unuse takes back a use of the granules [p, p+size) touches, unmapping
-// those no longer used; it tries every granule and returns the first
-// failure.
-func (h *graphHeap) unuse(p cuda.DevicePtr, size uint64) error {
+// those no longer used (now: an arena unmaps after waiting for the
+// device) or keeping them mapped, idle, until trim (a pool's segment
+// given back: work queued on it may still run); it tries every granule
+// and returns the first failure.
+func (h *graphHeap) unuse(p cuda.DevicePtr, size uint64, now bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	lo, err := h.offset(p, size)
@@ -170,20 +172,52 @@ func (h *graphHeap) unuse(p cuda.DevicePtr, size uint64) error {
 			}
 			continue
 		}
-		if err := h.drop(i); err != nil && first == nil {
+		if err := h.drop(i, now); err != nil && first == nil {
 			first = err
 		}
 	}
 	return first
 }
 
-// drop takes back a use of granule i; h.mu is held.
-func (h *graphHeap) drop(i uint64) error {
+// drop takes back a use of granule i, unmapping it when it is no longer
+// used and now; h.mu is held.
+func (h *graphHeap) drop(i uint64, now bool) error {
 	pc := h.pieces[i]
-	pc.uses--
-	if pc.uses > 0 {
+	pc.uses = max(pc.uses-1, 0)
+	if pc.uses > 0 || !now {
 		return nil
 	}
+	return h.unmapPiece(i)
+}
+
+// trim unmaps the granules nothing uses (kept mapped since a pool's
+// segment was given back), after waiting for the device (the work queued
+// on them). Not while a capture may be underway.
+func (h *graphHeap) trim() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	idle := false
+	for _, pc := range h.pieces {
+		idle = idle || pc.uses == 0
+	}
+	if !idle {
+		return nil
+	}
+	if err := h.dev.Synchronize(); err != nil {
+		return fmt.Errorf("bridge: graph heap: %w", err) // better mapped than unmapped under running work
+	}
+	var errs []error
+	for i, pc := range h.pieces {
+		if pc.uses == 0 {
+			errs = append(errs, h.unmapPiece(i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmapPiece unmaps granule i; h.mu is held.
+func (h *graphHeap) unmapPiece(i uint64) error {
+	pc := h.pieces[i]
 	delete(h.pieces, i)
 	h.mapped -= h.gran
 	at := h.base.Add(i * h.gran)
@@ -280,8 +314,7 @@ func (h *graphHeap) close() error {
 	}
 	var errs []error
 	for i := range h.pieces {
-		h.pieces[i].uses = 1
-		errs = append(errs, h.drop(i))
+		errs = append(errs, h.unmapPiece(i))
 	}
 	errs = append(errs, h.dev.AddressFree(h.base, h.size))
 	h.base = 0
@@ -305,9 +338,13 @@ func (h *graphHeap) AllocSegment(size uint64, _ cuda.Stream) (cuda.DevicePtr, er
 	return p, nil
 }
 
-// FreeSegment takes back a segment AllocSegment laid out.
+// FreeSegment takes back a segment AllocSegment laid out. Its addresses
+// may be laid out again at once; its granules stay mapped until trim
+// (the spill allocator gives a source's segment back as soon as its last
+// block is freed, with work on it maybe still queued, and a capture maybe
+// underway, which forbids waiting).
 func (h *graphHeap) FreeSegment(p cuda.DevicePtr, size uint64, _ cuda.Stream) error {
-	err := h.unuse(p, size)
+	err := h.unuse(p, size, false)
 	if rerr := h.release(p, size); err == nil {
 		err = rerr
 	}
@@ -361,7 +398,9 @@ func (d heapDevice) MemMap(p cuda.DevicePtr, size uint64, _ cuda.MemHandle) erro
 	return d.h.use(p, size)
 }
 
-func (d heapDevice) MemUnmap(p cuda.DevicePtr, size uint64) error { return d.h.unuse(p, size) }
+// MemUnmap: an arena unmaps after waiting for the device (Close) or
+// while its graphs cannot run (Pause), as with memory of its own.
+func (d heapDevice) MemUnmap(p cuda.DevicePtr, size uint64) error { return d.h.unuse(p, size, true) }
 
 // MemGetInfo reports the device's free memory and, as its total, what an
 // arena laid out in the heap may grow to in place (heapArenaMax): a

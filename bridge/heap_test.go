@@ -48,7 +48,7 @@ func TestGraphHeapGranules(t *testing.T) {
 	if h.mapped != 2*gran {
 		t.Fatalf("the segment given back: %d mapped, want both granules (the other range touches them)", h.mapped)
 	}
-	if err := h.unuse(p2, gran/2+4096); err != nil {
+	if err := h.unuse(p2, gran/2+4096, true); err != nil {
 		t.Fatal(err)
 	}
 	if h.mapped != 0 || len(h.pieces) != 0 {
@@ -327,5 +327,43 @@ func TestFamilyInHeapGrows(t *testing.T) {
 	d.mu.Unlock()
 	if !errors.Is(err, arena.ErrOutOfMemory) || a.Size() != size+3<<20 {
 		t.Fatalf("grown past its room: %v (size %d); want ErrOutOfMemory and the size as it was", err, a.Size())
+	}
+}
+
+// TestGraphHeapKeepsGivenBackSegmentsMapped: a pool's segment given back
+// leaves its granules mapped (work queued on it may still run) until a
+// trim, which waits for the device; laid out again before, it reuses them.
+func TestGraphHeapKeepsGivenBackSegmentsMapped(t *testing.T) {
+	b := newTestBridge(t)
+	d, err := b.device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := d.heap
+	p, err := h.AllocSegment(1<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.FreeSegment(p, 1<<20, nil); err != nil {
+		t.Fatal(err)
+	}
+	if h.mapped != h.gran {
+		t.Fatalf("given back: %d bytes mapped, want its granule kept", h.mapped)
+	}
+	q, err := h.AllocSegment(512<<10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q != p || h.mapped != h.gran {
+		t.Fatalf("laid out again at %#x (was %#x), %d mapped; want the same place and granule", uint64(q), uint64(p), h.mapped)
+	}
+	if err := h.FreeSegment(q, 512<<10, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if h.mapped != 0 || len(h.pieces) != 0 {
+		t.Fatalf("after EmptyCache: %d bytes in %d granules mapped, want none", h.mapped, len(h.pieces))
 	}
 }
