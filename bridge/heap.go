@@ -27,9 +27,10 @@ import (
 // whose address reservations and mappings the heap serves (heapDevice):
 // its addresses, checks, pauses and closes are the arena package's. A
 // pause unmaps the granules that only its regions touched; those it
-// shares with a workspace or a live arena stay mapped (a paused arena
-// holds at most a granule less than nothing). The heap never moves what
-// is laid out in it.
+// shares with a workspace or a live arena stay mapped (at most one at
+// each end of each region). A pool's segment given back leaves its
+// granules mapped until trim, which waits for the device. The heap never
+// moves what is laid out in it.
 type graphHeap struct {
 	mu   sync.Mutex
 	dev  cuda.Device
