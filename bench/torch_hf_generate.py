@@ -254,7 +254,8 @@ def summary(path, out):
     """The table of a results file: per model, tokens and mode, the median
     of its processes' ms per token (their count in brackets: processes of
     one mode differ by up to 50% on a host-bound step), the range of their
-    first calls, memory and the report from the last process of each."""
+    first calls, memory, the host time in the compiled calls and ours'
+    calls into Go a call, and the report from the last process of each."""
     rows = {}
     for line in open(path):
         if line.startswith("{"):
@@ -263,7 +264,7 @@ def summary(path, out):
     M = 2 ** 20
     print(f"{'model':6} {'new':>4} {'ms/token ours/RO/eager (processes)':>36} {'first call s ours/RO':>21} "
           f"{'peak MiB ours/RO':>17} {'rest MiB ours/RO':>17} {'tokens = RO':>11} {'= plain':>8} {'RO = plain':>10}"
-          f"  routed, captured")
+          f" {'compiled ms/call ours/RO':>24} {'Go calls/call':>13}  routed, captured")
     for (m, n), d in sorted(rows.items()):
         o, r = (d.get(k, [{}])[-1] for k in ("ours", "ro"))
 
@@ -283,11 +284,20 @@ def summary(path, out):
             ta, tb = torch.load(pa), torch.load(pb)
             return "yes" if all(torch.equal(ta[k], tb[k]) for k in ta) else "no"
         f = lambda v: f"{v / M:.0f}" if v else "-"  # noqa: E731
+
+        def split(mode, key):
+            """The median over a mode's processes and timed calls of a
+            call_split figure, the first timed call left out (it may
+            capture)."""
+            v = [y for x in d.get(mode, []) for y in x.get("call_split", {}).get(key, [])[1:]]
+            return f"{statistics.median(v):.3g}" if v else "-"
         print(f"{m:6} {n:>4} {per_token('ours') + '/' + per_token('ro') + '/' + per_token('eager'):>36} "
               f"{first('ours') + '/' + first('ro'):>21} "
               f"{f(o.get('max_reserved')) + '/' + f(r.get('max_reserved')):>17} "
               f"{f(o.get('reserved')) + '/' + f(r.get('reserved')):>17} {same('ours', 'ro'):>11} "
-              f"{same('ours', 'plain'):>8} {same('ro', 'plain'):>10}  {o.get('routed')}, {o.get('captured')} ({o.get('plain_calls')} plain)")
+              f"{same('ours', 'plain'):>8} {same('ro', 'plain'):>10} "
+              f"{split('ours', 'compiled_ms') + '/' + split('ro', 'compiled_ms'):>24} {split('ours', 'go_calls'):>13}  "
+              f"{o.get('routed')}, {o.get('captured')} ({o.get('plain_calls')} plain)")
 
 
 def main():
