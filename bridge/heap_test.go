@@ -367,3 +367,127 @@ func TestGraphHeapKeepsGivenBackSegmentsMapped(t *testing.T) {
 		t.Fatalf("after EmptyCache: %d bytes in %d granules mapped, want none", h.mapped, len(h.pieces))
 	}
 }
+
+// TestGraphHeapRandom: random layouts, uses and releases against a model:
+// what is laid out never overlaps, and the granules mapped are exactly
+// those a used range touches plus those a given-back segment left idle
+// (none after a trim).
+func TestGraphHeapRandom(t *testing.T) {
+	b := newTestBridge(t)
+	d, err := b.device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := d.heap
+	type laid struct {
+		p       cuda.DevicePtr
+		size    uint64
+		used    bool
+		segment bool // AllocSegment's: used from the start, given back with FreeSegment
+	}
+	var live []*laid
+	idle := map[uint64]bool{} // granules a given-back segment left mapped
+	rng := uint64(12345)
+	next := func(n uint64) uint64 {
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		return rng % n
+	}
+	check := func(step int) {
+		t.Helper()
+		want := map[uint64]bool{}
+		for g := range idle {
+			want[g] = true
+		}
+		for i, a := range live {
+			for _, c := range live[:i] {
+				if a.p < c.p.Add(heapRound(c.size, heapAlign)) && c.p < a.p.Add(heapRound(a.size, heapAlign)) {
+					t.Fatalf("step %d: [%#x, +%d) and [%#x, +%d) overlap", step, uint64(a.p), a.size, uint64(c.p), c.size)
+				}
+			}
+			if a.used {
+				lo := uint64(a.p - h.base)
+				for g := lo / h.gran; g <= (lo+a.size-1)/h.gran; g++ {
+					want[g] = true
+				}
+			}
+		}
+		if len(want) != len(h.pieces) || h.mapped != uint64(len(want))*h.gran {
+			t.Fatalf("step %d: %d granules mapped (%d bytes), want %d", step, len(h.pieces), h.mapped, len(want))
+		}
+		for g := range want {
+			if h.pieces[g] == nil {
+				t.Fatalf("step %d: granule %d not mapped", step, g)
+			}
+		}
+	}
+	for step := range 3000 {
+		switch op := next(10); {
+		case op < 4 || len(live) == 0:
+			size := 1 + next(5<<20)
+			if next(2) == 0 {
+				p, err := h.AllocSegment(size, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				live = append(live, &laid{p, size, true, true})
+			} else {
+				p, err := h.reserve(size, heapAlign)
+				if err != nil {
+					t.Fatal(err)
+				}
+				live = append(live, &laid{p: p, size: size})
+			}
+		case op < 6:
+			a := live[next(uint64(len(live)))]
+			if a.segment {
+				continue
+			}
+			if a.used {
+				if err := h.unuse(a.p, a.size, true); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := h.use(a.p, a.size); err != nil {
+				t.Fatal(err)
+			}
+			a.used = !a.used
+		case op < 9:
+			i := next(uint64(len(live)))
+			a := live[i]
+			if a.segment {
+				lo := uint64(a.p - h.base)
+				if err := h.FreeSegment(a.p, a.size, nil); err != nil {
+					t.Fatal(err)
+				}
+				for g := lo / h.gran; g <= (lo+a.size-1)/h.gran; g++ {
+					if h.pieces[g] != nil && h.pieces[g].uses == 0 {
+						idle[g] = true
+					}
+				}
+			} else {
+				if a.used {
+					if err := h.unuse(a.p, a.size, true); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := h.release(a.p, a.size); err != nil {
+					t.Fatal(err)
+				}
+			}
+			live = append(live[:i], live[i+1:]...)
+		default:
+			if err := h.trim(); err != nil {
+				t.Fatal(err)
+			}
+			clear(idle)
+		}
+		// A granule used again is no longer idle; one unmapped is gone.
+		for g := range idle {
+			if pc := h.pieces[g]; pc == nil || pc.uses > 0 {
+				delete(idle, g)
+			}
+		}
+		check(step)
+	}
+}
