@@ -5,7 +5,7 @@
 #
 # Build first, on a machine with Go, from the repository root:
 #   mkdir -p .dev
-#   for p in cuda arena spill graphexec; do
+#   for p in cuda arena spill graphexec bridge; do
 #     [ -d "$p" ] && CGO_ENABLED=0 go test -c -o ".dev/$p.test" "./$p"
 #   done
 # then, on the GPU machine, from the repository root:
@@ -13,9 +13,9 @@
 #
 # Every .dev/*.test runs (NAME.test runs in folder NAME, where its testdata
 # is; "a_b.test" runs in "a/b"). cuda.test, arena.test and spill.test are
-# expected; a missing one is skipped with a note. For cuda.test the
-# conformance lines of the simulation and of the driver are compared (they
-# must be equal).
+# expected (bridge.test too: the graph heap on the driver); a missing one
+# is skipped with a note. For cuda.test the conformance lines of the
+# simulation and of the driver are compared (they must be equal).
 # memcheck runs with --report-api-errors no: the conformance suite makes
 # failing driver calls on purpose (capture rules), and those are results,
 # not memory errors.
