@@ -440,7 +440,7 @@ type FamilyReport struct {
 	Arena      int64    `json:"arena"`
 	LowerBound int64    `json:"lower_bound"` // the largest member's
 	Ratio      float64  `json:"ratio"`
-	ArenaMap   uint64   `json:"arena_mapped"`
+	ArenaMap   uint64   `json:"arena_mapped"` // as Report.ArenaMapped
 	PlanFile   string   `json:"plan_file,omitempty"`
 	// Chain: the members run in turn and hand buffers on (NewChain);
 	// LowerBound is then the peak of live bytes of their joint timeline.

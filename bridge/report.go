@@ -27,9 +27,11 @@ type Report struct {
 	Align      int64   `json:"align"`
 	PlanMillis float64 `json:"plan_ms"`
 	Loaded     string  `json:"loaded,omitempty"` // the plan file, if loaded
-	// ArenaMapped is the arena's physical memory now; SpillHeld the spill
-	// memory mapped for the step's captured graphs (allocations the plan
-	// did not serve during capture). Their sum is the graph's memory.
+	// ArenaMapped is the arena's physical memory now (an arena in the
+	// graph heap: the bytes laid out for it, whose granules it shares);
+	// SpillHeld the spill memory mapped for the step's captured graphs
+	// (allocations the plan did not serve during capture). Their sum is
+	// the graph's memory.
 	ArenaMapped uint64 `json:"arena_mapped"`
 	SpillHeld   uint64 `json:"spill_held"`
 	// Runs served from the plan; Served allocations that got their planned
