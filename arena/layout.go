@@ -201,6 +201,14 @@ type GroupLayout struct {
 	Members []*Layout // Members[i] is member i's plan placed in Arena (it does not own it)
 }
 
+// RoomLimiter is a device whose addresses are scarce (the PyTorch
+// bridge's graph heap, where small arenas are laid out side by side):
+// MaxRoom caps the addresses NewGroupLayout keeps past a family's arena
+// for Arena.Grow, which are otherwise as many bytes as the device has.
+type RoomLimiter interface {
+	MaxRoom() uint64
+}
+
 // NewGroupLayout maps the arena of group plan gp and places every
 // member's plan in it: traces[i] is member i's trace, and its plan must
 // pass planner.Check on it.
@@ -240,8 +248,11 @@ func NewGroupLayout(dev cuda.Device, traces []*lifetime.Trace, gp *planner.Group
 		// Room to grow in place (Arena.Grow), as much as the device has:
 		// a member planned later around memory the program holds may need
 		// more than the arena (the PyTorch bridge's PlanMember). Addresses
-		// cost nothing until mapped.
+		// cost nothing until mapped, unless the device bounds them.
 		if _, total, err := dev.MemGetInfo(); err == nil {
+			if rl, ok := dev.(RoomLimiter); ok {
+				total = min(total, rl.MaxRoom())
+			}
 			opts = append(opts, WithRoom(total))
 		}
 		var err error

@@ -3,7 +3,6 @@ package bridge
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 
 	"github.com/arenaplan/arenaplan/cuda"
@@ -38,7 +37,7 @@ type graphHeap struct {
 
 	base cuda.DevicePtr // the reservation, made on first use
 	size uint64
-	free []heapSpan // free runs of the reservation, by address, coalesced
+	free devmem.Runs // the reservation's free addresses
 
 	pieces  map[uint64]*heapPiece // mapped granules by index
 	mapped  uint64                // physical bytes mapped
@@ -47,8 +46,6 @@ type graphHeap struct {
 	handles map[cuda.MemHandle]bool // the handles heapDevice made (they hold nothing)
 	nextH   cuda.MemHandle
 }
-
-type heapSpan struct{ lo, hi uint64 }
 
 type heapPiece struct {
 	h    cuda.MemHandle
@@ -64,7 +61,10 @@ const (
 	// than a granule in eight (it cost a small step half its size), and
 	// which a pause gives back whole.
 	heapArenaMax = 16 << 20
-	// heapReserve is the addresses the heap reserves (no memory).
+	// heapReserve is the fewest addresses the heap reserves (no memory);
+	// it reserves twice the device's memory where that is more, so that
+	// its addresses run out long after the device's memory does (a
+	// family's arena keeps at most heapArenaMax of room).
 	heapReserve = 4 << 30
 )
 
@@ -85,20 +85,8 @@ func (h *graphHeap) reserve(size, align uint64) (cuda.DevicePtr, error) {
 		return 0, fmt.Errorf("bridge: graph heap: alignment %d (granularity %d)", align, h.gran)
 	}
 	size = heapRound(size, heapAlign)
-	for i, r := range h.free {
-		lo := heapRound(r.lo, align)
-		if lo+size > r.hi {
-			continue
-		}
-		rest := make([]heapSpan, 0, 2)
-		if lo > r.lo {
-			rest = append(rest, heapSpan{r.lo, lo})
-		}
-		if lo+size < r.hi {
-			rest = append(rest, heapSpan{lo + size, r.hi})
-		}
-		h.free = append(h.free[:i], append(rest, h.free[i+1:]...)...)
-		return h.base.Add(lo), nil
+	if off, ok := h.free.Take(size, align); ok {
+		return h.base.Add(off), nil
 	}
 	return 0, fmt.Errorf("bridge: graph heap: no run of %s left among %s of addresses", devmem.Bytes(size), devmem.Bytes(h.size))
 }
@@ -111,19 +99,8 @@ func (h *graphHeap) release(p cuda.DevicePtr, size uint64) error {
 	if err != nil {
 		return err
 	}
-	hi := lo + heapRound(size, heapAlign)
-	i := sort.Search(len(h.free), func(i int) bool { return h.free[i].lo >= lo })
-	if (i > 0 && h.free[i-1].hi > lo) || (i < len(h.free) && h.free[i].lo < hi) {
+	if !h.free.Put(lo, heapRound(size, heapAlign)) {
 		return fmt.Errorf("bridge: graph heap: release of %#x (%s): not laid out", uint64(p), devmem.Bytes(size))
-	}
-	h.free = append(h.free[:i], append([]heapSpan{{lo, hi}}, h.free[i:]...)...)
-	if i+1 < len(h.free) && h.free[i].hi == h.free[i+1].lo {
-		h.free[i].hi = h.free[i+1].hi
-		h.free = append(h.free[:i+1], h.free[i+2:]...)
-	}
-	if i > 0 && h.free[i-1].hi == h.free[i].lo {
-		h.free[i-1].hi = h.free[i].hi
-		h.free = append(h.free[:i], h.free[i+1:]...)
 	}
 	return nil
 }
@@ -266,13 +243,17 @@ func (h *graphHeap) open() error {
 	if gran == 0 || gran&(gran-1) != 0 || gran < heapAlign {
 		return fmt.Errorf("bridge: graph heap: granularity %d", gran)
 	}
-	size := heapRound(heapReserve, gran)
+	size := uint64(heapReserve)
+	if _, total, err := h.dev.MemGetInfo(); err == nil {
+		size = max(size, 2*total)
+	}
+	size = heapRound(size, gran)
 	base, err := h.dev.AddressReserve(size, gran)
 	if err != nil {
 		return fmt.Errorf("bridge: graph heap: reserving %s of addresses: %w", devmem.Bytes(size), err)
 	}
 	h.base, h.size, h.gran = base, size, gran
-	h.free = []heapSpan{{0, size}}
+	h.free = devmem.NewRuns(size)
 	return nil
 }
 
@@ -403,14 +384,9 @@ func (d heapDevice) MemMap(p cuda.DevicePtr, size uint64, _ cuda.MemHandle) erro
 // while its graphs cannot run (Pause), as with memory of its own.
 func (d heapDevice) MemUnmap(p cuda.DevicePtr, size uint64) error { return d.h.unuse(p, size, true) }
 
-// MemGetInfo reports the device's free memory and, as its total, what an
-// arena laid out in the heap may grow to in place (heapArenaMax): a
-// family's arena reserves the total as room for Arena.Grow, which in the
-// heap's addresses must stay small.
-func (d heapDevice) MemGetInfo() (free, total uint64, err error) {
-	free, _, err = d.Device.MemGetInfo()
-	return free, heapArenaMax, err
-}
+// MaxRoom is what a family's arena laid out in the heap may grow to in
+// place (arena.RoomLimiter): the heap's addresses must stay few.
+func (d heapDevice) MaxRoom() uint64 { return heapArenaMax }
 
 // MemSetAccess: the heap's granules are made accessible when mapped.
 func (d heapDevice) MemSetAccess(cuda.DevicePtr, uint64) error { return nil }

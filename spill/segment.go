@@ -43,8 +43,6 @@ func (seg *segment) wholeFree() bool {
 	return seg.first.next == nil && seg.first.state == stFree
 }
 
-type vaRange struct{ lo, hi uint64 } // offsets into the reservation
-
 // piece is a mapping that extended a segment in place: size bytes after
 // the segment's earlier mappings.
 type piece struct {
@@ -195,13 +193,13 @@ func (s *Allocator) mapSegment(pool *Pool, st cuda.Stream, size, va uint64, smal
 		}
 		return s.addSegment(&segment{addr: addr, size: size, plain: true, pool: pool, stream: st, handle: st.Handle(), small: small}), nil
 	}
-	off, ok := s.takeVA(va)
+	off, ok := s.vaFree.Take(va, 1)
 	if !ok {
 		return nil, fmt.Errorf("%w: no %s run of free reserved addresses left: %s", ErrOutOfMemory, devmem.Bytes(va), state())
 	}
 	addr := s.base.Add(off)
 	fail := func(err error) (*block, error) {
-		s.putVA(off, va)
+		s.vaFree.Put(off, va)
 		return nil, deviceErr("mapping", err)
 	}
 	h, err := s.dev.MemCreate(size)
@@ -250,38 +248,6 @@ func (s *Allocator) mapped(size uint64) {
 	s.st.PeakMapped = max(s.st.PeakMapped, s.st.Mapped)
 	s.mappedHigh = max(s.mappedHigh, s.st.Mapped)
 	s.intervalPeak = max(s.intervalPeak, s.st.Mapped)
-}
-
-// takeVA takes the lowest free run of size bytes of the reservation.
-func (s *Allocator) takeVA(size uint64) (uint64, bool) {
-	for i, r := range s.vaFree {
-		if r.hi-r.lo >= size {
-			off := r.lo
-			if r.hi-r.lo == size {
-				s.vaFree = append(s.vaFree[:i], s.vaFree[i+1:]...)
-			} else {
-				s.vaFree[i].lo += size
-			}
-			return off, true
-		}
-	}
-	return 0, false
-}
-
-// putVA returns [off, off+size) to the free runs, merging neighbours.
-func (s *Allocator) putVA(off, size uint64) {
-	i := sort.Search(len(s.vaFree), func(i int) bool { return s.vaFree[i].lo > off })
-	s.vaFree = append(s.vaFree, vaRange{})
-	copy(s.vaFree[i+1:], s.vaFree[i:])
-	s.vaFree[i] = vaRange{off, off + size}
-	if i+1 < len(s.vaFree) && s.vaFree[i].hi == s.vaFree[i+1].lo {
-		s.vaFree[i].hi = s.vaFree[i+1].hi
-		s.vaFree = append(s.vaFree[:i+1], s.vaFree[i+2:]...)
-	}
-	if i > 0 && s.vaFree[i-1].hi == s.vaFree[i].lo {
-		s.vaFree[i-1].hi = s.vaFree[i].hi
-		s.vaFree = append(s.vaFree[:i], s.vaFree[i+1:]...)
-	}
 }
 
 // EmptyCache unmaps every segment that is wholly free and that no graph
@@ -386,7 +352,7 @@ func (s *Allocator) trim(all bool) uint64 {
 		}
 		if seg.paused {
 			// Nothing is mapped: only the addresses go back.
-			s.putVA(uint64(seg.addr-s.base), seg.reserved())
+			s.vaFree.Put(uint64(seg.addr-s.base), seg.reserved())
 			delete(s.segments, seg)
 			delete(s.mids, seg)
 			s.st.Paused -= seg.size
@@ -428,7 +394,7 @@ func (s *Allocator) unmapSegment(seg *segment) {
 			s.dev.MemRelease(p.h)
 			at = at.Add(p.size)
 		}
-		s.putVA(uint64(seg.addr-s.base), seg.reserved())
+		s.vaFree.Put(uint64(seg.addr-s.base), seg.reserved())
 	}
 	delete(s.segments, seg)
 	delete(s.mids, seg)

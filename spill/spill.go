@@ -66,7 +66,7 @@ type Allocator struct {
 	base   cuda.DevicePtr
 	closed bool
 
-	vaFree []vaRange // unmapped parts of the reservation, by address
+	vaFree devmem.Runs // unmapped parts of the reservation, as offsets
 
 	def      *Pool
 	pools    map[*Pool]bool
@@ -152,7 +152,7 @@ func New(dev cuda.Device, opts ...Option) (*Allocator, error) {
 	}
 	s := &Allocator{
 		dev: dev, cfg: cfg, gran: gran, base: base,
-		vaFree:   []vaRange{{0, cfg.addressSpace}},
+		vaFree:   devmem.NewRuns(cfg.addressSpace),
 		pools:    map[*Pool]bool{},
 		live:     map[cuda.DevicePtr]*block{},
 		segments: map[*segment]bool{},

@@ -134,8 +134,8 @@ func (s *Allocator) validate() error {
 		return fmt.Errorf("stats %+v, blocks say mapped %d in use %d waiting %d segments %d",
 			s.st, mapped, inUse, waiting, len(s.segments))
 	}
-	for _, r := range s.vaFree {
-		spans = append(spans, span(r))
+	for lo, hi := range s.vaFree.All() {
+		spans = append(spans, span{lo, hi})
 	}
 	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
 	at := uint64(0)

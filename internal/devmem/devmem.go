@@ -1,8 +1,8 @@
 // Package devmem holds what the two device memory packages share, arena
 // (memory at a plan's fixed offsets) and spill (the spillover caching
 // allocator): the errors callers branch on, one value per condition
-// whichever of the two failed, and the way their messages write sizes.
-// It allocates nothing.
+// whichever of the two failed, the way their messages write sizes, and
+// the free runs of a range of addresses (Runs). It maps no memory.
 package devmem
 
 import (
