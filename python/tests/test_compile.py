@@ -1843,6 +1843,42 @@ class TrainPairTest(unittest.TestCase):
         self.assertNotIn(outs[0].ptr, apc._fixed_outputs)
         pair2.close()
 
+    def test_optimizer_step_reads_the_gradients_in_place(self):
+        # A compiled optimizer step (a graph without a backward) after the
+        # chain: the gradients its captured backward returned are read where
+        # the backward wrote them, neither planned in the step's arena nor
+        # copied there; a gradient elsewhere replays another member.
+        ops = self.ops
+        g = _Graph(ops)
+        opt = apc._Runner(g, "graph1", static_idxs=[0], reason=None,
+                          opts=apc.CompileOptions(None, {"warmup": 0}), ops=ops, device=0)
+        w = _tensor((4,))
+        _, grads = self.step()  # plain: the gradient is the plain backward's, not a graph's
+        self.step()  # the chain captured
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for k in range(3):
+                _, grads = self.step()
+                grads[0].value = f"g{k}"
+                self.assertEqual(opt([w, grads[0]])[0].value, ("f", f"g{k}"))
+        r = opt.report()
+        self.assertEqual((r["inputs_in_place"], r["input_bytes_planned"], r["captures"]), (1, 0, 1))
+        m = next(iter(opt.members.values()))
+        self.assertEqual((m.copy_idxs, m.ptrs[1]), ([], grads[0].ptr))
+        self.assertNotIn(grads[0].ptr, [src for _, src in ops.copies])
+        self.assertEqual(ops.families[-1].replays, [0, 0, 0])
+        # The gradient somewhere else (the chain ran without a graph): not
+        # the address the capture read, so that capture is not replayed; the
+        # member, whose gradient is gone, is captured once more on its plan
+        # with this one (as for parameters made anew).
+        fam = ops.families[-1]
+        other = _tensor((16,))
+        other.value = "elsewhere"
+        self.assertEqual(opt([w, other])[0].value, ("f", "elsewhere"))
+        self.assertEqual((len(opt.members), fam.recaptured, opt.report()["captures"]), (1, [0], 2))
+        self.assertEqual(next(iter(opt.members.values())).ptrs[1], other.ptr)
+        self.pair.close()
+
     def _loss_pair(self, name="graph1"):
         """A loss graph: reads the model's first output; its backward makes
         the model's incoming gradient (the logits' gradient)."""

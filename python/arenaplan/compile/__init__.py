@@ -93,7 +93,11 @@ timeline, the activations the forward saves read in place by the backward
 and their memory reused once it frees them. The backward is captured at its
 first call, when its incoming gradients are there: one that another captured
 graph's backward made (a loss graph's gradient of the logits) is read in
-place, as CUDAGraph Trees read it; others are copied into placeholders. Each
+place, as CUDAGraph Trees read it; others are copied into placeholders. So
+is a chain's output that a graph without a backward takes at its first
+capture (the gradients a compiled optimizer step reads): read in place,
+checked by address as parameters are, neither planned in that graph's arena
+nor copied at every call. Each
 shape (the last, partial batch of an epoch) gets its own chain, up to
 ``max_shapes``. Gradients the backward returned that are still held at the
 chain's next call (AccumulateGrad keeps one as ``.grad`` when the parameter

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequ
 
 from ._options import CompileOptions
 from ._ops import _Ops
-from ._shared import _Outputs, _Pair, _Warns, _lock, _order, _runners, _unseen
+from ._shared import _Outputs, _Pair, _Warns, _fixed_outputs, _lock, _order, _runners, _unseen
 
 
 class _Member:
@@ -259,6 +259,7 @@ class _Runner(_Warns):
         self.seen: Dict[Hashable, int] = {}  # plain calls made per shape key
         self.device: Optional[int] = device
         self.dyn: Optional[List[int]] = None  # indices of the inputs that are not parameters or buffers
+        self.in_place: List[int] = []  # among dyn, those read in place as static ones are (_adopt_fixed)
         self.captures = 0  # members captured, re-captures included
         self.plain_calls = 0  # calls that ran inductor's code without a graph
         self.replays = 0
@@ -306,6 +307,8 @@ class _Runner(_Warns):
                 if n < self.opts.warmup:
                     self.seen[shape] = n + 1
                     return self._warm(inputs)
+                if not self.members and self._adopt_fixed(inputs):
+                    key = (shape, tuple(self.ops.data_ptr(inputs[i]) for i in self.static))
                 m = self._reuse(shape, key, inputs) or self._add(key, inputs)
                 if m is None:
                     return self._plain(inputs)
@@ -561,6 +564,29 @@ class _Runner(_Warns):
         self.input_bytes += nbytes
         return m
 
+    def _adopt_fixed(self, inputs: list) -> bool:
+        """At the graph's first capture: its inputs that are outputs of a
+        captured training graph (the gradients a compiled optimizer step
+        takes from a chain's backward) are read in place from then on, as
+        CUDAGraph Trees read a parent graph's outputs, rather than planned
+        in this graph's arena and copied there at every call. Such an input
+        is then checked by address as parameters are (a call with it
+        elsewhere replays another member) and keeps its shape in the
+        shape key. True where the graph took one."""
+        ops = self.ops
+        with _lock:
+            fixed = set(_fixed_outputs)
+        if not fixed:
+            return False
+        static = set(self.static)
+        take = [i for i in (self.dyn or ()) if i not in static and ops.is_tensor(inputs[i])
+                and ops.nbytes(inputs[i]) and ops.data_ptr(inputs[i]) in fixed]
+        if not take:
+            return False
+        self.in_place = sorted(take)
+        self.static = sorted(static | set(take))
+        return True
+
     def _after(self) -> Optional[_Group]:
         """The group of the graph replayed last on this graph's device, where
         this graph may join it (see :class:`_Group`): same thread, both
@@ -757,7 +783,8 @@ class _Runner(_Warns):
                              "outputs_moved_out": g.moved if g is not None else 0,
                              "plain_calls": self.plain_calls, "input_bytes_planned": self.input_bytes,
                              "input_bytes_outside": 0,
-                             "static_inputs": len(self.static), "other_inputs": len(self.dyn or ()),
+                             "static_inputs": len(self.static) - len(self.in_place),
+                             "other_inputs": len(self.dyn or ()), "inputs_in_place": len(self.in_place),
                              "from_mode": self.opts.from_mode}
         if captured:
             f = self.family.report()
