@@ -468,6 +468,7 @@ func (f *Family) Report() FamilyReport {
 	if f.ar != nil {
 		r.ArenaMap = f.ar.Mapped()
 	}
+	r.Ratio = 1 // nothing to place (members that allocate nothing), as Plan.Ratio says
 	if r.LowerBound > 0 {
 		r.Ratio = float64(r.Arena) / float64(r.LowerBound)
 	}

@@ -86,9 +86,9 @@ warning), and replays resume once it is released.
 
 Training: AOTAutograd's forward and backward of a graph are captured
 together as ONE chain (:func:`arenaplan.torch.chain`) after one plain
-forward and backward at a shape (each in a memory pool of its own, released
-when it returns, so that its activations go back to the driver as they are
-freed rather than stay cached beside the arena): one arena planned on one
+forward and backward at a shape (each in a memory pool of its own, laid out
+in the graph heap and released when it returns, so that its activations'
+memory becomes the arena's rather than stay cached beside it): one arena planned on one
 timeline, the activations the forward saves read in place by the backward
 and their memory reused once it frees them. The backward is captured at its
 first call, when its incoming gradients are there: one that another captured
@@ -113,7 +113,10 @@ Memory: where each byte of a process is. The program's own tensors
 (weights, optimizer state, what it holds) are where its allocations put
 them, in arenaplan's spillover caching allocator. Each compiled graph holds
 one arena for all its shapes (the lower bound of its largest member's live
-bytes, in 2 MiB pages), the outputs that live across calls inside it. The
+bytes, in 2 MiB pages; one of at most 16 MiB is laid out at 512-byte
+boundaries in the device's graph heap, whose 2 MiB pages it shares with the
+other small arenas, the workspaces and the plain training calls' pools),
+the outputs that live across calls inside it. The
 capture stream's cuBLAS and cuBLASLt workspaces (one per handle and stream
 in PyTorch, 32 MiB each on Hopper) are made in a pool of that stream's,
 after PyTorch's workspaces are dropped, so that the threads that capture on

@@ -246,12 +246,14 @@ class _Ops:
 
     @staticmethod
     def warm_pool():
-        """A new memory pool (arenaplan's ``torch.cuda.MemPool``), or None
-        where arenaplan does not serve them (not installed)."""
+        """A new memory pool for graph memory (arenaplan's
+        ``torch.cuda.MemPool``, laid out in the graph heap beside the
+        workspaces and small arenas), or None where arenaplan does not
+        serve them (not installed)."""
         mp = getattr(torch.cuda, "MemPool", None)
         if getattr(mp, "__module__", "") != "arenaplan._mempool":
             return None
-        return mp()
+        return mp(_graph_memory=True)
 
     @staticmethod
     def in_pool(pool, device: Optional[int]):

@@ -36,11 +36,15 @@ class _Pair(Protocol):
 def _warm_pool(ops: "_Ops", device: Optional[int]):
     """A block in which a training graph's plain call before its capture
     allocates in a memory pool of its own, released when the call returns:
-    each of its segments goes back to the driver once nothing made in it
-    lives, instead of staying cached beside the arena, where the tensors
-    made later (the optimizer's state, at the first step) would be placed
-    among the step's freed activations and keep them mapped; as CUDAGraph
-    Trees' warm-up runs in its graph's pool. (An inference graph's warm-up
+    each of its segments goes back once nothing made in it lives, instead
+    of staying cached beside the arena, where the tensors made later (the
+    optimizer's state, at the first step) would be placed among the step's
+    freed activations and keep them mapped; as CUDAGraph Trees' warm-up
+    runs in its graph's pool. The pool is one of graph memory: its segments
+    are laid out in the graph heap at 512-byte boundaries, so that what the
+    call leaves alive until the capture (its loss, a few bytes) shares a
+    granule with the workspaces and the arena rather than holding one of
+    its own, and the granules its activations took are the arena's next. (An inference graph's warm-up
     does not: a pool's fresh segments cost its first call about a second
     on a GPU, for no memory shown saved.) Without arenaplan's pools (not
     installed) the call allocates as any other."""
