@@ -116,6 +116,9 @@ func TestFamilyMemberWithoutAllocations(t *testing.T) {
 			}
 		}
 		noDivergence(t, f)
+		if rs := f.ar.Regions(); len(rs) == 0 || !b.devices[0].heap.owns(rs[0].VA) {
+			t.Fatalf("the family's arena (another member: %v) is not in the graph heap: it maps a granule of its own", withOther)
+		}
 		r := f.Report()
 		if withOther != (r.Arena > 0) || r.Ratio < 1 {
 			t.Fatalf("family arena %d bytes, %.2f of its bound (another member: %v)", r.Arena, r.Ratio, withOther)

@@ -395,10 +395,11 @@ func (d heapDevice) MemSetAccess(cuda.DevicePtr, uint64) error { return nil }
 func heapRound(n, a uint64) uint64 { return (n + a - 1) &^ (a - 1) }
 
 // arenaOn builds an arena of size bytes with build: laid out in the
-// device's graph heap where it is at most heapArenaMax (and the heap can
-// hold it: its buffers' alignments, its addresses), else on the device.
+// device's graph heap where it is at most heapArenaMax (an empty one too:
+// it shares a granule rather than map one of its own; and where the heap
+// can hold it: its buffers' alignments, its addresses), else on the device.
 func arenaOn[T any](d *Device, size int64, build func(cuda.Device) (T, error)) (T, error) {
-	if d.heap != nil && size > 0 && size <= heapArenaMax {
+	if d.heap != nil && size >= 0 && size <= heapArenaMax {
 		if v, err := build(heapDevice{d.dev, d.heap}); err == nil {
 			return v, nil
 		}
