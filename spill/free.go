@@ -26,18 +26,6 @@ func (s *Allocator) Free(p cuda.DevicePtr) error {
 	s.st.Requested -= b.req
 	s.st.Live--
 	s.st.Frees++
-	if seg := b.seg; seg.pool.refs <= 0 && seg.pool.user != nil && !seg.external() && len(s.captures) == 0 &&
-		soleLive(seg, b) && s.waitUses(b, seg) {
-		// The last block of a released pool's segment, its work waited
-		// for: the segment goes back now, rather than at a later Alloc or
-		// EmptyCache (a program that replays graphs may not allocate
-		// through here for a long time). Once a segment; events while a
-		// capture forbids waiting.
-		b.uses = nil
-		s.release(b)
-		s.dropReleased(seg, true)
-		return nil
-	}
 	switch {
 	case len(b.uses) == 0:
 		// Later work on its own stream is ordered after every use.
@@ -52,31 +40,6 @@ func (s *Allocator) Free(p cuda.DevicePtr) error {
 		return s.recordEvents(b)
 	}
 	return nil
-}
-
-// soleLive says whether b is the only block of seg not free (b is being
-// freed).
-func soleLive(seg *segment, b *block) bool {
-	for x := seg.first; x != nil; x = x.next {
-		if x != b && x.state != stFree {
-			return false
-		}
-	}
-	return true
-}
-
-// waitUses waits for the work queued on seg's stream and on the other
-// streams that used b; false where a wait failed (b is then freed as any
-// other block).
-func (s *Allocator) waitUses(b *block, seg *segment) bool {
-	for _, u := range b.uses {
-		s.st.Syncs++
-		if u.Synchronize() != nil {
-			return false
-		}
-	}
-	s.st.Syncs++
-	return seg.stream.Synchronize() == nil
 }
 
 // RecordStream says that work on st uses the block at p (PyTorch's

@@ -103,10 +103,10 @@ func (s *Allocator) NewUserPool(name string, src SegmentSource) (*Pool, error) {
 // memory once the work queued on the segment by then is done. Those
 // wholly free go back now (it waits for their streams first; during a
 // capture, at the next EmptyCache); the others at the free of their last
-// block, which waits for the streams that used it (during a capture, an
-// event recorded then is seen completed at a later Alloc, or EmptyCache
-// waits for the device). It returns the last failure of the source's
-// FreeSegment.
+// block (unmapped once an event recorded then has completed, seen at a
+// later Alloc, or at EmptyCache, which waits for the device); blocks whose
+// free waited on other streams, at the next EmptyCache. It returns the
+// last failure of the source's FreeSegment.
 func (s *Allocator) ReleaseUserPool(p *Pool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
