@@ -18,7 +18,8 @@ import (
 // 4, and the cuBLASLt workspace its capture keeps (1 MiB) took a 2 MiB
 // segment of its own, where CUDA graphs on PyTorch's allocator hold both
 // in one pool. Arenas of at most heapArenaMax bytes, and the segments of
-// the pools made for the graphs' workspaces (NewGraphMemPool), are instead
+// the pools made for graph memory (NewGraphMemPool: the graphs'
+// workspaces, a training graph's plain calls before its capture), are instead
 // laid out in the heap at 512-byte boundaries, and a granule is mapped
 // while anything laid out there touches it (a count per granule).
 //

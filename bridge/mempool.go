@@ -77,7 +77,8 @@ func (b *Bridge) NewMemPool(alloc *PoolAllocator) (int, error) {
 }
 
 // NewGraphMemPool makes a memory pool for what CUDA graphs keep beside
-// their arenas (the math libraries' workspaces of a capture stream): its
+// their arenas (the math libraries' workspaces of a capture stream, what
+// a training graph's plain calls before its capture leave alive): its
 // segments are laid out in the device's graph heap, each of the size its
 // block needs, sharing granules of physical memory with each other and
 // with the small arenas (heap.go), as CUDA graphs on PyTorch's allocator
