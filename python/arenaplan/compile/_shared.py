@@ -44,7 +44,8 @@ def _warm_pool(ops: "_Ops", device: Optional[int]):
     are laid out in the graph heap at 512-byte boundaries, so that what the
     call leaves alive until the capture (its loss, a few bytes) shares a
     granule with the workspaces and the arena rather than holding one of
-    its own, and the granules its activations took are the arena's next. (An inference graph's warm-up
+    its own; the granules its activations took go back before the arena
+    is mapped. (An inference graph's warm-up
     does not: a pool's fresh segments cost its first call about a second
     on a GPU, for no memory shown saved.) Without arenaplan's pools (not
     installed) the call allocates as any other."""
