@@ -1879,6 +1879,33 @@ class TrainPairTest(unittest.TestCase):
         self.assertEqual(next(iter(opt.members.values())).ptrs[1], other.ptr)
         self.pair.close()
 
+    def test_optimizer_step_follows_a_gradient_moved_out(self):
+        # zero_grad(set_to_none=False): the gradient the optimizer step was
+        # captured reading in place is kept across the next step, so the
+        # chain moves it out of its arena; the step then reads it where it
+        # went, never the arena's address, which the replay wrote again.
+        ops = self.ops
+        opt = apc._Runner(_Graph(ops), "graph1", static_idxs=[0], reason=None,
+                          opts=apc.CompileOptions(None, {"warmup": 0}), ops=ops, device=0)
+        w = _tensor((4,))
+        self.step()
+        _, grads = self.step()  # the chain captured
+        g = grads[0]
+        g.value = "g1"
+        self.assertEqual(opt([w, g])[0].value, ("f", "g1"))
+        arena_ptr = g.ptr
+        del grads
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _, again = self.step()  # g held: moved out first
+            self.assertNotEqual(g.ptr, arena_ptr)
+            again[0].value = "the replay's"
+            for k in range(3):
+                g.value = f"g{k + 2}"  # AccumulateGrad adds into the kept gradient
+                self.assertEqual(opt([w, g])[0].value, ("f", f"g{k + 2}"))
+        self.assertEqual(opt.report()["captures"], 2, "one capture more, at the gradient's new address")
+        self.pair.close()
+
     def _loss_pair(self, name="graph1"):
         """A loss graph: reads the model's first output; its backward makes
         the model's incoming gradient (the logits' gradient)."""
