@@ -115,7 +115,7 @@ func (h *graphHeap) use(p cuda.DevicePtr, size uint64) error {
 	if err != nil {
 		return err
 	}
-	first, last := lo/h.gran, (lo+max(size, 1)-1)/h.gran
+	first, last := h.granules(lo, size)
 	for i := first; i <= last; i++ {
 		pc := h.pieces[i]
 		if pc == nil {
@@ -144,7 +144,8 @@ func (h *graphHeap) unuse(p cuda.DevicePtr, size uint64, now bool) error {
 		return err
 	}
 	var first error
-	for i := lo / h.gran; i <= (lo+max(size, 1)-1)/h.gran; i++ {
+	g0, g1 := h.granules(lo, size)
+	for i := g0; i <= g1; i++ {
 		if h.pieces[i] == nil {
 			if first == nil {
 				first = fmt.Errorf("bridge: graph heap: unmap of %#x (%s): granule %d not mapped", uint64(p), devmem.Bytes(size), i)
@@ -156,6 +157,12 @@ func (h *graphHeap) unuse(p cuda.DevicePtr, size uint64, now bool) error {
 		}
 	}
 	return first
+}
+
+// granules returns the first and last granule that size bytes at
+// offset lo touch (an empty piece touches the one at lo).
+func (h *graphHeap) granules(lo, size uint64) (first, last uint64) {
+	return lo / h.gran, (lo + max(size, 1) - 1) / h.gran
 }
 
 // drop takes back a use of granule i, unmapping it when it is no longer
@@ -400,7 +407,7 @@ func heapRound(n, a uint64) uint64 { return (n + a - 1) &^ (a - 1) }
 // it shares a granule rather than map one of its own; and where the heap
 // can hold it: its buffers' alignments, its addresses), else on the device.
 func arenaOn[T any](d *Device, size int64, build func(cuda.Device) (T, error)) (T, error) {
-	if d.heap != nil && size >= 0 && size <= heapArenaMax {
+	if d.heap != nil && size <= heapArenaMax {
 		if v, err := build(heapDevice{d.dev, d.heap}); err == nil {
 			return v, nil
 		}
