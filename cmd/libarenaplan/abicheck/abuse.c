@@ -302,8 +302,15 @@ static void *thread_work(void *arg) {
 		pthread_mutex_unlock(&live_mu);
 	}
 	for (int k = 0; k < 4; k++) {
+		// Out of the live list before the free, as above: another thread
+		// may get the memory as soon as it is freed.
 		int slot = id * 4 + k;
-		if (live_p[slot]) ap_free((void *)live_p[slot], live_sz[slot], 0, st), live_p[slot] = 0;
+		pthread_mutex_lock(&live_mu);
+		uintptr_t old = live_p[slot];
+		size_t osz = live_sz[slot];
+		live_p[slot] = 0;
+		pthread_mutex_unlock(&live_mu);
+		if (old) ap_free((void *)old, osz, 0, st);
 	}
 	return NULL;
 }
